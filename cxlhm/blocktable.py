@@ -1,0 +1,152 @@
+"""The block table: which device block lives in which DRAM slot, and in what state.
+
+Everything is a numpy array sized by DRAM slots (never by capacity), updated by
+numba-compiled, GIL-free functions so the same code serves the trace simulator,
+the real-I/O device and (later) a native fault handler.
+
+Columns, one entry per DRAM slot:
+  block   device block number held by the slot, or -1 when free
+  flags   RESIDENT | DIRTY | BUSY | PINNED | PREFETCHED bits
+  owner   session/tenant that last touched it (0 = none), for hint-aware policies
+  stamp   logical time of the last access
+
+The HPA -> slot index is an open-addressing hash table (linear probing, deletion by
+backward shift, so no tombstones accumulate) with 2x..4x as many buckets as slots.
+"""
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numba
+import numpy as np
+
+RESIDENT = np.uint8(1)
+DIRTY = np.uint8(2)
+BUSY = np.uint8(4)  # taken by the access in progress: never a victim until it completes
+PINNED = np.uint8(8)
+PREFETCHED = np.uint8(16)  # filled by a prefetch and not yet read by the host
+UNEVICTABLE = np.uint8(BUSY | PINNED)
+
+# scalars[] indices
+N_FREE = 0
+N_PINNED = 1
+
+BlockTable = namedtuple("BlockTable", "block flags owner stamp index_keys index_slots free scalars")
+
+_EMPTY = np.int64(-1)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def new_block_table(n_slots: int) -> BlockTable:
+    buckets = 1 << max(4, int(2 * n_slots - 1).bit_length())  # >= 2x slots, power of two
+    return BlockTable(
+        block=np.full(n_slots, -1, np.int64),
+        flags=np.zeros(n_slots, np.uint8),
+        owner=np.zeros(n_slots, np.int64),
+        stamp=np.zeros(n_slots, np.int64),
+        index_keys=np.full(buckets, -1, np.int64),
+        index_slots=np.full(buckets, -1, np.int64),
+        # popped from the end: slot 0 is handed out first
+        free=np.arange(n_slots - 1, -1, -1, dtype=np.int64),
+        scalars=np.array([n_slots, 0], np.int64),
+    )
+
+
+@numba.njit(nogil=True, inline="always")
+def _bucket(bt, block):
+    mask = np.uint64(bt.index_keys.shape[0] - 1)
+    return np.int64((np.uint64(block) * _GOLDEN >> np.uint64(17)) & mask)
+
+
+@numba.njit(nogil=True)
+def lookup(bt, block):
+    """Slot holding `block`, or -1."""
+    mask = bt.index_keys.shape[0] - 1
+    i = _bucket(bt, block)
+    while True:
+        key = bt.index_keys[i]
+        if key == block:
+            return bt.index_slots[i]
+        if key == _EMPTY:
+            return -1
+        i = (i + 1) & mask
+
+
+@numba.njit(nogil=True)
+def _index_put(bt, block, slot):
+    mask = bt.index_keys.shape[0] - 1
+    i = _bucket(bt, block)
+    while bt.index_keys[i] != _EMPTY and bt.index_keys[i] != block:
+        i = (i + 1) & mask
+    bt.index_keys[i] = block
+    bt.index_slots[i] = slot
+
+
+@numba.njit(nogil=True)
+def _index_delete(bt, block):
+    mask = bt.index_keys.shape[0] - 1
+    i = _bucket(bt, block)
+    while bt.index_keys[i] != block:
+        if bt.index_keys[i] == _EMPTY:
+            return
+        i = (i + 1) & mask
+    # backward-shift deletion: pull later entries of the probe run into the hole
+    j = i
+    while True:
+        j = (j + 1) & mask
+        key = bt.index_keys[j]
+        if key == _EMPTY:
+            break
+        home = _bucket(bt, key)
+        # move key from j to i if its home is not cyclically within (i, j]
+        if (j > i and (home <= i or home > j)) or (j < i and (home <= i and home > j)):
+            bt.index_keys[i] = key
+            bt.index_slots[i] = bt.index_slots[j]
+            i = j
+    bt.index_keys[i] = _EMPTY
+    bt.index_slots[i] = -1
+
+
+@numba.njit(nogil=True)
+def take_free_slot(bt):
+    """Pop a free slot, or -1 when DRAM is full."""
+    n = bt.scalars[N_FREE]
+    if n == 0:
+        return -1
+    bt.scalars[N_FREE] = n - 1
+    return bt.free[n - 1]
+
+
+@numba.njit(nogil=True)
+def install(bt, slot, block, owner, now):
+    """Map `block` into the (free or just-evicted) `slot`."""
+    _index_put(bt, block, slot)
+    bt.block[slot] = block
+    bt.flags[slot] = RESIDENT
+    bt.owner[slot] = owner
+    bt.stamp[slot] = now
+
+
+@numba.njit(nogil=True)
+def unmap(bt, slot):
+    """Forget the slot's block (after eviction or invalidation); the slot stays taken."""
+    block = bt.block[slot]
+    if block >= 0:
+        _index_delete(bt, block)
+    if bt.flags[slot] & PINNED:
+        bt.scalars[N_PINNED] -= 1
+    bt.block[slot] = -1
+    bt.flags[slot] = 0
+
+
+@numba.njit(nogil=True)
+def release_slot(bt, slot):
+    """Return an unmapped slot to the free list."""
+    n = bt.scalars[N_FREE]
+    bt.free[n] = slot
+    bt.scalars[N_FREE] = n + 1
+
+
+@numba.njit(nogil=True, inline="always")
+def evictable(bt, slot):
+    return (bt.flags[slot] & UNEVICTABLE) == 0

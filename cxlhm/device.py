@@ -1,0 +1,246 @@
+"""The emulated CXL-HM device: device DRAM + SSD back end + firmware, behind one HDM window.
+
+`Device` is the device side. Hosts use it through `host_runtime.driver`, which adds
+buffer handling; the device itself speaks in extents (HPA, length) and raw buffer
+addresses, and checks every request as untrusted input.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
+import firmware_policies
+from cxlhm import blocktable as btm
+from cxlhm import counters as C
+from cxlhm import firmware as fw
+from cxlhm.config import ConfigError, DeviceConfig
+from cxlhm.media.dram import DeviceDram
+from cxlhm.media.ssd import SsdBackend
+
+METADATA_FORMAT = 1
+MAX_BATCH_BLOCKS = 4096  # blocks planned per firmware pass (bounds the scratch arrays)
+
+
+class AccessOutOfRange(IndexError):
+    """An access falls (partly) outside the HDM window."""
+
+
+class MediaError(OSError):
+    """The SSD back end failed an I/O the device could not hide."""
+
+
+class DeviceFull(RuntimeError):
+    """Every DRAM slot is pinned or busy, so a missing block has nowhere to go."""
+
+
+class DeviceClosed(RuntimeError):
+    pass
+
+
+def metadata_path(image_path: str) -> Path:
+    return Path(image_path + ".cxlhm.json")
+
+
+class Device:
+    def __init__(self, cfg: DeviceConfig):
+        self.cfg = cfg
+        self.capacity, self.block_size = cfg.capacity, cfg.block_size
+        self.n_slots = cfg.dram_slots
+        try:
+            self.policy = firmware_policies.get(cfg.firmware.policy)
+        except firmware_policies.UnknownPolicy as exc:
+            raise ConfigError(cfg.source_of("firmware.policy"), "firmware.policy", str(exc)) from None
+        try:
+            self.params = self.policy.resolve_params(cfg.firmware.params)
+        except firmware_policies.PolicyParamError as exc:
+            raise ConfigError(cfg.source_of("firmware.params"), "firmware.params", str(exc)) from None
+        self.write_mode = cfg.firmware.write_mode or self.policy.write_mode
+        self._write_mode_code = fw.WRITE_MODE_CODES[self.write_mode]
+        self.moves_data = cfg.data == "real"
+
+        self.bt = btm.new_block_table(self.n_slots)
+        self.ps = self.policy.make_state(self.n_slots, self.params)
+        self.counters = C.new_counters()
+        self.clock = np.zeros(1, np.int64)  # logical: one tick per block access
+        self.kernels = fw.kernels_for(self.policy)
+
+        batch = min(self.n_slots, MAX_BATCH_BLOCKS)
+        self._slots_out = np.zeros(batch, np.int64)
+        self._installed = np.zeros(batch, np.uint8)
+        self._writebacks = fw.new_io_rows(batch)
+        self._fills = fw.new_io_rows(batch)
+        self._lock = threading.RLock()
+        self.closed = False
+        self.unclean_shutdown_detected = False
+
+        self.dram = DeviceDram(self.n_slots, self.block_size, data=self.moves_data)
+        self.ssd = None
+        if self.moves_data:
+            self.ssd = SsdBackend(cfg.backend.path, self.capacity, cfg.backend.queue_depth,
+                                  source=cfg.source_of("backend.path"))
+            self._open_metadata()
+
+    # ------------------------------------------------------------ persistence
+    def _open_metadata(self) -> None:
+        if self.ssd.temporary:
+            return
+        path = metadata_path(self.ssd.path)
+        if path.exists():
+            try:
+                meta = json.loads(path.read_text())
+                self.unclean_shutdown_detected = not meta.get("clean", False)
+            except (OSError, ValueError):
+                self.unclean_shutdown_detected = True
+        self._write_metadata(clean=False)  # until a clean close says otherwise
+
+    def _write_metadata(self, *, clean: bool) -> None:
+        if self.ssd is None or self.ssd.temporary:
+            return
+        path = metadata_path(self.ssd.path)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"format": METADATA_FORMAT, "capacity": self.capacity,
+                                   "block_size": self.block_size, "clean": clean}))
+        os.replace(tmp, path)
+
+    # ------------------------------------------------------------ access path
+    def access(self, ext_hpa: np.ndarray, ext_len: np.ndarray, user_addr: int, is_write: bool, owner: int = 0) -> None:
+        """Read (or write) the extents, laid end to end in the user buffer at `user_addr`."""
+        ext_hpa = np.ascontiguousarray(ext_hpa, np.int64)
+        ext_len = np.ascontiguousarray(ext_len, np.int64)
+        if ext_hpa.shape != ext_len.shape or ext_hpa.ndim != 1:
+            raise ValueError("extent addresses and lengths must be 1-D arrays of equal length")
+        bad = (ext_hpa < 0) | (ext_len < 0) | (ext_hpa > self.capacity - ext_len)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise AccessOutOfRange(f"access [{ext_hpa[i]:#x}, +{ext_len[i]}) is outside the HDM window [0, {self.capacity:#x})")
+        with self._lock:
+            if self.closed:
+                raise DeviceClosed("the device is closed")
+            limit = min(self._slots_out.shape[0], self.n_slots - int(self.bt.scalars[btm.N_PINNED]))
+            if limit <= 0:
+                raise DeviceFull("every device-DRAM slot is pinned; unpin something first")
+            for hpas, lens, start in _split_batches(ext_hpa, ext_len, self.block_size, limit):
+                self._access_batch(hpas, lens, user_addr + start, is_write, owner)
+
+    def _access_batch(self, hpas, lens, user_addr, is_write, owner) -> None:
+        ok, k, n_wb, n_fill = self.kernels.plan(
+            self.bt, self.ps, self.counters, self.clock, hpas, lens, is_write, self._write_mode_code,
+            owner, self.dram.base_address, self.block_size, self._slots_out, self._installed,
+            self._writebacks, self._fills)
+        slots = self._slots_out
+        try:
+            if self.moves_data:
+                try:
+                    self._run_io(self._writebacks[:n_wb], what="write-back")
+                    self._run_io(self._fills[:n_fill], what="fill read")
+                except MediaError:
+                    # Newly placed blocks hold stale bytes of the previous owner: drop them.
+                    now = int(self.clock[0])
+                    for slot in slots[:k][self._installed[:k].astype(bool)]:
+                        if self.bt.block[slot] >= 0:
+                            self.kernels.invalidate(self.bt, self.ps, slot, now)
+                    raise
+                if ok:
+                    fw.copy_extents(self.dram.base_address, self.block_size, slots, hpas, lens, user_addr, not is_write)
+                    if is_write and self._write_mode_code == fw.WRITE_THROUGH:
+                        self._write_through(slots[:k])
+        finally:
+            fw.finish(self.bt, slots, k)
+        if not ok:
+            raise DeviceFull("no evictable device-DRAM slot: every slot is pinned or in use by this access")
+
+    def _run_io(self, ops: np.ndarray, *, what: str) -> None:
+        res = self.ssd.submit(ops)
+        failed = np.flatnonzero(res != ops[:, 1])
+        if failed.size:
+            i = int(failed[0])
+            raise MediaError(-int(res[i]) if res[i] < 0 else 5,
+                             f"SSD {what} of block {ops[i, 2] // self.block_size} failed: "
+                             f"{os.strerror(-int(res[i])) if res[i] < 0 else 'short transfer'}")
+
+    def _write_through(self, slots: np.ndarray) -> None:
+        unique = np.unique(slots)
+        ops = fw.new_io_rows(unique.shape[0])
+        ops[:, 0] = self.dram.base_address + unique * self.block_size
+        ops[:, 1] = self.block_size
+        ops[:, 2] = self.bt.block[unique] * self.block_size
+        ops[:, 3] = 1
+        self._run_io(ops, what="write-through")
+        n = unique.shape[0]
+        self.counters[C.WRITEBACKS] += n
+        self.counters[C.SSD_WRITES] += n
+        self.counters[C.SSD_WRITE_BYTES] += n * self.block_size
+
+    # ------------------------------------------------------------ control
+    def flush(self) -> int:
+        """Write every dirty block back to the SSD (blocks stay cached). Returns blocks written."""
+        written = 0
+        with self._lock:
+            if self.closed or not self.moves_data:
+                return 0
+            rows = self._writebacks
+            while True:
+                n = fw.collect_dirty(self.bt, self.dram.base_address, self.block_size, rows, rows.shape[0])
+                if n == 0:
+                    break
+                self._run_io(rows[:n], what="flush")
+                fw.mark_clean(self.bt, self.dram.base_address, self.block_size, rows, n)
+                written += n
+            self.counters[C.WRITEBACKS] += written
+            self.counters[C.SSD_WRITES] += written
+            self.counters[C.SSD_WRITE_BYTES] += written * self.block_size
+            self.ssd.sync()
+        return written
+
+    def stats(self) -> dict:
+        out = C.as_dict(self.counters)
+        out["resident_blocks"] = int(self.n_slots - self.bt.scalars[btm.N_FREE])
+        out["dirty_blocks"] = int(np.count_nonzero(self.bt.flags & btm.DIRTY))
+        return out
+
+    def close(self) -> None:
+        """Flush dirty DRAM (like CXL Global Persistent Flush) and release everything."""
+        with self._lock:
+            if self.closed:
+                return
+            try:
+                self.flush()
+                self._write_metadata(clean=True)
+            finally:
+                self.closed = True
+                if self.ssd is not None:
+                    self.ssd.close()
+                self.dram.close()
+
+
+def _split_batches(ext_hpa: np.ndarray, ext_len: np.ndarray, block_size: int, limit: int):
+    """Yield (hpas, lens, user_offset) groups touching at most `limit` blocks each,
+    cutting extents at block boundaries where needed. The common case (everything
+    fits) costs one vectorised check."""
+    nonzero = ext_len > 0
+    blocks = np.where(nonzero, (ext_hpa + ext_len - 1) // block_size - ext_hpa // block_size + 1, 0)
+    if int(blocks.sum()) <= limit:
+        yield ext_hpa, ext_len, 0
+        return
+    group_h: list[int] = []
+    group_l: list[int] = []
+    used = 0
+    group_start = pos = 0
+    for h, n in zip(ext_hpa.tolist(), ext_len.tolist()):
+        while n > 0:
+            # bytes of this extent that fit in the blocks left in the group
+            fits = (block_size - h % block_size) + (limit - used - 1) * block_size
+            take = min(n, fits)
+            group_h.append(h)
+            group_l.append(take)
+            used += (h + take - 1) // block_size - h // block_size + 1
+            h, n, pos = h + take, n - take, pos + take
+            if used >= limit:
+                yield np.array(group_h, np.int64), np.array(group_l, np.int64), group_start
+                group_h, group_l, used, group_start = [], [], 0, pos
+    if group_h:
+        yield np.array(group_h, np.int64), np.array(group_l, np.int64), group_start

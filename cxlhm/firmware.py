@@ -1,0 +1,194 @@
+"""The firmware runtime: turns host accesses into block-table updates and SSD I/O.
+
+For every policy, `kernels_for(policy)` compiles one access planner with the policy's
+hooks inlined (numba, nopython, nogil). A host access is executed in four steps:
+
+  plan     compiled: hits and misses, victims, and two I/O lists - write-backs of dirty
+           victims and fill reads of missing blocks - with every touched slot marked BUSY
+  I/O      write-backs first (a victim's slot may be refilled in the same batch),
+           then fill reads; each list is one io_uring batch
+  copy     compiled memcpy between the caller's buffer and the slots
+  finish   compiled: clear BUSY
+
+The same planner runs with data movement switched off (``data: none``): only the
+I/O and copy steps are skipped, so timing-only results follow the same code path.
+"""
+from __future__ import annotations
+
+import ctypes
+from collections import namedtuple
+
+import numba
+import numpy as np
+
+from cxlhm import blocktable as btm
+from cxlhm import counters as C
+from cxlhm.media.ssd import IO_FIELDS
+from firmware_policies.base import Policy
+
+WRITE_BACK, WRITE_THROUGH, WRITE_BUFFER = 0, 1, 2
+WRITE_MODE_CODES = {"write-back": WRITE_BACK, "write-through": WRITE_THROUGH, "write-buffer": WRITE_BUFFER}
+
+Kernels = namedtuple("Kernels", "plan invalidate")
+
+_libc = ctypes.CDLL(None)
+_memcpy = _libc.memcpy
+_memcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+_memcpy.restype = ctypes.c_void_p
+
+
+@numba.njit(nogil=True, inline="always")
+def _emit(ops, i, base, block_size, slot, block, write):
+    ops[i, 0] = base + slot * block_size
+    ops[i, 1] = block_size
+    ops[i, 2] = block * block_size
+    ops[i, 3] = write
+
+
+@numba.njit(nogil=True)
+def copy_extents(base, block_size, slots, ext_hpa, ext_len, user_addr, to_user):
+    """memcpy each extent between the flat user buffer and its slots, in order."""
+    k = 0
+    pos = 0
+    for e in range(ext_hpa.shape[0]):
+        hpa = ext_hpa[e]
+        left = ext_len[e]
+        while left > 0:
+            offset = hpa % block_size
+            n = min(block_size - offset, left)
+            slot_addr = base + slots[k] * block_size + offset
+            if to_user:
+                _memcpy(user_addr + pos, slot_addr, n)
+            else:
+                _memcpy(slot_addr, user_addr + pos, n)
+            k += 1
+            pos += n
+            hpa += n
+            left -= n
+
+
+@numba.njit(nogil=True)
+def finish(bt, slots, n):
+    """The access is complete: its slots may be victims again."""
+    for k in range(n):
+        bt.flags[slots[k]] &= ~btm.BUSY
+
+
+@numba.njit(nogil=True)
+def collect_dirty(bt, base, block_size, ops, limit):
+    """Write-back jobs for up to `limit` dirty, idle slots (clean close, flush)."""
+    n = 0
+    for slot in range(bt.block.shape[0]):
+        if n == limit:
+            break
+        if bt.flags[slot] & btm.DIRTY and not bt.flags[slot] & btm.BUSY:
+            _emit(ops, n, base, block_size, slot, bt.block[slot], 1)
+            n += 1
+    return n
+
+
+@numba.njit(nogil=True)
+def mark_clean(bt, base, block_size, ops, n):
+    for i in range(n):
+        bt.flags[(ops[i, 0] - base) // block_size] &= ~btm.DIRTY
+
+
+def _build(policy: Policy):
+    on_hit, on_insert, victim, on_evict = policy.on_hit, policy.on_insert, policy.victim, policy.on_evict
+
+    @numba.njit(nogil=True)
+    def plan(bt, ps, counters, clock, ext_hpa, ext_len, is_write, write_mode, owner,
+             base, block_size, slots_out, installed_out, writebacks, fills):
+        """Plan one host access over extents [ext_hpa[e], +ext_len[e]).
+        Fills slots_out (one per block touched, in order), installed_out (1 where the
+        block was newly placed, so its slot holds no valid bytes until I/O and copy
+        finish), writebacks and fills
+        (struct cxlhm_io rows). Returns (ok, n_slots_used, n_writebacks, n_fills);
+        ok is False when DRAM had no evictable slot: the caller must still run the
+        I/O planned so far (victims already unmapped) and release the busy slots."""
+        k = 0
+        n_wb = 0
+        n_fill = 0
+        ok = True
+        for e in range(ext_hpa.shape[0]):
+            if not ok:
+                break
+            hpa = ext_hpa[e]
+            length = ext_len[e]
+            if length <= 0:
+                continue
+            if is_write:
+                counters[C.HOST_WRITES] += 1
+                counters[C.HOST_WRITE_BYTES] += length
+            else:
+                counters[C.HOST_READS] += 1
+                counters[C.HOST_READ_BYTES] += length
+            first = hpa // block_size
+            last = (hpa + length - 1) // block_size
+            for block in range(first, last + 1):
+                if not ok:
+                    break
+                now = clock[0]
+                clock[0] = now + 1
+                slot = btm.lookup(bt, block)
+                installed_out[k] = slot < 0
+                if slot >= 0:
+                    counters[C.HITS] += 1
+                    on_hit(ps, bt, slot, is_write, now)
+                else:
+                    counters[C.MISSES] += 1
+                    slot = btm.take_free_slot(bt)
+                    if slot < 0:
+                        slot = victim(ps, bt, now)
+                        if slot < 0 or not btm.evictable(bt, slot):
+                            ok = False
+                            break
+                        on_evict(ps, bt, slot, now)
+                        counters[C.EVICTIONS] += 1
+                        if bt.flags[slot] & btm.DIRTY:
+                            _emit(writebacks, n_wb, base, block_size, slot, bt.block[slot], 1)
+                            n_wb += 1
+                        btm.unmap(bt, slot)
+                    btm.install(bt, slot, block, owner, now)
+                    covers_block = is_write and block * block_size >= hpa and (block + 1) * block_size <= hpa + length
+                    if not covers_block:  # partial writes need the old bytes around them
+                        _emit(fills, n_fill, base, block_size, slot, block, 0)
+                        n_fill += 1
+                    on_insert(ps, bt, slot, is_write, now)
+                bt.flags[slot] |= btm.BUSY
+                bt.stamp[slot] = now
+                if is_write and write_mode != WRITE_THROUGH:
+                    bt.flags[slot] |= btm.DIRTY
+                slots_out[k] = slot
+                k += 1
+        counters[C.FILL_READS] += n_fill
+        counters[C.WRITEBACKS] += n_wb
+        counters[C.SSD_READS] += n_fill
+        counters[C.SSD_WRITES] += n_wb
+        counters[C.SSD_READ_BYTES] += n_fill * block_size
+        counters[C.SSD_WRITE_BYTES] += n_wb * block_size
+        return ok, k, n_wb, n_fill
+
+    @numba.njit(nogil=True)
+    def invalidate(bt, ps, slot, now):
+        """Drop a slot's block without writing it back (its bytes are not trustworthy)."""
+        on_evict(ps, bt, slot, now)
+        btm.unmap(bt, slot)
+        btm.release_slot(bt, slot)
+
+    return Kernels(plan, invalidate)
+
+
+_KERNELS: dict[int, Kernels] = {}
+
+
+def kernels_for(policy: Policy) -> Kernels:
+    """The compiled planner for `policy` (compiled once per process)."""
+    key = id(policy)
+    if key not in _KERNELS:
+        _KERNELS[key] = _build(policy)
+    return _KERNELS[key]
+
+
+def new_io_rows(n: int) -> np.ndarray:
+    return np.zeros((n, IO_FIELDS), np.int64)

@@ -1,0 +1,1 @@
+"""Device media: the device-DRAM arena and the SSD back end."""

@@ -1,0 +1,33 @@
+"""Device DRAM: one mmap'd arena of equally sized slots, aligned for O_DIRECT."""
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+
+
+class DeviceDram:
+    """`n_slots` slots of `block_size` bytes. mmap gives page alignment, and slots are
+    multiples of 4 KiB, so every slot is a valid O_DIRECT buffer. With `data=False`
+    (timing-only devices) no memory is reserved at all."""
+
+    def __init__(self, n_slots: int, block_size: int, *, data: bool = True):
+        self.n_slots, self.block_size = n_slots, block_size
+        self.nbytes = n_slots * block_size if data else 0
+        if data:
+            self._map = mmap.mmap(-1, self.nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            self.slots = np.frombuffer(self._map, np.uint8).reshape(n_slots, block_size)
+            self.base_address = self.slots.ctypes.data
+        else:
+            self._map = None
+            self.slots = None
+            self.base_address = 0
+
+    def close(self) -> None:
+        self.slots = None
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a caller still holds a view; the GC frees it later
+                pass
+            self._map = None

@@ -1,0 +1,125 @@
+"""The userspace driver: opens an emulated CXL-HM device and moves bytes through its
+HDM window with byte-granular load/store and zero-copy buffer variants.
+
+    with open_device({"dram_bytes": "64MiB"}) as dev:
+        dev.store(0x1000, b"hello")
+        assert dev.load(0x1000, 5) == b"hello"
+        arr = np.empty(1 << 20, np.uint8)
+        dev.read_into(0, arr)
+
+Buffers: anything exporting the buffer protocol (bytes, bytearray, memoryview, numpy
+arrays, mmap) or the numpy array interface (CPU torch tensors work through
+``tensor.numpy()``/``__array__``). They must be C-contiguous.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cxlhm.config import DeviceConfig, load_config
+from cxlhm.device import Device
+
+
+def _byte_view(buf: Any, *, writable: bool) -> np.ndarray:
+    """A flat uint8 numpy view of `buf` without copying."""
+    if isinstance(buf, np.ndarray):
+        arr = buf
+    else:
+        try:
+            arr = np.frombuffer(memoryview(buf), np.uint8) if not hasattr(buf, "__array_interface__") else np.asarray(buf)
+        except TypeError:
+            if hasattr(buf, "numpy"):  # torch.Tensor and friends
+                arr = buf.numpy()
+            else:
+                raise TypeError(f"expected a buffer (bytes, bytearray, memoryview, numpy array), got {type(buf).__name__}") from None
+    if not arr.flags.c_contiguous:
+        raise ValueError("the buffer must be C-contiguous")
+    if writable and not arr.flags.writeable:
+        raise ValueError("the buffer is read-only; read_into needs a writable buffer")
+    return arr.reshape(-1).view(np.uint8)
+
+
+class DeviceHandle:
+    """An open device as the host sees it. Use as a context manager, or call close()."""
+
+    def __init__(self, device: Device):
+        self.device = device
+        self.config: DeviceConfig = device.cfg
+        self.capacity = device.capacity
+        self.block_size = device.block_size
+
+    # ---------------------------------------------------------------- bytes
+    def load(self, hpa: int, n: int) -> bytes:
+        """Read `n` bytes at `hpa`."""
+        out = np.empty(_non_negative(n, "n"), np.uint8)
+        self.read_into(hpa, out)
+        return out.tobytes()
+
+    def store(self, hpa: int, data: Any) -> None:
+        """Write `data` (any buffer) at `hpa`."""
+        self.write_from(hpa, data)
+
+    def read_into(self, hpa: int, buf: Any) -> int:
+        """Fill `buf` from the device at `hpa`; returns the byte count."""
+        view = _byte_view(buf, writable=True)
+        self._access(hpa, view, is_write=False)
+        return view.shape[0]
+
+    def write_from(self, hpa: int, buf: Any) -> int:
+        """Write the bytes of `buf` at `hpa`; returns the byte count."""
+        view = _byte_view(buf, writable=False)
+        self._access(hpa, view, is_write=True)
+        return view.shape[0]
+
+    def readv(self, hpas: Any, length: int, out: Any) -> None:
+        """Read `len(hpas)` extents of `length` bytes, laid end to end in `out`, in one
+        firmware pass and one SSD batch (the device sees them as concurrent: QD = len(hpas))."""
+        hpas = np.asarray(hpas, np.int64).reshape(-1)
+        view = _byte_view(out, writable=True)
+        if view.shape[0] != hpas.shape[0] * length:
+            raise ValueError(f"out holds {view.shape[0]} bytes, expected {hpas.shape[0]} x {length}")
+        self.device.access(hpas, np.full(hpas.shape[0], length, np.int64), view.ctypes.data, False)
+
+    def writev(self, hpas: Any, length: int, data: Any) -> None:
+        """Write `len(hpas)` extents of `length` bytes taken end to end from `data`."""
+        hpas = np.asarray(hpas, np.int64).reshape(-1)
+        view = _byte_view(data, writable=False)
+        if view.shape[0] != hpas.shape[0] * length:
+            raise ValueError(f"data holds {view.shape[0]} bytes, expected {hpas.shape[0]} x {length}")
+        self.device.access(hpas, np.full(hpas.shape[0], length, np.int64), view.ctypes.data, True)
+
+    def _access(self, hpa: int, view: np.ndarray, *, is_write: bool) -> None:
+        hpa = _non_negative(hpa, "hpa") if not isinstance(hpa, (int, np.integer)) or hpa >= 0 else int(hpa)
+        self.device.access(np.array([hpa], np.int64), np.array([view.shape[0]], np.int64), view.ctypes.data, is_write)
+
+    # ---------------------------------------------------------------- control
+    def flush(self) -> int:
+        return self.device.flush()
+
+    def stats(self) -> dict:
+        return self.device.stats()
+
+    def close(self) -> None:
+        self.device.close()
+
+    def __enter__(self) -> "DeviceHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _non_negative(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def open_device(spec: str | Path | Mapping | DeviceConfig | None = None, **overrides: Any) -> DeviceHandle:
+    """Open a device from a profile name ("cmm-h"), a YAML path, a dict of overrides on
+    the default profile, or a ready DeviceConfig; keyword overrides apply on top."""
+    cfg = spec if isinstance(spec, DeviceConfig) else load_config(spec, overrides or None)
+    return DeviceHandle(Device(cfg))

@@ -1,0 +1,15 @@
+/* Interface of the cxlhm native back end; also fed to cffi's cdef. */
+struct cxlhm_ring;
+
+struct cxlhm_io {
+    void *buf;       /* device-DRAM slot (aligned for O_DIRECT) */
+    uint64_t len;    /* bytes */
+    uint64_t offset; /* byte offset in the SSD image */
+    int32_t write;   /* 1 = slot -> SSD, 0 = SSD -> slot */
+};
+
+int cxlhm_uring_load(const char *path, char *err, int errlen);
+struct cxlhm_ring *cxlhm_ring_open(unsigned depth, int *err);
+void cxlhm_ring_close(struct cxlhm_ring *r);
+int cxlhm_io_batch(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops,
+                   int n, int64_t *res);
