@@ -175,6 +175,14 @@ class Device:
         self.counters[C.SSD_WRITES] += n
         self.counters[C.SSD_WRITE_BYTES] += n * self.block_size
 
+    # ------------------------------------------------------------ hints
+    def hint(self, kind: int, session: int, first_block: int, n_blocks: int) -> None:
+        """Deliver a request-lifecycle hint to the policy's compiled on_hint hook.
+        Callers (the mailbox) validate the range; hints are advisory and never fail."""
+        with self._lock:
+            if not self.closed:
+                self.kernels.hint(self.bt, self.ps, self.clock, kind, session, first_block, n_blocks)
+
     # ------------------------------------------------------------ control
     def flush(self) -> int:
         """Write every dirty block back to the SSD (blocks stay cached). Returns blocks written."""

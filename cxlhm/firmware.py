@@ -29,7 +29,7 @@ from firmware_policies.base import Policy
 WRITE_BACK, WRITE_THROUGH, WRITE_BUFFER = 0, 1, 2
 WRITE_MODE_CODES = {"write-back": WRITE_BACK, "write-through": WRITE_THROUGH, "write-buffer": WRITE_BUFFER}
 
-Kernels = namedtuple("Kernels", "plan invalidate")
+Kernels = namedtuple("Kernels", "plan invalidate hint")
 
 _libc = ctypes.CDLL(None)
 _memcpy = _libc.memcpy
@@ -176,7 +176,13 @@ def _build(policy: Policy):
         btm.unmap(bt, slot)
         btm.release_slot(bt, slot)
 
-    return Kernels(plan, invalidate)
+    on_hint = policy.on_hint
+
+    @numba.njit(nogil=True)
+    def hint(bt, ps, clock, kind, session, first_block, n_blocks):
+        on_hint(ps, bt, kind, session, first_block, n_blocks, clock[0])
+
+    return Kernels(plan, invalidate, hint)
 
 
 _KERNELS: dict[int, Kernels] = {}

@@ -1,20 +1,22 @@
 """Firmware policies: one module per policy, found by name.
 
-Built-ins are listed in BUILTIN; third-party packages register more through the
+Built-ins are the modules of this package that define ``POLICY`` (adding a policy is
+adding a file); third-party packages register more through the
 ``cxlhm.firmware_policies`` entry-point group (the entry point names a module or
 object whose ``POLICY`` attribute, or which itself, is a `Policy`).
 """
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from importlib.metadata import entry_points
 
 from firmware_policies.base import Param, Policy, PolicyParamError
 
 ENTRY_POINT_GROUP = "cxlhm.firmware_policies"
-BUILTIN = {
-    "lru": "firmware_policies.lru",
-}
+_NOT_POLICIES = {"base"}
+BUILTIN = {m.name: f"{__name__}.{m.name}" for m in pkgutil.iter_modules(__path__)
+           if not m.name.startswith("_") and m.name not in _NOT_POLICIES}
 
 
 class UnknownPolicy(KeyError):
