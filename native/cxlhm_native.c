@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <linux/io_uring.h>
 
 #include "cxlhm_native.h"
@@ -31,6 +32,7 @@ typedef void (*prep_rw_fn)(struct io_uring_sqe *, int, void *, unsigned, uint64_
 typedef int (*submit_fn)(void *);
 typedef int (*wait_cqe_fn)(void *, struct io_uring_cqe **);
 typedef void (*cqe_seen_fn)(void *, struct io_uring_cqe *);
+typedef int (*peek_cqe_fn)(void *, struct io_uring_cqe **);
 
 static struct {
     void *handle;
@@ -42,6 +44,7 @@ static struct {
     submit_fn submit;
     wait_cqe_fn wait_cqe;
     cqe_seen_fn cqe_seen;
+    peek_cqe_fn peek_cqe;
 } uring;
 
 struct cxlhm_ring {
@@ -76,6 +79,7 @@ int cxlhm_uring_load(const char *path, char *err, int errlen)
     LOAD(submit, "io_uring_submit");
     LOAD(wait_cqe, "io_uring_wait_cqe");
     LOAD(cqe_seen, "io_uring_cqe_seen");
+    LOAD(peek_cqe, "io_uring_peek_cqe");
 #undef LOAD
     uring.handle = h;
     return 0;
@@ -189,4 +193,73 @@ int cxlhm_io_batch(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops,
     }
     free(pending);
     return failed;
+}
+
+static inline int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/*
+ * Closed-loop load generator: keep `qd` I/Os in flight (as fio's io_uring engine
+ * does at iodepth=qd) until all `n` ops completed or, when deadline_ns > 0, until
+ * CLOCK_MONOTONIC passes it (in-flight ops are still reaped). res[i] gets bytes
+ * or -errno, lat_ns[i] submission-to-completion latency (-1 if never issued).
+ * Returns the number of ops issued, or -errno if the ring itself failed.
+ */
+int64_t cxlhm_io_qd(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops,
+                    int64_t n, int qd, int64_t deadline_ns, int64_t *res,
+                    int64_t *lat_ns)
+{
+    int64_t next = 0;
+    int inflight = 0;
+    if (qd > (int)r->depth)
+        qd = (int)r->depth;
+    for (int64_t i = 0; i < n; i++)
+        lat_ns[i] = -1;
+    while (inflight > 0 || next < n) {
+        int queued = 0;
+        int stop = deadline_ns > 0 && now_ns() >= deadline_ns;
+        int64_t t = now_ns();
+        while (!stop && inflight < qd && next < n) {
+            struct io_uring_sqe *sqe = uring.get_sqe(r->opaque);
+            if (!sqe)
+                break;
+            const struct cxlhm_io *op = &ops[next];
+            if (op->write)
+                uring.prep_write(sqe, fd, op->buf, (unsigned)op->len, op->offset);
+            else
+                uring.prep_read(sqe, fd, op->buf, (unsigned)op->len, op->offset);
+            sqe->user_data = (uint64_t)next;
+            lat_ns[next] = t; /* issue time until completion */
+            next++;
+            inflight++;
+            queued++;
+        }
+        if (queued) {
+            int rc = uring.submit(r->opaque);
+            if (rc < 0)
+                return rc;
+        }
+        if (inflight == 0)
+            break;
+        struct io_uring_cqe *cqe;
+        int rc = uring.wait_cqe(r->opaque, &cqe);
+        if (rc < 0) {
+            if (rc == -EINTR)
+                continue;
+            return rc;
+        }
+        int64_t done = now_ns();
+        do {
+            int64_t i = (int64_t)cqe->user_data;
+            res[i] = cqe->res;
+            lat_ns[i] = done - lat_ns[i];
+            uring.cqe_seen(r->opaque, cqe);
+            inflight--;
+        } while (uring.peek_cqe(r->opaque, &cqe) == 0);
+    }
+    return next;
 }

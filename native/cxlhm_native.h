@@ -13,3 +13,6 @@ struct cxlhm_ring *cxlhm_ring_open(unsigned depth, int *err);
 void cxlhm_ring_close(struct cxlhm_ring *r);
 int cxlhm_io_batch(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops,
                    int n, int64_t *res);
+int64_t cxlhm_io_qd(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops,
+                    int64_t n, int qd, int64_t deadline_ns, int64_t *res,
+                    int64_t *lat_ns);
