@@ -107,6 +107,11 @@ class Device:
         os.replace(tmp, path)
 
     # ------------------------------------------------------------ access path
+    def check_extent(self, hpa: int, n: int) -> None:
+        """Raise AccessOutOfRange unless [hpa, hpa+n) lies inside the HDM window."""
+        if hpa < 0 or n < 0 or hpa > self.capacity - n:
+            raise AccessOutOfRange(f"access [{hpa:#x}, +{n}) is outside the HDM window [0, {self.capacity:#x})")
+
     def access(self, ext_hpa: np.ndarray, ext_len: np.ndarray, user_addr: int, is_write: bool, owner: int = 0) -> None:
         """Read (or write) the extents, laid end to end in the user buffer at `user_addr`."""
         ext_hpa = np.ascontiguousarray(ext_hpa, np.int64)

@@ -54,7 +54,8 @@ class DeviceHandle:
     # ---------------------------------------------------------------- bytes
     def load(self, hpa: int, n: int) -> bytes:
         """Read `n` bytes at `hpa`."""
-        out = np.empty(_non_negative(n, "n"), np.uint8)
+        self.device.check_extent(_integer(hpa, "hpa"), _integer(n, "n"))  # before allocating n bytes
+        out = np.empty(n, np.uint8)
         self.read_into(hpa, out)
         return out.tobytes()
 
@@ -92,7 +93,7 @@ class DeviceHandle:
         self.device.access(hpas, np.full(hpas.shape[0], length, np.int64), view.ctypes.data, True)
 
     def _access(self, hpa: int, view: np.ndarray, *, is_write: bool) -> None:
-        hpa = _non_negative(hpa, "hpa") if not isinstance(hpa, (int, np.integer)) or hpa >= 0 else int(hpa)
+        hpa = _integer(hpa, "hpa")
         self.device.access(np.array([hpa], np.int64), np.array([view.shape[0]], np.int64), view.ctypes.data, is_write)
 
     # ---------------------------------------------------------------- control
@@ -112,9 +113,9 @@ class DeviceHandle:
         self.close()
 
 
-def _non_negative(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+def _integer(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
     return int(value)
 
 

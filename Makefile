@@ -1,0 +1,28 @@
+# The two commands a fresh machine needs (README): `make run` and `make test`.
+# Both create .venv, build the native extension (cffi) and install everything first.
+PYTHON ?= python3
+VENV ?= .venv
+STAMP := $(VENV)/.installed
+
+.PHONY: run test test-all bench clean
+
+$(STAMP): pyproject.toml setup.py native/cxlhm_native.c native/cxlhm_native.h native/build_native.py
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)  ## the main job on the built-in default: replay a Mooncake trace slice through a cmm-h device
+	$(VENV)/bin/cxlhm run $(ARGS)
+
+test: $(STAMP)  ## the test suite (fast default; slow cases: make test-all)
+	$(VENV)/bin/pytest $(ARGS)
+
+test-all: $(STAMP)
+	$(VENV)/bin/pytest -m '' $(ARGS)
+
+bench: $(STAMP)  ## every bench in bench/ (minutes; prints ratios against baselines measured in the same run)
+	for b in bench/bench_*.py; do $(VENV)/bin/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info cxlhm/_native*.so
