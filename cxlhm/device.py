@@ -71,6 +71,8 @@ class Device:
         batch = min(self.n_slots, MAX_BATCH_BLOCKS)
         self._slots_out = np.zeros(batch, np.int64)
         self._installed = np.zeros(batch, np.uint8)
+        self._one_hpa = np.zeros(1, np.int64)  # scratch for access_one (used under the lock)
+        self._one_len = np.zeros(1, np.int64)
         self._writebacks = fw.new_io_rows(batch)
         self._fills = fw.new_io_rows(batch)
         self._lock = threading.RLock()
@@ -118,30 +120,54 @@ class Device:
         ext_len = np.ascontiguousarray(ext_len, np.int64)
         if ext_hpa.shape != ext_len.shape or ext_hpa.ndim != 1:
             raise ValueError("extent addresses and lengths must be 1-D arrays of equal length")
-        bad = (ext_hpa < 0) | (ext_len < 0) | (ext_hpa > self.capacity - ext_len)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise AccessOutOfRange(f"access [{ext_hpa[i]:#x}, +{ext_len[i]}) is outside the HDM window [0, {self.capacity:#x})")
+        bad, blocks = fw.check_extents(ext_hpa, ext_len, self.capacity, self.block_size)
+        if bad >= 0:
+            self.check_extent(int(ext_hpa[bad]), int(ext_len[bad]))
         with self._lock:
-            if self.closed:
-                raise DeviceClosed("the device is closed")
-            limit = min(self._slots_out.shape[0], self.n_slots - int(self.bt.scalars[btm.N_PINNED]))
-            if limit <= 0:
-                raise DeviceFull("every device-DRAM slot is pinned; unpin something first")
+            limit = self._batch_limit()
+            if blocks <= limit:
+                self._access_batch(ext_hpa, ext_len, user_addr, is_write, owner)
+                return
             for hpas, lens, start in _split_batches(ext_hpa, ext_len, self.block_size, limit):
                 self._access_batch(hpas, lens, user_addr + start, is_write, owner)
 
+    def access_one(self, hpa: int, n: int, user_addr: int, is_write: bool, owner: int = 0) -> None:
+        """access() for a single extent, without the array set-up (the common host call)."""
+        self.check_extent(hpa, n)
+        with self._lock:
+            limit = self._batch_limit()
+            if n == 0 or (hpa + n - 1) // self.block_size - hpa // self.block_size < limit:
+                self._one_hpa[0], self._one_len[0] = hpa, n
+                self._access_batch(self._one_hpa, self._one_len, user_addr, is_write, owner)
+            else:
+                for hpas, lens, start in _split_batches(np.array([hpa], np.int64), np.array([n], np.int64),
+                                                        self.block_size, limit):
+                    self._access_batch(hpas, lens, user_addr + start, is_write, owner)
+
+    def _batch_limit(self) -> int:
+        """Blocks one firmware pass may touch: every one needs a slot it can hold busy."""
+        if self.closed:
+            raise DeviceClosed("the device is closed")
+        limit = min(self._slots_out.shape[0], self.n_slots - int(self.bt.scalars[btm.N_PINNED]))
+        if limit <= 0:
+            raise DeviceFull("every device-DRAM slot is pinned; unpin something first")
+        return limit
+
     def _access_batch(self, hpas, lens, user_addr, is_write, owner) -> None:
-        ok, k, n_wb, n_fill = self.kernels.plan(
+        ok, k, n_wb, n_fill, done = self.kernels.access(
             self.bt, self.ps, self.counters, self.clock, hpas, lens, is_write, self._write_mode_code,
             owner, self.dram.base_address, self.block_size, self._slots_out, self._installed,
-            self._writebacks, self._fills)
+            self._writebacks, self._fills, user_addr, self.moves_data)
+        if done:
+            return
         slots = self._slots_out
         try:
             if self.moves_data:
                 try:
-                    self._run_io(self._writebacks[:n_wb], what="write-back")
-                    self._run_io(self._fills[:n_fill], what="fill read")
+                    if n_wb:
+                        self._run_io(self._writebacks[:n_wb], what="write-back")
+                    if n_fill:
+                        self._run_io(self._fills[:n_fill], what="fill read")
                 except MediaError:
                     # Newly placed blocks hold stale bytes of the previous owner: drop them.
                     now = int(self.clock[0])
@@ -160,12 +186,12 @@ class Device:
 
     def _run_io(self, ops: np.ndarray, *, what: str) -> None:
         res = self.ssd.submit(ops)
-        failed = np.flatnonzero(res != ops[:, 1])
-        if failed.size:
-            i = int(failed[0])
-            raise MediaError(-int(res[i]) if res[i] < 0 else 5,
-                             f"SSD {what} of block {ops[i, 2] // self.block_size} failed: "
-                             f"{os.strerror(-int(res[i])) if res[i] < 0 else 'short transfer'}")
+        if (res == ops[:, 1]).all():
+            return
+        i = int(np.flatnonzero(res != ops[:, 1])[0])
+        raise MediaError(-int(res[i]) if res[i] < 0 else 5,
+                         f"SSD {what} of block {ops[i, 2] // self.block_size} failed: "
+                         f"{os.strerror(-int(res[i])) if res[i] < 0 else 'short transfer'}")
 
     def _write_through(self, slots: np.ndarray) -> None:
         unique = np.unique(slots)
@@ -232,13 +258,7 @@ class Device:
 
 def _split_batches(ext_hpa: np.ndarray, ext_len: np.ndarray, block_size: int, limit: int):
     """Yield (hpas, lens, user_offset) groups touching at most `limit` blocks each,
-    cutting extents at block boundaries where needed. The common case (everything
-    fits) costs one vectorised check."""
-    nonzero = ext_len > 0
-    blocks = np.where(nonzero, (ext_hpa + ext_len - 1) // block_size - ext_hpa // block_size + 1, 0)
-    if int(blocks.sum()) <= limit:
-        yield ext_hpa, ext_len, 0
-        return
+    cutting extents at block boundaries where needed."""
     group_h: list[int] = []
     group_l: list[int] = []
     used = 0

@@ -29,7 +29,7 @@ from firmware_policies.base import Policy
 WRITE_BACK, WRITE_THROUGH, WRITE_BUFFER = 0, 1, 2
 WRITE_MODE_CODES = {"write-back": WRITE_BACK, "write-through": WRITE_THROUGH, "write-buffer": WRITE_BUFFER}
 
-Kernels = namedtuple("Kernels", "plan invalidate hint")
+Kernels = namedtuple("Kernels", "plan access invalidate hint")
 
 _libc = ctypes.CDLL(None)
 _memcpy = _libc.memcpy
@@ -65,6 +65,20 @@ def copy_extents(base, block_size, slots, ext_hpa, ext_len, user_addr, to_user):
             pos += n
             hpa += n
             left -= n
+
+
+@numba.njit(nogil=True)
+def check_extents(ext_hpa, ext_len, capacity, block_size):
+    """(index of the first extent outside [0, capacity) or -1, blocks the extents touch)."""
+    blocks = 0
+    for e in range(ext_hpa.shape[0]):
+        hpa = ext_hpa[e]
+        n = ext_len[e]
+        if hpa < 0 or n < 0 or hpa > capacity - n:
+            return e, blocks
+        if n > 0:
+            blocks += (hpa + n - 1) // block_size - hpa // block_size + 1
+    return -1, blocks
 
 
 @numba.njit(nogil=True)
@@ -176,13 +190,30 @@ def _build(policy: Policy):
         btm.unmap(bt, slot)
         btm.release_slot(bt, slot)
 
+    @numba.njit(nogil=True)
+    def access(bt, ps, counters, clock, ext_hpa, ext_len, is_write, write_mode, owner,
+               base, block_size, slots_out, installed_out, writebacks, fills, user_addr, moves_data):
+        """plan(), and when the plan needs no SSD I/O (all hits, or misses on a
+        timing-only device) also the copy and finish - so a DRAM hit costs one call.
+        Returns plan()'s tuple plus `done`; if not done the caller runs the I/O, then
+        copy_extents() and finish()."""
+        ok, k, n_wb, n_fill = plan(bt, ps, counters, clock, ext_hpa, ext_len, is_write, write_mode, owner,
+                                   base, block_size, slots_out, installed_out, writebacks, fills)
+        needs_io = moves_data and (n_wb > 0 or n_fill > 0 or (is_write and write_mode == WRITE_THROUGH))
+        if not ok or needs_io:
+            return ok, k, n_wb, n_fill, False
+        if moves_data:
+            copy_extents(base, block_size, slots_out, ext_hpa, ext_len, user_addr, not is_write)
+        finish(bt, slots_out, k)
+        return ok, k, n_wb, n_fill, True
+
     on_hint = policy.on_hint
 
     @numba.njit(nogil=True)
     def hint(bt, ps, clock, kind, session, first_block, n_blocks):
         on_hint(ps, bt, kind, session, first_block, n_blocks, clock[0])
 
-    return Kernels(plan, invalidate, hint)
+    return Kernels(plan, access, invalidate, hint)
 
 
 _KERNELS: dict[int, Kernels] = {}

@@ -93,8 +93,7 @@ class DeviceHandle:
         self.device.access(hpas, np.full(hpas.shape[0], length, np.int64), view.ctypes.data, True)
 
     def _access(self, hpa: int, view: np.ndarray, *, is_write: bool) -> None:
-        hpa = _integer(hpa, "hpa")
-        self.device.access(np.array([hpa], np.int64), np.array([view.shape[0]], np.int64), view.ctypes.data, is_write)
+        self.device.access_one(_integer(hpa, "hpa"), view.shape[0], view.ctypes.data, is_write)
 
     # ---------------------------------------------------------------- control
     def flush(self) -> int:

@@ -1,0 +1,57 @@
+"""Helpers shared by the benches: where to put back-end files, how to describe the machine,
+and how to time alternating trials on a noisy shared machine."""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def bench_dir() -> Path:
+    """A disk-backed folder for back-end images (O_DIRECT needs a real file system)."""
+    folder = Path(os.environ.get("CXLHM_BENCH_DIR", Path(__file__).resolve().parent.parent / "out" / "bench"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def lay_out(path: Path, size: int, chunk: int = 64 << 20) -> None:
+    """Fill the file with random bytes so reads really touch the disk (sparse holes do not)."""
+    if path.exists() and path.stat().st_size == size and path.stat().st_blocks * 512 >= size:
+        return
+    rng = np.random.default_rng(0)
+    with open(path, "wb") as f:
+        for _ in range(0, size, chunk):
+            f.write(rng.integers(0, 256, chunk, dtype=np.uint8).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def machine() -> str:
+    return (f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
+            f"kernel {platform.release()}, Python {platform.python_version()}")
+
+
+def command() -> str:
+    return "python " + " ".join(sys.argv)
+
+
+def alternate(trials: int, **runs):
+    """Run each named callable `trials` times, interleaved (a, b, a, b, ...) so both see
+    the same machine noise; return {name: median of the returned figures}."""
+    results: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(trials):
+        for name, fn in runs.items():
+            results[name].append(fn())
+    return {name: statistics.median(values) for name, values in results.items()}
+
+
+def rate(n: int, fn) -> float:
+    """Items per second for running fn() that processes n items."""
+    start = time.perf_counter()
+    fn()
+    return n / (time.perf_counter() - start)
