@@ -30,6 +30,7 @@ UNEVICTABLE = np.uint8(BUSY | PINNED)
 # scalars[] indices
 N_FREE = 0
 N_PINNED = 1
+NOW_NS = 2  # the device's clock in ns (wall or model), set by the runtime before each call
 
 BlockTable = namedtuple("BlockTable", "block flags owner stamp index_keys index_slots free scalars")
 
@@ -48,7 +49,7 @@ def new_block_table(n_slots: int) -> BlockTable:
         index_slots=np.full(buckets, -1, np.int64),
         # popped from the end: slot 0 is handed out first
         free=np.arange(n_slots - 1, -1, -1, dtype=np.int64),
-        scalars=np.array([n_slots, 0], np.int64),
+        scalars=np.array([n_slots, 0, 0], np.int64),
     )
 
 
@@ -145,6 +146,24 @@ def release_slot(bt, slot):
     n = bt.scalars[N_FREE]
     bt.free[n] = slot
     bt.scalars[N_FREE] = n + 1
+
+
+@numba.njit(nogil=True)
+def set_pinned(bt, first_block, n_blocks, pinned):
+    """Pin (or unpin) the resident blocks of a range; returns how many of its blocks
+    are not resident (a pin request must bring those in first)."""
+    missing = 0
+    for block in range(first_block, first_block + n_blocks):
+        slot = lookup(bt, block)
+        if slot < 0:
+            missing += 1
+        elif pinned and not bt.flags[slot] & PINNED:
+            bt.flags[slot] |= PINNED
+            bt.scalars[N_PINNED] += 1
+        elif not pinned and bt.flags[slot] & PINNED:
+            bt.flags[slot] &= ~PINNED
+            bt.scalars[N_PINNED] -= 1
+    return missing
 
 
 @numba.njit(nogil=True, inline="always")

@@ -129,6 +129,9 @@ SCHEMA: dict[str, Any] = {
         "policy": Field(_text, "lru", "firmware policy name (`cxlhm policies` lists them)"),
         "params": Field(_mapping, {}, "policy parameters (checked by the policy)"),
         "write_mode": Field(_optional_write_mode, None, "write-back | write-through | write-buffer (default: the policy's)"),
+        "background": Field(_choice("thread", "manual"), "thread",
+                            "thread: a firmware thread runs prefetch/flush work while the device is idle; "
+                            "manual: only Device.run_background() does (deterministic tests)"),
     },
     "timing": Field(_mapping, {}, "timing-model parameters (checked by the timing model)"),
 }
@@ -146,6 +149,7 @@ class FirmwareConfig:
     policy: str
     params: dict
     write_mode: str | None
+    background: str = "thread"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,7 +293,8 @@ def load_config(spec: str | Path | Mapping | None = None, overrides: Mapping | N
         block_size=values["block_size"], dram_bytes=values["dram_bytes"], data=values["data"],
         clock=values["clock"], mode=values["mode"], seed=values["seed"],
         backend=BackendConfig(values["backend.path"], values["backend.queue_depth"]),
-        firmware=FirmwareConfig(values["firmware.policy"], values["firmware.params"], values["firmware.write_mode"]),
+        firmware=FirmwareConfig(values["firmware.policy"], values["firmware.params"], values["firmware.write_mode"],
+                                values["firmware.background"]),
         timing=values["timing"], sources=tuple(s for s, _ in layers), provenance=provenance,
     )
     _check_consistency(cfg)

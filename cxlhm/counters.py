@@ -15,9 +15,17 @@ NAMES = (
     "ssd_writes",
     "ssd_read_bytes",
     "ssd_write_bytes",
+    "prefetch_issued",   # blocks read SSD -> DRAM ahead of use by background work
+    "prefetch_useful",   # prefetched blocks the host then read (or wrote) before eviction
+    "prefetch_unused",   # prefetched blocks evicted without a host access (wasted)
+    "prefetch_redundant",  # prefetch jobs for blocks already resident (no I/O)
+    "prefetch_dropped",  # prefetch jobs abandoned: no slot the policy would give up
+    "bg_flushes",        # dirty blocks written back by background work (write buffering)
 )
 (HOST_READS, HOST_WRITES, HOST_READ_BYTES, HOST_WRITE_BYTES, HITS, MISSES, FILL_READS,
- EVICTIONS, WRITEBACKS, SSD_READS, SSD_WRITES, SSD_READ_BYTES, SSD_WRITE_BYTES) = range(len(NAMES))
+ EVICTIONS, WRITEBACKS, SSD_READS, SSD_WRITES, SSD_READ_BYTES, SSD_WRITE_BYTES,
+ PREFETCH_ISSUED, PREFETCH_USEFUL, PREFETCH_UNUSED, PREFETCH_REDUNDANT, PREFETCH_DROPPED,
+ BG_FLUSHES) = range(len(NAMES))
 
 
 def new_counters() -> np.ndarray:
@@ -28,4 +36,9 @@ def as_dict(counters: np.ndarray) -> dict[str, int]:
     out = {name: int(counters[i]) for i, name in enumerate(NAMES)}
     accesses = out["hits"] + out["misses"]
     out["hit_ratio"] = out["hits"] / accesses if accesses else 0.0
+    # MQSim-CXL's prefetch metrics. Coverage: the share of would-be misses that prefetch
+    # turned into hits (every useful prefetch is a miss avoided).
+    issued, useful = out["prefetch_issued"], out["prefetch_useful"]
+    out["prefetch_accuracy"] = useful / issued if issued else 0.0
+    out["prefetch_coverage"] = useful / (useful + out["misses"]) if useful + out["misses"] else 0.0
     return out

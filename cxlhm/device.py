@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,9 @@ from cxlhm import counters as C
 from cxlhm import firmware as fw
 from cxlhm.config import ConfigError, DeviceConfig
 from cxlhm.media.dram import DeviceDram
+from cxlhm.mailbox.hints import HintKind
 from cxlhm.media.ssd import SsdBackend
+from firmware_policies.base import JOB_FLUSH, JOB_PREFETCH, no_background
 
 METADATA_FORMAT = 1
 MAX_BATCH_BLOCKS = 4096  # blocks planned per firmware pass (bounds the scratch arrays)
@@ -79,12 +82,22 @@ class Device:
         self.closed = False
         self.unclean_shutdown_detected = False
 
+        self._jobs = np.zeros((256, 3), np.int64)  # background jobs: (kind, block, session)
+        self._t0_ns = time.monotonic_ns()
+        self.background_error: Exception | None = None
+        self._background_wake = threading.Event()
+        self._stop_background = threading.Event()
+        self._background_thread: threading.Thread | None = None
+
         self.dram = DeviceDram(self.n_slots, self.block_size, data=self.moves_data)
         self.ssd = None
         if self.moves_data:
             self.ssd = SsdBackend(cfg.backend.path, self.capacity, cfg.backend.queue_depth,
                                   source=cfg.source_of("backend.path"))
             self._open_metadata()
+        if cfg.firmware.background == "thread" and self.policy.background is not no_background:
+            self._background_thread = threading.Thread(target=self._background_loop, name="cxlhm-firmware", daemon=True)
+            self._background_thread.start()
 
     # ------------------------------------------------------------ persistence
     def _open_metadata(self) -> None:
@@ -206,33 +219,130 @@ class Device:
         self.counters[C.SSD_WRITES] += n
         self.counters[C.SSD_WRITE_BYTES] += n * self.block_size
 
-    # ------------------------------------------------------------ hints
-    def hint(self, kind: int, session: int, first_block: int, n_blocks: int) -> None:
-        """Deliver a request-lifecycle hint to the policy's compiled on_hint hook.
-        Callers (the mailbox) validate the range; hints are advisory and never fail."""
+    # ------------------------------------------------------------ hints and background work
+    def hint(self, kind: int, session: int, first_block: int, n_blocks: int, arg: int = 0) -> bool:
+        """Deliver a request-lifecycle hint. PIN/UNPIN are carried out by the runtime;
+        every other kind goes to the policy's compiled on_hint hook. The caller (the
+        mailbox) validates the range. Hints are advisory: returns False when one was
+        not followed (e.g. a pin that would leave no DRAM for misses), never raises."""
         with self._lock:
-            if not self.closed:
-                self.kernels.hint(self.bt, self.ps, self.clock, kind, session, first_block, n_blocks)
+            if self.closed:
+                return False
+            self._sync_time()
+            if kind in (HintKind.PIN, HintKind.UNPIN):
+                return self._pin(first_block, n_blocks, kind == HintKind.PIN)
+            self.kernels.hint(self.bt, self.ps, self.clock, kind, session, first_block, n_blocks, arg)
+        self._background_wake.set()
+        return True
+
+    def run_background(self, budget: int = 32) -> int:
+        """Run up to `budget` jobs of the policy's background work (prefetches, flushes)
+        now. Returns the number of jobs the policy handed out (0: nothing to do)."""
+        with self._lock:
+            if self.closed:
+                return 0
+            self._sync_time()
+            budget = min(budget, self._jobs.shape[0], self._batch_limit())
+            n = self.kernels.background(self.bt, self.ps, self.clock, budget, self._jobs)
+            jobs = self._jobs[:n]
+            prefetch = jobs[jobs[:, 0] == JOB_PREFETCH]
+            if prefetch.shape[0]:
+                self.prefetch(prefetch[:, 1].copy(), prefetch[:, 2].copy())
+            flush = jobs[jobs[:, 0] == JOB_FLUSH, 1]
+            if flush.shape[0]:
+                self.counters[C.BG_FLUSHES] += self._write_back(fw.plan_flush, flush.copy())
+            return n
+
+    def prefetch(self, blocks: np.ndarray, owners: np.ndarray | None = None) -> int:
+        """Read `blocks` (device block numbers) SSD -> DRAM ahead of use; resident ones
+        are skipped. Returns the number of blocks read."""
+        blocks = np.ascontiguousarray(blocks, np.int64)
+        owners = np.zeros_like(blocks) if owners is None else np.ascontiguousarray(owners, np.int64)
+        done = 0
+        with self._lock:
+            limit = self._batch_limit()
+            for start in range(0, blocks.shape[0], limit):
+                chunk = slice(start, start + limit)
+                k, n_wb, n_fill = self.kernels.plan_prefetch(
+                    self.bt, self.ps, self.counters, self.clock, blocks[chunk], owners[chunk],
+                    self.dram.base_address, self.block_size, self._slots_out, self._writebacks, self._fills)
+                try:
+                    if self.moves_data:
+                        self._run_io(self._writebacks[:n_wb], what="write-back")
+                        self._run_io(self._fills[:n_fill], what="prefetch read")
+                except MediaError:
+                    for slot in self._slots_out[:k]:  # never leave unfilled slots mapped
+                        self.kernels.invalidate(self.bt, self.ps, slot, int(self.clock[0]))
+                    raise
+                finally:
+                    fw.finish(self.bt, self._slots_out, k)
+                done += k
+        return done
+
+    def _pin(self, first_block: int, n_blocks: int, pin: bool) -> bool:
+        if not pin:
+            btm.set_pinned(self.bt, first_block, n_blocks, False)
+            return True
+        # Leave at least one slot for misses, or every later access would fail.
+        if int(self.bt.scalars[btm.N_PINNED]) + n_blocks > self.n_slots - 1:
+            return False
+        missing = btm.set_pinned(self.bt, first_block, n_blocks, True)
+        if missing:
+            self.prefetch(np.arange(first_block, first_block + n_blocks, dtype=np.int64))
+            missing = btm.set_pinned(self.bt, first_block, n_blocks, True)
+        return missing == 0
+
+    def _sync_time(self) -> None:
+        self.bt.scalars[btm.NOW_NS] = time.monotonic_ns() - self._t0_ns
+
+    def _background_loop(self) -> None:
+        """The firmware's idle loop: run background work whenever the policy has some."""
+        while not self._stop_background.is_set():
+            try:
+                ran = self.run_background()
+            except Exception as exc:  # a failed prefetch must not kill the firmware
+                self.background_error = exc
+                ran = 0
+            if not ran:
+                self._background_wake.wait(0.01)
+                self._background_wake.clear()
+
+    def _stop_background_thread(self) -> None:
+        if self._background_thread is not None:
+            self._stop_background.set()
+            self._background_wake.set()
+            self._background_thread.join()
+            self._background_thread = None
 
     # ------------------------------------------------------------ control
     def flush(self) -> int:
         """Write every dirty block back to the SSD (blocks stay cached). Returns blocks written."""
-        written = 0
         with self._lock:
-            if self.closed or not self.moves_data:
+            if self.closed:
                 return 0
-            rows = self._writebacks
-            while True:
-                n = fw.collect_dirty(self.bt, self.dram.base_address, self.block_size, rows, rows.shape[0])
-                if n == 0:
-                    break
-                self._run_io(rows[:n], what="flush")
-                fw.mark_clean(self.bt, self.dram.base_address, self.block_size, rows, n)
-                written += n
-            self.counters[C.WRITEBACKS] += written
-            self.counters[C.SSD_WRITES] += written
-            self.counters[C.SSD_WRITE_BYTES] += written * self.block_size
-            self.ssd.sync()
+            written = self._write_back(lambda bt, _, base, bs, rows: fw.collect_dirty(bt, base, bs, rows, rows.shape[0]), None)
+            if self.moves_data:
+                self.ssd.sync()
+        return written
+
+    def _write_back(self, collect, blocks) -> int:
+        """Write back what `collect(bt, blocks, base, block_size, rows) -> n` selects,
+        round after round until it selects nothing; marks those blocks clean."""
+        written = 0
+        rows = self._writebacks
+        while True:
+            n = collect(self.bt, blocks, self.dram.base_address, self.block_size, rows)
+            if n == 0:
+                break
+            if self.moves_data:
+                self._run_io(rows[:n], what="write-back")
+            fw.mark_clean(self.bt, self.dram.base_address, self.block_size, rows, n)
+            written += n
+            if blocks is not None:
+                break  # a block list is done in one round
+        self.counters[C.WRITEBACKS] += written
+        self.counters[C.SSD_WRITES] += written
+        self.counters[C.SSD_WRITE_BYTES] += written * self.block_size
         return written
 
     def stats(self) -> dict:
@@ -246,6 +356,7 @@ class Device:
         with self._lock:
             if self.closed:
                 return
+            self._stop_background_thread()
             try:
                 self.flush()
                 self._write_metadata(clean=True)

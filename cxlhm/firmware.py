@@ -29,7 +29,7 @@ from firmware_policies.base import Policy
 WRITE_BACK, WRITE_THROUGH, WRITE_BUFFER = 0, 1, 2
 WRITE_MODE_CODES = {"write-back": WRITE_BACK, "write-through": WRITE_THROUGH, "write-buffer": WRITE_BUFFER}
 
-Kernels = namedtuple("Kernels", "plan access invalidate hint")
+Kernels = namedtuple("Kernels", "plan access invalidate hint plan_prefetch background")
 
 _libc = ctypes.CDLL(None)
 _memcpy = _libc.memcpy
@@ -102,6 +102,18 @@ def collect_dirty(bt, base, block_size, ops, limit):
 
 
 @numba.njit(nogil=True)
+def plan_flush(bt, blocks, base, block_size, ops):
+    """Write-back rows for those of `blocks` that are resident, dirty and idle."""
+    n = 0
+    for i in range(blocks.shape[0]):
+        slot = btm.lookup(bt, blocks[i])
+        if slot >= 0 and bt.flags[slot] & btm.DIRTY and not bt.flags[slot] & btm.BUSY:
+            _emit(ops, n, base, block_size, slot, blocks[i], 1)
+            n += 1
+    return n
+
+
+@numba.njit(nogil=True)
 def mark_clean(bt, base, block_size, ops, n):
     for i in range(n):
         bt.flags[(ops[i, 0] - base) // block_size] &= ~btm.DIRTY
@@ -109,6 +121,27 @@ def mark_clean(bt, base, block_size, ops, n):
 
 def _build(policy: Policy):
     on_hit, on_insert, victim, on_evict = policy.on_hit, policy.on_insert, policy.victim, policy.on_evict
+
+    @numba.njit(nogil=True)
+    def place(bt, ps, counters, block, owner, now, base, block_size, writebacks, n_wb):
+        """Find a slot for a missing block - a free one, else the policy's victim (whose
+        dirty bytes get a write-back row) - and map the block there. Returns
+        (slot or -1 when nothing is evictable, n_wb)."""
+        slot = btm.take_free_slot(bt)
+        if slot < 0:
+            slot = victim(ps, bt, now)
+            if slot < 0 or not btm.evictable(bt, slot):
+                return -1, n_wb
+            on_evict(ps, bt, slot, now)
+            counters[C.EVICTIONS] += 1
+            if bt.flags[slot] & btm.PREFETCHED:
+                counters[C.PREFETCH_UNUSED] += 1
+            if bt.flags[slot] & btm.DIRTY:
+                _emit(writebacks, n_wb, base, block_size, slot, bt.block[slot], 1)
+                n_wb += 1
+            btm.unmap(bt, slot)
+        btm.install(bt, slot, block, owner, now)
+        return slot, n_wb
 
     @numba.njit(nogil=True)
     def plan(bt, ps, counters, clock, ext_hpa, ext_len, is_write, write_mode, owner,
@@ -148,22 +181,18 @@ def _build(policy: Policy):
                 installed_out[k] = slot < 0
                 if slot >= 0:
                     counters[C.HITS] += 1
-                    on_hit(ps, bt, slot, is_write, now)
+                    on_hit(ps, bt, slot, is_write, now)  # sees PREFETCHED still set
+                    if bt.flags[slot] & btm.PREFETCHED:
+                        counters[C.PREFETCH_USEFUL] += 1
+                        bt.flags[slot] &= ~btm.PREFETCHED
+                    if owner != 0:
+                        bt.owner[slot] = owner  # shared blocks belong to their latest user
                 else:
                     counters[C.MISSES] += 1
-                    slot = btm.take_free_slot(bt)
+                    slot, n_wb = place(bt, ps, counters, block, owner, now, base, block_size, writebacks, n_wb)
                     if slot < 0:
-                        slot = victim(ps, bt, now)
-                        if slot < 0 or not btm.evictable(bt, slot):
-                            ok = False
-                            break
-                        on_evict(ps, bt, slot, now)
-                        counters[C.EVICTIONS] += 1
-                        if bt.flags[slot] & btm.DIRTY:
-                            _emit(writebacks, n_wb, base, block_size, slot, bt.block[slot], 1)
-                            n_wb += 1
-                        btm.unmap(bt, slot)
-                    btm.install(bt, slot, block, owner, now)
+                        ok = False
+                        break
                     covers_block = is_write and block * block_size >= hpa and (block + 1) * block_size <= hpa + length
                     if not covers_block:  # partial writes need the old bytes around them
                         _emit(fills, n_fill, base, block_size, slot, block, 0)
@@ -207,13 +236,51 @@ def _build(policy: Policy):
         finish(bt, slots_out, k)
         return ok, k, n_wb, n_fill, True
 
+    @numba.njit(nogil=True)
+    def plan_prefetch(bt, ps, counters, clock, blocks, owners, base, block_size,
+                      slots_out, writebacks, fills):
+        """Bring `blocks` into DRAM ahead of use (background work). Resident blocks are
+        skipped; each placed block is PREFETCHED (so a later host hit counts as useful)
+        and BUSY until finish(). Stops at the first block with no slot to take.
+        Returns (n_slots_used, n_writebacks, n_fills)."""
+        k = 0
+        n_wb = 0
+        for i in range(blocks.shape[0]):
+            block = blocks[i]
+            if btm.lookup(bt, block) >= 0:
+                counters[C.PREFETCH_REDUNDANT] += 1
+                continue
+            now = clock[0]
+            slot, n_wb = place(bt, ps, counters, block, owners[i], now, base, block_size, writebacks, n_wb)
+            if slot < 0:
+                counters[C.PREFETCH_DROPPED] += blocks.shape[0] - i
+                break
+            bt.flags[slot] |= btm.PREFETCHED | btm.BUSY
+            _emit(fills, k, base, block_size, slot, block, 0)
+            on_insert(ps, bt, slot, False, now)
+            slots_out[k] = slot
+            k += 1
+        counters[C.PREFETCH_ISSUED] += k
+        counters[C.SSD_READS] += k
+        counters[C.SSD_READ_BYTES] += k * block_size
+        counters[C.WRITEBACKS] += n_wb
+        counters[C.SSD_WRITES] += n_wb
+        counters[C.SSD_WRITE_BYTES] += n_wb * block_size
+        return k, n_wb, k
+
+    background_hook = policy.background
+
+    @numba.njit(nogil=True)
+    def background(bt, ps, clock, budget, jobs):
+        return background_hook(ps, bt, clock[0], budget, jobs)
+
     on_hint = policy.on_hint
 
     @numba.njit(nogil=True)
-    def hint(bt, ps, clock, kind, session, first_block, n_blocks):
-        on_hint(ps, bt, kind, session, first_block, n_blocks, clock[0])
+    def hint(bt, ps, clock, kind, session, first_block, n_blocks, arg):
+        on_hint(ps, bt, kind, session, first_block, n_blocks, arg, clock[0])
 
-    return Kernels(plan, access, invalidate, hint)
+    return Kernels(plan, access, invalidate, hint, plan_prefetch, background)
 
 
 _KERNELS: dict[int, Kernels] = {}

@@ -11,12 +11,21 @@ Hook signatures (``ps`` is the policy's own state tuple, ``bt`` the block table,
   on_insert(ps, bt, slot, is_write, now)        a missed block was just placed in `slot`
   victim(ps, bt, now) -> slot                   pick a resident, evictable slot (-1: none)
   on_evict(ps, bt, slot, now)                   `slot` is about to be emptied
-  on_hint(ps, bt, kind, session, first, n, now) a mailbox hint (optional)
-  background(ps, bt, now, budget, out) -> n     fill out[i] = (op, block) with up to
-                                                `budget` prefetch/flush jobs (optional)
+  on_hint(ps, bt, kind, session, first, n, arg, now)
+                                                a mailbox hint (optional): kinds in
+                                                cxlhm.mailbox.hints; `arg` is the kind's
+                                                argument (deadline / expected pause, ns)
+  background(ps, bt, now, budget, out) -> n     fill out[i] = (job, block, session) with up
+                                                to `budget` JOB_PREFETCH / JOB_FLUSH jobs
+                                                (optional); bt.scalars[NOW_NS] is the time
 
 `victim` must skip slots for which `blocktable.evictable(bt, slot)` is false (pinned,
 or busy in the access being planned); the runtime checks and fails loudly if not.
+
+Offline policies (Belady) set ``needs_future=True``: their ``make_state(n_slots, params,
+next_use)`` also takes the trace's next-use array (``next_use[t]`` = the logical time
+of the next access to the block accessed at time ``t``, or ``NO_NEXT_USE``), indexed by
+the hooks' ``now``. Only the trace-driven simulator (`cxlhm.sim`) can provide it.
 """
 from __future__ import annotations
 
@@ -26,13 +35,16 @@ from typing import Any
 
 import numba
 
+# next_use[] value for "never accessed again"
+NO_NEXT_USE = (1 << 62)
+
 # background() job kinds
 JOB_PREFETCH = 1
 JOB_FLUSH = 2
 
 
 @numba.njit(nogil=True)
-def no_hint(ps, bt, kind, session, first_block, n_blocks, now):
+def no_hint(ps, bt, kind, session, first_block, n_blocks, arg, now):
     return
 
 
@@ -68,6 +80,7 @@ class Policy:
     background: Callable = no_background
     params: Mapping[str, Param] = dataclasses.field(default_factory=dict)
     write_mode: str = "write-back"
+    needs_future: bool = False  # make_state takes a third argument: the next-use array
 
     def resolve_params(self, given: Mapping[str, Any] | None) -> dict:
         """Defaults overlaid with `given`, type-checked; errors list the accepted parameters."""

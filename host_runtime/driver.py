@@ -52,48 +52,49 @@ class DeviceHandle:
         self.block_size = device.block_size
 
     # ---------------------------------------------------------------- bytes
-    def load(self, hpa: int, n: int) -> bytes:
-        """Read `n` bytes at `hpa`."""
+    def load(self, hpa: int, n: int, *, session: int = 0) -> bytes:
+        """Read `n` bytes at `hpa`. `session` (optional, here and below) tags the
+        access with the serving session it belongs to, for hint-aware firmware."""
         self.device.check_extent(_integer(hpa, "hpa"), _integer(n, "n"))  # before allocating n bytes
         out = np.empty(n, np.uint8)
-        self.read_into(hpa, out)
+        self.read_into(hpa, out, session=session)
         return out.tobytes()
 
-    def store(self, hpa: int, data: Any) -> None:
+    def store(self, hpa: int, data: Any, *, session: int = 0) -> None:
         """Write `data` (any buffer) at `hpa`."""
-        self.write_from(hpa, data)
+        self.write_from(hpa, data, session=session)
 
-    def read_into(self, hpa: int, buf: Any) -> int:
+    def read_into(self, hpa: int, buf: Any, *, session: int = 0) -> int:
         """Fill `buf` from the device at `hpa`; returns the byte count."""
         view = _byte_view(buf, writable=True)
-        self._access(hpa, view, is_write=False)
+        self._access(hpa, view, False, session)
         return view.shape[0]
 
-    def write_from(self, hpa: int, buf: Any) -> int:
+    def write_from(self, hpa: int, buf: Any, *, session: int = 0) -> int:
         """Write the bytes of `buf` at `hpa`; returns the byte count."""
         view = _byte_view(buf, writable=False)
-        self._access(hpa, view, is_write=True)
+        self._access(hpa, view, True, session)
         return view.shape[0]
 
-    def readv(self, hpas: Any, length: int, out: Any) -> None:
+    def readv(self, hpas: Any, length: int, out: Any, *, session: int = 0) -> None:
         """Read `len(hpas)` extents of `length` bytes, laid end to end in `out`, in one
         firmware pass and one SSD batch (the device sees them as concurrent: QD = len(hpas))."""
         hpas = np.asarray(hpas, np.int64).reshape(-1)
         view = _byte_view(out, writable=True)
         if view.shape[0] != hpas.shape[0] * length:
             raise ValueError(f"out holds {view.shape[0]} bytes, expected {hpas.shape[0]} x {length}")
-        self.device.access(hpas, np.full(hpas.shape[0], length, np.int64), view.ctypes.data, False)
+        self.device.access(hpas, np.full(hpas.shape[0], length, np.int64), view.ctypes.data, False, session)
 
-    def writev(self, hpas: Any, length: int, data: Any) -> None:
+    def writev(self, hpas: Any, length: int, data: Any, *, session: int = 0) -> None:
         """Write `len(hpas)` extents of `length` bytes taken end to end from `data`."""
         hpas = np.asarray(hpas, np.int64).reshape(-1)
         view = _byte_view(data, writable=False)
         if view.shape[0] != hpas.shape[0] * length:
             raise ValueError(f"data holds {view.shape[0]} bytes, expected {hpas.shape[0]} x {length}")
-        self.device.access(hpas, np.full(hpas.shape[0], length, np.int64), view.ctypes.data, True)
+        self.device.access(hpas, np.full(hpas.shape[0], length, np.int64), view.ctypes.data, True, session)
 
-    def _access(self, hpa: int, view: np.ndarray, *, is_write: bool) -> None:
-        self.device.access_one(_integer(hpa, "hpa"), view.shape[0], view.ctypes.data, is_write)
+    def _access(self, hpa: int, view: np.ndarray, is_write: bool, session: int) -> None:
+        self.device.access_one(_integer(hpa, "hpa"), view.shape[0], view.ctypes.data, is_write, _integer(session, "session"))
 
     # ---------------------------------------------------------------- control
     def flush(self) -> int:

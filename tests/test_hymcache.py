@@ -1,0 +1,184 @@
+"""The hymcache firmware: hinted prefix prefetch, write buffering, demotion, pins."""
+import numpy as np
+import pytest
+
+from cxlhm.mailbox.hints import HintKind
+from host_runtime.driver import open_device
+
+BLOCK = 4096
+SLOTS = 16
+
+
+@pytest.fixture
+def open_dev(tmp_path):
+    opened = []
+
+    def factory(policy="hymcache", params=None, **extra):
+        cfg = {"capacity": 1 << 22, "block_size": BLOCK, "dram_bytes": SLOTS * BLOCK,
+               "backend": {"path": str(tmp_path / "ssd.img")},
+               "firmware": {"policy": policy, "params": params or {}, "background": "manual"}, **extra}
+        dev = open_device(cfg)
+        opened.append(dev)
+        return dev
+
+    yield factory
+    for dev in opened:
+        dev.close()
+
+
+def drain(dev):
+    while dev.device.run_background():
+        pass
+
+
+def fill_and_evict_prefix(dev, session=7, prefix_blocks=6):
+    """Session writes its prefix, then other traffic pushes it out of DRAM to the SSD."""
+    prefix = np.arange(prefix_blocks * BLOCK, dtype=np.uint32).view(np.uint8)[: prefix_blocks * BLOCK]
+    dev.store(0, prefix, session=session)
+    for i in range(3 * SLOTS):
+        dev.store((100 + i) * BLOCK, bytes([i % 256]) * BLOCK, session=99)
+    drain(dev)
+    dev.flush()
+    return prefix
+
+
+@pytest.mark.parametrize("policy", ["hymcache", "lru"])
+def test_hinted_prefix_is_read_with_zero_foreground_ssd_reads(open_dev, policy):
+    dev = open_dev(policy)
+    prefix = fill_and_evict_prefix(dev)
+    dev.device.hint(HintKind.SESSION_RESUME, 7, 0, 6)
+    drain(dev)
+    before = dev.stats()
+    assert dev.load(0, prefix.size, session=7) == prefix.tobytes()
+    after = dev.stats()
+    foreground_misses = after["misses"] - before["misses"]
+    if policy == "hymcache":
+        assert foreground_misses == 0 and after["fill_reads"] == before["fill_reads"]
+        assert after["prefetch_useful"] - before["prefetch_useful"] == 6
+        assert after["prefetch_accuracy"] == 1.0
+    else:  # LRU ignores the hint: every prefix block misses
+        assert foreground_misses == 6
+
+
+def test_appends_stay_in_dram_until_idle_then_reach_the_ssd(open_dev, tmp_path):
+    dev = open_dev()
+    dev.device.hint(HintKind.APPEND, 3, 10, 4)
+    dev.store(10 * BLOCK, b"A" * (4 * BLOCK), session=3)
+    assert dev.stats()["ssd_write_bytes"] == 0
+    with open(tmp_path / "ssd.img", "rb") as f:
+        f.seek(10 * BLOCK)
+        assert f.read(4) == bytes(4)
+    drain(dev)  # the device is idle: the buffer is written back
+    stats = dev.stats()
+    assert stats["bg_flushes"] == 4 and stats["dirty_blocks"] == 0
+    with open(tmp_path / "ssd.img", "rb") as f:
+        f.seek(10 * BLOCK)
+        assert f.read(4 * BLOCK) == b"A" * (4 * BLOCK)
+
+
+def test_write_buffer_drains_between_watermarks_without_idle_flush(open_dev):
+    # buffer = 8 slots; above 6 dirty, drain down to 2
+    dev = open_dev(params={"buffer_fraction": 0.5, "high_watermark": 0.75, "low_watermark": 0.25, "idle_flush": 0})
+    for i in range(6):
+        dev.store(i * BLOCK, b"x" * BLOCK)
+    assert dev.device.run_background() == 0  # at the watermark, nothing to do
+    dev.store(6 * BLOCK, b"x" * BLOCK)
+    drain(dev)
+    assert dev.stats()["dirty_blocks"] == 2
+    assert dev.stats()["bg_flushes"] == 5
+
+
+def test_clean_victims_first_so_foreground_misses_do_not_wait_for_write_backs(open_dev):
+    dev = open_dev(params={"idle_flush": 0, "buffer_fraction": 1.0, "high_watermark": 1.0})
+    for i in range(SLOTS // 2):
+        dev.store(i * BLOCK, b"d" * BLOCK)  # dirty, older
+    for i in range(SLOTS // 2):
+        dev.load((50 + i) * BLOCK, 1)  # clean, newer
+    dev.load(200 * BLOCK, 1)  # a miss: the oldest clean block goes, not a dirty one
+    assert dev.stats()["writebacks"] == 0
+
+
+def test_session_end_cancels_its_prefetches_and_demotes_its_blocks(open_dev):
+    dev = open_dev()
+    fill_and_evict_prefix(dev)
+    dev.device.hint(HintKind.SESSION_RESUME, 7, 0, 6)
+    dev.device.hint(HintKind.SESSION_END, 7, 0, 0)
+    drain(dev)
+    assert dev.stats()["prefetch_issued"] == 0
+    # demotion: an ended session's resident blocks are the first victims
+    dev.load(300 * BLOCK, BLOCK, session=5)
+    dev.load(301 * BLOCK, BLOCK, session=6)
+    dev.device.hint(HintKind.SESSION_END, 5, 0, 0)
+    for i in range(SLOTS - 2):
+        dev.load((400 + i) * BLOCK, 1, session=8)
+    before = dev.stats()["misses"]
+    dev.load(301 * BLOCK, 1, session=6)  # session 6's block survived, session 5's did not
+    assert dev.stats()["misses"] == before
+    dev.load(300 * BLOCK, 1, session=5)
+    assert dev.stats()["misses"] == before + 1
+
+
+def test_prefetch_budget_is_never_exceeded(open_dev):
+    dev = open_dev(params={"prefetch_budget": 0.25})  # 4 of 16 slots
+    fill_and_evict_prefix(dev, prefix_blocks=12)
+    dev.device.hint(HintKind.SESSION_RESUME, 7, 0, 12)
+    drain(dev)
+    assert dev.stats()["prefetch_issued"] == 4
+    dev.load(0, 2 * BLOCK, session=7)  # reading two frees budget for two more
+    drain(dev)
+    assert dev.stats()["prefetch_issued"] == 6
+
+
+def test_prefetches_past_their_deadline_are_dropped(open_dev):
+    dev = open_dev(params={"fill_ns": 10**12})  # no read can meet a deadline 1 ms away
+    fill_and_evict_prefix(dev)
+    dev.device.hint(HintKind.NEXT_PREFIX, 7, 0, 6, 1_000_000)
+    drain(dev)
+    assert dev.stats()["prefetch_issued"] == 0
+    dev.device.hint(HintKind.NEXT_PREFIX, 7, 0, 6, 0)  # no deadline
+    drain(dev)
+    assert dev.stats()["prefetch_issued"] == 6
+
+
+@pytest.mark.parametrize("policy", ["hymcache", "lru"])
+def test_pinned_blocks_are_never_evicted_and_pins_are_bounded(open_dev, policy):
+    dev = open_dev(policy)
+    dev.store(0, b"p" * (4 * BLOCK))
+    dev.flush()  # clean, so hymcache's clean-first victim choice does not keep them anyway
+    assert dev.device.hint(HintKind.PIN, 0, 0, 4)
+    for i in range(4 * SLOTS):
+        dev.load((100 + i) * BLOCK, 1)
+    before = dev.stats()["misses"]
+    assert dev.load(0, 4 * BLOCK) == b"p" * (4 * BLOCK)
+    assert dev.stats()["misses"] == before
+    assert not dev.device.hint(HintKind.PIN, 0, 50, SLOTS)  # would leave no slot for misses
+    assert dev.device.hint(HintKind.UNPIN, 0, 0, 4)
+    for i in range(4 * SLOTS):
+        dev.load((100 + i) * BLOCK, 1)
+    dev.load(0, 1)
+    assert dev.stats()["misses"] == before + 4 * SLOTS + 1
+
+
+def test_hymcache_loses_no_byte_under_heavy_eviction(open_dev):
+    dev = open_dev()
+    rng = np.random.default_rng(5)
+    model = bytearray(1 << 20)
+    for step in range(400):
+        off = int(rng.integers(0, (1 << 20) - 3 * BLOCK))
+        n = int(rng.integers(1, 3 * BLOCK))
+        session = int(rng.integers(1, 5))
+        kind = rng.random()
+        if kind < 0.4:
+            data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+            dev.store(off, data, session=session)
+            model[off:off + n] = data
+        elif kind < 0.8:
+            assert dev.load(off, n, session=session) == bytes(model[off:off + n])
+        else:
+            hint = [HintKind.SESSION_RESUME, HintKind.NEXT_PREFIX, HintKind.SESSION_END,
+                    HintKind.SESSION_PAUSE, HintKind.APPEND][step % 5]
+            dev.device.hint(hint, session, off // BLOCK, 3, 0)
+            dev.device.run_background(int(rng.integers(1, 8)))
+    dev.close()
+    dev2 = open_dev()
+    assert dev2.load(0, len(model)) == bytes(model)
