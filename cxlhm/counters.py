@@ -21,11 +21,13 @@ NAMES = (
     "prefetch_redundant",  # prefetch jobs for blocks already resident (no I/O)
     "prefetch_dropped",  # prefetch jobs abandoned: no slot the policy would give up
     "bg_flushes",        # dirty blocks written back by background work (write buffering)
+    "prefetch_late",     # host hits on prefetched blocks still in flight (model clock)
+    "prefetch_late_ns",  # total time hosts waited for them
 )
 (HOST_READS, HOST_WRITES, HOST_READ_BYTES, HOST_WRITE_BYTES, HITS, MISSES, FILL_READS,
  EVICTIONS, WRITEBACKS, SSD_READS, SSD_WRITES, SSD_READ_BYTES, SSD_WRITE_BYTES,
  PREFETCH_ISSUED, PREFETCH_USEFUL, PREFETCH_UNUSED, PREFETCH_REDUNDANT, PREFETCH_DROPPED,
- BG_FLUSHES) = range(len(NAMES))
+ BG_FLUSHES, PREFETCH_LATE, PREFETCH_LATE_NS) = range(len(NAMES))
 
 
 def new_counters() -> np.ndarray:

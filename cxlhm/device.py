@@ -22,6 +22,9 @@ from cxlhm.config import ConfigError, DeviceConfig
 from cxlhm.media.dram import DeviceDram
 from cxlhm.mailbox.hints import HintKind
 from cxlhm.media.ssd import SsdBackend
+from cxlhm.modelclock import ModelClock
+from cxlhm.timing import LatencyRecorder, TimingModel, charge_flush
+from cxlhm.timing.recorder import record as record_latency
 from firmware_policies.base import JOB_FLUSH, JOB_PREFETCH, no_background
 
 METADATA_FORMAT = 1
@@ -70,6 +73,9 @@ class Device:
         self.counters = C.new_counters()
         self.clock = np.zeros(1, np.int64)  # logical: one tick per block access
         self.kernels = fw.kernels_for(self.policy)
+        self.timing = TimingModel.from_device_config(cfg)  # validated even on the wall clock
+        self.model = ModelClock(self.timing, self.n_slots) if cfg.clock == "model" else None
+        self.latency: LatencyRecorder | None = None
 
         batch = min(self.n_slots, MAX_BATCH_BLOCKS)
         self._slots_out = np.zeros(batch, np.int64)
@@ -83,6 +89,7 @@ class Device:
         self.unclean_shutdown_detected = False
 
         self._jobs = np.zeros((256, 3), np.int64)  # background jobs: (kind, block, session)
+        self._background_done_ns = 0.0  # model clock: when the last background round's work is done
         self._t0_ns = time.monotonic_ns()
         self.background_error: Exception | None = None
         self._background_wake = threading.Event()
@@ -95,7 +102,8 @@ class Device:
             self.ssd = SsdBackend(cfg.backend.path, self.capacity, cfg.backend.queue_depth,
                                   source=cfg.source_of("backend.path"))
             self._open_metadata()
-        if cfg.firmware.background == "thread" and self.policy.background is not no_background:
+        if (cfg.firmware.background == "thread" and self.model is None
+                and self.policy.background is not no_background):
             self._background_thread = threading.Thread(target=self._background_loop, name="cxlhm-firmware", daemon=True)
             self._background_thread.start()
 
@@ -127,8 +135,12 @@ class Device:
         if hpa < 0 or n < 0 or hpa > self.capacity - n:
             raise AccessOutOfRange(f"access [{hpa:#x}, +{n}) is outside the HDM window [0, {self.capacity:#x})")
 
-    def access(self, ext_hpa: np.ndarray, ext_len: np.ndarray, user_addr: int, is_write: bool, owner: int = 0) -> None:
-        """Read (or write) the extents, laid end to end in the user buffer at `user_addr`."""
+    def access(self, ext_hpa: np.ndarray, ext_len: np.ndarray, user_addr: int, is_write: bool, owner: int = 0,
+               issue_ns: float | None = None) -> float:
+        """Read (or write) the extents, laid end to end in the user buffer at `user_addr`,
+        as concurrent I/Os. Returns the latency in ns on the device's clock. On the model
+        clock `issue_ns` places the access in time (default: now, and the clock then
+        moves to its completion, as for a synchronous host)."""
         ext_hpa = np.ascontiguousarray(ext_hpa, np.int64)
         ext_len = np.ascontiguousarray(ext_len, np.int64)
         if ext_hpa.shape != ext_len.shape or ext_hpa.ndim != 1:
@@ -138,24 +150,54 @@ class Device:
             self.check_extent(int(ext_hpa[bad]), int(ext_len[bad]))
         with self._lock:
             limit = self._batch_limit()
+            started = t = self._begin(issue_ns)
             if blocks <= limit:
-                self._access_batch(ext_hpa, ext_len, user_addr, is_write, owner)
-                return
-            for hpas, lens, start in _split_batches(ext_hpa, ext_len, self.block_size, limit):
-                self._access_batch(hpas, lens, user_addr + start, is_write, owner)
+                t = self._access_batch(ext_hpa, ext_len, user_addr, is_write, owner, t)
+            else:
+                for hpas, lens, start in _split_batches(ext_hpa, ext_len, self.block_size, limit):
+                    t = self._access_batch(hpas, lens, user_addr + start, is_write, owner, t)
+            return self._complete(started, t, issue_ns)
 
-    def access_one(self, hpa: int, n: int, user_addr: int, is_write: bool, owner: int = 0) -> None:
+    def access_one(self, hpa: int, n: int, user_addr: int, is_write: bool, owner: int = 0,
+                   issue_ns: float | None = None) -> float:
         """access() for a single extent, without the array set-up (the common host call)."""
         self.check_extent(hpa, n)
         with self._lock:
             limit = self._batch_limit()
+            started = t = self._begin(issue_ns)
             if n == 0 or (hpa + n - 1) // self.block_size - hpa // self.block_size < limit:
                 self._one_hpa[0], self._one_len[0] = hpa, n
-                self._access_batch(self._one_hpa, self._one_len, user_addr, is_write, owner)
+                t = self._access_batch(self._one_hpa, self._one_len, user_addr, is_write, owner, t)
             else:
                 for hpas, lens, start in _split_batches(np.array([hpa], np.int64), np.array([n], np.int64),
                                                         self.block_size, limit):
-                    self._access_batch(hpas, lens, user_addr + start, is_write, owner)
+                    t = self._access_batch(hpas, lens, user_addr + start, is_write, owner, t)
+            return self._complete(started, t, issue_ns)
+
+    def _begin(self, issue_ns: float | None) -> float:
+        """Start an operation: its issue time on the model clock (after giving the idle
+        gap before it to background work), or the wall clock's ns."""
+        if self.model is None:
+            return time.perf_counter_ns()
+        if issue_ns is not None and issue_ns > self.model.now_ns:
+            self._idle_until(issue_ns)
+        return self.model.issue(issue_ns)
+
+    def _complete(self, started: float, done: float, issue_ns: float | None) -> float:
+        if self.model is None:
+            latency = time.perf_counter_ns() - started
+        else:
+            latency = done - started
+            if issue_ns is None:  # a synchronous host: the next operation starts after this one
+                self.model.now_ns = max(self.model.now_ns, done)
+        if self.latency is not None:
+            record_latency(self.latency.values, self.latency.meta, float(latency))
+        return latency
+
+    def record_latencies(self, every: int = 1, capacity: int = 1 << 20) -> LatencyRecorder:
+        """Keep per-access latencies (every `every`-th, bounded memory) on the device's clock."""
+        self.latency = LatencyRecorder(capacity, every)
+        return self.latency
 
     def _batch_limit(self) -> int:
         """Blocks one firmware pass may touch: every one needs a slot it can hold busy."""
@@ -166,13 +208,18 @@ class Device:
             raise DeviceFull("every device-DRAM slot is pinned; unpin something first")
         return limit
 
-    def _access_batch(self, hpas, lens, user_addr, is_write, owner) -> None:
+    def _access_batch(self, hpas, lens, user_addr, is_write, owner, t: float) -> float:
+        """One firmware pass; returns its completion on the model clock (else `t`)."""
         ok, k, n_wb, n_fill, done = self.kernels.access(
             self.bt, self.ps, self.counters, self.clock, hpas, lens, is_write, self._write_mode_code,
             owner, self.dram.base_address, self.block_size, self._slots_out, self._installed,
             self._writebacks, self._fills, user_addr, self.moves_data)
+        if self.model is not None:
+            through = k * self.block_size if is_write and self._write_mode_code == fw.WRITE_THROUGH else 0
+            t = self.model.charge_access(t, is_write, int(lens.sum()), self._fills, n_fill, self._writebacks, n_wb,
+                                         self._slots_out, self._installed, k, through, self.counters)
         if done:
-            return
+            return t
         slots = self._slots_out
         try:
             if self.moves_data:
@@ -196,6 +243,7 @@ class Device:
             fw.finish(self.bt, slots, k)
         if not ok:
             raise DeviceFull("no evictable device-DRAM slot: every slot is pinned or in use by this access")
+        return t
 
     def _run_io(self, ops: np.ndarray, *, what: str) -> None:
         res = self.ssd.submit(ops)
@@ -244,6 +292,7 @@ class Device:
             self._sync_time()
             budget = min(budget, self._jobs.shape[0], self._batch_limit())
             n = self.kernels.background(self.bt, self.ps, self.clock, budget, self._jobs)
+            self._background_done_ns = self.model.now_ns if self.model is not None else 0.0
             jobs = self._jobs[:n]
             prefetch = jobs[jobs[:, 0] == JOB_PREFETCH]
             if prefetch.shape[0]:
@@ -276,8 +325,31 @@ class Device:
                     raise
                 finally:
                     fw.finish(self.bt, self._slots_out, k)
+                if self.model is not None:
+                    t = self.model.charge_prefetch(self.model.now_ns, self._fills, n_fill, self._writebacks, n_wb,
+                                                   self._slots_out, k)
+                    self._background_done_ns = max(self._background_done_ns, t)
                 done += k
         return done
+
+    def advance_to(self, t_ns: float) -> None:
+        """Model clock only: let time pass until `t_ns` with the host idle, giving the
+        gap to the firmware's background work (prefetches, write-backs)."""
+        if self.model is None:
+            raise ValueError("advance_to() needs clock: model (on the wall clock, time passes by itself)")
+        with self._lock:
+            self._idle_until(float(t_ns))
+
+    def _idle_until(self, t_ns: float) -> None:
+        """Run background rounds back to back - each issued when the previous one is
+        done - while they start before `t_ns`; then the clock reads `t_ns`."""
+        while self.model.now_ns < t_ns:
+            if self.run_background() == 0:
+                break
+            # the next round starts when this one's work is done (a round that moved no
+            # data takes no time, but the policy's queue shrank, so the loop ends)
+            self.model.now_ns = max(self.model.now_ns, min(self._background_done_ns, t_ns))
+        self.model.now_ns = max(self.model.now_ns, t_ns)
 
     def _pin(self, first_block: int, n_blocks: int, pin: bool) -> bool:
         if not pin:
@@ -293,7 +365,11 @@ class Device:
         return missing == 0
 
     def _sync_time(self) -> None:
-        self.bt.scalars[btm.NOW_NS] = time.monotonic_ns() - self._t0_ns
+        """Policies read the time (deadlines, pauses) from the block table."""
+        if self.model is not None:
+            self.bt.scalars[btm.NOW_NS] = int(self.model.now_ns)
+        else:
+            self.bt.scalars[btm.NOW_NS] = time.monotonic_ns() - self._t0_ns
 
     def _background_loop(self) -> None:
         """The firmware's idle loop: run background work whenever the policy has some."""
@@ -323,6 +399,9 @@ class Device:
             written = self._write_back(lambda bt, _, base, bs, rows: fw.collect_dirty(bt, base, bs, rows, rows.shape[0]), None)
             if self.moves_data:
                 self.ssd.sync()
+            if self.model is not None:  # durable on NAND, like a Global Persistent Flush
+                self.model.now_ns = max(self.model.now_ns, charge_flush(self.timing.params, self.timing.state,
+                                                                        self.model.now_ns))
         return written
 
     def _write_back(self, collect, blocks) -> int:
@@ -336,6 +415,9 @@ class Device:
                 break
             if self.moves_data:
                 self._run_io(rows[:n], what="write-back")
+            if self.model is not None:
+                done = self.model.charge_write_back(self.model.now_ns, rows, n)
+                self._background_done_ns = max(self._background_done_ns, done)
             fw.mark_clean(self.bt, self.dram.base_address, self.block_size, rows, n)
             written += n
             if blocks is not None:
@@ -349,6 +431,9 @@ class Device:
         out = C.as_dict(self.counters)
         out["resident_blocks"] = int(self.n_slots - self.bt.scalars[btm.N_FREE])
         out["dirty_blocks"] = int(np.count_nonzero(self.bt.flags & btm.DIRTY))
+        if self.model is not None:
+            out["model_now_ns"] = self.model.now_ns
+            out.update(self.timing.stats())
         return out
 
     def close(self) -> None:

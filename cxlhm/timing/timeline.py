@@ -1,0 +1,124 @@
+"""A resource's busy timeline with backfilling, in a slice of a float64 array.
+
+A plain busy-until resource serves work in the order it is charged. The model charges
+a whole access at its issue time, so a later-charged access often needs a resource
+*earlier* than one charged before it (a hit's link transfer vs. a miss's transfer
+1 ms later, after its NAND read). Busy-until would queue the hit behind the miss.
+Instead each resource keeps its reserved future as sorted, disjoint busy intervals,
+and a new reservation takes the first idle gap at or after its ready time that is
+long enough. Reservations already made never move, so completions returned earlier
+stay true (conservative backfilling).
+
+Layout of one timeline (2 + 2 * SLOTS floats): [count, head, then SLOTS (start, end)
+pairs used as a ring]: interval k (0 = earliest) lives in pair (head + k) % SLOTS.
+Intervals that end at or before the horizon (the latest issue time charged: nothing
+charged later is ready before it) are dropped from the front. When all SLOTS hold
+live intervals, the two with the smallest gap between them are merged (the gap
+counts as busy): a small pessimism instead of unbounded memory.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+SLOTS = 64  # a power of two: ring positions wrap with a mask
+_MASK = SLOTS - 1
+SIZE = 2 + 2 * SLOTS
+_COUNT, _HEAD = 0, 1
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _at(state, base, k):
+    """Index of interval k's start (its end is the next float)."""
+    return base + 2 + 2 * ((np.int64(state[base + _HEAD]) + k) & _MASK)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _move(state, base, dst, src):
+    a = _at(state, base, dst)
+    b = _at(state, base, src)
+    state[a] = state[b]
+    state[a + 1] = state[b + 1]
+
+
+@numba.njit(nogil=True, cache=True)
+def _merge_closest(state, base, n):
+    best = 0
+    best_gap = np.inf
+    for k in range(n - 1):
+        gap = state[_at(state, base, k + 1)] - state[_at(state, base, k) + 1]
+        if gap < best_gap:
+            best_gap = gap
+            best = k
+    state[_at(state, base, best) + 1] = state[_at(state, base, best + 1) + 1]
+    for k in range(best + 1, n - 1):
+        _move(state, base, k, k + 1)
+    state[base + _COUNT] = n - 1
+    return n - 1
+
+
+@numba.njit(nogil=True, cache=True)
+def reserve(state, base, horizon, ready, duration):
+    """Hold the resource for `duration` ns in its first idle gap at or after `ready`;
+    returns when that hold ends."""
+    n = np.int64(state[base + _COUNT])
+    while n > 0 and state[_at(state, base, 0) + 1] <= horizon:  # forget the past
+        state[base + _HEAD] = (np.int64(state[base + _HEAD]) + 1) & _MASK
+        n -= 1
+    state[base + _COUNT] = n
+    if n == 0 or state[_at(state, base, n - 1) + 1] <= ready:  # the common case: after everything
+        end = ready + duration
+        if n > 0 and state[_at(state, base, n - 1) + 1] == ready:
+            state[_at(state, base, n - 1) + 1] = end
+        else:
+            if n == SLOTS:
+                n = _merge_closest(state, base, n)
+            i = _at(state, base, n)
+            state[i] = ready
+            state[i + 1] = end
+            state[base + _COUNT] = n + 1
+        return end
+    # first interval that ends after `ready` (ends are sorted: intervals are disjoint)
+    lo, hi = 0, n - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if state[_at(state, base, mid) + 1] <= ready:
+            lo = mid + 1
+        else:
+            hi = mid
+    k = lo
+    t = ready
+    while k < n and state[_at(state, base, k)] < t + duration:
+        t = max(t, state[_at(state, base, k) + 1])
+        k += 1
+    end = t + duration
+    # place [t, end) between interval k-1 and interval k, merging where they touch
+    joins_prev = k > 0 and state[_at(state, base, k - 1) + 1] == t
+    joins_next = k < n and state[_at(state, base, k)] == end
+    if joins_prev and joins_next:
+        state[_at(state, base, k - 1) + 1] = state[_at(state, base, k) + 1]
+        for j in range(k, n - 1):
+            _move(state, base, j, j + 1)
+        state[base + _COUNT] = n - 1
+    elif joins_prev:
+        state[_at(state, base, k - 1) + 1] = end
+    elif joins_next:
+        state[_at(state, base, k)] = t
+    else:
+        if n == SLOTS:  # make room; the gap we fill may be the one merged (pessimism)
+            n = _merge_closest(state, base, n)
+            return reserve(state, base, horizon, ready, duration)
+        for j in range(n, k, -1):
+            _move(state, base, j, j - 1)
+        i = _at(state, base, k)
+        state[i] = t
+        state[i + 1] = end
+        state[base + _COUNT] = n + 1
+    return end
+
+
+@numba.njit(nogil=True, cache=True)
+def busy_until(state, base):
+    """End of the last reservation (0 when idle)."""
+    n = np.int64(state[base + _COUNT])
+    return state[_at(state, base, n - 1) + 1] if n else 0.0
