@@ -124,6 +124,9 @@ SCHEMA: dict[str, Any] = {
     "backend": {
         "path": Field(_optional_path, None, "SSD image file or block device (O_DIRECT); null = temporary file"),
         "queue_depth": Field(_int_range(1, 4096), 128, "io_uring submission queue entries"),
+        "retries": Field(_int_range(0, 100), 3, "resubmissions of a failed or short SSD op before the block is poisoned"),
+        "faults": Field(_mapping, {}, "fault injection: read/write_error_rate, short_read/write_rate, "
+                                      "spike_rate + spike_ns, capacity_bytes (see cxlhm/media/faults.py)"),
     },
     "firmware": {
         "policy": Field(_text, "lru", "firmware policy name (`cxlhm policies` lists them)"),
@@ -142,6 +145,8 @@ _LAYER_ONLY_KEYS = {"profile"}  # may appear in any layer, selects the base prof
 class BackendConfig:
     path: str | None
     queue_depth: int
+    retries: int = 3
+    faults: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,7 +289,7 @@ def load_config(spec: str | Path | Mapping | None = None, overrides: Mapping | N
         if "firmware.policy" in layer and layer["firmware.policy"] != values["firmware.policy"]:
             values["firmware.params"] = {}
         for key, value in layer.items():
-            if key in ("firmware.params", "timing"):  # mappings merge key by key
+            if key in ("firmware.params", "timing", "backend.faults"):  # mappings merge key by key
                 value = {**values[key], **value}
             values[key] = value
             provenance[key] = source
@@ -292,7 +297,8 @@ def load_config(spec: str | Path | Mapping | None = None, overrides: Mapping | N
         name=values["name"], description=values["description"], capacity=values["capacity"],
         block_size=values["block_size"], dram_bytes=values["dram_bytes"], data=values["data"],
         clock=values["clock"], mode=values["mode"], seed=values["seed"],
-        backend=BackendConfig(values["backend.path"], values["backend.queue_depth"]),
+        backend=BackendConfig(values["backend.path"], values["backend.queue_depth"], values["backend.retries"],
+                              values["backend.faults"]),
         firmware=FirmwareConfig(values["firmware.policy"], values["firmware.params"], values["firmware.write_mode"],
                                 values["firmware.background"]),
         timing=values["timing"], sources=tuple(s for s, _ in layers), provenance=provenance,

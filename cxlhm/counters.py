@@ -23,11 +23,15 @@ NAMES = (
     "bg_flushes",        # dirty blocks written back by background work (write buffering)
     "prefetch_late",     # host hits on prefetched blocks still in flight (model clock)
     "prefetch_late_ns",  # total time hosts waited for them
+    "media_retries",     # SSD ops resubmitted after an error or a short transfer
+    "poisoned_blocks",   # blocks whose bytes the device could no longer produce
+    "checksum_mismatches",  # SSD reads whose bytes did not match the checksum written
 )
 (HOST_READS, HOST_WRITES, HOST_READ_BYTES, HOST_WRITE_BYTES, HITS, MISSES, FILL_READS,
  EVICTIONS, WRITEBACKS, SSD_READS, SSD_WRITES, SSD_READ_BYTES, SSD_WRITE_BYTES,
  PREFETCH_ISSUED, PREFETCH_USEFUL, PREFETCH_UNUSED, PREFETCH_REDUNDANT, PREFETCH_DROPPED,
- BG_FLUSHES, PREFETCH_LATE, PREFETCH_LATE_NS) = range(len(NAMES))
+ BG_FLUSHES, PREFETCH_LATE, PREFETCH_LATE_NS, MEDIA_RETRIES, POISONED_BLOCKS,
+ CHECKSUM_MISMATCHES) = range(len(NAMES))
 
 
 def new_counters() -> np.ndarray:

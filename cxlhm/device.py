@@ -19,7 +19,9 @@ from cxlhm import blocktable as btm
 from cxlhm import counters as C
 from cxlhm import firmware as fw
 from cxlhm.config import ConfigError, DeviceConfig
+from cxlhm.integrity import BlockChecksums, PoisonError, PoisonTable
 from cxlhm.media.dram import DeviceDram
+from cxlhm.media.faults import FaultInjector, FaultPlan
 from cxlhm.mailbox.hints import HintKind
 from cxlhm.media.ssd import SsdBackend
 from cxlhm.modelclock import ModelClock
@@ -37,6 +39,9 @@ class AccessOutOfRange(IndexError):
 
 class MediaError(OSError):
     """The SSD back end failed an I/O the device could not hide."""
+
+
+__all__ = ["AccessOutOfRange", "Device", "DeviceClosed", "DeviceFull", "MediaError", "PoisonError"]
 
 
 class DeviceFull(RuntimeError):
@@ -98,9 +103,18 @@ class Device:
 
         self.dram = DeviceDram(self.n_slots, self.block_size, data=self.moves_data)
         self.ssd = None
+        self.poison = PoisonTable()
+        self.checksums = BlockChecksums(None)
+        self.retries = cfg.backend.retries
         if self.moves_data:
+            try:
+                faults = FaultPlan.from_mapping(cfg.backend.faults, cfg.seed)
+            except ValueError as exc:
+                raise ConfigError(cfg.source_of("backend.faults"), "backend.faults", str(exc)) from None
             self.ssd = SsdBackend(cfg.backend.path, self.capacity, cfg.backend.queue_depth,
                                   source=cfg.source_of("backend.path"))
+            if faults.active:
+                self.ssd = FaultInjector(self.ssd, faults)
             self._open_metadata()
         if (cfg.firmware.background == "thread" and self.model is None
                 and self.policy.background is not no_background):
@@ -116,8 +130,10 @@ class Device:
             try:
                 meta = json.loads(path.read_text())
                 self.unclean_shutdown_detected = not meta.get("clean", False)
-            except (OSError, ValueError):
+                self.poison = PoisonTable(meta.get("poison"))
+            except (OSError, ValueError, AttributeError):
                 self.unclean_shutdown_detected = True
+        self.checksums = BlockChecksums(Path(self.ssd.path + ".cxlhm.sums"), self.block_size)
         self._write_metadata(clean=False)  # until a clean close says otherwise
 
     def _write_metadata(self, *, clean: bool) -> None:
@@ -126,7 +142,8 @@ class Device:
         path = metadata_path(self.ssd.path)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"format": METADATA_FORMAT, "capacity": self.capacity,
-                                   "block_size": self.block_size, "clean": clean}))
+                                   "block_size": self.block_size, "clean": clean,
+                                   "poison": self.poison.to_json()}))
         os.replace(tmp, path)
 
     # ------------------------------------------------------------ access path
@@ -149,6 +166,9 @@ class Device:
         if bad >= 0:
             self.check_extent(int(ext_hpa[bad]), int(ext_len[bad]))
         with self._lock:
+            if self.poison:
+                for hpa, n in zip(ext_hpa.tolist(), ext_len.tolist()):
+                    self._check_poison(hpa, n, is_write)
             limit = self._batch_limit()
             started = t = self._begin(issue_ns)
             if blocks <= limit:
@@ -163,6 +183,8 @@ class Device:
         """access() for a single extent, without the array set-up (the common host call)."""
         self.check_extent(hpa, n)
         with self._lock:
+            if self.poison:
+                self._check_poison(hpa, n, is_write)
             limit = self._batch_limit()
             started = t = self._begin(issue_ns)
             if n == 0 or (hpa + n - 1) // self.block_size - hpa // self.block_size < limit:
@@ -173,6 +195,21 @@ class Device:
                                                         self.block_size, limit):
                     t = self._access_batch(hpas, lens, user_addr + start, is_write, owner, t)
             return self._complete(started, t, issue_ns)
+
+    def _check_poison(self, hpa: int, n: int, is_write: bool) -> None:
+        """Reads of poisoned blocks fail; a write that covers a whole poisoned block
+        replaces its lost bytes and clears the poison; a partial write cannot."""
+        if n == 0:
+            return
+        bs = self.block_size
+        first, last = hpa // bs, (hpa + n - 1) // bs
+        while (block := self.poison.first_poisoned(first, last)) >= 0:
+            covered = is_write and block * bs >= hpa and (block + 1) * bs <= hpa + n
+            if not covered:
+                raise PoisonError(5, f"block {block} (HPA {block * bs:#x}, {bs} bytes) is poisoned: "
+                                     f"{self.poison.blocks[block]}")
+            self.poison.clear(block)
+            first = block + 1
 
     def _begin(self, issue_ns: float | None) -> float:
         """Start an operation: its issue time on the model clock (after giving the idle
@@ -223,18 +260,19 @@ class Device:
         slots = self._slots_out
         try:
             if self.moves_data:
-                try:
-                    if n_wb:
-                        self._run_io(self._writebacks[:n_wb], what="write-back")
-                    if n_fill:
-                        self._run_io(self._fills[:n_fill], what="fill read")
-                except MediaError:
-                    # Newly placed blocks hold stale bytes of the previous owner: drop them.
+                if n_wb:
+                    self._write_rows(self._writebacks[:n_wb], victims=True)
+                bad = self._read_rows(self._fills[:n_fill]) if n_fill else None
+                if bad is not None and bad.any():
+                    # Newly placed blocks hold no valid bytes (failed fills; for a write,
+                    # also the fully overwritten ones, since the copy will not happen).
                     now = int(self.clock[0])
                     for slot in slots[:k][self._installed[:k].astype(bool)]:
                         if self.bt.block[slot] >= 0:
                             self.kernels.invalidate(self.bt, self.ps, slot, now)
-                    raise
+                    block = int(self._fills[np.flatnonzero(bad)[0], 2] // self.block_size)
+                    raise PoisonError(5, f"block {block} (HPA {block * self.block_size:#x}) could not be read: "
+                                         f"{self.poison.blocks.get(block, 'media error')}")
                 if ok:
                     fw.copy_extents(self.dram.base_address, self.block_size, slots, hpas, lens, user_addr, not is_write)
                     if is_write and self._write_mode_code == fw.WRITE_THROUGH:
@@ -245,14 +283,63 @@ class Device:
             raise DeviceFull("no evictable device-DRAM slot: every slot is pinned or in use by this access")
         return t
 
-    def _run_io(self, ops: np.ndarray, *, what: str) -> None:
-        res = self.ssd.submit(ops)
-        if (res == ops[:, 1]).all():
-            return
-        i = int(np.flatnonzero(res != ops[:, 1])[0])
-        raise MediaError(-int(res[i]) if res[i] < 0 else 5,
-                         f"SSD {what} of block {ops[i, 2] // self.block_size} failed: "
-                         f"{os.strerror(-int(res[i])) if res[i] < 0 else 'short transfer'}")
+    def _submit_retrying(self, ops: np.ndarray) -> np.ndarray:
+        """Submit, then resubmit failed or short ops up to `backend.retries` times.
+        Returns the ops' final results (bytes, or -errno)."""
+        res = self.ssd.submit(ops).copy()
+        for _ in range(self.retries):
+            failed = np.flatnonzero(res != ops[:, 1])
+            if failed.size == 0:
+                break
+            self.counters[C.MEDIA_RETRIES] += failed.size
+            res[failed] = self.ssd.submit(ops[failed])
+        return res
+
+    def _read_rows(self, rows: np.ndarray) -> np.ndarray:
+        """SSD -> slot reads with retries and checksum verification. A block that cannot
+        be read correctly is poisoned; returns the mask of such rows."""
+        res = self._submit_retrying(rows)
+        bad = res != rows[:, 1]
+        for i in range(rows.shape[0]):
+            block = int(rows[i, 2] // self.block_size)
+            if bad[i]:
+                self._poison(block, f"SSD read failed: {os.strerror(-int(res[i])) if res[i] < 0 else 'short read'}")
+            elif self.checksums.sums and not self.checksums.matches(block, self._slot_bytes(rows[i, 0])):
+                self.counters[C.CHECKSUM_MISMATCHES] += 1
+                self._poison(block, "checksum mismatch on SSD read")
+                bad[i] = True
+        return bad
+
+    def _write_rows(self, rows: np.ndarray, *, victims: bool) -> np.ndarray:
+        """Slot -> SSD writes with retries, recording each block's checksum. Returns the
+        mask of rows that failed. A failed victim's bytes are gone: it is poisoned."""
+        sums = [self.checksums.checksum_of(self._slot_bytes(addr)) for addr in rows[:, 0].tolist()]
+        res = self._submit_retrying(rows)
+        failed = res != rows[:, 1]
+        for i, block in enumerate((rows[:, 2] // self.block_size).tolist()):
+            if not failed[i]:
+                self.checksums.sums[block] = sums[i]
+            else:
+                self.checksums.sums.pop(block, None)  # the SSD holds neither the old nor the new bytes
+                if victims:
+                    self._poison(block, f"write-back failed: {os.strerror(-int(res[i])) if res[i] < 0 else 'short write'}")
+        return failed
+
+    def _slot_bytes(self, addr: int) -> np.ndarray:
+        return self.dram.slots[(addr - self.dram.base_address) // self.block_size]
+
+    def _poison(self, block: int, reason: str) -> None:
+        if block not in self.poison.blocks:
+            self.counters[C.POISONED_BLOCKS] += 1
+        self.poison.add(block, reason)
+
+    def poison_records(self, dpa: int, length: int, max_records: int):
+        """Get Poison List: poisoned blocks intersecting [dpa, dpa+length), as whole blocks."""
+        from cxlhm.mailbox.poison import PoisonList, PoisonRecord
+        bs = self.block_size
+        blocks = sorted(b for b in self.poison.blocks if b * bs < dpa + length and (b + 1) * bs > dpa)
+        records = tuple(PoisonRecord(b * bs, bs) for b in blocks[:max_records])
+        return PoisonList(records=records, more_records=len(blocks) > max_records)
 
     def _write_through(self, slots: np.ndarray) -> None:
         unique = np.unique(slots)
@@ -261,7 +348,11 @@ class Device:
         ops[:, 1] = self.block_size
         ops[:, 2] = self.bt.block[unique] * self.block_size
         ops[:, 3] = 1
-        self._run_io(ops, what="write-through")
+        failed = self._write_rows(ops, victims=False)
+        if failed.any():
+            self.bt.flags[unique[failed]] |= btm.DIRTY  # the DRAM copy is right: keep it for a later write-back
+            block = int(ops[np.flatnonzero(failed)[0], 2] // self.block_size)
+            raise MediaError(5, f"write-through of block {block} to the SSD failed; the data stays in device DRAM")
         n = unique.shape[0]
         self.counters[C.WRITEBACKS] += n
         self.counters[C.SSD_WRITES] += n
@@ -317,12 +408,12 @@ class Device:
                     self.dram.base_address, self.block_size, self._slots_out, self._writebacks, self._fills)
                 try:
                     if self.moves_data:
-                        self._run_io(self._writebacks[:n_wb], what="write-back")
-                        self._run_io(self._fills[:n_fill], what="prefetch read")
-                except MediaError:
-                    for slot in self._slots_out[:k]:  # never leave unfilled slots mapped
-                        self.kernels.invalidate(self.bt, self.ps, slot, int(self.clock[0]))
-                    raise
+                        if n_wb:
+                            self._write_rows(self._writebacks[:n_wb], victims=True)
+                        if n_fill:
+                            bad = self._read_rows(self._fills[:n_fill])
+                            for slot in self._slots_out[:k][bad]:  # never leave unfilled slots mapped
+                                self.kernels.invalidate(self.bt, self.ps, slot, int(self.clock[0]))
                 finally:
                     fw.finish(self.bt, self._slots_out, k)
                 if self.model is not None:
@@ -414,7 +505,12 @@ class Device:
             if n == 0:
                 break
             if self.moves_data:
-                self._run_io(rows[:n], what="write-back")
+                failed = self._write_rows(rows[:n], victims=False)
+                if failed.any():  # the blocks stay dirty in DRAM; stop instead of retrying forever
+                    ok = rows[:n][~failed]
+                    fw.mark_clean(self.bt, self.dram.base_address, self.block_size, ok, ok.shape[0])
+                    written += ok.shape[0]
+                    break
             if self.model is not None:
                 done = self.model.charge_write_back(self.model.now_ns, rows, n)
                 self._background_done_ns = max(self._background_done_ns, done)
@@ -444,6 +540,10 @@ class Device:
             self._stop_background_thread()
             try:
                 self.flush()
+                for slot in np.flatnonzero(self.bt.flags & btm.DIRTY):  # could not be written back
+                    self._poison(int(self.bt.block[slot]), "lost at close: write-back failed")
+                if self.moves_data:
+                    self.checksums.save()
                 self._write_metadata(clean=True)
             finally:
                 self.closed = True
