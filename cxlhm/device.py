@@ -19,7 +19,7 @@ from cxlhm import blocktable as btm
 from cxlhm import counters as C
 from cxlhm import firmware as fw
 from cxlhm.config import ConfigError, DeviceConfig
-from cxlhm.integrity import BlockChecksums, PoisonError, PoisonTable
+from cxlhm.integrity import BlockChecksums, PoisonError, PoisonTable, checksum
 from cxlhm.media.dram import DeviceDram
 from cxlhm.media.faults import FaultInjector, FaultPlan
 from cxlhm.mailbox.hints import HintKind
@@ -300,6 +300,8 @@ class Device:
         be read correctly is poisoned; returns the mask of such rows."""
         res = self._submit_retrying(rows)
         bad = res != rows[:, 1]
+        if not self.checksums.sums and not bad.any():
+            return bad  # the common case: nothing to verify, nothing failed
         for i in range(rows.shape[0]):
             block = int(rows[i, 2] // self.block_size)
             if bad[i]:
@@ -313,7 +315,7 @@ class Device:
     def _write_rows(self, rows: np.ndarray, *, victims: bool) -> np.ndarray:
         """Slot -> SSD writes with retries, recording each block's checksum. Returns the
         mask of rows that failed. A failed victim's bytes are gone: it is poisoned."""
-        sums = [self.checksums.checksum_of(self._slot_bytes(addr)) for addr in rows[:, 0].tolist()]
+        sums = [checksum(self._slot_bytes(addr)) for addr in rows[:, 0].tolist()]
         res = self._submit_retrying(rows)
         failed = res != rows[:, 1]
         for i, block in enumerate((rows[:, 2] // self.block_size).tolist()):

@@ -40,10 +40,6 @@ class BlockChecksums:
             except (OSError, ValueError, KeyError):
                 self.sums = {}  # unreadable: verify nothing rather than refuse to open
 
-    @staticmethod
-    def checksum_of(data) -> int:
-        return checksum(data)
-
     def matches(self, block: int, data) -> bool:
         expected = self.sums.get(block)
         return expected is None or expected == checksum(data)

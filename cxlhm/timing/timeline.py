@@ -57,7 +57,7 @@ def _merge_closest(state, base, n):
     return n - 1
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, cache=True, inline="always")
 def reserve(state, base, horizon, ready, duration):
     """Hold the resource for `duration` ns in its first idle gap at or after `ready`;
     returns when that hold ends."""
@@ -65,14 +65,14 @@ def reserve(state, base, horizon, ready, duration):
     while n > 0 and state[_at(state, base, 0) + 1] <= horizon:  # forget the past
         state[base + _HEAD] = (np.int64(state[base + _HEAD]) + 1) & _MASK
         n -= 1
+    if n == SLOTS:  # make room first (the gap this reservation wants may be the one merged)
+        n = _merge_closest(state, base, n)
     state[base + _COUNT] = n
     if n == 0 or state[_at(state, base, n - 1) + 1] <= ready:  # the common case: after everything
         end = ready + duration
         if n > 0 and state[_at(state, base, n - 1) + 1] == ready:
             state[_at(state, base, n - 1) + 1] = end
         else:
-            if n == SLOTS:
-                n = _merge_closest(state, base, n)
             i = _at(state, base, n)
             state[i] = ready
             state[i + 1] = end
@@ -105,9 +105,6 @@ def reserve(state, base, horizon, ready, duration):
     elif joins_next:
         state[_at(state, base, k)] = t
     else:
-        if n == SLOTS:  # make room; the gap we fill may be the one merged (pessimism)
-            n = _merge_closest(state, base, n)
-            return reserve(state, base, horizon, ready, duration)
         for j in range(n, k, -1):
             _move(state, base, j, j - 1)
         i = _at(state, base, k)
