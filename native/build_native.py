@@ -9,15 +9,17 @@ from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
 HEADER = (HERE / "cxlhm_native.h").read_text()
+WINDOW_HEADER = (HERE / "cxlhm_uffd.h").read_text()  # the load/store window's fault service
 
 ffibuilder = FFI()
 ffibuilder.cdef(HEADER.replace("#include", "//"))
+ffibuilder.cdef(WINDOW_HEADER)
 ffibuilder.set_source(
     "cxlhm._native",
-    '#include <stdint.h>\n#include "cxlhm_native.h"\n',
-    sources=["native/cxlhm_native.c"],  # relative: setuptools rejects absolute paths
+    '#include <stdint.h>\n#include "cxlhm_native.h"\n#include "cxlhm_uffd.h"\n',
+    sources=["native/cxlhm_native.c", "native/cxlhm_uffd.c"],  # relative: setuptools rejects absolute paths
     include_dirs=["native"],
-    libraries=["dl"],
+    libraries=["dl", "pthread"],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall"],
 )
 

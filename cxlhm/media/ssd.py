@@ -36,6 +36,7 @@ class SsdBackend:
             os.close(self.fd)
             raise OSError(err[0], f"io_uring setup failed: {os.strerror(err[0])}")
         self._res = np.zeros(queue_depth, np.int64)
+        self._res_ptr = self._ffi.from_buffer("int64_t[]", self._res)
 
     def _open(self, path: str | None, capacity: int, source: str) -> int:
         flags = os.O_RDWR | os.O_DIRECT | os.O_CLOEXEC
@@ -82,10 +83,11 @@ class SsdBackend:
             return self._res[:0]
         if self._res.shape[0] < n:
             self._res = np.zeros(n, np.int64)
+            self._res_ptr = self._ffi.from_buffer("int64_t[]", self._res)
+        # from_buffer is the cheapest way to hand numpy memory to C (no copy)
+        rc = self._lib.cxlhm_io_batch(self._ring, self.fd, self._ffi.from_buffer("struct cxlhm_io[]", ops), n,
+                                      self._res_ptr)
         res = self._res[:n]
-        ops_ptr = self._ffi.cast("struct cxlhm_io *", ops.ctypes.data)
-        res_ptr = self._ffi.cast("int64_t *", res.ctypes.data)
-        rc = self._lib.cxlhm_io_batch(self._ring, self.fd, ops_ptr, n, res_ptr)
         if rc < 0:
             raise OSError(-rc, f"io_uring batch failed: {os.strerror(-rc)}")
         return res
