@@ -22,6 +22,7 @@ from cxlhm.config import ConfigError, DeviceConfig
 from cxlhm.integrity import BlockChecksums, PoisonError, PoisonTable, checksum
 from cxlhm.media.dram import DeviceDram
 from cxlhm.media.faults import FaultInjector, FaultPlan
+from cxlhm.mailbox import Mailbox
 from cxlhm.mailbox.hints import HintKind
 from cxlhm.media.ssd import SsdBackend
 from cxlhm.modelclock import ModelClock
@@ -90,6 +91,7 @@ class Device:
         self._writebacks = fw.new_io_rows(batch)
         self._fills = fw.new_io_rows(batch)
         self._lock = threading.RLock()
+        self.mailbox: Mailbox | None = None
         self.closed = False
         self.unclean_shutdown_detected = False
 
@@ -101,6 +103,8 @@ class Device:
         self._stop_background = threading.Event()
         self._background_thread: threading.Thread | None = None
 
+        if self.moves_data:
+            _check_fits_in_memory(cfg)
         self.dram = DeviceDram(self.n_slots, self.block_size, data=self.moves_data)
         self.ssd = None
         self.poison = PoisonTable()
@@ -174,8 +178,7 @@ class Device:
             if blocks <= limit:
                 t = self._access_batch(ext_hpa, ext_len, user_addr, is_write, owner, t)
             else:
-                for hpas, lens, start in _split_batches(ext_hpa, ext_len, self.block_size, limit):
-                    t = self._access_batch(hpas, lens, user_addr + start, is_write, owner, t)
+                t = self._access_split(ext_hpa, ext_len, user_addr, is_write, owner, t, limit)
             return self._complete(started, t, issue_ns)
 
     def access_one(self, hpa: int, n: int, user_addr: int, is_write: bool, owner: int = 0,
@@ -191,10 +194,20 @@ class Device:
                 self._one_hpa[0], self._one_len[0] = hpa, n
                 t = self._access_batch(self._one_hpa, self._one_len, user_addr, is_write, owner, t)
             else:
-                for hpas, lens, start in _split_batches(np.array([hpa], np.int64), np.array([n], np.int64),
-                                                        self.block_size, limit):
-                    t = self._access_batch(hpas, lens, user_addr + start, is_write, owner, t)
+                t = self._access_split(np.array([hpa], np.int64), np.array([n], np.int64), user_addr, is_write,
+                                       owner, t, limit)
             return self._complete(started, t, issue_ns)
+
+    def _access_split(self, ext_hpa, ext_len, user_addr, is_write, owner, t: float, limit: int) -> float:
+        """An access touching more blocks than one firmware pass may hold: run it in
+        pieces, one after the other. The planner counts a host operation per extent
+        it sees, so pieces cut from one extent are folded back into one operation."""
+        pieces = 0
+        for hpas, lens, start in _split_batches(ext_hpa, ext_len, self.block_size, limit):
+            t = self._access_batch(hpas, lens, user_addr + start, is_write, owner, t)
+            pieces += hpas.shape[0]
+        self.counters[C.HOST_WRITES if is_write else C.HOST_READS] -= pieces - int(np.count_nonzero(ext_len))
+        return t
 
     def _check_poison(self, hpa: int, n: int, is_write: bool) -> None:
         """Reads of poisoned blocks fail; a write that covers a whole poisoned block
@@ -537,8 +550,28 @@ class Device:
             out.update(self.timing.stats())
         return out
 
+    def start_mailbox(self, **options) -> Mailbox:
+        """The register block and the firmware thread that services its doorbell."""
+        with self._lock:
+            if self.mailbox is None:
+                self.mailbox = Mailbox(self, **options).start()
+            return self.mailbox
+
+    def warm_up(self) -> None:
+        """Compile the hint-side kernels now (the mailbox calls this before it reports
+        ready), so the first PIN does not spend seconds compiling past a host timeout."""
+        with self._lock:
+            empty = np.zeros(0, np.int64)
+            btm.set_pinned(self.bt, 0, 0, False)
+            self.kernels.plan_prefetch(self.bt, self.ps, self.counters, self.clock, empty, empty,
+                                       self.dram.base_address, self.block_size, self._slots_out,
+                                       self._writebacks, self._fills)
+
     def close(self) -> None:
         """Flush dirty DRAM (like CXL Global Persistent Flush) and release everything."""
+        # Outside the lock: the mailbox thread may be waiting for it.
+        if self.mailbox is not None:
+            self.mailbox.close()
         with self._lock:
             if self.closed:
                 return
@@ -555,6 +588,15 @@ class Device:
                 if self.ssd is not None:
                     self.ssd.close()
                 self.dram.close()
+
+
+def _check_fits_in_memory(cfg: DeviceConfig) -> None:
+    """Device DRAM is real memory here: refuse what this machine cannot hold."""
+    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if cfg.dram_bytes > physical * 0.8:
+        raise ConfigError(cfg.source_of("dram_bytes"), "dram_bytes",
+                          f"{cfg.dram_bytes} bytes of device DRAM do not fit this machine's {physical} bytes of "
+                          f"memory (at most 80% may be used); lower it, or use data: none for timing-only runs")
 
 
 def _split_batches(ext_hpa: np.ndarray, ext_len: np.ndarray, block_size: int, limit: int):

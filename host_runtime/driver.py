@@ -13,6 +13,7 @@ arrays, mmap) or the numpy array interface (CPU torch tensors work through
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import numpy as np
 
 from cxlhm.config import DeviceConfig, load_config
 from cxlhm.device import Device
+from host_runtime.mailbox import HintClient, MailboxClient
 
 
 def _byte_view(buf: Any, *, writable: bool) -> np.ndarray:
@@ -96,6 +98,17 @@ class DeviceHandle:
     def _access(self, hpa: int, view: np.ndarray, is_write: bool, session: int) -> None:
         self.device.access_one(_integer(hpa, "hpa"), view.shape[0], view.ctypes.data, is_write, _integer(session, "session"))
 
+    # ---------------------------------------------------------------- mailbox
+    @functools.cached_property
+    def mailbox(self) -> MailboxClient:
+        """The device's CXL mailbox (started on first use): identify(), health(), log(), poison()."""
+        return MailboxClient(self.device.start_mailbox())
+
+    @property
+    def hints(self) -> HintClient:
+        """Request-lifecycle hints through the mailbox: session_resume(), next_prefix(), ..."""
+        return self.mailbox.hints
+
     # ---------------------------------------------------------------- control
     def flush(self) -> int:
         return self.device.flush()
@@ -104,6 +117,8 @@ class DeviceHandle:
         return self.device.stats()
 
     def close(self) -> None:
+        if "mailbox" in self.__dict__:
+            self.mailbox.close()
         self.device.close()
 
     def __enter__(self) -> "DeviceHandle":

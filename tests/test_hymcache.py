@@ -182,3 +182,16 @@ def test_hymcache_loses_no_byte_under_heavy_eviction(open_dev):
     dev.close()
     dev2 = open_dev()
     assert dev2.load(0, len(model)) == bytes(model)
+
+
+def test_hints_through_the_mailbox_reach_the_firmware(open_dev):
+    """The whole host path: HintClient -> mailbox registers -> firmware thread -> policy."""
+    dev = open_dev()
+    prefix = fill_and_evict_prefix(dev)
+    receipt = dev.hints.session_resume(7, [(0, prefix.size)], wait=True)
+    assert receipt is not None
+    drain(dev)
+    before = dev.stats()["misses"]
+    assert dev.load(0, prefix.size, session=7) == prefix.tobytes()
+    assert dev.stats()["misses"] == before
+    assert dev.mailbox.identify()  # the standard commands answer on the same mailbox

@@ -1,0 +1,308 @@
+"""The register block of a CXL Type-3 device, in a shared-memory file.
+
+Layout (offsets from the start of the block, which is the start of the file):
+
+  0x000  Device Capabilities Array Register   cap ID [15:0]=0, version [23:16], count [47:32]
+  0x010  capability header 1 (16 B each)      ID [15:0], version [23:16], offset [63:32], length [95:64]
+  0x020  capability header 2
+  0x030  capability header 3
+  0x080  Device Status (cap 0x0001)           event status [31:0] (no event logs yet: 0)
+  0x088  Primary Mailbox (cap 0x0002)
+         +0x00 capabilities  u32  payload size log2 [4:0]
+         +0x04 control       u32  doorbell [0]
+         +0x08 command       u64  opcode [15:0], payload length [36:16]
+         +0x10 status        u64  background operation [0], return code [47:32], vendor ext [63:48]
+         +0x18 background    u64  opcode [15:0], percent complete [22:16], return code [47:32],
+                                  vendor ext [63:48]
+         +0x20 payload       2**log2 bytes (2 KiB by default)
+  after  Memory Device Status (cap 0x4000)    fatal [0], fw halt [1], media status [3:2],
+                                              mailbox interface ready [4], reset needed [7:5]
+
+Device status sits at 0x80 and the mailbox at 0x88, as in QEMU's Type-3 model;
+hosts should still find them through the capability headers, as Linux does.
+
+Why a file: the register block is shared memory (MAP_SHARED of a file, by default
+under /dev/shm), so a host in another process maps the same registers, exactly
+as it would map a BAR. Accesses are aligned 32/64-bit loads and stores; on x86-64
+(total store order) that is all the ordering the doorbell protocol needs.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import tempfile
+from pathlib import Path
+
+CAP_ARRAY_ID = 0x0000
+CAP_DEVICE_STATUS = 0x0001
+CAP_PRIMARY_MAILBOX = 0x0002
+CAP_MEMDEV_STATUS = 0x4000
+
+CAP_HEADERS_OFFSET = 0x10
+CAP_HEADER_SIZE = 0x10
+DEVICE_STATUS_OFFSET = 0x80
+DEVICE_STATUS_LENGTH = 0x8
+MAILBOX_OFFSET = DEVICE_STATUS_OFFSET + DEVICE_STATUS_LENGTH  # 0x88
+MAILBOX_REGS_SIZE = 0x20
+MEMDEV_STATUS_LENGTH = 0x8
+
+# mailbox-relative register offsets
+MB_CAPS = 0x00
+MB_CONTROL = 0x04
+MB_COMMAND = 0x08
+MB_STATUS = 0x10
+MB_BG_STATUS = 0x18
+MB_PAYLOAD = 0x20
+
+MIN_PAYLOAD_LOG2 = 11  # the issue asks for >= 2 KiB (the spec allows 256 B)
+MAX_PAYLOAD_LOG2 = 20  # the spec's maximum: 1 MiB
+DEFAULT_PAYLOAD_LOG2 = 11
+
+DOORBELL = 0x1
+STATUS_BACKGROUND = 0x1  # mailbox status bit 0: a background command is running
+
+# Memory Device Status: media status [3:2]
+MEDIA_NOT_READY, MEDIA_READY, MEDIA_ERROR, MEDIA_DISABLED = 0, 1, 2, 3
+MEMDEV_FATAL = 1 << 0
+MEMDEV_FW_HALT = 1 << 1
+MEMDEV_MBOX_READY = 1 << 4
+
+PAYLOAD_LENGTH_MAX = (1 << 21) - 1  # the command register's 21-bit field
+
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+
+
+# ---------------------------------------------------------------- field codecs
+def encode_command(opcode: int, length: int) -> int:
+    return (opcode & 0xFFFF) | ((length & PAYLOAD_LENGTH_MAX) << 16)
+
+
+def decode_command(value: int) -> tuple[int, int]:
+    """(opcode, payload length); reserved bits [63:37] are ignored, as the spec asks."""
+    return value & 0xFFFF, (value >> 16) & PAYLOAD_LENGTH_MAX
+
+
+def encode_status(rc: int, *, background: bool, ext: int = 0) -> int:
+    return (STATUS_BACKGROUND if background else 0) | ((rc & 0xFFFF) << 32) | ((ext & 0xFFFF) << 48)
+
+
+def decode_status(value: int) -> tuple[int, bool, int]:
+    """(return code, background operation running, vendor extended status)."""
+    return (value >> 32) & 0xFFFF, bool(value & STATUS_BACKGROUND), (value >> 48) & 0xFFFF
+
+
+def encode_background(opcode: int, percent: int, rc: int, ext: int = 0) -> int:
+    return (opcode & 0xFFFF) | ((percent & 0x7F) << 16) | ((rc & 0xFFFF) << 32) | ((ext & 0xFFFF) << 48)
+
+
+def decode_background(value: int) -> tuple[int, int, int, int]:
+    """(opcode, percent complete, return code, vendor extended status)."""
+    return value & 0xFFFF, (value >> 16) & 0x7F, (value >> 32) & 0xFFFF, (value >> 48) & 0xFFFF
+
+
+def encode_memdev_status(*, media: int, mailbox_ready: bool) -> int:
+    return ((media & 0x3) << 2) | (MEMDEV_MBOX_READY if mailbox_ready else 0)
+
+
+def _align(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+class NotARegisterFile(ValueError):
+    """The file does not hold a cxlhm register block (wrong size or capability array)."""
+
+
+class RegisterFile:
+    """A mapped register block. `create` lays one out (device side); `attach` maps an
+    existing one (host side, any process) and finds the mailbox through the
+    capability headers."""
+
+    def __init__(self, path: str, mm: mmap.mmap, fd: int, *, owner: bool, remove_on_close: bool):
+        self.path, self._mm, self._fd = path, mm, fd
+        self.owner, self._remove_on_close = owner, remove_on_close
+        self._discover()
+
+    # ------------------------------------------------------------ construction
+    @classmethod
+    def create(cls, path: str | os.PathLike | None = None, payload_size_log2: int = DEFAULT_PAYLOAD_LOG2) -> "RegisterFile":
+        if not MIN_PAYLOAD_LOG2 <= payload_size_log2 <= MAX_PAYLOAD_LOG2:
+            raise ValueError(f"payload_size_log2 must be {MIN_PAYLOAD_LOG2}..{MAX_PAYLOAD_LOG2}, got {payload_size_log2}")
+        payload = 1 << payload_size_log2
+        mailbox_len = MAILBOX_REGS_SIZE + payload
+        memdev_off = _align(MAILBOX_OFFSET + mailbox_len, 8)
+        size = _align(memdev_off + MEMDEV_STATUS_LENGTH, mmap.PAGESIZE)
+        if path is None:
+            folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+            fd, name = tempfile.mkstemp(prefix=f"cxlhm-{os.getpid()}-", suffix=".regs", dir=folder)
+            remove = True
+        else:
+            name = str(Path(path))
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            remove = False
+        try:
+            os.ftruncate(fd, size)
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            if remove:
+                os.unlink(name)
+            raise
+        headers = [(CAP_DEVICE_STATUS, 2, DEVICE_STATUS_OFFSET, DEVICE_STATUS_LENGTH),
+                   (CAP_PRIMARY_MAILBOX, 1, MAILBOX_OFFSET, mailbox_len),
+                   (CAP_MEMDEV_STATUS, 1, memdev_off, MEMDEV_STATUS_LENGTH)]
+        # Headers first, the capability array register last: a host that attaches
+        # early sees count 0 (not yet a register block) rather than half a layout.
+        for i, (cap, version, offset, length) in enumerate(headers):
+            at = CAP_HEADERS_OFFSET + i * CAP_HEADER_SIZE
+            _U64.pack_into(mm, at, cap | (version << 16) | (offset << 32))
+            _U32.pack_into(mm, at + 8, length)
+        _U32.pack_into(mm, MAILBOX_OFFSET + MB_CAPS, payload_size_log2)
+        _U64.pack_into(mm, 0, CAP_ARRAY_ID | (1 << 16) | (len(headers) << 32))
+        return cls(name, mm, fd, owner=True, remove_on_close=remove)
+
+    @classmethod
+    def attach(cls, path: str | os.PathLike) -> "RegisterFile":
+        name = str(path)
+        fd = os.open(name, os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            if size < DEVICE_STATUS_OFFSET:
+                raise NotARegisterFile(f"{name}: {size} bytes is too small for a register block")
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            return cls(name, mm, fd, owner=False, remove_on_close=False)
+        except BaseException:
+            mm.close()
+            os.close(fd)
+            raise
+
+    def _discover(self) -> None:
+        """Find the capabilities by walking the array, like cxl_probe_device_regs."""
+        size = len(self._mm)
+        array = _U64.unpack_from(self._mm, 0)[0]
+        count = (array >> 32) & 0xFFFF
+        if array & 0xFFFF != CAP_ARRAY_ID or not 1 <= count <= (DEVICE_STATUS_OFFSET - CAP_HEADERS_OFFSET) // CAP_HEADER_SIZE:
+            raise NotARegisterFile(f"{self.path}: no device capabilities array at offset 0")
+        caps = {}
+        for i in range(count):
+            at = CAP_HEADERS_OFFSET + i * CAP_HEADER_SIZE
+            head = _U64.unpack_from(self._mm, at)[0]
+            length = _U32.unpack_from(self._mm, at + 8)[0]
+            offset = head >> 32
+            if offset + length > size:
+                raise NotARegisterFile(f"{self.path}: capability {head & 0xFFFF:#06x} lies outside the file")
+            caps[head & 0xFFFF] = (offset, length)
+        for needed in (CAP_PRIMARY_MAILBOX, CAP_MEMDEV_STATUS):
+            if needed not in caps:
+                raise NotARegisterFile(f"{self.path}: capability {needed:#06x} is missing")
+        self.mailbox_offset, mailbox_len = caps[CAP_PRIMARY_MAILBOX]
+        self.memdev_offset = caps[CAP_MEMDEV_STATUS][0]
+        self.device_status_offset = caps.get(CAP_DEVICE_STATUS, (DEVICE_STATUS_OFFSET, 0))[0]
+        log2 = self.read32(self.mailbox_offset + MB_CAPS) & 0x1F
+        self.payload_size = 1 << log2
+        if not MIN_PAYLOAD_LOG2 <= log2 <= MAX_PAYLOAD_LOG2 or MAILBOX_REGS_SIZE + self.payload_size > mailbox_len:
+            raise NotARegisterFile(f"{self.path}: mailbox payload size 2**{log2} does not fit its capability")
+        self.payload_offset = self.mailbox_offset + MB_PAYLOAD
+
+    # ------------------------------------------------------------ raw access
+    def read32(self, offset: int) -> int:
+        return _U32.unpack_from(self._mm, offset)[0]
+
+    def write32(self, offset: int, value: int) -> None:
+        _U32.pack_into(self._mm, offset, value & 0xFFFFFFFF)
+
+    def read64(self, offset: int) -> int:
+        return _U64.unpack_from(self._mm, offset)[0]
+
+    def write64(self, offset: int, value: int) -> None:
+        _U64.pack_into(self._mm, offset, value & 0xFFFFFFFFFFFFFFFF)
+
+    def read_payload(self, n: int) -> bytes:
+        """A private copy of the first `n` payload bytes (n is clamped to the area)."""
+        n = max(0, min(n, self.payload_size))
+        return self._mm[self.payload_offset:self.payload_offset + n]
+
+    def write_payload(self, data: bytes | bytearray | memoryview) -> None:
+        if len(data) > self.payload_size:
+            raise ValueError(f"{len(data)} bytes do not fit the {self.payload_size}-byte payload area")
+        self._mm[self.payload_offset:self.payload_offset + len(data)] = bytes(data)
+
+    # ------------------------------------------------------------ named registers
+    def _mb(self, reg: int) -> int:
+        return self.mailbox_offset + reg
+
+    @property
+    def doorbell(self) -> bool:
+        return bool(self.read32(self._mb(MB_CONTROL)) & DOORBELL)
+
+    def set_doorbell(self) -> None:
+        self.write32(self._mb(MB_CONTROL), self.read32(self._mb(MB_CONTROL)) | DOORBELL)
+
+    def clear_doorbell(self) -> None:
+        self.write32(self._mb(MB_CONTROL), self.read32(self._mb(MB_CONTROL)) & ~DOORBELL)
+
+    @property
+    def command(self) -> int:
+        return self.read64(self._mb(MB_COMMAND))
+
+    @command.setter
+    def command(self, value: int) -> None:
+        self.write64(self._mb(MB_COMMAND), value)
+
+    @property
+    def status(self) -> int:
+        return self.read64(self._mb(MB_STATUS))
+
+    @status.setter
+    def status(self, value: int) -> None:
+        self.write64(self._mb(MB_STATUS), value)
+
+    @property
+    def background_status(self) -> int:
+        return self.read64(self._mb(MB_BG_STATUS))
+
+    @background_status.setter
+    def background_status(self, value: int) -> None:
+        self.write64(self._mb(MB_BG_STATUS), value)
+
+    @property
+    def memdev_status(self) -> int:
+        return self.read64(self.memdev_offset)
+
+    @memdev_status.setter
+    def memdev_status(self, value: int) -> None:
+        self.write64(self.memdev_offset, value)
+
+    @property
+    def mailbox_ready(self) -> bool:
+        return bool(self.memdev_status & MEMDEV_MBOX_READY)
+
+    @property
+    def media_status(self) -> int:
+        return (self.memdev_status >> 2) & 0x3
+
+    # ------------------------------------------------------------ lifetime
+    def fileno(self) -> int:
+        """The file descriptor (hosts flock it so two processes never interleave commands)."""
+        return self._fd
+
+    @property
+    def closed(self) -> bool:
+        return self._mm is None
+
+    def close(self) -> None:
+        if self._mm is None:
+            return
+        self._mm.close()
+        self._mm = None
+        os.close(self._fd)
+        if self._remove_on_close:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
