@@ -152,18 +152,30 @@ def release_slot(bt, slot):
 def set_pinned(bt, first_block, n_blocks, pinned):
     """Pin (or unpin) the resident blocks of a range; returns how many of its blocks
     are not resident (a pin request must bring those in first)."""
-    missing = 0
-    for block in range(first_block, first_block + n_blocks):
-        slot = lookup(bt, block)
-        if slot < 0:
-            missing += 1
-        elif pinned and not bt.flags[slot] & PINNED:
-            bt.flags[slot] |= PINNED
-            bt.scalars[N_PINNED] += 1
-        elif not pinned and bt.flags[slot] & PINNED:
-            bt.flags[slot] &= ~PINNED
-            bt.scalars[N_PINNED] -= 1
-    return missing
+    resident = 0
+    if n_blocks <= bt.block.shape[0]:  # walk the range...
+        for block in range(first_block, first_block + n_blocks):
+            slot = lookup(bt, block)
+            if slot >= 0:
+                resident += 1
+                _set_pin_flag(bt, slot, pinned)
+    else:  # ...or, for a range larger than DRAM, the slots: work never exceeds DRAM size
+        for slot in range(bt.block.shape[0]):
+            block = bt.block[slot]
+            if block >= first_block and block < first_block + n_blocks:
+                resident += 1
+                _set_pin_flag(bt, slot, pinned)
+    return n_blocks - resident
+
+
+@numba.njit(nogil=True, inline="always")
+def _set_pin_flag(bt, slot, pinned):
+    if pinned and not bt.flags[slot] & PINNED:
+        bt.flags[slot] |= PINNED
+        bt.scalars[N_PINNED] += 1
+    elif not pinned and bt.flags[slot] & PINNED:
+        bt.flags[slot] &= ~PINNED
+        bt.scalars[N_PINNED] -= 1
 
 
 @numba.njit(nogil=True, inline="always")

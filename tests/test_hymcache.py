@@ -195,3 +195,12 @@ def test_hints_through_the_mailbox_reach_the_firmware(open_dev):
     assert dev.load(0, prefix.size, session=7) == prefix.tobytes()
     assert dev.stats()["misses"] == before
     assert dev.mailbox.identify()  # the standard commands answer on the same mailbox
+
+
+def test_unpin_of_a_range_larger_than_dram_walks_dram_not_the_range(open_dev):
+    dev = open_dev("lru")
+    dev.store(0, b"p" * (3 * BLOCK))
+    assert dev.device.hint(HintKind.PIN, 0, 1, 2)
+    assert dev.device.bt.scalars[1] == 2  # N_PINNED
+    assert dev.device.hint(HintKind.UNPIN, 0, 0, (1 << 22) // BLOCK)  # the whole window
+    assert dev.device.bt.scalars[1] == 0
