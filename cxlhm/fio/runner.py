@@ -1,0 +1,556 @@
+"""Runs parsed jobs: files and devices, one thread per job clone, statistics.
+
+Order of events, as in fio: every file a reading job needs is laid out first (a read
+of a never-written, sparse region would never reach the disk); jobs run in phases
+(`stonewall` starts a new one), all clones of a phase concurrently; each clone runs
+ramp_time unrecorded, then until its runtime, byte or I/O budget ends; a writing job
+with verify then reads back and checks what it wrote.
+
+Devices (ioengine=cxlhm) are shared by every clone whose filename is the same backing
+file, opened before the first phase and closed (dirty DRAM flushed) after the last.
+"""
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import resource
+import sys
+import threading
+import time
+
+import numpy as np
+
+from cxlhm.config import ConfigError, load_config
+from cxlhm.fio import clocks
+from cxlhm.fio import verify as VF
+from cxlhm.fio.engines import CxlhmEngine, DeviceShare, EngineError, IoArena, IoUringEngine
+from cxlhm.fio.jobfile import JobSpec
+from cxlhm.fio.options import READ, WRITE
+from cxlhm.fio.pattern import Chunk, IoGenerator, size_choices
+from cxlhm.fio.progress import Progress
+from cxlhm.fio.stats import SAMPLE_WINDOW_NS, JobStats
+from cxlhm.fio.values import Percent
+
+CHUNK_IOS = 4096  # I/Os generated per chunk (bounded by memory when verifying)
+VERIFY_ARENA_BYTES = 64 << 20
+LAYOUT_CHUNK = 1 << 20
+MAX_REPORTED_VERIFY_ERRORS = 10
+NEVER = 2**62
+
+
+@dataclasses.dataclass
+class ClonePlan:
+    job: JobSpec
+    clone: int
+    groupid: int
+    phase: int
+    filename: str
+    region_start: int
+    region_len: int
+    file_end: int  # bytes of the file this clone touches (offset + size)
+
+
+@dataclasses.dataclass
+class CloneResult:
+    plan: ClonePlan
+    stats: JobStats
+    engine: str
+    device: dict | None  # device summary for ioengine=cxlhm
+
+
+@dataclasses.dataclass
+class RunResult:
+    clones: list[CloneResult]
+    started: float  # time.time() when the first job started
+    devices: list[dict]
+    messages: list[str]
+
+    @property
+    def failed(self) -> bool:
+        return any(c.stats.error for c in self.clones)
+
+
+# ---------------------------------------------------------------- planning
+
+def _default_filename(job: JobSpec, clone: int) -> str:
+    return f"{job.name}.{clone}.0"  # fio's JOBNAME.CLONE.FILE naming
+
+
+def _resolve(value, total: int | None, job: JobSpec, name: str, align: int = 1) -> int:
+    if isinstance(value, Percent):
+        if not total:
+            raise job.error(name, f"{value} needs an existing file to take a share of")
+        return value.of(total, align)
+    return int(value)
+
+
+def plan_clones(jobs: list[JobSpec]) -> list[ClonePlan]:
+    plans: list[ClonePlan] = []
+    groupid, phase = 0, 0
+    for k, job in enumerate(jobs):
+        if k and (job["stonewall"] or job["new_group"]):
+            groupid += 1
+        if k and job["stonewall"]:
+            phase += 1
+        sizes = size_choices(job.values)
+        active = [sizes[d] for d in (READ, WRITE) if (job["rw"].reads, job["rw"].writes)[d]]
+        min_bs, max_bs = min(c.min for c in active), max(c.max for c in active)
+        for clone in range(job["numjobs"]):
+            filename = job["filename"] or _default_filename(job, clone)
+            existing = os.path.getsize(filename) if os.path.isfile(filename) else 0
+            if os.path.exists(filename) and not os.path.isfile(filename):
+                raise job.error("filename", f"{filename} is not a regular file")
+            offset = _resolve(job["offset"], existing, job, "offset", min_bs)
+            if job["size"] is None:
+                if existing <= offset:
+                    raise job.error("size", f"size= is needed: {filename} does not exist or is empty")
+                size = existing - offset
+            else:
+                size = _resolve(job["size"], existing, job, "size", min_bs)
+            if size < max_bs:
+                raise job.error("size", f"the region ({size} bytes) is smaller than the block size ({max_bs} bytes)")
+            plans.append(ClonePlan(job, clone, groupid, phase, filename, offset, size, offset + size))
+    return plans
+
+
+# ---------------------------------------------------------------- files and devices
+
+def lay_out(path: str, start: int, end: int, log=print) -> None:
+    """Give [start, end) real blocks where it is a hole, as fio lays out a file before
+    a read job: reads of sparse regions never touch the disk and would be far too fast."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if os.fstat(fd).st_size < end:
+            os.ftruncate(fd, end)
+        holes = []
+        pos = start
+        while pos < end:
+            try:
+                hole = os.lseek(fd, pos, os.SEEK_HOLE)
+            except OSError:
+                hole = pos
+            if hole >= end:
+                break
+            try:
+                data = os.lseek(fd, hole, os.SEEK_DATA)
+            except OSError:  # no data after the hole
+                data = end
+            holes.append((hole, min(data, end)))
+            pos = data
+        if not holes:
+            return
+        total = sum(b - a for a, b in holes)
+        log(f"{os.path.basename(path)}: Laying out IO file (1 file / {total >> 20}MiB)")
+        pattern = np.random.default_rng(0x1A1D).integers(0, 256, LAYOUT_CHUNK, dtype=np.uint8).tobytes()
+        for a, b in holes:
+            a -= a % 4096
+            while a < b:
+                n = min(LAYOUT_CHUNK, b - a)
+                os.pwrite(fd, pattern[:n], a)
+                a += n
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # later O_DIRECT reads must hit the disk
+    finally:
+        os.close(fd)
+
+
+_DEVICE_OPTION_FOR_KEY = {"dram_bytes": "cxlhm_dram", "block_size": "cxlhm_block_size",
+                          "firmware.policy": "cxlhm_policy", "firmware.params": "cxlhm_policy", "clock": "cxlhm_clock"}
+
+
+def _device_settings(job: JobSpec) -> tuple:
+    return tuple(job[name] for name in ("cxlhm_profile", "cxlhm_policy", "cxlhm_dram", "cxlhm_block_size", "cxlhm_clock"))
+
+
+def open_devices(plans: list[ClonePlan]) -> dict[str, DeviceShare]:
+    """One device per backing file, sized for every clone that uses it."""
+    from host_runtime.driver import open_device
+
+    by_path: dict[str, list[ClonePlan]] = {}
+    for plan in plans:
+        if plan.job["ioengine"] == "cxlhm":
+            by_path.setdefault(os.path.realpath(plan.filename), []).append(plan)
+    shares: dict[str, DeviceShare] = {}
+    try:
+        for path, users in by_path.items():
+            first = users[0].job
+            for other in users[1:]:
+                if _device_settings(other.job) != _device_settings(first):
+                    raise other.job.error("cxlhm_profile", f"uses the same device ({path}) as job {first.name!r} "
+                                          "with different cxlhm_* settings")
+            shares[path] = _open_device(first, path, max(p.file_end for p in users), open_device)
+    except BaseException:
+        for share in shares.values():
+            share.handle.close()
+        raise
+    return shares
+
+
+def _open_device(job: JobSpec, path: str, needed: int, open_device) -> DeviceShare:
+    overrides: dict = {"backend": {"path": path}}
+    if job["cxlhm_policy"]:
+        overrides["firmware"] = {"policy": job["cxlhm_policy"]}
+    if job["cxlhm_dram"]:
+        overrides["dram_bytes"] = job["cxlhm_dram"]
+    if job["cxlhm_block_size"]:
+        overrides["block_size"] = job["cxlhm_block_size"]
+    try:
+        cfg = load_config(job["cxlhm_profile"], overrides)
+        clock_name = job["cxlhm_clock"] or cfg.clock
+        if clock_name == "model" and clocks.model_clock_unavailable():
+            raise job.error("cxlhm_clock" if job["cxlhm_clock"] else "cxlhm_profile", clocks.model_clock_unavailable())
+        # The device is sized to the jobs' region (at least its DRAM), plus one scratch
+        # block past it that warms up the compiled access path before any job starts.
+        block = cfg.block_size
+        capacity = -(-max(needed, cfg.dram_bytes) // block) * block + block
+        cfg = load_config(job["cxlhm_profile"], {**overrides, "capacity": capacity, "clock": "wall"})
+        handle = open_device(cfg)
+    except ConfigError as exc:
+        raise job.error(_DEVICE_OPTION_FOR_KEY.get(exc.key, "cxlhm_profile"), str(exc)) from None
+    scratch = np.zeros(block, np.uint8)
+    handle.writev(np.array([capacity - block]), block, scratch)  # compile the write and read paths now
+    handle.readv(np.array([capacity - block]), block, scratch)
+    return DeviceShare(handle, clocks.clock_for(clock_name, handle))
+
+
+def describe_device(share: DeviceShare) -> dict:
+    cfg = share.handle.config
+    return {"backing_file": cfg.backend.path, "profile": cfg.name, "policy": cfg.firmware.policy,
+            "dram_bytes": cfg.dram_bytes, "block_size": cfg.block_size, "capacity": cfg.capacity,
+            "clock": share.clock.name}
+
+
+# ---------------------------------------------------------------- one clone
+
+class Worker:
+    """Runs one job clone in its own thread."""
+
+    def __init__(self, plan: ClonePlan, share: DeviceShare | None, seed: int):
+        self.plan, self.share, self.job = plan, share, plan.job
+        job = self.job
+        self.stats = JobStats(job.name, plan.groupid, iodepth=job["iodepth"])
+        self.verify_kind = VF.TYPES.get(job["verify"], 0)
+        sizes = size_choices(job.values)
+        self.seed = seed
+        rw = job["rw"]
+        budget = None
+        if not job["time_based"]:
+            budget = job["io_size"] or plan.region_len
+        self.gen = IoGenerator(rw=rw, sequencer=job["rw_sequencer"], rwmixread=job["rwmixread"], sizes=sizes,
+                               region_start=plan.region_start, region_len=plan.region_len,
+                               distribution=job["random_distribution"], randommap=not job["norandommap"],
+                               seed=seed, bytes_budget=budget, ios_budget=job["number_ios"])
+        qd = job["iodepth"]
+        if self.verify_kind:
+            slots = max(qd, min(CHUNK_IOS, VERIFY_ARENA_BYTES // self.gen.max_bs))
+            self.chunk_ios = slots - slots % qd if slots >= qd else qd
+            if job["verify_fatal"]:  # check after every batch, to stop at the first bad block
+                self.chunk_ios = qd
+        else:
+            slots = qd
+            self.chunk_ios = max(qd, CHUNK_IOS - CHUNK_IOS % qd)
+        self.arena = IoArena(slots, self.gen.max_bs, seed)
+        self.verify_arena: IoArena | None = None
+        self.state = "_"
+        self.progress_bytes = [0, 0]
+        self.progress_ios = [0, 0]
+        self.written: dict[int, tuple[int, int]] = {}  # offset -> (size, write seed), for verify
+        self.backlog: list[tuple[int, int, int]] = []
+        self.writes_done = 0
+        self.messages: list[str] = []
+        self.engine = None
+        self._t_start = 0
+        self._budget_total = budget
+        self._stop = threading.Event()
+
+    # -------------------------------------------------------- progress helpers
+    def fraction_done(self) -> float | None:
+        job = self.job
+        if self.state == "_":
+            return 0.0
+        if self.state in ("E", "D"):
+            return 1.0
+        if job["runtime"]:
+            elapsed = time.monotonic_ns() - self._t_start
+            frac = elapsed / (job["runtime"] + job["ramp_time"])
+            if job["time_based"]:
+                return min(frac, 1.0)
+        else:
+            frac = 0.0
+        if self._budget_total:
+            frac = max(frac, 1.0 - (self.gen.bytes_left or 0) / self._budget_total)
+        return min(frac, 1.0)
+
+    def eta_s(self) -> float | None:
+        frac = self.fraction_done()
+        if not frac or self._t_start == 0:
+            return None
+        elapsed = (time.monotonic_ns() - self._t_start) / 1e9
+        return elapsed * (1 - frac) / frac
+
+    # -------------------------------------------------------- the run
+    def open_engine(self) -> None:
+        if self.job["ioengine"] == "cxlhm":
+            self.engine = CxlhmEngine(self.share, self.job["iodepth"], self.arena.slot_bytes)
+        else:
+            try:
+                self.engine = IoUringEngine(self.plan.filename, self.plan.file_end, self.job["iodepth"])
+            except ConfigError as exc:
+                raise self.job.error("filename", str(exc).split(": ", 1)[-1]) from None
+
+    def run(self) -> None:
+        ru0 = resource.getrusage(resource.RUSAGE_THREAD)
+        try:
+            self._run()
+        except (EngineError, OSError, RuntimeError, IndexError) as exc:
+            code = exc.errno if isinstance(exc, OSError) and exc.errno else errno.EIO
+            self.stats.error, self.stats.error_text = code, str(exc)
+            self.messages.append(f"fio: job {self.job.name!r}: {exc}")
+            self.state = "E"
+        finally:
+            ru1 = resource.getrusage(resource.RUSAGE_THREAD)
+            self.stats.usr_s = ru1.ru_utime - ru0.ru_utime
+            self.stats.sys_s = ru1.ru_stime - ru0.ru_stime
+            self.stats.ctx = (ru1.ru_nvcsw + ru1.ru_nivcsw) - (ru0.ru_nvcsw + ru0.ru_nivcsw)
+            self.stats.majf = ru1.ru_majflt - ru0.ru_majflt
+            self.stats.minf = ru1.ru_minflt - ru0.ru_minflt
+            if self.state != "E":
+                self.state = "D"
+
+    def _run(self) -> None:
+        job, engine = self.job, self.engine
+        rw = job["rw"]
+        self.state = "m" if rw.mixed else ("w" if rw.writes else "r")
+        t0 = self._t_start = engine.now_ns()
+        ramp_end = t0 + job["ramp_time"]
+        job_end = ramp_end + job["runtime"] if job["runtime"] else NEVER
+        measuring = job["ramp_time"] == 0
+        self._measure_start = t0
+        self._window = [t0, [0, 0], [0, 0]]
+        pending: Chunk | None = None
+        now = t0
+        while not self._stop.is_set():
+            if pending is None or len(pending) == 0:
+                pending = self._next_chunk()
+                if len(pending) == 0:
+                    break
+            if now >= job_end:
+                break
+            deadline = min(job_end, self._window[0] + SAMPLE_WINDOW_NS, NEVER if measuring else ramp_end)
+            done = engine.execute(pending, self.arena, deadline, keep_read_data=bool(self.verify_kind))
+            executed, pending = pending.take(0, done.count), pending.take(done.count)
+            now = done.end_ns
+            self._account(executed, done, measuring)
+            if not measuring and now >= ramp_end:
+                measuring = True
+                self._reset_stats(now)
+            self._sample(now)
+            if self.verify_kind and job["verify_backlog"] and len(self.backlog) >= job["verify_backlog"]:
+                self._verify_pass(self.backlog, record=measuring)
+                self.backlog = []
+        if self.verify_kind and job["do_verify"] and self.written and not self._stop.is_set():
+            self.state = "V"
+            todo = self.backlog if job["verify_backlog"] else [(o, s, seed) for o, (s, seed) in self.written.items()]
+            self._verify_pass(sorted(todo), record=True)
+            self.backlog = []
+        end = engine.now_ns()
+        self._sample(end, final=True)
+        stats = self.stats  # a new object if ramp_time reset it
+        run_ms = max(1, (end - self._measure_start) // 1_000_000)
+        stats.run_ms = run_ms
+        stats.elapsed_s = max(1, round((end - t0) / 1e9))
+        for d in stats.dirs:
+            d.runtime_ms = run_ms if d.ios else 0
+            d.slat_measured = job["ioengine"] == "cxlhm"
+        if stats.verify_errors:
+            stats.error = errno.EILSEQ
+            stats.error_text = f"{stats.verify_errors} verification failure(s)"
+
+    def _next_chunk(self) -> Chunk:
+        direction, offset, size = self.gen.next_chunk(self.chunk_ios)
+        n = offset.shape[0]
+        slot = np.arange(n, dtype=np.int64) % self.arena.slots
+        chunk = Chunk(direction, offset, size, slot)
+        if self.verify_kind:
+            for i in np.flatnonzero(direction == WRITE).tolist():
+                self.writes_done += 1
+                seed = (self.seed << 32) + self.writes_done
+                VF.stamp(self.arena.view(int(slot[i]), int(size[i])), self.verify_kind, int(offset[i]), seed)
+        return chunk
+
+    def _account(self, chunk: Chunk, done, measuring: bool) -> None:
+        if done.count == 0:
+            return
+        stats = self.stats
+        for d in (READ, WRITE):
+            mask = chunk.direction == d
+            if not mask.any():
+                continue
+            nbytes, nios = int(chunk.size[mask].sum()), int(mask.sum())
+            self.progress_bytes[d] += nbytes
+            self.progress_ios[d] += nios
+            self._window[1][d] += nbytes
+            self._window[2][d] += nios
+            if measuring:
+                slat = done.slat[mask] if done.slat is not None else None
+                stats.record(d, nbytes, nios, slat, done.clat[mask], done.depth)
+                stats.dirs[d].cache_hits += int(done.cache[d][0])
+                stats.dirs[d].cache_misses += int(done.cache[d][1])
+        if measuring:
+            stats.submit_map += done.submits
+            stats.complete_map += done.submits
+        if self.verify_kind:
+            self._after_verified_io(chunk)
+
+    def _after_verified_io(self, chunk: Chunk) -> None:
+        job = self.job
+        writes_in_job = job["rw"].writes
+        for i in range(len(chunk)):
+            offset, size, slot = int(chunk.offset[i]), int(chunk.size[i]), int(chunk.slot[i])
+            if chunk.direction[i] == WRITE:
+                seed = int(self.arena.view(slot, VF.HEADER_BYTES)[24:32].view(np.uint64)[0])
+                self._forget_overlaps(offset, size)
+                self.written[offset] = (size, seed)
+                if job["verify_backlog"]:
+                    self.backlog.append((offset, size, seed))
+                continue
+            if writes_in_job:  # mixed jobs check only blocks this job wrote, whole
+                known = self.written.get(offset)
+                if known is None or known[0] != size:
+                    continue
+                failure = VF.check(self.arena.view(slot, size), self.verify_kind, offset, known[1])
+            else:
+                failure = VF.check(self.arena.view(slot, size), self.verify_kind, offset)
+            if failure:
+                self._verify_failed(failure)
+
+    def _forget_overlaps(self, offset: int, size: int) -> None:
+        """A write over part of an earlier, larger block leaves that block neither old nor
+        new: stop expecting it (fio verifies only intact blocks too)."""
+        align, written = self.gen.align, self.written
+        for start in range(offset - self.gen.max_bs + align, offset + size, align):
+            known = written.get(start)
+            if known is not None and start + known[0] > offset:
+                del written[start]
+                if self.backlog:
+                    self.backlog = [b for b in self.backlog if b[0] != start]
+
+    def _verify_failed(self, failure: VF.VerifyFailure) -> None:
+        self.stats.verify_errors += 1
+        if self.stats.verify_errors <= MAX_REPORTED_VERIFY_ERRORS:
+            self.messages.append(failure.message(self.plan.filename))
+        if self.job["verify_fatal"]:
+            self._stop.set()
+
+    def _verify_pass(self, blocks: list[tuple[int, int, int]], *, record: bool) -> None:
+        """Read back `blocks` (offset, size, seed) and check each one."""
+        engine = self.engine
+        if self.verify_arena is None:  # its own buffers: the main arena may hold stamped, unissued writes
+            self.verify_arena = IoArena(self.arena.slots, self.arena.slot_bytes, self.seed + 1)
+        arena = self.verify_arena
+        step = arena.slots
+        for start in range(0, len(blocks), step):
+            part = blocks[start:start + step]
+            n = len(part)
+            chunk = Chunk(np.zeros(n, np.int8), np.array([b[0] for b in part], np.int64),
+                          np.array([b[1] for b in part], np.int64), np.arange(n, dtype=np.int64))
+            pos = 0  # blocks of `part` already read back
+            while len(chunk):
+                done = engine.execute(chunk, arena, NEVER, keep_read_data=True)
+                executed, chunk = chunk.take(0, done.count), chunk.take(done.count)
+                if record:
+                    self.stats.record(READ, int(executed.size.sum()), len(executed),
+                                      done.slat, done.clat, done.depth)
+                    self.stats.submit_map += done.submits
+                    self.stats.complete_map += done.submits
+                self.progress_bytes[READ] += int(executed.size.sum())
+                self.progress_ios[READ] += len(executed)
+                for i in range(len(executed)):
+                    offset, size, seed = part[pos + i]
+                    failure = VF.check(arena.view(int(executed.slot[i]), size), self.verify_kind, offset, seed)
+                    if failure:
+                        self._verify_failed(failure)
+                        if self._stop.is_set():
+                            return
+                pos += len(executed)
+
+    def _reset_stats(self, now: int) -> None:
+        self.stats = JobStats(self.job.name, self.plan.groupid, iodepth=self.job["iodepth"])
+        self._measure_start = now
+        self._window = [now, [0, 0], [0, 0]]
+
+    def _sample(self, now: int, final: bool = False) -> None:
+        start, nbytes, nios = self._window
+        elapsed = now - start
+        first = not self.stats.dirs[READ].bw.samples and not self.stats.dirs[WRITE].bw.samples
+        # a final partial window counts if it is long enough, or if it is all there is
+        if elapsed <= 0 or (elapsed < SAMPLE_WINDOW_NS and not (final and (first or elapsed > SAMPLE_WINDOW_NS // 2))):
+            return
+        rw = self.job["rw"]
+        for d in (READ, WRITE):
+            if (rw.reads, rw.writes)[d] or nios[d]:
+                self.stats.dirs[d].bw.add(nbytes[d] / (elapsed / 1e9) / 1024.0)
+                self.stats.dirs[d].iops.add(nios[d] / (elapsed / 1e9))
+        self._window = [now, [0, 0], [0, 0]]
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+        self.arena.close()
+        if self.verify_arena is not None:
+            self.verify_arena.close()
+
+
+# ---------------------------------------------------------------- the whole run
+
+def _seed_for(job: JobSpec, clone: int) -> int:
+    base = job["randseed"] if job["randrepeat"] or "randseed" in job.given else int.from_bytes(os.urandom(4), "little")
+    return (base * 1_000_003 + job.index * 1_009 + clone) & 0x7FFFFFFF
+
+
+def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None) -> RunResult:
+    """Run every job; raises JobFileError for problems found while setting up."""
+    log = log or (lambda text: print(text, file=sys.stderr))
+    plans = plan_clones(jobs)
+    for plan in plans:
+        if plan.job["rw"].reads:
+            lay_out(plan.filename, plan.region_start, plan.file_end, log)
+    shares = open_devices(plans)
+    workers: list[Worker] = []
+    started = time.time()
+    try:
+        for plan in plans:
+            share = shares.get(os.path.realpath(plan.filename)) if plan.job["ioengine"] == "cxlhm" else None
+            worker = Worker(plan, share, _seed_for(plan.job, plan.clone))
+            workers.append(worker)
+            worker.open_engine()
+        meter = Progress(workers) if progress else None
+        if meter:
+            meter.start()
+        try:
+            for phase in sorted({p.phase for p in plans}):
+                threads = [threading.Thread(target=w.run, name=f"cxlhm-fio-{w.job.name}.{w.plan.clone}")
+                           for w in workers if w.plan.phase == phase]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+        finally:
+            if meter:
+                meter.stop()
+    finally:
+        for worker in workers:
+            worker.close()
+        devices = []
+        for share in shares.values():
+            info = describe_device(share)
+            info["counters"] = share.handle.stats()
+            devices.append(info)
+            share.handle.close()
+    messages = [m for w in workers for m in w.messages]
+    device_by_path = {d["backing_file"]: d for d in devices}
+    clones = [CloneResult(w.plan, w.stats, w.job["ioengine"],
+                          device_by_path.get(os.path.realpath(w.plan.filename)) if w.job["ioengine"] == "cxlhm" else None)
+              for w in workers]
+    return RunResult(clones, started, devices, messages)

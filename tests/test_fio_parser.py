@@ -1,0 +1,237 @@
+"""cxlhm-fio job-file parsing: options, units, inheritance, arithmetic, errors."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cxlhm.fio import options as O
+from cxlhm.fio.distributions import DistSpec
+from cxlhm.fio.jobfile import JobFileError, build_jobs, read_sections
+from cxlhm.fio.values import Percent, parse_size, parse_time_ns, split_directions
+
+
+def jobs_of(text: str, path: str = "job.fio"):
+    return build_jobs([read_sections(text, path)])[0]
+
+
+def one(text: str):
+    return jobs_of(text)[0]
+
+
+def error_of(text: str, path: str = "bad.fio") -> JobFileError:
+    with pytest.raises(JobFileError) as info:
+        jobs_of(text, path)
+    return info.value
+
+
+# ---------------------------------------------------------------- units
+
+@pytest.mark.parametrize("text,kb_base,expected", [
+    ("4096", 1024, 4096), ("4k", 1024, 4096), ("4K", 1024, 4096), ("4kb", 1024, 4096), ("4KiB", 1024, 4000),
+    ("1m", 1024, 1 << 20), ("1g", 1024, 1 << 30), ("2t", 1024, 2 << 40), ("1p", 1024, 1 << 50),
+    ("4k", 1000, 4000), ("4ki", 1000, 4096), ("1mi", 1000, 1 << 20), ("1m", 1000, 10**6),
+    ("0x1000", 1024, 4096), ("1.5k", 1024, 1536), ("512b", 1024, 512),
+])
+def test_sizes_follow_fio_and_kb_base(text, kb_base, expected):
+    assert parse_size(text, kb_base=kb_base) == expected
+
+
+@pytest.mark.parametrize("text,ns", [
+    ("10", 10 * 10**9), ("10s", 10 * 10**9), ("500ms", 5 * 10**8), ("500msec", 5 * 10**8), ("250us", 250_000),
+    ("2m", 120 * 10**9), ("1h", 3600 * 10**9), ("1d", 86400 * 10**9), ("1.5s", 1_500_000_000),
+])
+def test_times_default_to_seconds(text, ns):
+    assert parse_time_ns(text) == ns
+
+
+def test_per_direction_values_follow_fio_comma_rules():
+    assert split_directions("8k") == ["8k", "8k", "8k"]
+    assert split_directions("8k,32k") == ["8k", "32k", "32k"]
+    assert split_directions("8k,32k,") == ["8k", "32k", None]
+    assert split_directions(",8k") == [None, "8k", "8k"]
+
+
+# ---------------------------------------------------------------- every option
+
+EXAMPLES = {
+    "name": ("renamed", "renamed"), "description": ("hello there", "hello there"),
+    "ioengine": ("io_uring", "io_uring"), "filename": ("/tmp/x.img", "/tmp/x.img"), "direct": ("1", True),
+    "rw": ("randrw:8", O.RwMode("randrw", True, True, True, 8)), "rw_sequencer": ("identical", "identical"),
+    "rwmixread": ("70", 70), "rwmixwrite": ("30", 30), "bs": ("8k,32k", (8192, 32768)),
+    "bsrange": ("4k-16k", ((4096, 16384), (4096, 16384))),
+    "bssplit": ("4k/10:64k/90", (((4096, 10.0), (65536, 90.0)),) * 2),
+    "size": ("64m", 64 << 20), "offset": ("10%", Percent(10.0)), "io_size": ("1g", 1 << 30),
+    "number_ios": ("100", 100), "random_distribution": ("zipf:1.2", DistSpec("zipf", 1.2)),
+    "randseed": ("42", 42), "randrepeat": ("0", False), "norandommap": ("1", True), "kb_base": ("1000", 1000),
+    "iodepth": ("32", 32), "numjobs": ("4", 4), "runtime": ("10s", 10**10), "time_based": ("1", True),
+    "ramp_time": ("2", 2 * 10**9), "group_reporting": ("1", True), "stonewall": ("1", True), "new_group": ("1", True),
+    "verify": ("md5", "md5"), "do_verify": ("0", False), "verify_fatal": ("1", True), "verify_backlog": ("64", 64),
+    "clat_percentiles": ("0", False), "lat_percentiles": ("1", True), "slat_percentiles": ("1", True),
+    "percentile_list": ("99.9:50", (50.0, 99.9)), "cxlhm_profile": ("cmm-h", "cmm-h"), "cxlhm_policy": ("lru", "lru"),
+    "cxlhm_dram": ("64m", 64 << 20), "cxlhm_block_size": ("4k", 4096), "cxlhm_clock": ("wall", "wall"),
+}
+NEEDS = {"time_based": "runtime=1\n", "verify_backlog": "verify=crc32c\n"}
+
+
+def test_examples_cover_every_option():
+    assert set(EXAMPLES) == {o.name for o in O.OPTIONS}
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_every_option_parses(name):
+    text, expected = EXAMPLES[name]
+    engine = "ioengine=io_uring\n" if name in ("ioengine",) else ""
+    job = one(f"[j]\n{NEEDS.get(name, '')}{engine}{name}={text}\n")
+    assert job[name] == expected
+
+
+def test_aliases_and_bare_flags():
+    job = one("[j]\nreadwrite=randread\nblocksize=16k\ntime_based\nruntime=1\nnorandommap\ngroup_reporting\n")
+    assert job["rw"].name == "randread" and job["bs"] == (16384, 16384)
+    assert job["time_based"] and job["norandommap"] and job["group_reporting"]
+
+
+def test_defaults_when_not_given():
+    job = one("[j]\nsize=1m\n")
+    assert job["rw"].name == "read" and job["bs"] == (4096, 4096) and job["iodepth"] == 1
+    assert job["numjobs"] == 1 and job["ioengine"] == "cxlhm" and job["rwmixread"] == 50
+
+
+def test_kb_base_applies_to_the_job_sizes():
+    job = one("[global]\nkb_base=1000\n[j]\nsize=1m\nbs=4ki\n")
+    assert job["size"] == 10**6 and job["bs"] == (4096, 4096)
+
+
+def test_rw_suffix_is_io_count_for_random_and_hole_for_sequential():
+    assert one("[j]\nrw=randread:8\n")["rw"].modifier == 8
+    assert one("[j]\nrw=write:4k\n")["rw"].modifier == 4096
+
+
+# ---------------------------------------------------------------- inheritance
+
+def test_globals_apply_to_jobs_below_only():
+    jobs = jobs_of("[global]\nbs=8k\niodepth=4\n[a]\n[global]\nbs=16k\n[b]\niodepth=2\n")
+    a, b = jobs
+    assert a["bs"] == (8192, 8192) and a["iodepth"] == 4
+    assert b["bs"] == (16384, 16384) and b["iodepth"] == 2
+
+
+def test_job_overrides_global_and_job_options_list_only_its_own():
+    job = one("[global]\nrw=randread\nsize=8m\n[j]\nrw=randwrite\n")
+    assert job["rw"].name == "randwrite" and job["size"] == 8 << 20
+    assert [r.key for r in job.job_options] == ["rw"]
+
+
+def test_globals_do_not_leak_between_files():
+    first = read_sections("[global]\niodepth=8\n[a]\n", "one.fio")
+    second = read_sections("[b]\n", "two.fio")
+    a, b = build_jobs([first, second])[0]
+    assert a["iodepth"] == 8 and b["iodepth"] == 1
+
+
+def test_include_and_environment(tmp_path, monkeypatch):
+    (tmp_path / "common.fio").write_text("iodepth=16\n; a comment\nbs=${BS}\n")
+    monkeypatch.setenv("BS", "64k")
+    monkeypatch.setenv("SIZE", "32m")
+    path = tmp_path / "main.fio"
+    path.write_text("[global]\ninclude common.fio\nsize=${SIZE}  ; trailing comment\n[j]\nname=${UNSET_VAR}x\n")
+    job = build_jobs([read_sections(path.read_text(), str(path))])[0][0]
+    assert job["iodepth"] == 16 and job["bs"] == (65536, 65536) and job["size"] == 32 << 20
+    assert job.name == "x"
+
+
+# ---------------------------------------------------------------- arithmetic
+
+def test_bssplit_blanks_share_the_rest():
+    split = one("[j]\nbssplit=4k/50:1k/:32k/\n")["bssplit"][0]
+    assert split == ((4096, 50.0), (1024, 25.0), (32768, 25.0))
+
+
+def test_bssplit_per_direction():
+    read, write = one("[j]\nbssplit=2k/50:4k/50,4k/90:8k/10\n")["bssplit"]
+    assert read == ((2048, 50.0), (4096, 50.0)) and write == ((4096, 90.0), (8192, 10.0))
+
+
+def test_rwmixwrite_sets_rwmixread():
+    job = one("[j]\nrw=randrw\nrwmixwrite=30\n")
+    assert job["rwmixread"] == 70 and job["rwmixwrite"] == 30
+
+
+# ---------------------------------------------------------------- errors name file, line and option
+
+@pytest.mark.parametrize("text,line,option,words", [
+    ("[j]\nsize=1m\nbogus_option=3\n", 3, "bogus_option", "unknown"),
+    ("[j]\nsize=12 parsecs\n", 2, "size", "size"),
+    ("[j]\n\nsize=-4k\n", 3, "size", "negative"),
+    ("[j]\nbssplit=4k/60:8k/50\n", 2, "bssplit", "more than 100"),
+    ("[j]\nbssplit=4k/60:8k/30\n", 2, "bssplit", "not 100"),
+    ("[j]\nrw=sideways\n", 2, "rw", "unknown I/O pattern"),
+    ("[j]\nrw=trim\n", 2, "rw", "trim"),
+    ("[j]\niodepth=0\n", 2, "iodepth", "integer"),
+    ("[j]\nrwmixread=70\nrwmixwrite=40\n", 3, "rwmixwrite", "add up to 100"),
+    ("[j]\ntime_based\n", 2, "time_based", "runtime"),
+    ("[j]\nsize\n", 2, "size", "needs a value"),
+    ("[j]\nrandom_distribution=zipf:0\n", 2, "random_distribution", "positive"),
+    ("[j]\nrandom_distribution=zoned:50/10:40/90\n", 2, "random_distribution", "not 100"),
+    ("[j]\nverify=sha1\n", 2, "verify", "one of"),
+    ("[j]\nioengine=io_uring\ncxlhm_dram=64m\n", 3, "cxlhm_dram", "ioengine=cxlhm only"),
+    ("[j]\ncxlhm_clock=model\n", 2, "cxlhm_clock", "not available yet"),
+    ("[j]\ndirect=0\n", 2, "direct", "direct=1"),
+    ("[j]\nkb_base=999\n", 2, "kb_base", "1000 or 1024"),
+])
+def test_bad_options_report_file_line_and_option(text, line, option, words):
+    err = error_of(text)
+    assert (err.path, err.line, err.option) == ("bad.fio", line, option)
+    assert words in str(err)
+    assert str(err).startswith(f"bad.fio:{line}: option {option!r}:")
+
+
+@pytest.mark.parametrize("text,line,words", [
+    ("size=1m\n[j]\n", 1, "outside of a section"),
+    ("[j\nsize=1m\n", 1, "malformed section"),
+    ("[j]\n=3\n", 2, "cannot parse"),
+    ("[j]\ninclude nowhere.fio\n", 2, "no such file"),
+    ("; only a comment\n", 0, "no jobs"),
+])
+def test_bad_structure_reports_file_and_line(text, line, words):
+    err = error_of(text)
+    assert err.line == line and words in str(err)
+
+
+def test_unknown_option_suggests_a_close_name():
+    assert "did you mean 'iodepth'" in str(error_of("[j]\niodepht=4\n"))
+
+
+def test_include_may_not_hold_sections(tmp_path):
+    (tmp_path / "inc.fio").write_text("[sneaky]\n")
+    path = tmp_path / "main.fio"
+    path.write_text("[j]\ninclude inc.fio\n")
+    with pytest.raises(JobFileError, match="inc.fio:1: an included file may not contain"):
+        read_sections(path.read_text(), str(path))
+
+
+def test_cmdhelp_lists_every_option():
+    text = O.cmdhelp()
+    for opt in O.OPTIONS:
+        assert opt.name in text
+    assert "type: int" in O.cmdhelp("iodepth")
+
+
+# ---------------------------------------------------------------- fuzzing: never crash
+
+_TOKENS = st.sampled_from([
+    "[global]", "[job]", "[", "]", "=", "\n", " ", ";", "#", "${HOME}", "${X", "include ", "rw", "randread", "bs",
+    "4k", "-", ":", "/", ",", "bssplit", "size", "%", "1e999", "99999999999999999999999", "0x", "iodepth",
+    "random_distribution", "zipf", "zoned", "time_based", "runtime", "kb_base", "1000", "verify", "crc32c", "\x00",
+    "é", "cxlhm_clock", "model", "offset", "rwmixread", "110", "percentile_list", "numjobs",
+])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_TOKENS | st.text(max_size=6), max_size=40).map("".join))
+def test_random_job_files_never_crash(text):
+    try:
+        jobs_of(text, "fuzz.fio")
+    except JobFileError as exc:
+        assert str(exc).startswith("fuzz.fio")

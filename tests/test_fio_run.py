@@ -1,0 +1,203 @@
+"""Small real runs of cxlhm-fio on both engines: amounts, clones, stop conditions,
+offset patterns, data verification (a corrupted block is caught) and the CLI."""
+from __future__ import annotations
+
+import io
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from cxlhm.cli import main as cli_main
+from cxlhm.fio import report
+from cxlhm.fio.jobfile import JobFileError, build_jobs, read_sections
+from cxlhm.fio.options import parse_rw
+from cxlhm.fio.pattern import IoGenerator, SizeChoice
+from cxlhm.fio.runner import run_jobs
+
+DEVICE = "cxlhm_dram=1m\ncxlhm_block_size=4k\n"
+
+
+def run(text: str):
+    jobs, globals_ = build_jobs([read_sections(text, "t.fio")])
+    result = run_jobs(jobs, log=lambda _: None)
+    return result, report.to_json(result, globals_)
+
+
+def engine_lines(engine: str) -> str:
+    return f"ioengine={engine}\n" + (DEVICE if engine == "cxlhm" else "")
+
+
+@pytest.mark.parametrize("engine", ["cxlhm", "io_uring"])
+def test_sequential_read_covers_the_region_once(tmp_path, engine):
+    result, out = run(f"[r]\nfilename={tmp_path / 'f.img'}\nsize=2m\nbs=64k\nrw=read\niodepth=4\n{engine_lines(engine)}")
+    read = out["jobs"][0]["read"]
+    assert read["io_bytes"] == 2 << 20 and read["total_ios"] == 32 and not result.failed
+    assert read["clat_ns"]["N"] == 32 and read["clat_ns"]["min"] > 0
+    assert (read["slat_ns"]["N"] == 32) == (engine == "cxlhm")  # the raw closed loop has no separate submit step
+    assert ("cachehit" in read) == (engine == "cxlhm")
+
+
+@pytest.mark.parametrize("engine", ["cxlhm", "io_uring"])
+def test_write_then_verify_passes_on_intact_data(tmp_path, engine):
+    text = (f"[w]\nfilename={tmp_path / 'f.img'}\nsize=1m\nrw=randwrite\nbssplit=4k/50:16k/50\niodepth=8\n"
+            f"verify=crc32c\n{engine_lines(engine)}")
+    result, out = run(text)
+    job = out["jobs"][0]
+    assert job["error"] == 0 and job["write"]["io_bytes"] == 1 << 20
+    assert job["read"]["total_ios"] > 0  # the verify phase read the blocks back
+    assert not result.messages
+
+
+@pytest.mark.parametrize("kind", ["md5", "xxhash"])
+def test_other_checksums(tmp_path, kind):
+    result, out = run(f"[w]\nfilename={tmp_path / 'f.img'}\nsize=256k\nrw=write\nverify={kind}\nverify_backlog=8\n{DEVICE}")
+    assert out["jobs"][0]["error"] == 0 and out["jobs"][0]["read"]["total_ios"] == 64
+
+
+@pytest.mark.parametrize("engine", ["cxlhm", "io_uring"])
+def test_verify_catches_a_block_with_wrong_bytes(tmp_path, engine):
+    image = tmp_path / "f.img"
+    base = f"[global]\nfilename={image}\nsize=256k\nbs=4k\nverify=crc32c\n{engine_lines(engine)}"
+    result, out = run(base + "[w]\nrw=write\ndo_verify=0\n")
+    assert out["jobs"][0]["error"] == 0
+    # the block at 64 KiB is overwritten, through the same engine, by bytes with no header
+    result, out = run(base + "[stray]\nrw=write\noffset=64k\nsize=4k\nverify=0\n")
+    assert out["jobs"][0]["error"] == 0
+    result, out = run(base + "[r]\nrw=read\n")
+    assert out["jobs"][0]["error"] == 84 and result.failed
+    assert len(result.messages) == 1 and "bad magic header" in result.messages[0] and "offset 65536" in result.messages[0]
+    result, out = run(base + "[r]\nrw=randread\nverify_fatal=1\n")
+    assert out["jobs"][0]["error"] == 84 and out["jobs"][0]["read"]["total_ios"] < 64
+
+
+def test_verify_catches_a_flipped_bit_in_the_file(tmp_path):
+    image = tmp_path / "f.img"
+    base = f"[global]\nfilename={image}\nsize=256k\nbs=4k\nverify=md5\nioengine=io_uring\n"
+    run(base + "[w]\nrw=write\ndo_verify=0\n")
+    with open(image, "r+b") as f:  # flip one payload byte of the block at 128 KiB
+        f.seek(131072 + 1000)
+        byte = f.read(1)
+        f.seek(131072 + 1000)
+        f.write(bytes([byte[0] ^ 0x01]))
+        f.flush()
+        os.fsync(f.fileno())
+    result, out = run(base + "[r]\nrw=read\n")
+    assert out["jobs"][0]["error"] == 84
+    assert any("offset 131072" in m and "md5 checksum mismatch" in m for m in result.messages)
+
+
+def test_numjobs_group_reporting_and_number_ios(tmp_path):
+    text = (f"[global]\nfilename={tmp_path / 'f.img'}\nsize=4m\nbs=4k\nrw=randread\niodepth=2\n{DEVICE}"
+            "[a]\nnumjobs=3\nnumber_ios=50\ngroup_reporting\n")
+    result, out = run(text)
+    assert len(result.clones) == 3 and len(out["jobs"]) == 1
+    assert out["jobs"][0]["read"]["total_ios"] == 150
+    assert report.format_normal(result).count("(groupid=0, jobs=3)") == 1
+
+
+def test_clones_without_group_reporting_are_reported_separately(tmp_path):
+    text = f"[global]\nfilename={tmp_path / 'f.img'}\nsize=1m\nrw=read\n{DEVICE}[a]\nnumjobs=2\n"
+    _, out = run(text)
+    assert [j["jobname"] for j in out["jobs"]] == ["a", "a"]
+
+
+def test_time_based_runs_for_the_runtime_and_samples_bandwidth(tmp_path):
+    text = f"[t]\nfilename={tmp_path / 'f.img'}\nsize=1m\nrw=randread\nruntime=1200ms\ntime_based\n{DEVICE}"
+    _, out = run(text)
+    read = out["jobs"][0]["read"]
+    assert 1150 <= read["runtime"] <= 1600
+    assert read["io_bytes"] > 1 << 20  # wrapped around the 1 MiB region
+    assert read["bw_samples"] >= 2 and read["iops_samples"] == read["bw_samples"]
+
+
+def test_stonewall_starts_a_new_group(tmp_path):
+    text = (f"[global]\nfilename={tmp_path / 'f.img'}\nsize=512k\n{DEVICE}"
+            "[w]\nrw=write\n[r]\nstonewall\nrw=read\n")
+    result, out = run(text)
+    assert [j["groupid"] for j in out["jobs"]] == [0, 1]
+    assert "Run status group 1 (all jobs):" in report.format_normal(result)
+
+
+def _generator(rw: str, **kw) -> IoGenerator:
+    args = dict(rw=parse_rw(rw, 1024), sequencer="sequential", rwmixread=50,
+                sizes=(SizeChoice(fixed=4096), SizeChoice(fixed=4096)), region_start=1 << 20, region_len=1 << 20,
+                distribution=None, randommap=True, seed=1, bytes_budget=None, ios_budget=None)
+    args.update(kw)
+    return IoGenerator(**args)
+
+
+def test_random_map_covers_every_block_once_per_pass():
+    gen = _generator("randread")
+    _, offsets, _ = gen.next_chunk(256)
+    assert sorted(offsets.tolist()) == list(range(1 << 20, 2 << 20, 4096))
+
+
+def test_rw_suffix_patterns():
+    _, offsets, _ = _generator("randread:4").next_chunk(8)
+    rel = offsets - (1 << 20)  # runs of 4 continue sequentially, wrapping at the region end
+    assert (np.diff(rel[:4]) % (1 << 20) == 4096).all() and (np.diff(rel[4:]) % (1 << 20) == 4096).all()
+    _, offsets, _ = _generator("randread:4", sequencer="identical").next_chunk(8)
+    assert len(set(offsets[:4].tolist())) == 1
+    _, offsets, _ = _generator("read:4k").next_chunk(4)
+    assert offsets.tolist() == [(1 << 20) + i * 8192 for i in range(4)]
+
+
+def test_rwmix_and_bssplit_shares():
+    gen = _generator("randrw", rwmixread=70, sizes=(SizeChoice(split_sizes=(4096, 65536), split_p=(0.25, 0.75)),
+                                                    SizeChoice(fixed=8192)), region_len=64 << 20)
+    direction, offsets, sizes = gen.next_chunk(20000)
+    assert abs((direction == 0).mean() - 0.70) < 0.02
+    reads = sizes[direction == 0]
+    assert abs((reads == 4096).mean() - 0.25) < 0.02 and (sizes[direction == 1] == 8192).all()
+    assert (offsets % 4096 == 0).all() and (offsets + sizes <= (1 << 20) + (64 << 20)).all()
+
+
+def test_setup_errors_name_the_job_line(tmp_path):
+    with pytest.raises(JobFileError, match=r"t.fio:2: option 'size'"):
+        run(f"[j]\nsize=2k\nbs=4k\nfilename={tmp_path / 'x.img'}\n")
+    with pytest.raises(JobFileError, match="size= is needed"):
+        run(f"[j]\nfilename={tmp_path / 'missing.img'}\n")
+
+
+def test_cli_reads_stdin_and_rejects_the_model_clock(tmp_path, monkeypatch, capsys):
+    job = f"[s]\nfilename={tmp_path / 'f.img'}\nsize=256k\nrw=read\n{DEVICE}"
+    monkeypatch.setattr("sys.stdin", io.StringIO(job))
+    assert cli_main(["fio", "-"]) == 0
+    assert "Run status group 0" in capsys.readouterr().out
+    monkeypatch.setattr("sys.stdin", io.StringIO(job + "cxlhm_clock=model\n"))
+    assert cli_main(["fio", "-"]) == 2
+    assert "<stdin>:7: option 'cxlhm_clock': cxlhm_clock=model is not available yet" in capsys.readouterr().err
+
+
+def test_cli_cmdhelp(capsys):
+    assert cli_main(["fio", "--cmdhelp"]) == 0
+    assert "random_distribution" in capsys.readouterr().out
+    assert cli_main(["fio", "--cmdhelp", "nosuch"]) == 2
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="real fio is not installed (apt-get install fio)")
+def test_compare_fio_prints_both_and_the_ratios(tmp_path, capsys):
+    job = tmp_path / "c.fio"
+    job.write_text(f"[c]\nfilename={tmp_path / 'f.img'}\nsize=2m\nbs=64k\nrw=read\n{DEVICE}")
+    assert cli_main(["fio", "--compare-fio", str(job)]) == 0
+    out = capsys.readouterr().out
+    assert "vs real fio" in out and " cxlhm " in out and " fio " in out and "ratio" in out
+
+
+def test_compare_fio_without_fio_says_how_to_install(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    job = tmp_path / "c.fio"
+    job.write_text(f"[c]\nfilename={tmp_path / 'f.img'}\nsize=64k\n")
+    assert cli_main(["fio", "--compare-fio", str(job)]) == 3
+    assert "apt-get install fio" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "f.img")
+
+
+def test_ramp_time_is_not_recorded(tmp_path):
+    text = f"[t]\nfilename={tmp_path / 'f.img'}\nsize=1m\nrw=randread\nruntime=600ms\nramp_time=400ms\ntime_based\n{DEVICE}"
+    result, out = run(text)
+    read = out["jobs"][0]["read"]
+    assert 550 <= read["runtime"] <= 900 and read["total_ios"] > 0  # 600 ms measured, not 1000
+    assert not result.failed
