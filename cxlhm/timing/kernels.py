@@ -27,6 +27,9 @@ FTL), and programmed once a page is full; `charge_flush` programs a partial page
 All functions are numba-compiled with nogil and take only arrays and numbers, so the
 firmware planner and the trace loop call them from their own compiled code.
 Times are float64 ns: the same calls in the same order give bit-identical results.
+Charge in non-decreasing issue time (closed loops and trace replay do): each charge
+lets the timelines forget work that ended before its issue time, so a charge issued
+earlier than one already made sees the resources as free before that time.
 """
 from __future__ import annotations
 
@@ -92,25 +95,25 @@ def _hold(state, base, ready, duration):
     return TL.reserve(state, base, state[S_HORIZON], ready, duration)
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@numba.njit(nogil=True, cache=True)
 def link_up(params, state, ready_ns, nbytes):
     """Device -> host: when the last byte arrives at the host."""
     return _hold(state, _base(R_LINK_UP), ready_ns, nbytes * params[P_LINK_NS_PER_BYTE]) + params[P_LINK_LAT]
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@numba.njit(nogil=True, cache=True)
 def link_down(params, state, ready_ns, nbytes):
     """Host -> device: when the last byte arrives at the device."""
     return _hold(state, _base(R_LINK_DOWN), ready_ns, nbytes * params[P_LINK_NS_PER_BYTE]) + params[P_LINK_LAT]
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@numba.njit(nogil=True, cache=True)
 def dram(params, state, ready_ns, nbytes):
     """Move `nbytes` into or out of device DRAM: when they are there."""
     return _hold(state, _base(R_DRAM), ready_ns, nbytes * params[P_DRAM_NS_PER_BYTE]) + params[P_DRAM_LAT]
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@numba.njit(nogil=True, cache=True)
 def nand_read(params, state, ready_ns, offset, nbytes):
     """Read SSD bytes [offset, offset+nbytes): each page holds its die for tR, then its
     bytes cross the die's channel. Returns when the last byte is off the channels."""
@@ -141,7 +144,7 @@ def nand_read(params, state, ready_ns, offset, nbytes):
     return done
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@numba.njit(nogil=True, cache=True)
 def _program_open_page(params, state):
     """Program the open log page: its bytes cross the channel into the die's cache
     register, then the die is busy for tPROG. The page's write-buffer slot is free
@@ -161,7 +164,7 @@ def _program_open_page(params, state):
     state[S_NAND_PAGE_PROGRAMS] += 1.0
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@numba.njit(nogil=True, cache=True)
 def buffer_write(params, state, ready_ns, nbytes):
     """Hand `nbytes` (ready at `ready_ns`) to the SSD write buffer. Returns when all of
     them were accepted; full pages are programmed in the background."""
@@ -184,7 +187,7 @@ def buffer_write(params, state, ready_ns, nbytes):
     return accepted
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@numba.njit(nogil=True, cache=True)
 def _write_backs(params, state, ready_ns, writebacks, n_wb):
     """Victims leave device DRAM for the write buffer: when all their slots are free."""
     free = ready_ns
@@ -197,7 +200,7 @@ def _write_backs(params, state, ready_ns, writebacks, n_wb):
     return free
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@numba.njit(nogil=True, cache=True)
 def _fills(params, state, ready_ns, slots_free_ns, fills, n_fill):
     """Missing blocks come from NAND (after the FTL/command overhead) and land in their
     slots once the victims' bytes have left. Fills that continue each other on the SSD

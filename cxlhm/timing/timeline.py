@@ -57,23 +57,27 @@ def _merge_closest(state, base, n):
     return n - 1
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@numba.njit(nogil=True, cache=True)
 def reserve(state, base, horizon, ready, duration):
     """Hold the resource for `duration` ns in its first idle gap at or after `ready`;
     returns when that hold ends."""
     n = np.int64(state[base + _COUNT])
-    while n > 0 and state[_at(state, base, 0) + 1] <= horizon:  # forget the past
-        state[base + _HEAD] = (np.int64(state[base + _HEAD]) + 1) & _MASK
+    head = np.int64(state[base + _HEAD])
+    pairs = base + 2
+    while n > 0 and state[pairs + 2 * head + 1] <= horizon:  # forget the past
+        head = (head + 1) & _MASK
         n -= 1
+    state[base + _HEAD] = head
     if n == SLOTS:  # make room first (the gap this reservation wants may be the one merged)
         n = _merge_closest(state, base, n)
     state[base + _COUNT] = n
-    if n == 0 or state[_at(state, base, n - 1) + 1] <= ready:  # the common case: after everything
+    last = pairs + 2 * ((head + n - 1) & _MASK)
+    if n == 0 or state[last + 1] <= ready:  # the common case: after everything
         end = ready + duration
-        if n > 0 and state[_at(state, base, n - 1) + 1] == ready:
-            state[_at(state, base, n - 1) + 1] = end
+        if n > 0 and state[last + 1] == ready:
+            state[last + 1] = end
         else:
-            i = _at(state, base, n)
+            i = pairs + 2 * ((head + n) & _MASK)
             state[i] = ready
             state[i + 1] = end
             state[base + _COUNT] = n + 1
@@ -82,32 +86,44 @@ def reserve(state, base, horizon, ready, duration):
     lo, hi = 0, n - 1
     while lo < hi:
         mid = (lo + hi) // 2
-        if state[_at(state, base, mid) + 1] <= ready:
+        if state[pairs + 2 * ((head + mid) & _MASK) + 1] <= ready:
             lo = mid + 1
         else:
             hi = mid
     k = lo
     t = ready
-    while k < n and state[_at(state, base, k)] < t + duration:
-        t = max(t, state[_at(state, base, k) + 1])
+    while k < n:
+        i = pairs + 2 * ((head + k) & _MASK)
+        if state[i] >= t + duration:
+            break
+        t = max(t, state[i + 1])
         k += 1
     end = t + duration
     # place [t, end) between interval k-1 and interval k, merging where they touch
-    joins_prev = k > 0 and state[_at(state, base, k - 1) + 1] == t
-    joins_next = k < n and state[_at(state, base, k)] == end
+    prev = pairs + 2 * ((head + k - 1) & _MASK)
+    nxt = pairs + 2 * ((head + k) & _MASK)
+    joins_prev = k > 0 and state[prev + 1] == t
+    joins_next = k < n and state[nxt] == end
     if joins_prev and joins_next:
-        state[_at(state, base, k - 1) + 1] = state[_at(state, base, k) + 1]
+        state[prev + 1] = state[nxt + 1]
         for j in range(k, n - 1):
             _move(state, base, j, j + 1)
         state[base + _COUNT] = n - 1
     elif joins_prev:
-        state[_at(state, base, k - 1) + 1] = end
+        state[prev + 1] = end
     elif joins_next:
-        state[_at(state, base, k)] = t
-    else:
-        for j in range(n, k, -1):
-            _move(state, base, j, j - 1)
-        i = _at(state, base, k)
+        state[nxt] = t
+    else:  # open a hole at k, moving whichever side of it is shorter
+        if k < n - k:
+            head = (head - 1) & _MASK
+            state[base + _HEAD] = head
+            for j in range(k):
+                _move(state, base, j, j + 1)
+            i = pairs + 2 * ((head + k) & _MASK)
+        else:
+            for j in range(n, k, -1):
+                _move(state, base, j, j - 1)
+            i = nxt
         state[i] = t
         state[i + 1] = end
         state[base + _COUNT] = n + 1
