@@ -52,6 +52,7 @@ class DeviceHandle:
         self.config: DeviceConfig = device.cfg
         self.capacity = device.capacity
         self.block_size = device.block_size
+        self.window = getattr(device, "window", None)  # cxlhm.window.Window in mode: window, else None
 
     # ---------------------------------------------------------------- bytes
     def load(self, hpa: int, n: int, *, session: int = 0) -> bytes:
@@ -138,4 +139,7 @@ def open_device(spec: str | Path | Mapping | DeviceConfig | None = None, **overr
     """Open a device from a profile name ("cmm-h"), a YAML path, a dict of overrides on
     the default profile, or a ready DeviceConfig; keyword overrides apply on top."""
     cfg = spec if isinstance(spec, DeviceConfig) else load_config(spec, overrides or None)
+    if cfg.mode == "window":
+        from cxlhm.window import WindowDevice  # userfaultfd: imported only when asked for
+        return DeviceHandle(WindowDevice(cfg))
     return DeviceHandle(Device(cfg))
