@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml setup.py native/cxlhm_native.c native/cxlhm_native.h native/build_native.py
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test]'
+	$(VENV)/bin/pip install -q -e '.[test,serving]'
 	touch $(STAMP)
 
 run: $(STAMP)  ## the main job on the built-in default: replay a Mooncake trace slice through a cmm-h device

@@ -29,6 +29,11 @@ def _byte_view(buf: Any, *, writable: bool) -> np.ndarray:
     """A flat uint8 numpy view of `buf` without copying."""
     if isinstance(buf, np.ndarray):
         arr = buf
+    elif hasattr(buf, "untyped_storage") and hasattr(buf, "is_contiguous"):  # a torch tensor, any dtype
+        if not buf.is_contiguous():
+            raise ValueError("the buffer must be C-contiguous")
+        import torch  # only reached when the caller already uses torch
+        arr = buf.detach().reshape(-1).view(torch.uint8).numpy()  # bf16/fp8 have no numpy dtype: view bytes
     else:
         try:
             arr = np.frombuffer(memoryview(buf), np.uint8) if not hasattr(buf, "__array_interface__") else np.asarray(buf)

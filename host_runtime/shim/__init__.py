@@ -1,0 +1,18 @@
+"""The KV allocator shim serving engines plug into.
+
+`api.KVShim` is the engine-agnostic API (lookup_prefix / exists / allocate + commit /
+put_from / get_into / prefetch + wait / pin / unpin / remove / stats). Each adapter
+module maps one engine's storage interface onto it and imports without its engine
+installed (subclassing the engine's real base class when it is importable):
+
+  sglang    SGLang HiCache storage backend (HiCacheStorage; loadable as "dynamic")
+  lmcache   LMCache remote connector (RemoteConnector)
+  vllm      vLLM KV offloading manager (OffloadingManager)
+  mooncake  Mooncake-store style zero-copy API (put_from / get_into / batch_*)
+  hf        Hugging Face transformers DynamicCache save / restore
+
+docs/kvstore.md documents each, with the SGLang command line.
+"""
+from host_runtime.shim.api import KVShim, RegisteredBuffers, byte_view
+
+__all__ = ["KVShim", "RegisteredBuffers", "byte_view"]

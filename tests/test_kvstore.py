@@ -1,0 +1,510 @@
+"""The KV store: sessions and their hints, prefix / sparse lookup, allocate + commit,
+eviction, persistence across reopen (clean and unclean), tenant isolation on every
+path, and the real mailbox path driving hymcache firmware."""
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from host_runtime.driver import open_device
+from host_runtime.kvstore import (DeviceHints, IndexCorrupt, KVStore, NullHints, PutStatus, RecordingHints,
+                                  Session)
+
+KIB = 1024
+BLOCK = 4 * KIB
+CHUNK = 2 * BLOCK
+
+
+def chunk(i, size=CHUNK):
+    return np.full(size, i % 251, np.uint8)
+
+
+@pytest.fixture
+def image(tmp_path):
+    return str(tmp_path / "kv.img")
+
+
+@pytest.fixture
+def dev_factory(image):
+    opened = []
+
+    def factory(**over):
+        cfg = {"capacity": 1 << 22, "block_size": BLOCK, "dram_bytes": 4 * BLOCK,
+               "backend": {"path": image}, **over}
+        h = open_device(cfg)
+        opened.append(h)
+        return h
+
+    yield factory
+    for h in opened:
+        if not h.device.closed:
+            h.close()
+
+
+@pytest.fixture
+def store(dev_factory):
+    rec = RecordingHints()
+    s = KVStore(dev_factory(), hints=rec)
+    s.rec = rec
+    yield s
+    s.close()
+
+
+# ---------------------------------------------------------------- sessions and hints
+def test_session_lifecycle_emits_hints_in_order(store):
+    alice = store.tenant("alice")
+    keys = alice.prefix_keys(np.arange(64), 16)
+    s = alice.open_session("chat-1")
+    assert store.rec.calls == []  # opening says nothing yet
+    for i, k in enumerate(keys[:3]):
+        assert s.append(k, chunk(i)) is PutStatus.STORED
+    extents = [alice.extent_of(k) for k in keys[:3]]
+    assert store.rec.calls == [("append", s.id, [e]) for e in extents]
+    s.pause(expected_pause_ns=5_000_000)
+    assert s.resume(keys) == 3
+    assert s.next_prefix(keys[:2], deadline_ns=1000) == 2
+    s.end()
+    names = store.rec.names()
+    assert names == ["append"] * 3 + ["session_pause", "session_resume", "next_prefix", "session_end"]
+    _, sid, pause_ns = store.rec.calls[3]
+    assert sid == [s.id] and pause_ns == 5_000_000
+    # resume: the stored prefix, in order, merged into one range (the chunks are adjacent)
+    assert store.rec.calls[4] == ("session_resume", s.id, [(extents[0][0], 3 * CHUNK)])
+    assert store.rec.calls[6] == ("session_end", [s.id])
+    with pytest.raises(ValueError, match="ended"):
+        s.append(keys[3], chunk(3))
+
+
+def test_resume_hints_only_the_leading_stored_chunks(store):
+    t = store.tenant("t")
+    keys = t.prefix_keys(np.arange(80), 16)
+    for i in (0, 1, 3, 4):
+        t.put_from(keys[i], chunk(i))
+    s = t.open_session()
+    assert s.resume(keys) == 2
+    _, sid, ranges = store.rec.calls[-1]
+    assert sid == s.id and sum(n for _, n in ranges) == 2 * CHUNK
+    assert ranges[0][0] == t.extent_of(keys[0])[0]
+
+
+def test_session_ids_are_distinct_and_accesses_are_tagged(store, monkeypatch):
+    t = store.tenant("t")
+    a, b = t.open_session(), t.open_session()
+    assert a.id != b.id and a.id > 0
+    seen = []
+    real = store.handle.write_from
+    monkeypatch.setattr(store.handle, "write_from", lambda hpa, buf, session=0: (seen.append(session), real(hpa, buf, session=session))[1])
+    a.append(b"k1", chunk(1))
+    assert seen == [a.id]
+
+
+# ---------------------------------------------------------------- lookups and data
+def test_prefix_and_sparse_lookup(store):
+    t = store.tenant("t")
+    keys = t.prefix_keys(np.arange(96), 16)
+    for i in (0, 1, 2, 4):
+        t.put_from(keys[i], chunk(i))
+    assert t.lookup_prefix(keys) == 3
+    assert t.lookup_sparse(keys).tolist() == [True, True, True, False, True, False]
+    assert t.lookup_prefix([]) == 0 and t.lookup_sparse([]).shape == (0,)
+    out = np.empty(CHUNK, np.uint8)
+    assert t.get_into(keys[4], out) == CHUNK and (out == 4).all()
+    assert t.get_into(keys[3], out) is None
+
+
+def test_scatter_gather_and_contiguous_batch(store):
+    t = store.tenant("t")
+    parts = [np.full(100, 1, np.uint8), np.full(CHUNK - 100, 2, np.uint8)]
+    assert t.put_from(b"g", parts) is PutStatus.STORED
+    a, b = np.empty(CHUNK - 50, np.uint8), np.empty(50, np.uint8)
+    assert t.get_into(b"g", [a, b]) == CHUNK
+    assert (a[:100] == 1).all() and (a[100:] == 2).all() and (b == 2).all()
+    for i in range(3):
+        t.put_from(bytes([i]), chunk(i))
+    out = np.zeros(4 * CHUNK, np.uint8)
+    assert t.get_many_into([b"\0", b"\1", b"\2", b"missing"], out) == 3
+    assert [int(out[i * CHUNK]) for i in range(4)] == [0, 1, 2, 0]
+
+
+def test_allocate_write_in_place_then_commit(store):
+    t = store.tenant("t")
+    res = t.reserve(b"k", CHUNK)
+    res.write(np.full(BLOCK, 7, np.uint8), 0)
+    res.write(np.full(BLOCK, 9, np.uint8), BLOCK)
+    assert not t.contains(b"k")  # invisible until published
+    assert t.reserve(b"k", CHUNK) is PutStatus.IN_FLIGHT
+    with pytest.raises(ValueError, match="leaves"):
+        res.write(np.zeros(2, np.uint8), CHUNK - 1)
+    assert res.commit()
+    out = np.empty(CHUNK, np.uint8)
+    t.get_into(b"k", out)
+    assert (out[:BLOCK] == 7).all() and (out[BLOCK:] == 9).all()
+    assert t.reserve(b"k", CHUNK) is PutStatus.EXISTS
+    used = store.stats()["used_bytes"]
+    res2 = t.reserve(b"other", CHUNK)
+    res2.abort()
+    assert store.stats()["used_bytes"] == used and not t.contains(b"other")
+
+
+def test_wrong_sizes_are_rejected(store):
+    t = store.tenant("t")
+    t.put_from(b"k", chunk(1))
+    with pytest.raises(ValueError, match="holds"):
+        t.get_into(b"k", np.empty(CHUNK - 1, np.uint8))
+    with pytest.raises(ValueError, match="holds"):
+        t.get_into(b"k", np.empty(CHUNK + 1, np.uint8))
+    assert t.get_into(b"k", np.empty(CHUNK + 1, np.uint8), exact=False) == CHUNK
+    with pytest.raises(ValueError):
+        t.put_from(b"empty", np.empty(0, np.uint8))
+    with pytest.raises(ValueError, match="does not fit"):
+        t.reserve(b"huge", store.capacity + 1)
+    fixed = store.tenant("fixed", chunk_bytes=CHUNK)
+    with pytest.raises(ValueError, match="stores 8192-byte chunks"):
+        fixed.put_from(b"k", np.zeros(100, np.uint8))
+
+
+def test_concurrent_puts_of_one_key_store_it_once(store):
+    t = store.tenant("t")
+    results, barrier = [], threading.Barrier(8)
+
+    def put(i):
+        barrier.wait()
+        results.append(t.put_from(b"same", chunk(42)))
+
+    threads = [threading.Thread(target=put, args=(i,)) for i in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert results.count(PutStatus.STORED) == 1
+    assert all(r in (PutStatus.STORED, PutStatus.EXISTS, PutStatus.IN_FLIGHT) for r in results)
+    assert store.stats()["entries"] == 1 and store.stats()["used_bytes"] == CHUNK
+    out = np.empty(CHUNK, np.uint8)
+    assert t.get_into(b"same", out) == CHUNK and (out == 42).all()
+
+
+def test_media_error_turns_into_a_miss(store, monkeypatch):
+    t = store.tenant("t")
+    t.put_from(b"k", chunk(1))
+
+    def broken(*a, **kw):
+        raise OSError(5, "injected media error")
+    monkeypatch.setattr(store.handle, "read_into", broken)
+    assert t.get_into(b"k", np.empty(CHUNK, np.uint8)) is None
+    monkeypatch.undo()
+    assert not t.contains(b"k") and store.stats()["media_errors"] == 1
+    assert store.stats()["used_bytes"] == 0  # the extent was freed
+
+
+def test_hint_failures_are_counted_never_raised(dev_factory):
+    class Broken(NullHints):
+        def append(self, session, ranges):
+            raise RuntimeError("mailbox down")
+    s = KVStore(dev_factory(), hints=Broken())
+    t = s.tenant("t")
+    sess = t.open_session()
+    assert sess.append(b"k", chunk(1)) is PutStatus.STORED
+    assert s.stats()["hint_errors"] == 1
+    s.close()
+
+
+# ---------------------------------------------------------------- eviction
+def small_store(dev_factory, chunks, **kw):
+    return KVStore(dev_factory(), hints=RecordingHints(), window=(0, chunks * CHUNK), **kw)
+
+
+def test_eviction_takes_ended_then_paused_then_active(dev_factory):
+    s = small_store(dev_factory, 9)
+    t = s.tenant("t")
+    active, paused, ended = t.open_session("a"), t.open_session("p"), t.open_session("e")
+    for sess, tag in ((ended, b"e"), (paused, b"p"), (active, b"a")):  # ended ones are the newest...
+        for i in range(3):
+            sess.append(tag + bytes([i]), chunk(i))
+    ended.end()
+    paused.pause()
+    for i in range(3):  # ... yet they go first
+        assert t.put_from(b"n" + bytes([i]), chunk(i)) is PutStatus.STORED
+    assert not any(t.contains(b"e" + bytes([i])) for i in range(3))
+    assert all(t.contains(tag + bytes([i])) for tag in (b"p", b"a") for i in range(3))
+    for i in range(3):
+        t.put_from(b"m" + bytes([i]), chunk(i))
+    # then the cold new chunks and the paused session's, before the active session's
+    assert all(t.contains(b"a" + bytes([i])) for i in range(3))
+    assert s.stats()["evictions"] == 6
+    assert list(t.evicted_keys)[:3] == [b"e\0", b"e\1", b"e\2"]
+    s.close()
+
+
+def test_pinned_and_leased_chunks_are_never_evicted(dev_factory):
+    s = small_store(dev_factory, 4)
+    t = s.tenant("t", max_pinned_bytes=2 * CHUNK)
+    for i in range(4):
+        t.put_from(bytes([i]), chunk(i))
+    assert t.pin([b"\0", b"\1", b"\2"]) == 2  # the third is over the pin budget
+    ticket = t.prefetch([b"\2"])
+    assert ticket.ready == 1
+    assert t.put_from(b"new", chunk(9)) is PutStatus.STORED  # evicts \3, the only candidate
+    assert [t.contains(bytes([i])) for i in range(4)] == [True, True, True, False]
+    assert t.put_from(b"new2", chunk(9)) is PutStatus.STORED  # evicts "new" (not \2: leased)
+    assert t.contains(b"\2") and not t.contains(b"new")
+    s.wait(ticket)
+    t.unpin([b"\0"])
+    assert t.put_from(b"new3", chunk(9)) is PutStatus.STORED
+    assert t.contains(b"\1")  # still pinned
+    pins = [c for c in s.hints.calls if c[0] in ("pin", "unpin")]
+    assert [c[0] for c in pins] == ["pin", "unpin"]
+    s.close()
+
+
+def test_no_space_when_nothing_is_evictable(dev_factory):
+    s = small_store(dev_factory, 2)
+    t = s.tenant("t")
+    t.put_from(b"a", chunk(1)), t.put_from(b"b", chunk(2))
+    t.pin([b"a", b"b"])
+    assert t.put_from(b"c", chunk(3)) is PutStatus.NO_SPACE
+    assert t.contains(b"a") and t.contains(b"b")
+    s.close()
+
+
+def test_mixed_sizes_evict_until_a_large_enough_hole(dev_factory):
+    s = small_store(dev_factory, 8)
+    t = s.tenant("t")
+    for i in range(16):  # half-chunk entries (one block each)
+        t.put_from(bytes([i]), chunk(i, BLOCK))
+    assert t.put_from(b"big", chunk(0, 3 * CHUNK)) is PutStatus.STORED
+    out = np.empty(3 * CHUNK, np.uint8)
+    assert t.get_into(b"big", out) == 3 * CHUNK
+    assert s.alloc.free_extents <= s.alloc.live_extents + 1
+    s.close()
+
+
+# ---------------------------------------------------------------- tenants
+def test_tenant_isolation_on_every_path(store):
+    a, b = store.tenant("a"), store.tenant("b")
+    tokens = np.arange(64)
+    ka, kb = a.prefix_keys(tokens, 16), b.prefix_keys(tokens, 16)
+    assert not set(ka) & set(kb)  # identical tokens, different keys
+    sa = a.open_session("shared-name")
+    for i, k in enumerate(ka):
+        sa.append(k, chunk(i))
+    out = np.empty(CHUNK, np.uint8)
+    # hit / probe: even with a's raw key bytes, b sees nothing
+    assert b.lookup_prefix(ka) == 0 and not b.lookup_sparse(ka).any()
+    assert b.get_into(ka[0], out) is None and not b.contains(ka[0])
+    assert b.size_of(ka[0]) is None and b.extent_of(ka[0]) is None and b.keys() == []
+    # hint: b's sessions and prefetches only ever reach b's extents
+    sb = b.open_session("shared-name")  # same name, separate namespace
+    before = len(store.rec.calls)
+    assert sb.resume(ka) == 0 and sb.next_prefix(ka) == 0
+    assert b.prefetch(ka).ready == 0
+    assert all(not ranges for _, _, ranges in store.rec.calls[before:before + 1])
+    assert not any(c[0] == "next_prefix" for c in store.rec.calls[before:])
+    # pin / evict / remove: b's calls change nothing of a's
+    assert b.pin(ka) == 0 and b.unpin(ka) == 0 and not b.remove(ka[0])
+    assert a.lookup_prefix(ka) == 4 and a.stats()["pinned_bytes"] == 0
+    # end: b cannot reach a's session by name, nor use a's session object
+    assert b.session("shared-name") is sb and a.session("shared-name") is sa
+    sb.end()
+    assert sa.state == Session.ACTIVE
+    with pytest.raises(PermissionError):
+        b.get_into(ka[0], out, session=sa)
+    with pytest.raises(PermissionError):
+        b.put_from(b"x", chunk(0), session=sa)
+    with pytest.raises(PermissionError):
+        b.prefetch(kb, session=sa)
+    # b's data of the same name and key bytes is separate
+    assert b.put_from(ka[0], chunk(99)) is PutStatus.STORED
+    a.get_into(ka[0], out)
+    assert (out == 0).all()
+    assert a.stats()["entries"] == 4 and b.stats()["entries"] == 1
+
+
+def test_quota_makes_a_tenant_evict_only_its_own(dev_factory):
+    s = small_store(dev_factory, 8)
+    a = s.tenant("a", quota_bytes=3 * CHUNK)
+    b = s.tenant("b")
+    for i in range(3):
+        b.put_from(bytes([i]), chunk(i))
+    for i in range(10):
+        assert a.put_from(bytes([i]), chunk(i)) is PutStatus.STORED
+    assert all(b.contains(bytes([i])) for i in range(3))
+    assert a.stats()["used_bytes"] == 3 * CHUNK and b.stats()["evicted"] == 0
+    s.close()
+
+
+def test_reservation_protects_a_tenant_from_global_eviction(dev_factory):
+    s = small_store(dev_factory, 6)
+    a = s.tenant("a")
+    b = s.tenant("b", reserved_bytes=2 * CHUNK)
+    for i in range(2):
+        b.put_from(bytes([i]), chunk(i))
+    for i in range(20):  # a floods the store
+        assert a.put_from(bytes([i]), chunk(i)) is PutStatus.STORED
+    assert b.contains(b"\0") and b.contains(b"\1")
+    assert a.stats()["entries"] == 4
+    s.close()
+
+
+def test_evictions_report_only_the_requesters_own_keys(dev_factory):
+    s = small_store(dev_factory, 2)
+    a, b = s.tenant("a"), s.tenant("b")
+    b.put_from(b"b0", chunk(0)), b.put_from(b"b1", chunk(1))
+    res = a.reserve(b"a0", CHUNK)
+    assert res.evicted == []  # b's chunk made room, but a is not told which
+    res.commit()
+    assert list(b.evicted_keys) == [b"b0"]
+
+
+# ---------------------------------------------------------------- persistence
+def test_index_survives_a_clean_restart(dev_factory, image):
+    h = dev_factory()
+    s = KVStore(h)
+    t = s.tenant("alice")
+    keys = t.prefix_keys(np.arange(100), 16)
+    for i, k in enumerate(keys):
+        t.put_from(k, chunk(i))
+    t.remove(keys[5])
+    s.close()
+    h.close()
+    assert os.path.exists(image + ".kvindex")
+    s2 = KVStore(dev_factory())
+    t2 = s2.tenant("alice")
+    assert t2.prefix_keys(np.arange(100), 16) == keys  # the salt persisted
+    assert t2.lookup_prefix(keys) == 5 and t2.lookup_sparse(keys).sum() == 5
+    out = np.empty(CHUNK, np.uint8)
+    assert t2.get_into(keys[4], out) == CHUNK and (out == 4).all()
+    assert t2.put_from(b"new", chunk(7)) is PutStatus.STORED  # the allocator knows what is used
+    for k in keys[:5]:
+        t2.get_into(k, out)
+    assert s2.stats()["used_bytes"] == 6 * CHUNK
+    s2.close()
+
+
+def crash(store, handle):
+    """Simulate the host dying: no store close, the device image marked unclean."""
+    os.close(store._journal.fd)
+    store._journal.fd = -1
+    handle.close()
+    handle.device._write_metadata(clean=False)
+
+
+def test_unclean_shutdown_drops_chunks_not_flushed(dev_factory):
+    h = dev_factory()
+    s = KVStore(h)
+    t = s.tenant("t")
+    t.put_from(b"durable", chunk(1))
+    t.put_from(b"removed", chunk(2))
+    s.flush()
+    t.remove(b"removed")         # a delete always survives (dropping it could expose reused bytes)
+    t.put_from(b"late", chunk(3))  # never flushed: its bytes may not be on the SSD
+    crash(s, h)
+    s2 = KVStore(dev_factory())
+    t2 = s2.tenant("t")
+    assert t2.contains(b"durable") and not t2.contains(b"removed") and not t2.contains(b"late")
+    assert s2.stats()["dropped_on_open"] == 1
+    out = np.empty(CHUNK, np.uint8)
+    assert t2.get_into(b"durable", out) == CHUNK and (out == 1).all()
+    s2.close()
+
+
+def test_torn_journal_tail_is_ignored(dev_factory, image):
+    h = dev_factory()
+    s = KVStore(h)
+    s.tenant("t").put_from(b"k", chunk(1))
+    s.close()
+    h.close()
+    with open(image + ".kvindex", "ab") as f:
+        f.write(b"\x40\x00\x00\x00garbage")  # a record cut short by a crash
+    s2 = KVStore(dev_factory())
+    assert s2.tenant("t").contains(b"k")
+    s2.close()
+
+
+def test_index_for_another_window_is_a_clear_error(dev_factory, image):
+    h = dev_factory()
+    KVStore(h).close()
+    with pytest.raises(IndexCorrupt, match="capacity"):
+        KVStore(h, window=(0, 1 << 20))
+    with open(image + ".kvindex", "wb") as f:
+        f.write(b"\x05\x00\x00\x00\x00\x00\x00\x00hello")
+    with pytest.raises(IndexCorrupt, match="not a cxlhm KV index"):
+        KVStore(h)
+
+
+def test_one_index_one_store(dev_factory):
+    h = dev_factory()
+    s = KVStore(h)
+    with pytest.raises(RuntimeError, match="in use by another KVStore"):
+        KVStore(h)
+    s.close()
+    KVStore(h).close()
+
+
+def test_journal_compaction_keeps_the_index(dev_factory):
+    h = dev_factory()
+    s = KVStore(h, compact_factor=1)
+    t = s.tenant("t")
+    for round_ in range(6):
+        for i in range(400):
+            t.put_from(bytes([i % 256, i // 256]), chunk(i, BLOCK))
+        for i in range(0, 400, 2):
+            t.remove(bytes([i % 256, i // 256]))
+    assert s.counters["compactions"] >= 2
+    keys = t.keys()
+    s.close()
+    t2 = KVStore(h).tenant("t")
+    assert sorted(t2.keys()) == sorted(keys)
+
+
+# ---------------------------------------------------------------- the real hint path
+def test_mailbox_hints_drive_hymcache_prefetch(dev_factory):
+    from cxlhm.mailbox import Mailbox
+    from host_runtime.mailbox import MailboxClient
+    h = dev_factory(firmware={"policy": "hymcache", "background": "manual"}, dram_bytes=16 * BLOCK)
+    mailbox = Mailbox(h.device).start()
+    client = MailboxClient(mailbox, timeout=30)
+    try:
+        sink = getattr(h, "hints", None) or client.hints
+        s = KVStore(h, hints=sink)
+        t = s.tenant("t")
+        keys = t.prefix_keys(np.arange(96), 16)
+        sess = t.open_session()
+        for i, k in enumerate(keys):
+            sess.append(k, chunk(i))
+        sess.pause(10_000_000_000)
+        other = s.tenant("other")
+        for i in range(40):  # other traffic pushes the session's chunks to the SSD
+            other.put_from(bytes([i]), chunk(i))
+        s.flush()
+        while h.device.run_background():
+            pass
+        before = h.stats()
+        assert sess.resume(keys) == 6
+        client.wait_background()
+        while h.device.run_background():
+            pass
+        after = h.stats()
+        assert after["prefetch_issued"] > before["prefetch_issued"]
+        out = np.empty(CHUNK, np.uint8)
+        for i, k in enumerate(keys):
+            assert sess.get_into(k, out) == CHUNK and (out == i).all()
+        assert h.stats()["prefetch_useful"] > before["prefetch_useful"]
+        sess.end()
+        s.close()
+    finally:
+        client.close()
+        mailbox.close()
+
+
+def test_device_hints_pin_the_extents_blocks(dev_factory):
+    from cxlhm import blocktable as btm
+    h = dev_factory(dram_bytes=8 * BLOCK)
+    s = KVStore(h, hints=DeviceHints(h.device))
+    t = s.tenant("t")
+    t.put_from(b"k", chunk(1))
+    assert t.pin([b"k"]) == 1
+    assert int(h.device.bt.scalars[btm.N_PINNED]) == CHUNK // BLOCK
+    t.unpin([b"k"])
+    assert int(h.device.bt.scalars[btm.N_PINNED]) == 0
+    s.close()

@@ -1,0 +1,479 @@
+"""One conformance suite for every shim adapter, built from each engine's documented
+semantics. `ShimConformance` states the behaviour in a shared vocabulary (put / get /
+exists / prefix); each subclass maps it onto one engine's interface and says what that
+engine returns for a miss, a duplicate put and a rejected size:
+
+  engine     miss                      duplicate put             wrong size
+  core API   get_into -> None          EXISTS                    ValueError
+  SGLang     get -> None               set -> True (skipped)     get -> None, set -> False
+  LMCache    get -> None               put leaves it as is       get -> None
+  vLLM       lookup -> 0, prepare_load KeyError   not in block_hashes_to_store   write_blocks ValueError
+  Mooncake   get_into -> -704          put_from -> -705          -600 (INVALID_PARAMS)
+"""
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from host_runtime.kvstore import KVStore, PutStatus
+from host_runtime.shim import mooncake as mc
+from host_runtime.shim.api import KVShim
+from host_runtime.shim.lmcache import BytesMemoryObj, CxlhmRemoteConnector
+from host_runtime.shim.sglang import CxlhmHiCacheStorage
+from host_runtime.shim.vllm import CxlhmOffloadingManager
+
+SIZE = 8192
+MISSING = object()  # what a subclass's `get` returns for a miss, after checking the engine's value
+
+
+def data(i, size=SIZE):
+    return np.full(size, i % 251, np.uint8)
+
+
+@pytest.fixture
+def store(make_device):
+    s = KVStore(make_device(capacity=1 << 22, dram_bytes=8 * 4096), index_path=False)
+    yield s
+    s.close()
+
+
+class ShimConformance:
+    """Subclasses implement: make(shim), put(a, key, arr) -> ok?, get(a, key, size) -> arr
+    or MISSING (asserting the engine's own miss value), exists(a, keys) -> [bool],
+    prefix(a, keys) -> int, duplicate_put(a, key, arr) (asserting the engine's answer),
+    wrong_size_get(a, key, size) and wrong_size_put(a, key) (asserting rejection)."""
+
+    @pytest.fixture
+    def adapter(self, store):
+        return self.make(KVShim(store.tenant("engine")))
+
+    def test_miss_returns_the_engines_not_found_value(self, adapter):
+        assert self.get(adapter, b"nope", SIZE) is MISSING
+        assert self.exists(adapter, [b"nope"]) == [False]
+        assert self.prefix(adapter, [b"nope"]) == 0
+
+    def test_roundtrip(self, adapter):
+        assert self.put(adapter, b"k1", data(7))
+        got = self.get(adapter, b"k1", SIZE)
+        assert got is not MISSING and (got == 7).all()
+
+    def test_partial_prefix_hits(self, adapter):
+        keys = [b"p0", b"p1", b"p2", b"p3", b"p4"]
+        for i in (0, 1, 3):
+            assert self.put(adapter, keys[i], data(i))
+        assert self.prefix(adapter, keys) == 2
+        assert self.prefix(adapter, keys[:2]) == 2
+        assert self.prefix(adapter, keys[2:]) == 0
+
+    def test_batch_results_are_per_key(self, adapter):
+        keys = [b"b0", b"b1", b"b2", b"b3"]
+        for i in (1, 3):
+            self.put(adapter, keys[i], data(i))
+        assert self.exists(adapter, keys) == [False, True, False, True]
+        got = self.get_batch(adapter, keys, SIZE)
+        assert got[0] is MISSING and got[2] is MISSING
+        assert (got[1] == 1).all() and (got[3] == 3).all()
+
+    def test_duplicate_put_keeps_the_first_value(self, adapter):
+        assert self.put(adapter, b"dup", data(1))
+        self.duplicate_put(adapter, b"dup", data(2))
+        assert (self.get(adapter, b"dup", SIZE) == 1).all()
+
+    def test_concurrent_puts_of_one_key(self, adapter):
+        barrier = threading.Barrier(6)
+        errors = []
+
+        def worker():
+            barrier.wait()
+            try:
+                self.put_racing(adapter, b"race", data(5))
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+        threads = [threading.Thread(target=worker) for _ in range(6)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert not errors
+        assert (self.get(adapter, b"race", SIZE) == 5).all()
+        assert adapter_shim(adapter).stats()["entries"] == 1
+
+    def test_wrong_sizes_are_rejected(self, adapter):
+        self.put(adapter, b"sized", data(3))
+        self.wrong_size_get(adapter, b"sized", SIZE)
+        self.wrong_size_put(adapter, b"bad")
+        assert self.exists(adapter, [b"bad"]) == [False]
+        assert (self.get(adapter, b"sized", SIZE) == 3).all()  # nothing was damaged
+
+    def test_tenants_do_not_see_each_other(self, store):
+        a = self.make(KVShim(store.tenant("a")))
+        b = self.make(KVShim(store.tenant("b")))
+        self.put(a, b"shared-key", data(1))
+        assert self.get(b, b"shared-key", SIZE) is MISSING
+        assert self.exists(b, [b"shared-key"]) == [False] and self.prefix(b, [b"shared-key"]) == 0
+
+    # defaults a subclass may override
+    def get_batch(self, a, keys, size):
+        return [self.get(a, k, size) for k in keys]
+
+    def put_racing(self, a, key, arr):
+        self.put(a, key, arr)
+
+
+def adapter_shim(adapter) -> KVShim:
+    return adapter.shim if not isinstance(adapter, KVShim) else adapter
+
+
+# ---------------------------------------------------------------- the engine-agnostic API
+class TestCoreAPI(ShimConformance):
+    def make(self, shim):
+        return shim
+
+    def put(self, a, key, arr):
+        return a.put_from(key, arr).ok
+
+    def get(self, a, key, size):
+        out = np.empty(size, np.uint8)
+        got = a.get_into(key, out)
+        return MISSING if got is None else out
+
+    def exists(self, a, keys):
+        return a.exists(keys)
+
+    def prefix(self, a, keys):
+        return a.lookup_prefix(keys)
+
+    def duplicate_put(self, a, key, arr):
+        assert a.put_from(key, arr) is PutStatus.EXISTS
+
+    def wrong_size_get(self, a, key, size):
+        with pytest.raises(ValueError):
+            a.get_into(key, np.empty(size - 1, np.uint8))
+
+    def wrong_size_put(self, a, key):
+        with pytest.raises(ValueError):
+            a.put_from(key, np.empty(0, np.uint8))
+
+    def test_allocate_commit_and_prefetch_wait(self, adapter):
+        res = adapter.allocate(b"ac", SIZE)
+        res.write(data(4))
+        assert not adapter.contains(b"ac")
+        assert adapter.commit(res) and adapter.contains(b"ac")
+        ticket = adapter.prefetch([b"ac", b"missing"])
+        assert adapter.wait(ticket) == 1
+        assert adapter.pin([b"ac"]) == 1 and adapter.unpin([b"ac"]) == 1
+        assert adapter.remove([b"ac", b"missing"]) == 1
+
+
+# ---------------------------------------------------------------- SGLang HiCacheStorage
+class FakeHostPool:
+    """The parts of SGLang's HostKVCache the backend uses: page_size, kv_buffer,
+    get_data_page / set_from_flat_data_page / get_dummy_flat_data_page, and (page-first
+    layout) get_page_buffer_meta: a K and a V pointer per page."""
+
+    def __init__(self, pages=8, page_size=4, meta=True):
+        self.page_size, self.token_bytes = page_size, SIZE // page_size
+        self.kv_buffer = np.zeros((pages * page_size, self.token_bytes), np.uint8)
+        if not meta:
+            self.get_page_buffer_meta = None
+
+    def get_data_page(self, index, flat=True):
+        return self.kv_buffer[index:index + self.page_size].reshape(-1).copy()
+
+    def get_dummy_flat_data_page(self):
+        return np.empty(SIZE, np.uint8)
+
+    def set_from_flat_data_page(self, index, page):
+        self.kv_buffer[index:index + self.page_size] = np.asarray(page).reshape(self.page_size, -1)
+
+    def get_page_buffer_meta(self, indices):
+        ptrs, sizes = [], []
+        for i in np.asarray(indices)[::self.page_size]:
+            base = self.kv_buffer[i:].ctypes.data
+            ptrs += [base, base + SIZE // 2]
+            sizes += [SIZE // 2, SIZE // 2]
+        return ptrs, sizes
+
+
+class TestSGLang(ShimConformance):
+    def make(self, shim):
+        return CxlhmHiCacheStorage(shim=shim)
+
+    def put(self, a, key, arr):
+        return a.set(key.decode(), arr) is True
+
+    def get(self, a, key, size):
+        target = np.empty(size, np.uint8)
+        got = a.get(key.decode(), target)
+        return MISSING if got is None else got
+
+    def get_batch(self, a, keys, size):
+        targets = [np.empty(size, np.uint8) for _ in keys]
+        return [MISSING if g is None else g for g in a.batch_get([k.decode() for k in keys], targets)]
+
+    def exists(self, a, keys):
+        return [a.exists(k.decode()) for k in keys]
+
+    def prefix(self, a, keys):
+        return a.batch_exists([k.decode() for k in keys])
+
+    def duplicate_put(self, a, key, arr):
+        assert a.set(key.decode(), arr) is True
+
+    def wrong_size_get(self, a, key, size):
+        assert a.get(key.decode(), np.empty(size + 8, np.uint8)) is None
+
+    def wrong_size_put(self, a, key):
+        assert a.set(key.decode(), np.empty(0, np.uint8)) is False
+        assert a.set(key.decode(), None, target_location=12345, target_sizes=SIZE) is False  # unregistered pointer
+
+    @pytest.mark.parametrize("meta", [True, False], ids=["page-pointers", "flat-pages"])
+    def test_batch_v1_moves_host_pool_pages(self, adapter, meta):
+        pool = FakeHostPool(meta=meta)
+        adapter.register_mem_pool_host(pool)
+        for page in range(4):
+            pool.kv_buffer[page * 4:(page + 1) * 4] = page + 10
+        keys = ["h0", "h1", "h2", "h3"]
+        indices = np.arange(16)
+        assert adapter.batch_set_v1(keys, indices) == [True] * 4
+        assert adapter.batch_exists(keys) == 4
+        pool.kv_buffer[:] = 0
+        back = np.r_[np.arange(16, 32)]  # load into other pages
+        assert adapter.batch_get_v1(keys + ["missing"], np.r_[back, np.arange(28, 32)]) == [True] * 4 + [False]
+        for page in range(4):
+            assert (pool.kv_buffer[16 + page * 4:16 + (page + 1) * 4] == page + 10).all()
+        assert adapter.batch_get_v1(keys, np.arange(3)) == [False] * 4  # wrong index count
+
+    def test_v2_pools_and_hit_policies(self, adapter):
+        from types import SimpleNamespace as NS
+        kv, mamba = FakeHostPool(meta=False), FakeHostPool(meta=False)
+        adapter.register_mem_pool_host(kv)
+        adapter.register_mem_host_pool_v2(mamba, "mamba")
+        kv.kv_buffer[:] = 1
+        mamba.kv_buffer[:] = 2
+        keys = ["v0", "v1", "v2"]
+        res = adapter.batch_set_v2([NS(name="kv", keys=keys, host_indices=np.arange(12)),
+                                    NS(name="mamba", keys=keys[2:], host_indices=np.arange(8, 12))])
+        assert res == {"kv": [True] * 3, "mamba": [True]}
+        trailing = NS(name="mamba", keys=["x"], hit_policy="trailing_pages")
+        all_pages = NS(name="mamba", keys=keys, hit_policy="all_pages")
+        assert adapter.batch_exists_v2(keys, [trailing]).kv_hit_pages == 3  # the last page has its state
+        assert adapter.batch_exists_v2(keys, [all_pages]).kv_hit_pages == 0
+        mamba.kv_buffer[:] = 0
+        assert adapter.batch_get_v2([NS(name="mamba", keys=["v2"], host_indices=np.arange(4))]) == {"mamba": [True]}
+        assert (mamba.kv_buffer[:4] == 2).all()
+
+    def test_loads_through_the_dynamic_backend_contract(self, tmp_path):
+        class StorageConfig:  # the fields SGLang's factory passes (HiCacheStorageConfig)
+            tp_rank, tp_size, pp_rank, dp_rank, is_mla_model, model_name = 1, 2, 0, 0, False, "meta-llama/Llama-3-8B"
+            extra_config = {"backend_name": "cxlhm", "module_path": "host_runtime.shim.sglang",
+                            "class_name": "CxlhmHiCacheStorage", "hints": "none",
+                            "device": {"capacity": "4MiB", "block_size": "4KiB", "dram_bytes": "32KiB",
+                                       "backend": {"path": str(tmp_path / "rank{tp_rank}.img")}}}
+        import importlib
+        cls = getattr(importlib.import_module(StorageConfig.extra_config["module_path"]),
+                      StorageConfig.extra_config["class_name"])
+        backend = cls(StorageConfig(), {})  # exactly how the factory calls it
+        try:
+            assert backend.set("k", data(1)) and backend.exists("k")
+            assert backend.shim.tenant.name == "sglang:meta-llama-Llama-3-8B:tp1-2"
+            assert (tmp_path / "rank1.img").exists()
+        finally:
+            backend.close()
+
+
+# ---------------------------------------------------------------- LMCache RemoteConnector
+class TestLMCache(ShimConformance):
+    def make(self, shim):
+        return CxlhmRemoteConnector(shim)
+
+    @staticmethod
+    def obj(arr):
+        o = BytesMemoryObj(arr.nbytes, (arr.nbytes,), "uint8", 0)
+        o.raw[:] = arr
+        return o
+
+    def put(self, a, key, arr):
+        asyncio.run(a.put(key.decode(), self.obj(arr)))
+        return a.exists_sync(key.decode())
+
+    def get(self, a, key, size):
+        got = asyncio.run(a.get(key.decode()))
+        return MISSING if got is None else got.raw
+
+    def get_batch(self, a, keys, size):
+        return [MISSING if g is None else g.raw for g in asyncio.run(a.batched_get([k.decode() for k in keys]))]
+
+    def exists(self, a, keys):
+        return a.batched_contains([k.decode() for k in keys], stop_after_first_not_exits=False)
+
+    def prefix(self, a, keys):
+        hits = a.batched_contains([k.decode() for k in keys])  # stops at the first miss
+        n = asyncio.run(a.batched_async_contains("lookup", [k.decode() for k in keys]))
+        assert n == sum(hits)
+        return n
+
+    def duplicate_put(self, a, key, arr):
+        asyncio.run(a.put(key.decode(), self.obj(arr)))
+
+    def wrong_size_get(self, a, key, size):
+        small = CxlhmRemoteConnector(a.shim, allocate=lambda shape, dtype, fmt, n: BytesMemoryObj(n - 1))
+        assert asyncio.run(small.get(key.decode())) is None
+        a.shim.put_from(b"raw", np.zeros(100, np.uint8))  # a value that is not an LMCache chunk
+        assert asyncio.run(a.get("raw")) is None
+
+    def wrong_size_put(self, a, key):
+        with pytest.raises(ValueError):  # an empty object; LMCache raises on bad puts too
+            a.shim.put_from(key, np.empty(0, np.uint8))
+
+    def test_list_and_metadata_roundtrip(self, adapter):
+        o = BytesMemoryObj(SIZE, (2, 4, 1024), "bfloat16", 3)
+        o.raw[:] = 9
+        asyncio.run(adapter.put("meta", o))
+        got = asyncio.run(adapter.get("meta"))
+        assert (got.meta_shape, got.meta_dtype, got.meta_fmt) == ((2, 4, 1024), "bfloat16", 3)
+        assert asyncio.run(adapter.list()) == ["meta"]
+        assert adapter.remove_sync("meta") and not adapter.remove_sync("meta")
+
+
+# ---------------------------------------------------------------- vLLM OffloadingManager
+class TestVLLM(ShimConformance):
+    def make(self, shim):
+        return CxlhmOffloadingManager(shim, block_bytes=SIZE)
+
+    def put(self, a, key, arr):
+        out = a.prepare_store([key])
+        if out is None:
+            return False
+        a.write_blocks(out.store_spec, [arr] * len(out.block_hashes_to_store))
+        a.complete_store([key])
+        return a.lookup([key]) == 1
+
+    def get(self, a, key, size):
+        if a.lookup([key]) == 0:
+            with pytest.raises(KeyError):
+                a.prepare_load([key])
+            return MISSING
+        spec = a.prepare_load([key])
+        buf = np.empty(size, np.uint8)
+        ok = a.read_blocks(spec, [buf])
+        a.complete_load([key])
+        return buf if ok[0] else MISSING
+
+    def exists(self, a, keys):
+        return [a.lookup([k]) == 1 for k in keys]
+
+    def prefix(self, a, keys):
+        return a.lookup(keys)
+
+    def duplicate_put(self, a, key, arr):
+        out = a.prepare_store([key])
+        assert out.block_hashes_to_store == []
+
+    def put_racing(self, a, key, arr):
+        out = a.prepare_store([key])
+        if out is not None and out.block_hashes_to_store:
+            a.write_blocks(out.store_spec, [arr])
+            a.complete_store([key])
+
+    def wrong_size_get(self, a, key, size):
+        spec = a.prepare_load([key])
+        with pytest.raises(ValueError):
+            a.read_blocks(spec, [np.empty(size // 2, np.uint8)])
+        a.complete_load([key])
+
+    def wrong_size_put(self, a, key):
+        out = a.prepare_store([key])
+        with pytest.raises(ValueError, match="blocks are"):
+            a.write_blocks(out.store_spec, [np.zeros(SIZE - 1, np.uint8)])
+        a.complete_store([key], success=False)
+
+    def test_eviction_reports_and_protects_loading_blocks(self, make_device):
+        s = KVStore(make_device(capacity=1 << 22, dram_bytes=8 * 4096), index_path=False, window=(0, 3 * SIZE))
+        m = self.make(KVShim(s.tenant("v")))
+        for k in (b"a", b"b", b"c"):
+            assert self.put(m, k, data(1))
+        spec = m.prepare_load([b"a"])  # protected while loading
+        assert spec.medium() == "CXLHM" and len(spec) == 1
+        out = m.prepare_store([b"d", b"e"])
+        assert out.block_hashes_to_store == [b"d", b"e"] and out.block_hashes_evicted == [b"b", b"c"]
+        m.complete_store([b"d", b"e"], success=False)
+        assert m.lookup([b"d"]) == 0
+        assert m.prepare_store([b"x", b"y", b"z"]) is None  # a is loading: not enough room, nothing kept
+        m.complete_load([b"a"])
+        events = list(m.take_events())
+        assert [(e.block_hashes, e.removed) for e in events] == [([b"a"], False), ([b"b"], False), ([b"c"], False),
+                                                                 ([b"b", b"c"], True)]
+        s.close()
+
+
+# ---------------------------------------------------------------- Mooncake store
+class TestMooncake(ShimConformance):
+    def make(self, shim):
+        store = mc.CxlhmMooncakeStore(shim)
+        store.pool = np.zeros(64 * SIZE, np.uint8)  # the "registered" host memory
+        store.slot = 0
+        store.lock = threading.Lock()
+        assert store.register_buffer(store.pool.ctypes.data, store.pool.nbytes) == mc.OK
+        return store
+
+    def buf(self, a, size):
+        with a.lock:
+            a.slot = (a.slot + 1) % 32
+            return a.pool[a.slot * 2 * SIZE: a.slot * 2 * SIZE + size]
+
+    def put(self, a, key, arr):
+        b = self.buf(a, arr.nbytes)
+        b[:] = arr
+        return a.put_from(key.decode(), b.ctypes.data, b.nbytes) == mc.OK
+
+    def get(self, a, key, size):
+        b = self.buf(a, size)
+        rc = a.get_into(key.decode(), b.ctypes.data, size)
+        if rc == mc.OBJECT_NOT_FOUND:
+            return MISSING
+        assert rc == size
+        return b.copy()
+
+    def get_batch(self, a, keys, size):
+        bufs = [self.buf(a, size) for _ in keys]
+        rcs = a.batch_get_into([k.decode() for k in keys], [b.ctypes.data for b in bufs], [size] * len(keys))
+        return [MISSING if rc == mc.OBJECT_NOT_FOUND else b.copy() for rc, b in zip(rcs, bufs)]
+
+    def exists(self, a, keys):
+        return [r == 1 for r in a.batch_is_exist([k.decode() for k in keys])]
+
+    def prefix(self, a, keys):
+        hits = self.exists(a, keys)
+        return hits.index(False) if False in hits else len(hits)
+
+    def duplicate_put(self, a, key, arr):
+        b = self.buf(a, arr.nbytes)
+        b[:] = arr
+        assert a.put_from(key.decode(), b.ctypes.data, b.nbytes) == mc.OBJECT_ALREADY_EXISTS
+
+    def put_racing(self, a, key, arr):
+        b = np.array(arr)
+        a.register_buffer(b.ctypes.data, b.nbytes)
+        assert a.put_from(key.decode(), b.ctypes.data, b.nbytes) in (mc.OK, mc.OBJECT_ALREADY_EXISTS)
+        a.unregister_buffer(b.ctypes.data)
+
+    def wrong_size_get(self, a, key, size):
+        b = self.buf(a, size)
+        assert a.get_into(key.decode(), b.ctypes.data, size - 1) == mc.INVALID_PARAMS  # buffer < object
+        assert a.get_into(key.decode(), b.ctypes.data, size + 100) == size  # larger is fine in Mooncake
+
+    def wrong_size_put(self, a, key):
+        stray = np.zeros(SIZE, np.uint8)  # never registered
+        assert a.put_from(key.decode(), stray.ctypes.data, SIZE) == mc.INVALID_PARAMS
+        assert a.put_from(key.decode(), a.pool.ctypes.data, a.pool.nbytes + 1) == mc.INVALID_PARAMS
+        assert a.batch_put_from([key.decode()], [], [SIZE]) == [mc.INVALID_PARAMS]
+        assert a.get_size("absent") == mc.OBJECT_NOT_FOUND and a.remove("absent") == mc.OBJECT_NOT_FOUND
+
+
+def test_adapters_import_without_their_engines():
+    import importlib
+    for name in ("sglang", "lmcache", "vllm", "mooncake", "hf"):
+        module = importlib.import_module(f"host_runtime.shim.{name}")
+        assert module.__all__
