@@ -6,20 +6,27 @@ T2, S3-FIFO's small and main queues); each list is its own `ends = [head, tail, 
 array. The head is the newest end. Every operation is O(1).
 
 Ghost lists remember block ids that are no longer in DRAM (ARC's B1/B2, S3-FIFO's ghost
-FIFO). They are slot-style lists over a fixed pool of ghost entries plus an
-open-addressing index block -> entry. The index reuses the block table's hash functions
-(same field names), so it needs no code of its own.
+FIFO). They are lists over a fixed pool of ghost entries plus an open-addressing index
+block -> entry (linear probing, backward-shift deletion). An entry's fields, and an
+index bucket's key and value, are stored side by side so each touches one cache line:
+ghost traffic is several index and list operations per miss and dominated ARC's cost
+until laid out this way.
+
+Everything here is inlined into the hooks (``inline="always"``): the policy state is a
+tuple of arrays, and passing it through real calls costs more than the work.
 """
 from collections import namedtuple
 
 import numba
 import numpy as np
 
-from cxlhm import blocktable as btm
-
 HEAD, TAIL, LEN = 0, 1, 2
+EMPTY = -1
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
-Ghosts = namedtuple("Ghosts", "block owner prev nxt free n_free index_keys index_slots")
+# entry[e] = (block, owner, prev, next): one cache line per ghost; table[bucket] = (block, e)
+Ghosts = namedtuple("Ghosts", "entry free n_free table")
+BLOCK, OWNER, PREV, NEXT = range(4)
 
 
 def new_links(n: int) -> tuple:
@@ -67,21 +74,65 @@ def move_to_head(prev, nxt, ends, node):
 
 def new_ghosts(capacity: int) -> Ghosts:
     capacity = max(1, capacity)
-    buckets = 1 << max(4, int(2 * capacity - 1).bit_length())
-    prev, nxt = new_links(capacity)
-    return Ghosts(block=np.full(capacity, -1, np.int64), owner=np.zeros(capacity, np.int8),
-                  prev=prev, nxt=nxt, free=np.arange(capacity - 1, -1, -1, dtype=np.int64),
-                  n_free=np.array([capacity], np.int64),
-                  index_keys=np.full(buckets, -1, np.int64), index_slots=np.full(buckets, -1, np.int64))
+    buckets = 1 << max(4, int(2 * capacity - 1).bit_length())  # load factor <= 1/2
+    return Ghosts(entry=np.full((capacity, 4), -1, np.int64), free=np.arange(capacity - 1, -1, -1, dtype=np.int64),
+                  n_free=np.array([capacity], np.int64), table=np.full((buckets, 2), EMPTY, np.int64))
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, inline="always")
+def _home(table, block):
+    return np.int64((np.uint64(block) * _GOLDEN >> np.uint64(17)) & np.uint64(table.shape[0] - 1))
+
+
+@numba.njit(nogil=True, inline="always")
 def ghost_find(g, block):
     """The ghost entry remembering `block`, or -1."""
-    return btm.lookup(g, block)
+    table = g.table
+    mask = table.shape[0] - 1
+    i = _home(table, block)
+    while table[i, 0] != block:
+        if table[i, 0] == EMPTY:
+            return -1
+        i = (i + 1) & mask
+    return table[i, 1]
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, inline="always")
+def _index_put(table, block, node):
+    mask = table.shape[0] - 1
+    i = _home(table, block)
+    while table[i, 0] != EMPTY:
+        i = (i + 1) & mask
+    table[i, 0] = block
+    table[i, 1] = node
+
+
+@numba.njit(nogil=True, inline="always")
+def _index_delete(table, block):
+    mask = table.shape[0] - 1
+    i = _home(table, block)
+    while table[i, 0] != block:
+        i = (i + 1) & mask
+    j = i
+    while True:  # pull later members of the probe run back over the hole
+        j = (j + 1) & mask
+        if table[j, 0] == EMPTY:
+            break
+        home = _home(table, table[j, 0])
+        if (j > i and (home <= i or home > j)) or (j < i and home <= i and home > j):
+            table[i, 0] = table[j, 0]
+            table[i, 1] = table[j, 1]
+            i = j
+    table[i, 0] = EMPTY
+    table[i, 1] = EMPTY
+
+
+@numba.njit(nogil=True, inline="always")
+def ghost_owner(g, node):
+    return g.entry[node, OWNER]
+
+
+@numba.njit(nogil=True, inline="always")
 def ghost_add(g, ends, owner, block):
     """Remember `block` at the head of the ghost list `ends` (tagged `owner`).
     Returns False when the pool is exhausted (the caller trims before adding)."""
@@ -90,18 +141,18 @@ def ghost_add(g, ends, owner, block):
         return False
     node = g.free[n - 1]
     g.n_free[0] = n - 1
-    g.block[node] = block
-    g.owner[node] = owner
-    btm._index_put(g, block, node)
-    push_head(g.prev, g.nxt, ends, node)
+    g.entry[node, BLOCK] = block
+    g.entry[node, OWNER] = owner
+    _index_put(g.table, block, node)
+    push_head(g.entry[:, PREV], g.entry[:, NEXT], ends, node)
     return True
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, inline="always")
 def ghost_drop(g, ends, node):
     """Forget the ghost entry `node` (a ghost hit, or trimming the list's tail)."""
-    unlink(g.prev, g.nxt, ends, node)
-    btm._index_delete(g, g.block[node])
-    g.block[node] = -1
+    unlink(g.entry[:, PREV], g.entry[:, NEXT], ends, node)
+    _index_delete(g.table, g.entry[node, BLOCK])
+    g.entry[node, BLOCK] = -1
     g.free[g.n_free[0]] = node
     g.n_free[0] += 1

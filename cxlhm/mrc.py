@@ -1,0 +1,113 @@
+"""Miss-ratio curves: one trace, several policies, several DRAM sizes, via `cxlhm.sim`.
+
+    curves = miss_ratio_curves(trace, ["lru", "s3fifo"], [100, 1000])
+    curves["lru"][1000]   # miss ratio with 1000 DRAM slots
+
+Sizes are DRAM slots: a bare number is a count of blocks, a number with a unit is bytes
+(``64MiB``; rounded down to whole blocks), and ``N%`` is a share of the trace's
+distinct blocks.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+import firmware_policies
+from cxlhm.sim import simulate
+from cxlhm.traces.blocktrace import BlockTrace
+from cxlhm.units import format_size, parse_size
+
+Curves = dict[str, dict[int, float]]
+
+
+def parse_cache_size(text: str, block_size: int, unique_blocks: int | None = None) -> int:
+    """One size (see the module doc) as a number of DRAM slots, at least 1."""
+    item = text.strip()
+    if item.endswith("%"):
+        if unique_blocks is None:
+            raise ValueError(f"size {item!r}: a percentage needs the trace's distinct block count")
+        try:
+            share = float(item[:-1])
+        except ValueError:
+            raise ValueError(f"size {item!r} is not a percentage such as 10%") from None
+        if not 0 < share <= 100:
+            raise ValueError(f"size {item!r} must be within (0%, 100%]")
+        return max(1, int(unique_blocks * share / 100))
+    if item.isdigit():
+        slots = int(item)
+    else:
+        try:
+            slots = parse_size(item) // block_size
+        except ValueError:
+            raise ValueError(f"size {item!r} is neither a block count (1000), a byte size (64MiB) "
+                             f"nor a share of the trace (10%)") from None
+        if slots < 1:
+            raise ValueError(f"size {item!r} is smaller than one block ({format_size(block_size)})")
+    if slots < 1:
+        raise ValueError(f"size {item!r} must be at least one block")
+    return slots
+
+
+def parse_cache_sizes(text: str, block_size: int, unique_blocks: int | None = None) -> list[int]:
+    """Comma-separated sizes as sorted, distinct slot counts."""
+    items = [s for s in text.split(",") if s.strip()]
+    if not items:
+        raise ValueError("no cache sizes given")
+    return sorted({parse_cache_size(s, block_size, unique_blocks) for s in items})
+
+
+def miss_ratio_curves(trace: BlockTrace, policies: Sequence[str], sizes: Sequence[int], *,
+                      params: Mapping[str, Mapping] | None = None,
+                      progress: Callable[[int], None] | None = None) -> Curves:
+    """{policy: {slots: miss ratio}} for every policy at every size. `params` maps a
+    policy name to its parameters; `progress(n)` is told of every n accesses replayed."""
+    params = params or {}
+    unknown = set(params) - set(policies)
+    if unknown:
+        raise ValueError(f"parameters given for policies not in the run: {', '.join(sorted(unknown))}")
+    resolved = [firmware_policies.get(name) for name in policies]  # fail before any work
+    for policy in resolved:
+        policy.resolve_params(params.get(policy.name))
+    future = trace.next_use() if any(p.needs_future for p in resolved) else None
+    curves: Curves = {}
+    for policy in resolved:
+        curve = curves.setdefault(policy.name, {})
+        for slots in sizes:
+            result = simulate(policy, trace.blocks, slots, writes=trace.writes, params=params.get(policy.name),
+                              next_use=future if policy.needs_future else None, progress=progress)
+            curve[int(slots)] = result.miss_ratio
+    return curves
+
+
+def format_table(curves: Curves, block_size: int) -> str:
+    policies = list(curves)
+    sizes = sorted({s for curve in curves.values() for s in curve})
+    header = ["slots", "bytes"] + policies
+    rows = [[str(s), format_size(s * block_size)] + [f"{curves[p][s]:.4f}" for p in policies] for s in sizes]
+    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in [header] + rows]
+    return "\n".join(lines)
+
+
+def plot_curves(curves: Curves, path: str, *, block_size: int, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")  # files only: no display on servers and CI
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, curve in curves.items():
+        sizes = sorted(curve)
+        ax.plot(np.array(sizes) * block_size, [curve[s] for s in sizes], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: format_size(int(x))))
+    ax.set_xlabel(f"device DRAM (bytes, {format_size(block_size)} blocks)")
+    ax.set_ylabel("miss ratio")
+    ax.set_ylim(0, 1.02)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
