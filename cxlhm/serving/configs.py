@@ -1,0 +1,109 @@
+"""The compared systems, each at the same DRAM budget D (ServingParams.dram_bytes):
+
+  recompute       GPU prefix cache only; everything else is recomputed (vLLM, no offload)
+  lmcache-local   + host-DRAM store of D, LRU, over PCIe (LMCache's local CPU backend)
+  cxlhm-lru       + CXL-HM: D of device DRAM before an SSD holding every chunk, LRU
+                  firmware, no hints (a CMM-H-like device with generic firmware)
+  cxlhm-hymcache  the same device with the hymcache firmware and the KV store's
+                  session-lifecycle hints (HyMCache)
+  mooncake-dram   + a distributed DRAM pool of pool_factor x D (16 x D: the paper's 1 TB),
+                  LRU, over RDMA (Mooncake Store)
+  ideal           + unbounded host DRAM over PCIe (every reusable chunk is found)
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from cxlhm.serving.params import ServingParams
+from cxlhm.serving.registry import Registry
+from cxlhm.serving.tiers import CxlHmTier, LruDramTier, NoTier, Tier, gpu_links
+
+SYSTEMS: Registry = Registry("configuration")
+CONFIG_ORDER = ("recompute", "lmcache-local", "cxlhm-lru", "cxlhm-hymcache", "mooncake-dram", "ideal")
+
+
+@dataclasses.dataclass(frozen=True)
+class TierContext:
+    """What a configuration needs to build its tier."""
+    params: ServingParams
+    n_chunks: int            # chunk ids are 0 .. n_chunks-1
+    chunk_stride: int        # bytes between chunk addresses on the device (a full chunk)
+    n_gpus: int
+    pcie_bandwidth: float    # measured host <-> GPU (bench/data)
+    pcie_latency_ns: float
+
+
+def _pcie(ctx: TierContext):
+    return (gpu_links(ctx.n_gpus, ctx.pcie_bandwidth, ctx.pcie_latency_ns, "pcie-h2d"),
+            gpu_links(ctx.n_gpus, ctx.pcie_bandwidth, ctx.pcie_latency_ns, "pcie-d2h"))
+
+
+@SYSTEMS.register("recompute")
+@dataclasses.dataclass(frozen=True)
+class Recompute:
+    paper: str = "vLLM with its GPU prefix cache only"
+
+    def make_tier(self, ctx: TierContext) -> Tier:
+        return NoTier()
+
+
+@SYSTEMS.register("lmcache-local")
+@dataclasses.dataclass(frozen=True)
+class LmcacheLocal:
+    paper: str = "LMCache, local CPU-DRAM backend (D of host DRAM, LRU)"
+
+    def make_tier(self, ctx: TierContext) -> Tier:
+        down, up = _pcie(ctx)
+        return LruDramTier(ctx.params.dram_bytes, down, up, "lmcache-local", "host DRAM")
+
+
+@dataclasses.dataclass(frozen=True)
+class CxlHm:
+    policy: str = "lru"
+    hints: bool = False
+    paper: str = ""
+
+    def make_tier(self, ctx: TierContext) -> Tier:
+        p = ctx.params
+        params = dict(p.hymcache_params) if self.policy == "hymcache" else {}
+        down, up = _pcie(ctx)
+        return CxlHmTier(p.dram_bytes, self.policy, ctx.n_chunks, ctx.chunk_stride, down, up, params=params,
+                         hints=self.hints, profile=p.device_profile, coarsen=p.nand_coarsening)
+
+
+SYSTEMS.register("cxlhm-lru")(lambda: CxlHm("lru", False, "CXL-HM (CMM-H-like) with generic LRU firmware"))
+SYSTEMS.register("cxlhm-hymcache")(lambda: CxlHm("hymcache", True, "HyMCache: CXL-HM + hint-driven firmware"))
+
+
+@SYSTEMS.register("mooncake-dram")
+@dataclasses.dataclass(frozen=True)
+class MooncakeDram:
+    paper: str = "Mooncake Store: distributed DRAM pool (16 x D, the paper's 1 TB) over RDMA"
+
+    def make_tier(self, ctx: TierContext) -> Tier:
+        p = ctx.params
+        down = gpu_links(ctx.n_gpus, p.rdma_bandwidth, p.rdma_latency_ns, "rdma-in")
+        up = gpu_links(ctx.n_gpus, p.rdma_bandwidth, p.rdma_latency_ns, "rdma-out")
+        return LruDramTier(p.dram_bytes * p.pool_factor, down, up, "mooncake-dram", "pool DRAM")
+
+
+@SYSTEMS.register("ideal")
+@dataclasses.dataclass(frozen=True)
+class Ideal:
+    paper: str = "upper bound: unbounded host DRAM"
+
+    def make_tier(self, ctx: TierContext) -> Tier:
+        down, up = _pcie(ctx)
+        return LruDramTier(math.inf, down, up, "ideal", "host DRAM")
+
+
+def make_system(name: str):
+    return SYSTEMS.get(name)()
+
+
+def parse_configs(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()] if text != "all" else list(CONFIG_ORDER)
+    for n in names:
+        SYSTEMS.get(n)  # raises UnknownName listing the known ones
+    return names

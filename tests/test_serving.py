@@ -1,0 +1,283 @@
+"""The serving model (cxlhm.serving): hand-computed cases, determinism, monotonicity in
+the DRAM budget, the GPU cost model, workloads and their errors."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from cxlhm.serving import workloads as W
+from cxlhm.serving.gpu import LLAMA3_8B, ModelShape, gpu_model
+from cxlhm.serving.metrics import max_speed_under_slo, summarize
+from cxlhm.serving.params import ServingParams
+from cxlhm.serving.scheduler import replay
+from cxlhm.serving.sweep import Task, run_grid
+from cxlhm.serving.yamlspec import SpecError
+from cxlhm.traces import TraceError
+
+MS = 1e6  # ns
+
+
+class LinearGpu:
+    """A GPU whose costs can be worked out by hand: a prefill iteration takes
+    10 ms + 0.1 ms per new token, a decode step 10 ms; KV is 1000 bytes per token and
+    the host link moves 1 GB/s (1 byte per ns) with no latency."""
+    kv_bytes_per_token = 1000
+    h2d_latency_s = 0.0
+
+    def __init__(self, bandwidth=1e9):
+        self.h2d_bandwidth = bandwidth
+
+    def prefill_s(self, news, cacheds):
+        return 0.010 + 1e-4 * float(np.sum(news))
+
+    def prefill_alone_s(self, news, cacheds):
+        return 0.010 + 1e-4 * np.asarray(news, np.float64)
+
+    def decode_steps_s(self, batch, context, steps):
+        return np.full(steps, 0.010)
+
+
+def _req(index, session, turn, ids, at_s, parent=-1):
+    ids = np.asarray(ids, np.int64)
+    return W.Request(index, session, turn, ids, np.full(ids.size, 512, np.int64), 1, at_s * 1e9, parent, None,
+                     True, 0)
+
+
+def three_turns() -> W.Workload:
+    """Session 1 asks three times (chunks 0-1, then 0-2, then 0-3); session 2 (chunks
+    10-12) comes in between and pushes session 1's chunk 0 (its LRU chunk) out of the
+    small GPU pool; chunk 1 stays."""
+    reqs = (_req(0, 1, 0, [0, 1], 0.0), _req(1, 2, 0, [10, 11, 12], 5.0),
+            _req(2, 1, 1, [0, 1, 2], 10.0, parent=0), _req(3, 1, 2, [0, 1, 2, 3], 20.0, parent=2))
+    return W.Workload("three-turns", reqs, "hand-made", chunk_tokens=512, open_loop=True)
+
+
+# The GPU holds exactly one running 4-chunk request plus its one output token.
+TINY = ServingParams(gpu_kv_bytes=4 * 512 * 1000 + 1000, dram_bytes=1 << 30)
+
+
+def test_three_turns_recompute_by_hand():
+    res = replay(three_turns(), "recompute", TINY, gpu=LinearGpu())
+    ttft = (res.first_token - res.arrival) / MS
+    # turn 1: 1024 new tokens; session 2: 1536; turn 2: chunk 0 was evicted for session
+    # 2 and there is no store, so the prefix is gone (chunk 1, still on the GPU, is no use
+    # without it): all 1536 tokens again; turn 3: chunks 0-2 are on the GPU (left by
+    # turn 2), only chunk 3 is new.
+    assert ttft == pytest.approx([112.4, 163.6, 163.6, 61.2])
+    assert res.tokens["gpu"].tolist() == [0, 0, 0, 1536]
+    assert res.tokens["recomputed"].tolist() == [0, 0, 1024, 0]
+    assert res.tokens["new"].tolist() == [1024, 1536, 512, 512]
+
+
+def test_three_turns_host_dram_by_hand():
+    res = replay(three_turns(), "lmcache-local", TINY, gpu=LinearGpu())
+    ttft = (res.first_token - res.arrival) / MS
+    # turn 2: chunk 0 from host DRAM (512,000 bytes at 1 byte/ns: 0.512 ms), chunk 1
+    # still on the GPU, then a prefill of the 512 new tokens: 0.512 + 10 + 51.2 ms.
+    assert ttft == pytest.approx([112.4, 163.6, 61.712, 61.2])
+    assert res.tokens["dram"].tolist() == [0, 0, 512, 0]
+    assert res.tokens["gpu"].tolist() == [0, 0, 512, 1536]
+    s = summarize(res, 2.0, 90)
+    assert s["hit_dram"] == pytest.approx(512 / (1024 + 1536))
+    assert s["hit_gpu"] == pytest.approx(2048 / (1024 + 1536))
+
+
+def test_loading_slower_than_recomputing_is_not_done():
+    # At 1 MB/s chunk 0 takes 0.512 s to load; recomputing chunks 0-1 costs 102.4 ms.
+    res = replay(three_turns(), "lmcache-local", TINY, gpu=LinearGpu(bandwidth=1e6))
+    ttft = (res.first_token - res.arrival) / MS
+    assert ttft[2] == pytest.approx(163.6)
+    assert res.recompute_choices == 1
+    assert res.tokens["dram"].sum() == 0
+
+
+def test_three_turns_on_the_device():
+    """cxlhm-hymcache: the same session through the emulated device. Chunk 0 was
+    written 10 s earlier and is still in device DRAM (the device holds far more than
+    these seven chunks), so turn 2 reads it from device DRAM."""
+    res = replay(three_turns(), "cxlhm-hymcache", TINY, gpu=LinearGpu())
+    assert res.tokens["dram"][2] == 512 and res.tokens["ssd"][2] == 0
+    load_ms = res.load_ns[2] / MS
+    assert 0.512 < load_ms < 2  # PCIe time plus the device's CXL/DRAM path for one 2 MiB block
+    ttft = (res.first_token - res.arrival) / MS
+    assert ttft[2] == pytest.approx(load_ms + 61.2)
+    assert res.tier_stats["host_writes"] == 7  # chunks 0-3 and 10-12, each stored once
+
+
+def small_agent(**changes) -> W.Workload:
+    return W.build(W.default_spec("agent", sessions=6, **changes))
+
+
+def test_replay_is_deterministic():
+    w = small_agent()
+    a = replay(w, "cxlhm-hymcache", ServingParams(), 2.0)
+    b = replay(w, "cxlhm-hymcache", ServingParams(), 2.0)
+    for field in ("arrival", "first_token", "done", "load_ns"):
+        assert np.array_equal(getattr(a, field), getattr(b, field))
+    assert a.tier_stats == b.tier_stats
+
+
+@pytest.mark.parametrize("config", ["lmcache-local", "mooncake-dram"])
+def test_more_dram_never_raises_ttft_for_lru(config):
+    """The LRU DRAM tiers. (cxlhm-lru is not monotone in TTFT, and this workload shows
+    it: with 1 GiB instead of 256 MiB of device DRAM, dirty KV stays longer and its
+    write-back lands on a later read's path - docs/serving.md, "Monotonicity".)"""
+    # Multi-round QA: 16 users whose ~5k-token contexts do not fit a 2 GiB GPU pool;
+    # host/device DRAM from a fraction of one user's context to all of them.
+    w = W.build(W.default_spec("qa", users=16, rounds=4, history_tokens=4000, qps=0.5))
+    means = []
+    for mib in (256, 1024, 4096, 16384):
+        p = ServingParams(gpu_kv_bytes=2 << 30, dram_bytes=mib << 20)
+        means.append(summarize(replay(w, config, p, 1.0), 2.0, 90)["ttft_mean_s"])
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(means, means[1:])), means
+    assert means[-1] < means[0]
+
+
+def test_disaggregated_topology_hands_kv_over_through_the_store():
+    w = small_agent()
+    res = replay(w, "lmcache-local", ServingParams(), 2.0, topology="disagg")
+    assert not np.isnan(res.done).any()
+    assert (res.first_token >= res.arrival).all() and (res.done >= res.first_token).all()
+    assert len(res.gpu_busy_ns) == 2 and all(b > 0 for b in res.gpu_busy_ns)
+    rec = replay(w, "recompute", ServingParams(), 2.0, topology="disagg")  # hand-over via host DRAM
+    assert not np.isnan(rec.done).any()
+
+
+# ---------------------------------------------------------------- GPU cost model
+def test_gpu_model_reproduces_the_measured_table():
+    g = gpu_model()
+    assert g.prefill_s([4096], [0]) == pytest.approx(0.1211560287475586)
+    assert g.prefill_s([100], [0]) == pytest.approx(g.floor_s)  # launch-bound floor
+    assert g.h2d_bandwidth == pytest.approx(52.6e9, rel=0.01)
+    # a cached prefix costs attention only: far less than recomputing it
+    assert g.prefill_s([512], [32768]) < g.prefill_s([512 + 32768], [0]) / 10
+    # batching shares the launch floor and skips cross-request attention
+    assert g.prefill_s([300, 300], [0, 0]) < 2 * g.prefill_s([300], [0])
+    assert g.prefill_s([4000, 4000], [0, 0]) <= 2 * g.prefill_s([4000], [0])
+    assert g.prefill_alone_s(np.array([512.0, 8192.0]), np.array([1024.0, 0.0])) == pytest.approx(
+        [g.prefill_s([512], [1024]), g.prefill_s([8192], [0])])
+    assert g.decode_s(64, 64 * 4096) > g.decode_s(1, 1024)
+
+
+def test_gpu_model_falls_back_to_analytic_for_other_shapes():
+    other = ModelShape(layers=80, hidden=8192, intermediate=28672, heads=64, kv_heads=8, name="llama-3-70b")
+    g = gpu_model(other)
+    assert g.prefill_kind == "analytic" and g.decode_kind == "analytic"
+    assert g.prefill_s([8192], [0]) > 5 * gpu_model(LLAMA3_8B).prefill_s([8192], [0])
+    assert other.kv_bytes_per_token == 320 * 1024
+
+
+# ---------------------------------------------------------------- workloads
+def test_agent_context_grows_and_shares_the_system_prompt():
+    w = small_agent()
+    by_session: dict[int, list] = {}
+    for r in w.requests:
+        by_session.setdefault(r.session, []).append(r)
+    shared = (2048 + 4096) // 512
+    for turns in by_session.values():
+        inputs = [t.input_tokens for t in turns]
+        assert inputs == sorted(inputs) and inputs[-1] > inputs[0]
+        assert turns[0].chunk_ids[:shared].tolist() == list(range(shared))
+        for prev, nxt in zip(turns, turns[1:]):  # the previous context's full chunks are a prefix
+            full = prev.input_tokens // 512
+            assert nxt.chunk_ids[:full].tolist() == prev.chunk_ids[:full].tolist()
+            assert nxt.parent == prev.index and nxt.after_parent_ns > 0
+
+
+def test_closed_loop_turns_wait_for_the_previous_answer():
+    w = small_agent()
+    res = replay(w, "ideal", ServingParams(), 1.0)
+    for r in w.requests:
+        if r.parent >= 0:
+            assert res.arrival[r.index] == pytest.approx(res.done[r.parent] + r.after_parent_ns)
+
+
+def test_qa_rounds_append_questions_and_answers():
+    w = W.build(W.default_spec("qa", users=3, rounds=4))
+    assert len(w.requests) == 12
+    first, second = w.requests[0], w.requests[3]
+    assert second.session == first.session and second.input_tokens > first.input_tokens + 100
+
+
+def test_mooncake_groups_of_equal_timestamps_are_spread():
+    w = W.build(W.default_spec("mooncake", requests=30))
+    arrivals = [r.arrival_ns for r in w.requests]
+    assert arrivals == sorted(arrivals) and len(set(arrivals)) == len(arrivals)
+    raw = W.build(W.default_spec("mooncake", requests=30, spread_groups=0))
+    assert len({r.arrival_ns for r in raw.requests}) < 10
+
+
+def test_bad_trace_line_names_the_line(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}\n'
+                     '\n'
+                     '{"timestamp": 5, "input_length": 600, "output_length": 5, "hash_ids": [0, "x"]}\n')
+    with pytest.raises(TraceError, match=r"t\.jsonl:3:.*hash_ids"):
+        W.build(W.default_spec("mooncake", trace=str(trace)))
+
+
+@pytest.mark.parametrize("text, line, match", [
+    ("kind: agent\nsessions: 10\nturns: {dist: lognormal, median: 3}\n", 3, "needs 'sigma'"),
+    ("kind: agent\nsessions: ten\n", 2, "must be an integer"),
+    ("kind: agent\n\nsesions: 10\n", 3, "unknown key"),
+    ("kind: qa\nusers: 3\nqps: [1\n", 4, "not valid YAML"),
+    ("kind: chat\n", 1, "must be one of"),
+    ("kind: agent\ntool_pause_s: {dist: gamma, shape: 2}\n", 2, "must be one of"),
+    ("kind: agent\nserving:\n  dram_bytes: 1GiB\n  slo_ttfts: 3\n", 4, "unknown key"),
+    ("kind: agent\nserving:\n  dram_bytes: lots\n", 3, "byte size"),
+])
+def test_bad_workload_yaml_names_the_line(tmp_path, text, line, match):
+    path = tmp_path / "w.yaml"
+    path.write_text(text)
+    from cxlhm.serving.params import SERVING_KEYS
+    with pytest.raises(SpecError, match=match) as err:
+        W.spec_from_yaml(path, SERVING_KEYS)
+    assert err.value.line == line, str(err.value)
+    assert f"w.yaml:{line}:" in str(err.value)
+
+
+def test_workload_yaml_examples_load():
+    from pathlib import Path
+    from cxlhm.serving.params import SERVING_KEYS, params_from
+    folder = Path(__file__).resolve().parents[1] / "bench" / "serving"
+    files = sorted(folder.glob("*.yaml"))
+    assert files
+    for f in files:
+        spec = W.spec_from_yaml(f, SERVING_KEYS)
+        params_from(spec.serving)
+
+
+# ---------------------------------------------------------------- search and grid
+def test_max_speed_search_brackets_then_bisects():
+    capacity = 3.3  # a fake system meets the SLO below speed 3.3
+
+    def run(speed):
+        return {"speed": speed, "slo_met": speed <= capacity, "throughput_rps": speed}
+
+    found = max_speed_under_slo(run, 1.0, refine=6)
+    assert found.max_speed <= capacity < found.max_speed * 2 ** (1 / 64) * 1.0001
+    assert max_speed_under_slo(lambda s: {"speed": s, "slo_met": False, "throughput_rps": 0}, 1.0).best is None
+
+
+def test_local_grid_matches_direct_runs():
+    spec = W.default_spec("agent", sessions=4)
+    tasks = [Task(spec, c, ServingParams(), reference_speed=1.0) for c in ("recompute", "ideal")]
+    results = run_grid(tasks, workers=2)
+    direct = summarize(replay(W.build(spec), "ideal", ServingParams(), 1.0), 2.0, 90, 100.0)
+    assert results[1]["reference"]["ttft_mean_s"] == direct["ttft_mean_s"]
+    assert [r["config"] for r in results] == ["recompute", "ideal"]
+
+
+def test_grid_on_a_local_ray_instance():
+    ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install ray)")
+    spec = W.default_spec("agent", sessions=4)
+    tasks = [Task(spec, c, ServingParams(), reference_speed=1.0) for c in ("recompute", "ideal")]
+    try:
+        results = run_grid(tasks, ray="local")
+    finally:
+        ray.shutdown()
+    local = run_grid(tasks, workers=1)
+    assert [r["reference"]["ttft_mean_s"] for r in results] == [r["reference"]["ttft_mean_s"] for r in local]
+    assert not math.isnan(results[0]["reference"]["ttft_mean_s"])
