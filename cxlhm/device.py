@@ -3,6 +3,13 @@
 `Device` is the device side. Hosts use it through `host_runtime.driver`, which adds
 buffer handling; the device itself speaks in extents (HPA, length) and raw buffer
 addresses, and checks every request as untrusted input.
+
+Host threads may use one device at once. One lock guards the firmware state; on the
+wall clock an access plans under it, runs its SSD fill reads and its copy without it
+(its slots BUSY meanwhile), and settles under it again - so several threads keep SSD
+I/O in flight together. A thread can also keep many reads of its own in flight with
+read_start / read_reap (split-phase reads). The model clock keeps every access under
+the lock, in issue order.
 """
 from __future__ import annotations
 
@@ -31,7 +38,8 @@ from cxlhm.timing.recorder import record as record_latency
 from firmware_policies.base import JOB_FLUSH, JOB_PREFETCH, no_background
 
 METADATA_FORMAT = 1
-MAX_BATCH_BLOCKS = 4096  # blocks planned per firmware pass (bounds the scratch arrays)
+MAX_BATCH_BLOCKS = 4096
+METADATA_BYTES_PER_SLOT = 128  # block table + hash index + policy state, generously  # blocks planned per firmware pass (bounds the scratch arrays)
 
 
 class AccessOutOfRange(IndexError):
@@ -42,7 +50,8 @@ class MediaError(OSError):
     """The SSD back end failed an I/O the device could not hide."""
 
 
-__all__ = ["AccessOutOfRange", "Device", "DeviceClosed", "DeviceFull", "MediaError", "PoisonError"]
+__all__ = ["AccessOutOfRange", "Device", "DeviceClosed", "DeviceFull", "MediaError", "PoisonError", "ReadTicket",
+           "WOULD_BLOCK"]
 
 
 class DeviceFull(RuntimeError):
@@ -51,6 +60,66 @@ class DeviceFull(RuntimeError):
 
 class DeviceClosed(RuntimeError):
     pass
+
+
+TICKET_TAG = 1 << 16  # a fill's io_uring tag: ticket id * TICKET_TAG + its row (< MAX_BATCH_BLOCKS)
+
+
+class _WouldBlock:
+    def __repr__(self) -> str:
+        return "WOULD_BLOCK"
+
+
+WOULD_BLOCK = _WouldBlock()  # read_start: reap this thread's reads first
+
+
+class ReadTicket:
+    """A read begun by Device.read_start: its pass's slots and fill rows, and which
+    extents wait for which fills, so each extent completes as soon as its blocks are in."""
+    __slots__ = ("id", "hpas", "lens", "addrs", "slots", "installed", "fills", "k", "n_fill", "ext_first",
+                 "res", "mismatch", "retries", "row_ext", "row_ptr", "pending", "failed", "ready", "left", "troubled")
+
+    def __init__(self, ticket_id: int, hpas: np.ndarray, lens: np.ndarray, addrs: np.ndarray, blocks: int):
+        self.id = ticket_id
+        self.hpas, self.lens, self.addrs = hpas, lens, addrs
+        self.slots = np.empty(blocks, np.int64)
+        self.installed = np.empty(blocks, np.uint8)
+        self.fills = fw.new_io_rows(blocks)
+        self.k = self.n_fill = self.retries = 0
+        self.left = hpas.shape[0]  # extents not yet reported complete
+        self.troubled = False  # some fill failed, was retried or mismatched: settle it row by row
+
+    def link(self, block_size: int) -> np.ndarray:
+        """After planning: which fill rows each extent waits for (fw.link_read). Returns
+        the extents that wait for none: all their blocks were in DRAM already."""
+        m, n, k = self.hpas.shape[0], self.n_fill, self.k
+        ints = np.empty(3 * m + k + 2 * n + 1, np.int64)  # one allocation, cut in views
+        self.ext_first, self.pending, self.ready = ints[:m], ints[m:2 * m], ints[2 * m:3 * m]
+        self.row_ext, self.row_ptr, self.res = ints[3 * m:3 * m + k], ints[3 * m + k:3 * m + k + n + 1], ints[-n:]
+        flags = np.zeros(m + n, bool)
+        self.failed, self.mismatch = flags[:m], flags[m:]
+        fw.link_read(self.slots, self.installed, k, self.hpas, self.lens, block_size, self.ext_first,
+                     self.pending, self.row_ext, self.row_ptr)
+        return np.flatnonzero(self.pending == 0)
+
+    def rows_done(self, rows: np.ndarray, good: np.ndarray) -> np.ndarray:
+        """Fills `rows` are in (good: right bytes); returns the extents they complete."""
+        n = fw.rows_read(rows, good, self.row_ext, self.row_ptr, self.pending, self.failed, self.ready)
+        return self.ready[:n].copy()
+
+
+class _Scratch:
+    """One host thread's planner scratch: the slots and I/O rows of its pass in flight."""
+    __slots__ = ("slots_out", "installed", "writebacks", "fills", "one_hpa", "one_len", "hits", "misses")
+
+    def __init__(self, batch: int):
+        self.slots_out = np.zeros(batch, np.int64)
+        self.installed = np.zeros(batch, np.uint8)
+        self.writebacks = fw.new_io_rows(batch)
+        self.fills = fw.new_io_rows(batch)
+        self.one_hpa = np.zeros(1, np.int64)  # access_one's extent as arrays
+        self.one_len = np.zeros(1, np.int64)
+        self.hits = self.misses = 0  # device-block hits and misses of this thread's accesses
 
 
 def metadata_path(image_path: str) -> Path:
@@ -74,6 +143,7 @@ class Device:
         self._write_mode_code = fw.WRITE_MODE_CODES[self.write_mode]
         self.moves_data = cfg.data == "real"
 
+        _check_fits_in_memory(cfg)  # before anything sized by DRAM is allocated
         self.bt = btm.new_block_table(self.n_slots)
         self.ps = self.policy.make_state(self.n_slots, self.params)
         self.counters = C.new_counters()
@@ -83,14 +153,19 @@ class Device:
         self.model = ModelClock(self.timing, self.n_slots) if cfg.clock == "model" else None
         self.latency: LatencyRecorder | None = None
 
-        batch = min(self.n_slots, MAX_BATCH_BLOCKS)
-        self._slots_out = np.zeros(batch, np.int64)
-        self._installed = np.zeros(batch, np.uint8)
-        self._one_hpa = np.zeros(1, np.int64)  # scratch for access_one (used under the lock)
-        self._one_len = np.zeros(1, np.int64)
-        self._writebacks = fw.new_io_rows(batch)
-        self._fills = fw.new_io_rows(batch)
-        self._lock = threading.RLock()
+        self._batch = min(self.n_slots, MAX_BATCH_BLOCKS)
+        # Planner scratch is per host thread: another thread plans while this one
+        # waits for its fills with the lock released (see _fill_and_copy).
+        self._local = threading.local()
+        # One lock over the block table, policy state, counters, poison and checksum
+        # tables; not re-entrant, so releasing it around I/O means what it says (public
+        # methods take it, their _locked variants expect it held). `_idle` is notified by
+        # every access that released it, when its slots stop being BUSY.
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._inflight = 0  # accesses with BUSY slots and the lock released
+        self._inflight_slots = 0  # slots they hold BUSY
+        self._ticket_ids = 0  # split-phase reads (read_start) begun so far
         self.mailbox: Mailbox | None = None
         self.closed = False
         self.unclean_shutdown_detected = False
@@ -103,8 +178,6 @@ class Device:
         self._stop_background = threading.Event()
         self._background_thread: threading.Thread | None = None
 
-        if self.moves_data:
-            _check_fits_in_memory(cfg)
         self.dram = DeviceDram(self.n_slots, self.block_size, data=self.moves_data)
         self.ssd = None
         self.poison = PoisonTable()
@@ -161,7 +234,8 @@ class Device:
         """Read (or write) the extents, laid end to end in the user buffer at `user_addr`,
         as concurrent I/Os. Returns the latency in ns on the device's clock. On the model
         clock `issue_ns` places the access in time (default: now, and the clock then
-        moves to its completion, as for a synchronous host)."""
+        moves to its completion, as for a synchronous host). Host threads may call it
+        at once; on the wall clock their SSD reads overlap."""
         ext_hpa = np.ascontiguousarray(ext_hpa, np.int64)
         ext_len = np.ascontiguousarray(ext_len, np.int64)
         if ext_hpa.shape != ext_len.shape or ext_hpa.ndim != 1:
@@ -170,15 +244,16 @@ class Device:
         if bad >= 0:
             self.check_extent(int(ext_hpa[bad]), int(ext_len[bad]))
         with self._lock:
-            if self.poison:
+            if self.poison:  # refuse before any pass changes anything (each pass checks again)
                 for hpa, n in zip(ext_hpa.tolist(), ext_len.tolist()):
-                    self._check_poison(hpa, n, is_write)
+                    self._check_poison(hpa, n, is_write, clear=False)
+            s = self._scratch()
             limit = self._batch_limit()
             started = t = self._begin(issue_ns)
             if blocks <= limit:
-                t = self._access_batch(ext_hpa, ext_len, user_addr, is_write, owner, t)
+                t = self._access_batch(ext_hpa, ext_len, user_addr, is_write, owner, t, s)
             else:
-                t = self._access_split(ext_hpa, ext_len, user_addr, is_write, owner, t, limit)
+                t = self._access_split(ext_hpa, ext_len, user_addr, is_write, owner, t, limit, s)
             return self._complete(started, t, issue_ns)
 
     def access_one(self, hpa: int, n: int, user_addr: int, is_write: bool, owner: int = 0,
@@ -187,31 +262,34 @@ class Device:
         self.check_extent(hpa, n)
         with self._lock:
             if self.poison:
-                self._check_poison(hpa, n, is_write)
+                self._check_poison(hpa, n, is_write, clear=False)
+            s = self._scratch()
             limit = self._batch_limit()
             started = t = self._begin(issue_ns)
             if n == 0 or (hpa + n - 1) // self.block_size - hpa // self.block_size < limit:
-                self._one_hpa[0], self._one_len[0] = hpa, n
-                t = self._access_batch(self._one_hpa, self._one_len, user_addr, is_write, owner, t)
+                s.one_hpa[0], s.one_len[0] = hpa, n
+                t = self._access_batch(s.one_hpa, s.one_len, user_addr, is_write, owner, t, s)
             else:
                 t = self._access_split(np.array([hpa], np.int64), np.array([n], np.int64), user_addr, is_write,
-                                       owner, t, limit)
+                                       owner, t, limit, s)
             return self._complete(started, t, issue_ns)
 
-    def _access_split(self, ext_hpa, ext_len, user_addr, is_write, owner, t: float, limit: int) -> float:
+    def _access_split(self, ext_hpa, ext_len, user_addr, is_write, owner, t: float, limit: int, s) -> float:
         """An access touching more blocks than one firmware pass may hold: run it in
         pieces, one after the other. The planner counts a host operation per extent
         it sees, so pieces cut from one extent are folded back into one operation."""
         pieces = 0
         for hpas, lens, start in _split_batches(ext_hpa, ext_len, self.block_size, limit):
-            t = self._access_batch(hpas, lens, user_addr + start, is_write, owner, t)
+            t = self._access_batch(hpas, lens, user_addr + start, is_write, owner, t, s)
             pieces += hpas.shape[0]
         self.counters[C.HOST_WRITES if is_write else C.HOST_READS] -= pieces - int(np.count_nonzero(ext_len))
         return t
 
-    def _check_poison(self, hpa: int, n: int, is_write: bool) -> None:
+    def _check_poison(self, hpa: int, n: int, is_write: bool, *, clear: bool = True) -> None:
         """Reads of poisoned blocks fail; a write that covers a whole poisoned block
-        replaces its lost bytes and clears the poison; a partial write cannot."""
+        replaces its lost bytes and clears the poison (`clear`: now - only in the lock
+        hold that plans the write, or another thread could read the lost bytes from
+        the SSD in between); a partial write cannot."""
         if n == 0:
             return
         bs = self.block_size
@@ -221,7 +299,8 @@ class Device:
             if not covered:
                 raise PoisonError(5, f"block {block} (HPA {block * bs:#x}, {bs} bytes) is poisoned: "
                                      f"{self.poison.blocks[block]}")
-            self.poison.clear(block)
+            if clear:
+                self.poison.clear(block)
             first = block + 1
 
     def _begin(self, issue_ns: float | None) -> float:
@@ -249,90 +328,211 @@ class Device:
         self.latency = LatencyRecorder(capacity, every)
         return self.latency
 
+    def thread_hits_misses(self) -> tuple[int, int]:
+        """Device-block hits and misses of the calling thread's accesses so far: exact
+        per thread while other threads access the device too (each pass's are counted
+        in the lock hold that plans it)."""
+        s = self._scratch()
+        return s.hits, s.misses
+
+    def _scratch(self) -> _Scratch:
+        s = getattr(self._local, "scratch", None)
+        if s is None:
+            s = self._local.scratch = _Scratch(self._batch)
+        return s
+
     def _batch_limit(self) -> int:
         """Blocks one firmware pass may touch: every one needs a slot it can hold busy."""
         if self.closed:
             raise DeviceClosed("the device is closed")
-        limit = min(self._slots_out.shape[0], self.n_slots - int(self.bt.scalars[btm.N_PINNED]))
+        limit = min(self._batch, self.n_slots - int(self.bt.scalars[btm.N_PINNED]))
         if limit <= 0:
             raise DeviceFull("every device-DRAM slot is pinned; unpin something first")
         return limit
 
-    def _access_batch(self, hpas, lens, user_addr, is_write, owner, t: float) -> float:
-        """One firmware pass; returns its completion on the model clock (else `t`)."""
+    def _wait_for_slots(self, hpas, lens) -> None:
+        """Before planning, while other threads' accesses are in flight: wait (the lock
+        released) until none of them holds a block of this pass, and they leave enough
+        unpinned slots for it to find victims - else the planner would pick their BUSY
+        slots' blocks apart or report DeviceFull. Nothing has been changed yet, so
+        waking up and checking again is a plain retry."""
+        while self._inflight:
+            blocks, busy = fw.touches_busy(self.bt, hpas, lens, self.block_size)
+            room = self.n_slots - int(self.bt.scalars[btm.N_PINNED]) - self._inflight_slots
+            if not busy and blocks <= room:
+                return
+            self._idle.wait()
+            if self.closed:
+                raise DeviceClosed("the device is closed")
+
+    def _access_batch(self, hpas, lens, user_addr, is_write, owner, t: float, s: _Scratch) -> float:
+        """One firmware pass; returns its completion on the model clock (else `t`).
+        Called with the lock held and returns with it held; on the wall clock it is
+        released while the pass's fill reads and copy run (_fill_and_copy)."""
+        self._wait_for_slots(hpas, lens)
+        if self.poison:  # again, in the hold that plans: a thread that ran meanwhile may have poisoned
+            for hpa, n in zip(hpas.tolist(), lens.tolist()):
+                self._check_poison(hpa, n, is_write)
+        counters = self.counters
+        hits, misses = counters[C.HITS], counters[C.MISSES]
         ok, k, n_wb, n_fill, done = self.kernels.access(
-            self.bt, self.ps, self.counters, self.clock, hpas, lens, is_write, self._write_mode_code,
-            owner, self.dram.base_address, self.block_size, self._slots_out, self._installed,
-            self._writebacks, self._fills, user_addr, self.moves_data)
+            self.bt, self.ps, counters, self.clock, hpas, lens, is_write, self._write_mode_code,
+            owner, self.dram.base_address, self.block_size, s.slots_out, s.installed,
+            s.writebacks, s.fills, user_addr, self.moves_data)
+        s.hits += int(counters[C.HITS] - hits)
+        s.misses += int(counters[C.MISSES] - misses)
         if self.model is not None:
             through = k * self.block_size if is_write and self._write_mode_code == fw.WRITE_THROUGH else 0
-            t = self.model.charge_access(t, is_write, int(lens.sum()), self._fills, n_fill, self._writebacks, n_wb,
-                                         self._slots_out, self._installed, k, through, self.counters)
+            t = self.model.charge_access(t, is_write, int(lens.sum()), s.fills, n_fill, s.writebacks, n_wb,
+                                         s.slots_out, s.installed, k, through, counters)
         if done:
             return t
-        slots = self._slots_out
+        slots = s.slots_out
+        # The model clock keeps the lock: its charges were made in issue order above, and
+        # releasing would let background work or another host interleave its data moves.
+        release = self.moves_data and n_fill > 0 and self.model is None
+        if release:
+            self._inflight += 1
+            self._inflight_slots += k
         try:
             if self.moves_data:
                 if n_wb:
-                    self._write_rows(self._writebacks[:n_wb], victims=True)
-                bad = self._read_rows(self._fills[:n_fill]) if n_fill else None
+                    # Under the lock: a victim's bytes are on the SSD before any thread can
+                    # miss on its block and read it back from there.
+                    self._write_rows(s.writebacks[:n_wb], victims=True)
+                bad, copied = None, False
+                if n_fill:
+                    bad, copied = self._fill_and_copy(s, n_fill, hpas, lens, user_addr, is_write, ok, release)
                 if bad is not None and bad.any():
                     # Newly placed blocks hold no valid bytes (failed fills; for a write,
                     # also the fully overwritten ones, since the copy will not happen).
-                    now = int(self.clock[0])
-                    for slot in slots[:k][self._installed[:k].astype(bool)]:
-                        if self.bt.block[slot] >= 0:
-                            self.kernels.invalidate(self.bt, self.ps, slot, now)
-                    block = int(self._fills[np.flatnonzero(bad)[0], 2] // self.block_size)
+                    self._invalidate_installed(s, k)
+                    block = int(s.fills[np.flatnonzero(bad)[0], 2] // self.block_size)
                     raise PoisonError(5, f"block {block} (HPA {block * self.block_size:#x}) could not be read: "
                                          f"{self.poison.blocks.get(block, 'media error')}")
                 if ok:
-                    fw.copy_extents(self.dram.base_address, self.block_size, slots, hpas, lens, user_addr, not is_write)
+                    if not copied:
+                        fw.copy_extents(self.dram.base_address, self.block_size, slots, hpas, lens, user_addr,
+                                        not is_write)
                     if is_write and self._write_mode_code == fw.WRITE_THROUGH:
                         self._write_through(slots[:k])
+                elif is_write:  # no copy: blocks placed for a full overwrite were never filled
+                    self._invalidate_installed(s, k)
         finally:
             fw.finish(self.bt, slots, k)
+            if release:
+                self._inflight -= 1
+                self._inflight_slots -= k
+                self._idle.notify_all()
         if not ok:
             raise DeviceFull("no evictable device-DRAM slot: every slot is pinned or in use by this access")
         return t
 
-    def _submit_retrying(self, ops: np.ndarray) -> np.ndarray:
-        """Submit, then resubmit failed or short ops up to `backend.retries` times.
-        Returns the ops' final results (bytes, or -errno)."""
+    def _fill_and_copy(self, s: _Scratch, n_fill: int, hpas, lens, user_addr, is_write, copy: bool,
+                       release: bool) -> tuple[np.ndarray, bool]:
+        """The pass's fill reads, then - if `copy` and every fill read right - the copy
+        between the slots and the host buffer. Returns (mask of fills that failed,
+        whether the copy was made).
+
+        With `release` the lock is dropped for both, so other host threads plan and run
+        their own I/O meanwhile. What keeps that safe: every slot of this pass is BUSY,
+        so no thread evicts, writes back or flushes it, and a thread whose access
+        touches one of its blocks waits in _wait_for_slots; the I/O rows are this
+        thread's scratch; and counters, poison and checksum records are only changed
+        after the lock is taken again (_settle_reads)."""
+        rows = s.fills[:n_fill]
+        if release:
+            self._lock.release()
+        try:
+            res, retries, mismatch = self._read_verified(rows)
+            copied = copy and bool((res == rows[:, 1]).all()) and (mismatch is None or not mismatch.any())
+            if copied:
+                fw.copy_extents(self.dram.base_address, self.block_size, s.slots_out, hpas, lens, user_addr,
+                                not is_write)
+        finally:
+            if release:
+                self._lock.acquire()
+        return self._settle_reads(rows, res, retries, mismatch), copied
+
+    def _invalidate_installed(self, s: _Scratch, k: int) -> None:
+        now = int(self.clock[0])
+        for slot in s.slots_out[:k][s.installed[:k].astype(bool)]:
+            if self.bt.block[slot] >= 0:
+                self.kernels.invalidate(self.bt, self.ps, slot, now)
+
+    def _submit_retrying(self, ops: np.ndarray, retries: int | None = None) -> tuple[np.ndarray, int]:
+        """Submit, then resubmit failed or short ops up to `retries` (`backend.retries`)
+        times. Returns the ops' final results (bytes, or -errno) and the number of
+        retries (the caller counts them under the lock)."""
         res = self.ssd.submit(ops)
         if (res == ops[:, 1]).all():
-            return res
+            return res, 0
         res = res.copy()  # the back end reuses its result array
-        for _ in range(self.retries):
+        retried = 0
+        for _ in range(self.retries if retries is None else retries):
             failed = np.flatnonzero(res != ops[:, 1])
             if failed.size == 0:
                 break
-            self.counters[C.MEDIA_RETRIES] += failed.size
+            retried += failed.size
             res[failed] = self.ssd.submit(ops[failed])
-        return res
+        return res, retried
 
     def _read_rows(self, rows: np.ndarray) -> np.ndarray:
-        """SSD -> slot reads with retries and checksum verification. A block that cannot
-        be read correctly is poisoned; returns the mask of such rows."""
-        res = self._submit_retrying(rows)
+        """SSD -> slot reads with retries and checksum verification, under the lock. A
+        block that cannot be read correctly is poisoned; returns the mask of such rows."""
+        return self._settle_reads(rows, *self._read_verified(rows))
+
+    def _read_verified(self, rows: np.ndarray) -> tuple[np.ndarray, int, np.ndarray | None]:
+        """SSD -> slot reads with retries, each read block checked against its recorded
+        checksum: (results, retries, mask of checksum mismatches or None). Needs no lock:
+        it touches only the rows' slots (BUSY, this thread's) and reads the checksum
+        table, whose entries for these blocks cannot change meanwhile (only a write-back
+        of a block records its sum, and a BUSY block is never written back)."""
+        res, retries = self._submit_retrying(rows)
+        check = self._rows_with_sums(rows)
+        if not check:
+            return res, retries, None  # the common case: nothing to verify
+        mismatch = np.zeros(rows.shape[0], bool)
+        for i in check:
+            mismatch[i] = res[i] == rows[i, 1] and not self._fill_matches(rows[i])
+        return res, retries, mismatch
+
+    def _rows_with_sums(self, rows: np.ndarray) -> list[int]:
+        """Indices of the I/O rows whose blocks have a recorded checksum (a set
+        intersection: most reads are of blocks the device never wrote back)."""
+        sums = self.checksums.sums
+        if not sums:
+            return []
+        blocks = (rows[:, 2] // self.block_size).tolist()
+        known = sums.keys() & set(blocks)
+        return [i for i, block in enumerate(blocks) if block in known] if known else []
+
+    def _fill_matches(self, row: np.ndarray) -> bool:
+        return self.checksums.matches(int(row[2] // self.block_size), self._slot_bytes(int(row[0])))
+
+    def _settle_reads(self, rows: np.ndarray, res: np.ndarray, retries: int, mismatch) -> np.ndarray:
+        """Under the lock: count the retries, poison each block that could not be read
+        correctly; returns the mask of such rows."""
+        self.counters[C.MEDIA_RETRIES] += retries
         bad = res != rows[:, 1]
-        if not self.checksums.sums and not bad.any():
-            return bad  # the common case: nothing to verify, nothing failed
-        for i in range(rows.shape[0]):
+        if mismatch is None and not bad.any():
+            return bad
+        for i in np.flatnonzero(bad if mismatch is None else bad | mismatch).tolist():
             block = int(rows[i, 2] // self.block_size)
             if bad[i]:
                 self._poison(block, f"SSD read failed: {os.strerror(-int(res[i])) if res[i] < 0 else 'short read'}")
-            elif self.checksums.sums and not self.checksums.matches(block, self._slot_bytes(rows[i, 0])):
+            else:
                 self.counters[C.CHECKSUM_MISMATCHES] += 1
                 self._poison(block, "checksum mismatch on SSD read")
-                bad[i] = True
-        return bad
+        return bad if mismatch is None else bad | mismatch
 
     def _write_rows(self, rows: np.ndarray, *, victims: bool) -> np.ndarray:
-        """Slot -> SSD writes with retries, recording each block's checksum. Returns the
-        mask of rows that failed. A failed victim's bytes are gone: it is poisoned."""
+        """Slot -> SSD writes with retries, recording each block's checksum (under the
+        lock). Returns the mask of rows that failed. A failed victim's bytes are gone:
+        it is poisoned."""
         sums = [checksum(self._slot_bytes(addr)) for addr in rows[:, 0].tolist()]
-        res = self._submit_retrying(rows)
+        res, retries = self._submit_retrying(rows)
+        self.counters[C.MEDIA_RETRIES] += retries
         failed = res != rows[:, 1]
         for i, block in enumerate((rows[:, 2] // self.block_size).tolist()):
             if not failed[i]:
@@ -342,6 +542,190 @@ class Device:
                 if victims:
                     self._poison(block, f"write-back failed: {os.strerror(-int(res[i])) if res[i] < 0 else 'short write'}")
         return failed
+
+    # ------------------------------------------------------------ split-phase reads
+    # access() returns when its SSD reads are done, so a host thread has at most one
+    # pass in flight. A host that keeps many reads of its own in flight (fio's engine at
+    # iodepth N) starts them with read_start() and collects each as its fills complete
+    # with read_reap(), on one thread and one ring: no batch waits for its slowest read.
+    # The rules are those of access() with the lock released: a started read's slots
+    # are BUSY until it ends, victims are written back under the lock before its fills
+    # are queued, and counters, poison and checksum records change only under the lock.
+    def read_start(self, ext_hpa, ext_len, addrs, owner: int = 0):
+        """Start reading extent e into the host buffer at addrs[e], for every e, without
+        waiting for the SSD. Returns None when the read is already complete (every block
+        was in DRAM, or this device runs reads whole: model clock, no data, injected
+        faults), WOULD_BLOCK when it cannot start without waiting for one of this
+        thread's own reads in flight (a block of it is in flight, or DRAM or ring room
+        is taken: reap, then try again), else a ReadTicket whose extents complete
+        through read_reap() on this thread."""
+        ext_hpa = np.ascontiguousarray(ext_hpa, np.int64)
+        ext_len = np.ascontiguousarray(ext_len, np.int64)
+        addrs = np.ascontiguousarray(addrs, np.int64)
+        if not ext_hpa.shape == ext_len.shape == addrs.shape or ext_hpa.ndim != 1:
+            raise ValueError("extent addresses, lengths and buffers must be 1-D arrays of equal length")
+        bad, blocks = fw.check_extents(ext_hpa, ext_len, self.capacity, self.block_size)
+        if bad >= 0:
+            self.check_extent(int(ext_hpa[bad]), int(ext_len[bad]))
+        mine = self._read_tickets()
+        with self._lock:
+            split = self.splits_reads and 0 < blocks <= min(self._batch_limit(), self.ssd.queue_depth)
+            if split:
+                if self._blocked(ext_hpa, ext_len) or blocks > self.ssd.async_room():
+                    if mine:
+                        return WOULD_BLOCK  # waiting here could wait for this thread's own reads
+                    self._wait_for_slots(ext_hpa, ext_len)  # only other threads' accesses: safe
+                if self.poison:  # in the hold that plans (the wait may have let a thread poison)
+                    for hpa, n in zip(ext_hpa.tolist(), ext_len.tolist()):
+                        self._check_poison(hpa, n, False)
+                return self._plan_read(ext_hpa, ext_len, addrs, owner, blocks, mine)
+        if mine and blocks:
+            return WOULD_BLOCK  # read whole only with nothing of this thread's in flight
+        for hpa, n, addr in zip(ext_hpa.tolist(), ext_len.tolist(), addrs.tolist()):
+            self.access_one(hpa, n, addr, False, owner)  # whole, one extent after the other
+        return None
+
+    @property
+    def splits_reads(self) -> bool:
+        """Whether read_start() really splits reads (else it runs them whole): not on the
+        model clock (it charges each access whole, in issue order), nor without data,
+        nor with injected faults (FaultInjector.submit has no split-phase form)."""
+        return self.model is None and self.moves_data and type(self.ssd) is SsdBackend
+
+    def _blocked(self, hpas, lens) -> bool:
+        if not self._inflight:
+            return False
+        blocks, busy = fw.touches_busy(self.bt, hpas, lens, self.block_size)
+        return busy or blocks > self.n_slots - int(self.bt.scalars[btm.N_PINNED]) - self._inflight_slots
+
+    def _plan_read(self, hpas, lens, addrs, owner, blocks, mine) -> ReadTicket | None:
+        """read_start under the lock: plan, write back victims, queue the fills."""
+        s = self._scratch()
+        t = ReadTicket(self._ticket_ids, hpas, lens, addrs, blocks)
+        self._ticket_ids += 1
+        counters = self.counters
+        hits, misses = counters[C.HITS], counters[C.MISSES]
+        ok, k, n_wb, n_fill = self.kernels.plan(
+            self.bt, self.ps, counters, self.clock, hpas, lens, False, self._write_mode_code, owner,
+            self.dram.base_address, self.block_size, t.slots, t.installed, s.writebacks, t.fills)
+        s.hits += int(counters[C.HITS] - hits)
+        s.misses += int(counters[C.MISSES] - misses)
+        t.k, t.n_fill = k, n_fill
+        try:
+            if n_wb:  # under the lock: on the SSD before any thread can miss on these blocks
+                self._write_rows(s.writebacks[:n_wb], victims=True)
+            if not ok or not n_fill:  # nothing to wait for (all hits), or no room: run it whole
+                if n_fill:
+                    for slot in t.slots[:k][self._read_rows(t.fills[:n_fill])]:
+                        self.kernels.invalidate(self.bt, self.ps, slot, int(self.clock[0]))
+                if ok:
+                    t.link(self.block_size)
+                    fw.copy_extents_each(self.dram.base_address, self.block_size, t.slots, t.ext_first, hpas, lens,
+                                         addrs, np.arange(hpas.shape[0]), True)
+        except BaseException:
+            fw.finish(self.bt, t.slots, k)
+            raise
+        if not ok or not n_fill:
+            fw.finish(self.bt, t.slots, k)
+            if not ok:
+                raise DeviceFull("no evictable device-DRAM slot: every slot is pinned or in use by this access")
+            return None
+        ready = t.link(self.block_size)
+        queued = self.ssd.queue(t.fills[:n_fill], t.id * TICKET_TAG + np.arange(n_fill, dtype=np.int64))
+        assert queued == n_fill  # room was checked in read_start
+        self._inflight += 1
+        self._inflight_slots += k
+        mine[t.id] = t
+        if ready.size:  # extents whose blocks were all in DRAM: complete now
+            fw.copy_extents_each(self.dram.base_address, self.block_size, t.slots, t.ext_first, hpas, lens, addrs,
+                                 ready, True)
+            self._local.ready.append((t, ready, np.zeros(ready.size, bool)))
+            t.left -= ready.size
+        return t
+
+    def read_reap(self, most: int = 0) -> list:
+        """Collect this thread's started reads: waits until at least one extent is
+        complete (unless none is in flight) and returns (ticket, extents, failed) for
+        the extents completed now - their bytes are in their buffers, except where
+        `failed` (a bool array) says they could not be read (the blocks are poisoned).
+        `most` > 0 takes at most that many SSD completions (the rest wait for the next
+        call), so a host can start new reads before the SSD runs dry. A ticket whose
+        extents have all completed gives its slots back."""
+        mine = self._read_tickets()
+        out, self._local.ready = self._local.ready, []
+        if not mine:
+            return out
+        tags, res = self.ssd.reap(0 if out else 1, most)
+        if not tags.shape[0]:
+            if not out and not self.ssd.queued():  # reads waiting for fills nobody will complete
+                raise RuntimeError("split-phase reads lost track of their SSD reads")
+            return out
+        ids, rows = np.divmod(tags, TICKET_TAG)
+        ended = []
+        base, bs = self.dram.base_address, self.block_size
+        first = int(ids[0])
+        single = bool((ids == first).all())  # the usual case: every completion is one read's
+        for tid in ([first] if single else np.unique(ids).tolist()):
+            t = mine[tid]  # no lock below: these slots are BUSY, this thread's
+            if single:
+                mine_rows, got = rows, res
+            else:
+                mine_rows, got = rows[ids == tid], res[ids == tid]
+            t.res[mine_rows] = got
+            good = got == t.fills[mine_rows, 1]
+            if not good.all():
+                t.troubled = True
+                if self.retries:  # failed or short: again, whole, on the batch ring
+                    for row in mine_rows[~good].tolist():
+                        again, retried = self._submit_retrying(t.fills[row:row + 1], self.retries - 1)
+                        t.res[row], t.retries = again[0], t.retries + 1 + retried
+                    good = t.res[mine_rows] == t.fills[mine_rows, 1]
+            for i in self._rows_with_sums(t.fills[mine_rows]):  # safe unlocked: see _read_verified
+                if good[i] and not self._fill_matches(t.fills[mine_rows[i]]):
+                    t.mismatch[mine_rows[i]] = t.troubled = True
+                    good[i] = False
+            ready = t.rows_done(mine_rows, good)
+            if ready.size:
+                failed = t.failed[ready]
+                fine = ready[~failed] if failed.any() else ready
+                if fine.size:
+                    fw.copy_extents_each(base, bs, t.slots, t.ext_first, t.hpas, t.lens, t.addrs, fine, True)
+                out.append((t, ready, failed))
+                t.left -= ready.size
+                if t.left == 0:
+                    ended.append(t)
+        if ended:
+            with self._lock:
+                for t in ended:
+                    self._end_read(t)
+                    del mine[t.id]
+                self._idle.notify_all()
+        return out
+
+    def _end_read(self, t: ReadTicket) -> None:
+        """Under the lock: count, poison what could not be read, release the slots."""
+        if t.troubled:  # a fill failed, was retried or did not match its checksum
+            bad = self._settle_reads(t.fills[:t.n_fill], t.res, t.retries, t.mismatch)
+        else:
+            bad = None
+        if bad is not None and bad.any():
+            now = int(self.clock[0])
+            for slot in t.slots[:t.k][t.installed[:t.k].astype(bool)][bad]:  # never leave unfilled slots mapped
+                self.kernels.invalidate(self.bt, self.ps, slot, now)
+        fw.finish(self.bt, t.slots, t.k)
+        self._inflight -= 1
+        self._inflight_slots -= t.k
+
+    def reads_in_flight(self) -> int:
+        """Started reads of the calling thread not yet fully reaped."""
+        return len(self._read_tickets())
+
+    def _read_tickets(self) -> dict:
+        mine = getattr(self._local, "tickets", None)
+        if mine is None:
+            mine = self._local.tickets = {}
+            self._local.ready = []
+        return mine
 
     def _slot_bytes(self, addr: int) -> np.ndarray:
         return self.dram.slots[(addr - self.dram.base_address) // self.block_size]
@@ -355,7 +739,8 @@ class Device:
         """Get Poison List: poisoned blocks intersecting [dpa, dpa+length), as whole blocks."""
         from cxlhm.mailbox.poison import PoisonList, PoisonRecord
         bs = self.block_size
-        blocks = sorted(b for b in self.poison.blocks if b * bs < dpa + length and (b + 1) * bs > dpa)
+        with self._lock:  # host threads add poison while the mailbox thread lists it
+            blocks = sorted(b for b in self.poison.blocks if b * bs < dpa + length and (b + 1) * bs > dpa)
         records = tuple(PoisonRecord(b * bs, bs) for b in blocks[:max_records])
         return PoisonList(records=records, more_records=len(blocks) > max_records)
 
@@ -396,49 +781,58 @@ class Device:
         """Run up to `budget` jobs of the policy's background work (prefetches, flushes)
         now. Returns the number of jobs the policy handed out (0: nothing to do)."""
         with self._lock:
-            if self.closed:
-                return 0
-            self._sync_time()
-            budget = min(budget, self._jobs.shape[0], self._batch_limit())
-            n = self.kernels.background(self.bt, self.ps, self.clock, budget, self._jobs)
-            self._background_done_ns = self.model.now_ns if self.model is not None else 0.0
-            jobs = self._jobs[:n]
-            prefetch = jobs[jobs[:, 0] == JOB_PREFETCH]
-            if prefetch.shape[0]:
-                self.prefetch(prefetch[:, 1].copy(), prefetch[:, 2].copy())
-            flush = jobs[jobs[:, 0] == JOB_FLUSH, 1]
-            if flush.shape[0]:
-                self.counters[C.BG_FLUSHES] += self._write_back(fw.plan_flush, flush.copy())
-            return n
+            return self._run_background_locked(budget)
+
+    def _run_background_locked(self, budget: int = 32) -> int:
+        if self.closed:
+            return 0
+        self._sync_time()
+        budget = min(budget, self._jobs.shape[0], self._batch_limit())
+        n = self.kernels.background(self.bt, self.ps, self.clock, budget, self._jobs)
+        self._background_done_ns = self.model.now_ns if self.model is not None else 0.0
+        jobs = self._jobs[:n]
+        prefetch = jobs[jobs[:, 0] == JOB_PREFETCH]
+        if prefetch.shape[0]:
+            self._prefetch_locked(prefetch[:, 1].copy(), prefetch[:, 2].copy())
+        flush = jobs[jobs[:, 0] == JOB_FLUSH, 1]
+        if flush.shape[0]:
+            self.counters[C.BG_FLUSHES] += self._write_back(fw.plan_flush, flush.copy())
+        return n
 
     def prefetch(self, blocks: np.ndarray, owners: np.ndarray | None = None) -> int:
         """Read `blocks` (device block numbers) SSD -> DRAM ahead of use; resident ones
         are skipped. Returns the number of blocks read."""
+        with self._lock:
+            return self._prefetch_locked(blocks, owners)
+
+    def _prefetch_locked(self, blocks: np.ndarray, owners: np.ndarray | None = None) -> int:
+        # Background work keeps the lock through its I/O: it is off the host's path, and
+        # its blocks are in flight only while nobody else can plan.
         blocks = np.ascontiguousarray(blocks, np.int64)
         owners = np.zeros_like(blocks) if owners is None else np.ascontiguousarray(owners, np.int64)
+        s = self._scratch()
         done = 0
-        with self._lock:
-            limit = self._batch_limit()
-            for start in range(0, blocks.shape[0], limit):
-                chunk = slice(start, start + limit)
-                k, n_wb, n_fill = self.kernels.plan_prefetch(
-                    self.bt, self.ps, self.counters, self.clock, blocks[chunk], owners[chunk],
-                    self.dram.base_address, self.block_size, self._slots_out, self._writebacks, self._fills)
-                try:
-                    if self.moves_data:
-                        if n_wb:
-                            self._write_rows(self._writebacks[:n_wb], victims=True)
-                        if n_fill:
-                            bad = self._read_rows(self._fills[:n_fill])
-                            for slot in self._slots_out[:k][bad]:  # never leave unfilled slots mapped
-                                self.kernels.invalidate(self.bt, self.ps, slot, int(self.clock[0]))
-                finally:
-                    fw.finish(self.bt, self._slots_out, k)
-                if self.model is not None:
-                    t = self.model.charge_prefetch(self.model.now_ns, self._fills, n_fill, self._writebacks, n_wb,
-                                                   self._slots_out, k)
-                    self._background_done_ns = max(self._background_done_ns, t)
-                done += k
+        limit = self._batch_limit()
+        for start in range(0, blocks.shape[0], limit):
+            chunk = slice(start, start + limit)
+            k, n_wb, n_fill = self.kernels.plan_prefetch(
+                self.bt, self.ps, self.counters, self.clock, blocks[chunk], owners[chunk],
+                self.dram.base_address, self.block_size, s.slots_out, s.writebacks, s.fills)
+            try:
+                if self.moves_data:
+                    if n_wb:
+                        self._write_rows(s.writebacks[:n_wb], victims=True)
+                    if n_fill:
+                        bad = self._read_rows(s.fills[:n_fill])
+                        for slot in s.slots_out[:k][bad]:  # never leave unfilled slots mapped
+                            self.kernels.invalidate(self.bt, self.ps, slot, int(self.clock[0]))
+            finally:
+                fw.finish(self.bt, s.slots_out, k)
+            if self.model is not None:
+                t = self.model.charge_prefetch(self.model.now_ns, s.fills, n_fill, s.writebacks, n_wb,
+                                               s.slots_out, k)
+                self._background_done_ns = max(self._background_done_ns, t)
+            done += k
         return done
 
     def advance_to(self, t_ns: float) -> None:
@@ -453,7 +847,7 @@ class Device:
         """Run background rounds back to back - each issued when the previous one is
         done - while they start before `t_ns`; then the clock reads `t_ns`."""
         while self.model.now_ns < t_ns:
-            if self.run_background() == 0:
+            if self._run_background_locked() == 0:
                 break
             # the next round starts when this one's work is done (a round that moved no
             # data takes no time, but the policy's queue shrank, so the loop ends)
@@ -469,7 +863,7 @@ class Device:
             return False
         missing = btm.set_pinned(self.bt, first_block, n_blocks, True)
         if missing:
-            self.prefetch(np.arange(first_block, first_block + n_blocks, dtype=np.int64))
+            self._prefetch_locked(np.arange(first_block, first_block + n_blocks, dtype=np.int64))
             missing = btm.set_pinned(self.bt, first_block, n_blocks, True)
         return missing == 0
 
@@ -501,23 +895,28 @@ class Device:
 
     # ------------------------------------------------------------ control
     def flush(self) -> int:
-        """Write every dirty block back to the SSD (blocks stay cached). Returns blocks written."""
+        """Write every dirty block back to the SSD (blocks stay cached). Returns blocks
+        written. Blocks of accesses still in flight in other threads are not complete,
+        so not flushed (close() waits for them)."""
         with self._lock:
-            if self.closed:
-                return 0
-            written = self._write_back(lambda bt, _, base, bs, rows: fw.collect_dirty(bt, base, bs, rows, rows.shape[0]), None)
-            if self.moves_data:
-                self.ssd.sync()
-            if self.model is not None:  # durable on NAND, like a Global Persistent Flush
-                self.model.now_ns = max(self.model.now_ns, charge_flush(self.timing.params, self.timing.state,
-                                                                        self.model.now_ns))
+            return self._flush_locked()
+
+    def _flush_locked(self) -> int:
+        if self.closed:
+            return 0
+        written = self._write_back(lambda bt, _, base, bs, rows: fw.collect_dirty(bt, base, bs, rows, rows.shape[0]), None)
+        if self.moves_data:
+            self.ssd.sync()
+        if self.model is not None:  # durable on NAND, like a Global Persistent Flush
+            self.model.now_ns = max(self.model.now_ns, charge_flush(self.timing.params, self.timing.state,
+                                                                    self.model.now_ns))
         return written
 
     def _write_back(self, collect, blocks) -> int:
         """Write back what `collect(bt, blocks, base, block_size, rows) -> n` selects,
         round after round until it selects nothing; marks those blocks clean."""
         written = 0
-        rows = self._writebacks
+        rows = self._scratch().writebacks
         while True:
             n = collect(self.bt, blocks, self.dram.base_address, self.block_size, rows)
             if n == 0:
@@ -562,22 +961,28 @@ class Device:
         ready), so the first PIN does not spend seconds compiling past a host timeout."""
         with self._lock:
             empty = np.zeros(0, np.int64)
+            s = self._scratch()
             btm.set_pinned(self.bt, 0, 0, False)
             self.kernels.plan_prefetch(self.bt, self.ps, self.counters, self.clock, empty, empty,
-                                       self.dram.base_address, self.block_size, self._slots_out,
-                                       self._writebacks, self._fills)
+                                       self.dram.base_address, self.block_size, s.slots_out,
+                                       s.writebacks, s.fills)
 
     def close(self) -> None:
         """Flush dirty DRAM (like CXL Global Persistent Flush) and release everything."""
-        # Outside the lock: the mailbox thread may be waiting for it.
+        # Outside the lock: the mailbox and firmware threads may be waiting for it.
         if self.mailbox is not None:
             self.mailbox.close()
+        self._stop_background_thread()
+        if not self.closed:
+            while self.reads_in_flight():  # this thread's own split reads: collect them, or wait forever
+                self.read_reap()
         with self._lock:
             if self.closed:
                 return
-            self._stop_background_thread()
+            while self._inflight:  # accesses in flight finish first: their bytes go in the flush
+                self._idle.wait()
             try:
-                self.flush()
+                self._flush_locked()
                 for slot in np.flatnonzero(self.bt.flags & btm.DIRTY):  # could not be written back
                     self._poison(int(self.bt.block[slot]), "lost at close: write-back failed")
                 if self.moves_data:
@@ -585,18 +990,22 @@ class Device:
                 self._write_metadata(clean=True)
             finally:
                 self.closed = True
+                self._idle.notify_all()  # threads waiting to plan now see DeviceClosed
                 if self.ssd is not None:
                     self.ssd.close()
                 self.dram.close()
 
 
 def _check_fits_in_memory(cfg: DeviceConfig) -> None:
-    """Device DRAM is real memory here: refuse what this machine cannot hold."""
+    """Device DRAM (when data moves) and the per-slot metadata are real memory here:
+    refuse what this machine cannot hold, before allocating any of it."""
     physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    if cfg.dram_bytes > physical * 0.8:
+    needed = cfg.dram_slots * METADATA_BYTES_PER_SLOT + (cfg.dram_bytes if cfg.data == "real" else 0)
+    if needed > physical * 0.8:
         raise ConfigError(cfg.source_of("dram_bytes"), "dram_bytes",
-                          f"{cfg.dram_bytes} bytes of device DRAM do not fit this machine's {physical} bytes of "
-                          f"memory (at most 80% may be used); lower it, or use data: none for timing-only runs")
+                          f"{cfg.dram_bytes} bytes of device DRAM need {needed} bytes of this machine's {physical} "
+                          f"(DRAM when data moves, ~{METADATA_BYTES_PER_SLOT} B of metadata per block slot; at most "
+                          f"80% may be used): lower dram_bytes, raise block_size, or use data: none")
 
 
 def _split_batches(ext_hpa: np.ndarray, ext_len: np.ndarray, block_size: int, limit: int):

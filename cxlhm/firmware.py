@@ -10,6 +10,10 @@ hooks inlined (numba, nopython, nogil). A host access is executed in four steps:
   copy     compiled memcpy between the caller's buffer and the slots
   finish   compiled: clear BUSY
 
+On the wall clock the device runs the fill reads and the copy without its lock, so
+several host threads keep I/O in flight at once; BUSY keeps other threads off those
+slots meanwhile (victim() skips them, `touches_busy` makes a planner wait for them).
+
 The same planner runs with data movement switched off (``data: none``): only the
 I/O and copy steps are skipped, so timing-only results follow the same code path.
 """
@@ -68,6 +72,105 @@ def copy_extents(base, block_size, slots, ext_hpa, ext_len, user_addr, to_user):
 
 
 @numba.njit(nogil=True)
+def copy_extents_each(base, block_size, slots, ext_first, ext_hpa, ext_len, addrs, which, to_user):
+    """copy_extents for the extents listed in `which`, each between its own buffer at
+    addrs[e] and its slots, which start at slots[ext_first[e]] (split-phase reads)."""
+    for w in range(which.shape[0]):
+        e = which[w]
+        k = ext_first[e]
+        hpa = ext_hpa[e]
+        left = ext_len[e]
+        pos = 0
+        while left > 0:
+            offset = hpa % block_size
+            n = min(block_size - offset, left)
+            slot_addr = base + slots[k] * block_size + offset
+            if to_user:
+                _memcpy(addrs[e] + pos, slot_addr, n)
+            else:
+                _memcpy(slot_addr, addrs[e] + pos, n)
+            k += 1
+            pos += n
+            hpa += n
+            left -= n
+
+
+@numba.njit(nogil=True)
+def link_read(slots, installed, k, ext_hpa, ext_len, block_size, ext_first, pending, row_ext, row_ptr):
+    """After planning a split-phase read (Device.read_start): which fill rows each
+    extent waits for. A read plans one fill per newly placed block, in slot order, so
+    row r fills the r-th installed position; an extent waits for its own blocks' rows
+    and for those of blocks another extent of the read placed (the same block twice).
+    Fills ext_first (first slot of each extent), pending (rows each extent waits for)
+    and the rows' extents as CSR (row_ext[row_ptr[r]:row_ptr[r + 1]]). Returns the
+    number of (row, extent) links."""
+    m = ext_hpa.shape[0]
+    n_rows = 0
+    for p in range(k):
+        n_rows += installed[p]
+    link_row = np.empty(k, np.int64)
+    link_ext = np.empty(k, np.int64)
+    n_links = 0
+    p = 0
+    r = 0
+    for e in range(m):
+        ext_first[e] = p
+        pending[e] = 0
+        if ext_len[e] <= 0:
+            continue
+        count = (ext_hpa[e] + ext_len[e] - 1) // block_size - ext_hpa[e] // block_size + 1
+        for _ in range(count):
+            row = -1
+            if installed[p]:
+                row = r
+                r += 1
+            else:  # a hit: on a block this read placed itself?
+                seen = 0
+                for q in range(p):
+                    if installed[q]:
+                        if slots[q] == slots[p]:
+                            row = seen
+                            break
+                        seen += 1
+            if row >= 0:
+                link_row[n_links] = row
+                link_ext[n_links] = e
+                n_links += 1
+                pending[e] += 1
+            p += 1
+    for i in range(n_rows + 1):
+        row_ptr[i] = 0
+    for i in range(n_links):
+        row_ptr[link_row[i] + 1] += 1
+    for i in range(n_rows):
+        row_ptr[i + 1] += row_ptr[i]
+    fill = row_ptr[:n_rows].copy()
+    for i in range(n_links):
+        row_ext[fill[link_row[i]]] = link_ext[i]
+        fill[link_row[i]] += 1
+    return n_links
+
+
+@numba.njit(nogil=True)
+def rows_read(rows, good, row_ext, row_ptr, pending, failed, ready):
+    """Fill rows `rows` of a split-phase read are in (good[i]: right bytes): marks their
+    extents failed where not good and puts the extents they complete in `ready`.
+    Returns how many."""
+    n = 0
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(row_ptr[r], row_ptr[r + 1]):
+            e = row_ext[j]
+            if not good[i]:
+                failed[e] = True
+            pending[e] -= 1
+            if pending[e] == 0:
+                ready[n] = e
+                n += 1
+    return n
+
+
+@numba.njit(nogil=True)
 def check_extents(ext_hpa, ext_len, capacity, block_size):
     """(index of the first extent outside [0, capacity) or -1, blocks the extents touch)."""
     blocks = 0
@@ -79,6 +182,26 @@ def check_extents(ext_hpa, ext_len, capacity, block_size):
         if n > 0:
             blocks += (hpa + n - 1) // block_size - hpa // block_size + 1
     return -1, blocks
+
+
+@numba.njit(nogil=True)
+def touches_busy(bt, ext_hpa, ext_len, block_size):
+    """(blocks the access touches, whether one of them is resident and BUSY). Read-only:
+    the device calls it before planning while other host threads have accesses in
+    flight, and waits when a block is theirs (its slot is being filled or copied)."""
+    blocks = 0
+    for e in range(ext_hpa.shape[0]):
+        n = ext_len[e]
+        if n <= 0:
+            continue
+        first = ext_hpa[e] // block_size
+        last = (ext_hpa[e] + n - 1) // block_size
+        blocks += last - first + 1
+        for block in range(first, last + 1):
+            slot = btm.lookup(bt, block)
+            if slot >= 0 and bt.flags[slot] & btm.BUSY:
+                return blocks, True
+    return blocks, False
 
 
 @numba.njit(nogil=True)

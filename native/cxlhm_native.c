@@ -30,6 +30,7 @@ typedef void (*queue_exit_fn)(void *);
 typedef struct io_uring_sqe *(*get_sqe_fn)(void *);
 typedef void (*prep_rw_fn)(struct io_uring_sqe *, int, void *, unsigned, uint64_t);
 typedef int (*submit_fn)(void *);
+typedef int (*submit_and_wait_fn)(void *, unsigned);
 typedef int (*wait_cqe_fn)(void *, struct io_uring_cqe **);
 typedef void (*cqe_seen_fn)(void *, struct io_uring_cqe *);
 typedef int (*peek_cqe_fn)(void *, struct io_uring_cqe **);
@@ -42,6 +43,7 @@ static struct {
     prep_rw_fn prep_read;
     prep_rw_fn prep_write;
     submit_fn submit;
+    submit_and_wait_fn submit_and_wait;
     wait_cqe_fn wait_cqe;
     cqe_seen_fn cqe_seen;
     peek_cqe_fn peek_cqe;
@@ -50,6 +52,7 @@ static struct {
 struct cxlhm_ring {
     _Alignas(64) unsigned char opaque[RING_OPAQUE_BYTES];
     unsigned depth;
+    unsigned queued; /* SQEs prepared by cxlhm_io_queue, not yet handed to the kernel */
 };
 
 int cxlhm_uring_load(const char *path, char *err, int errlen)
@@ -77,6 +80,7 @@ int cxlhm_uring_load(const char *path, char *err, int errlen)
     LOAD(prep_read, "io_uring_prep_read");
     LOAD(prep_write, "io_uring_prep_write");
     LOAD(submit, "io_uring_submit");
+    LOAD(submit_and_wait, "io_uring_submit_and_wait");
     LOAD(wait_cqe, "io_uring_wait_cqe");
     LOAD(cqe_seen, "io_uring_cqe_seen");
     LOAD(peek_cqe, "io_uring_peek_cqe");
@@ -117,11 +121,36 @@ void cxlhm_ring_close(struct cxlhm_ring *r)
 }
 
 /*
+ * One kernel entry per round: submit what was queued and wait for a completion in
+ * the same io_uring_enter() (io_uring_submit + io_uring_wait_cqe took two: at QD1
+ * that is 10.4k vs 17.8k IOPS). With nothing queued, a completion already in the
+ * CQ ring is taken without entering the kernel at all.
+ * Returns 0 with *cqe set, or -errno (-EINTR: call again with queued = 0).
+ */
+static int submit_and_get_cqe(struct cxlhm_ring *r, int queued, struct io_uring_cqe **cqe)
+{
+    if (queued) {
+        int rc;
+        /* -EINTR before anything reached the kernel: the SQEs are still in the SQ
+         * ring, and only a submitting call would hand them over, so retry here */
+        do
+            rc = uring.submit_and_wait(r->opaque, 1);
+        while (rc == -EINTR);
+        if (rc < 0)
+            return rc;
+    }
+    if (uring.peek_cqe(r->opaque, cqe) == 0)
+        return 0;
+    return uring.wait_cqe(r->opaque, cqe);
+}
+
+/*
  * Run `n` independent I/Os and wait for all of them. Submission is batched: as
- * many SQEs as the ring holds go out with one io_uring_submit(). Short transfers
- * (legal for regular files) are resubmitted for the remainder. res[i] receives
- * the bytes transferred or -errno for the first failure of op i.
- * Returns the number of ops that failed.
+ * many SQEs as the ring holds go out with one io_uring_submit_and_wait(), which
+ * also waits for the first completion; every completion already there is reaped
+ * before the next round. Short transfers (legal for regular files) are resubmitted
+ * for the remainder. res[i] receives the bytes transferred or -errno for the first
+ * failure of op i. Returns the number of ops that failed.
  */
 int cxlhm_io_batch(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops,
                    int n, int64_t *res)
@@ -158,38 +187,35 @@ int cxlhm_io_batch(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops,
             inflight++;
             queued++;
         }
-        if (queued) {
-            int rc = uring.submit(r->opaque);
-            if (rc < 0) {
-                free(pending);
-                return rc;
-            }
+        if (inflight == 0) { /* nothing queued although work is left: never spin */
+            free(pending);
+            return next < n || npending > 0 ? -EBUSY : failed;
         }
-        if (inflight == 0)
-            continue;
         struct io_uring_cqe *cqe;
-        int rc = uring.wait_cqe(r->opaque, &cqe);
+        int rc = submit_and_get_cqe(r, queued, &cqe);
         if (rc < 0) {
             if (rc == -EINTR)
                 continue;
             free(pending);
             return rc;
         }
-        int i = (int)cqe->user_data;
-        int32_t got = cqe->res;
-        uring.cqe_seen(r->opaque, cqe);
-        inflight--;
-        if (got < 0) {
-            res[i] = got;
-            failed++;
-        } else if (got == 0) {
-            res[i] = -EIO; /* no progress: treat as an I/O error, never as data */
-            failed++;
-        } else {
-            res[i] += got;
-            if ((uint64_t)res[i] < ops[i].len)
-                pending[npending++] = i;
-        }
+        do {
+            int i = (int)cqe->user_data;
+            int32_t got = cqe->res;
+            uring.cqe_seen(r->opaque, cqe);
+            inflight--;
+            if (got < 0) {
+                res[i] = got;
+                failed++;
+            } else if (got == 0) {
+                res[i] = -EIO; /* no progress: treat as an I/O error, never as data */
+                failed++;
+            } else {
+                res[i] += got;
+                if ((uint64_t)res[i] < ops[i].len)
+                    pending[npending++] = i;
+            }
+        } while (uring.peek_cqe(r->opaque, &cqe) == 0);
     }
     free(pending);
     return failed;
@@ -238,15 +264,10 @@ int64_t cxlhm_io_qd(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops,
             inflight++;
             queued++;
         }
-        if (queued) {
-            int rc = uring.submit(r->opaque);
-            if (rc < 0)
-                return rc;
-        }
         if (inflight == 0)
             break;
         struct io_uring_cqe *cqe;
-        int rc = uring.wait_cqe(r->opaque, &cqe);
+        int rc = submit_and_get_cqe(r, queued, &cqe);
         if (rc < 0) {
             if (rc == -EINTR)
                 continue;
@@ -262,4 +283,69 @@ int64_t cxlhm_io_qd(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops,
         } while (uring.peek_cqe(r->opaque, &cqe) == 0);
     }
     return next;
+}
+
+/*
+ * Split-phase I/O, for a caller that keeps many I/Os of its own in flight on one
+ * ring (and must not block on all of them at once):
+ *
+ *   cxlhm_io_queue  prepares SQEs for `n` ops (user_data = tags[i]) without entering
+ *                   the kernel; returns how many fit in the SQ (the rest: after a reap).
+ *   cxlhm_io_reap   hands what is queued to the kernel and waits until at least `min`
+ *                   completions are in - one io_uring_enter(), none when nothing is
+ *                   queued and a completion is already there - then takes up to `max`
+ *                   of them: tags[i] = user_data, res[i] = bytes or -errno (a short
+ *                   transfer is reported as such; the caller retries it).
+ *                   Returns the number taken, or -errno.
+ *
+ * A ring used this way must not also run cxlhm_io_batch (it would take these CQEs).
+ */
+int cxlhm_io_queue(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops, int n,
+                   const int64_t *tags)
+{
+    int i;
+    for (i = 0; i < n; i++) {
+        struct io_uring_sqe *sqe = uring.get_sqe(r->opaque);
+        if (!sqe)
+            break;
+        if (ops[i].write)
+            uring.prep_write(sqe, fd, ops[i].buf, (unsigned)ops[i].len, ops[i].offset);
+        else
+            uring.prep_read(sqe, fd, ops[i].buf, (unsigned)ops[i].len, ops[i].offset);
+        sqe->user_data = (uint64_t)tags[i];
+        r->queued++;
+    }
+    return i;
+}
+
+int cxlhm_io_reap(struct cxlhm_ring *r, int min, int max, int64_t *tags, int64_t *res)
+{
+    struct io_uring_cqe *cqe;
+    int got = 0;
+    if (r->queued || (min > 0 && uring.peek_cqe(r->opaque, &cqe) != 0)) {
+        int rc;
+        do
+            rc = uring.submit_and_wait(r->opaque, (unsigned)(min > 0 ? 1 : 0));
+        while (rc == -EINTR && r->queued);
+        if (rc >= 0) /* the kernel may take fewer (the rest go with the next enter) */
+            r->queued = (unsigned)rc >= r->queued ? 0 : r->queued - (unsigned)rc;
+        else if (rc != -EINTR)
+            return rc;
+    }
+    while (got < max) {
+        if (uring.peek_cqe(r->opaque, &cqe) != 0) {
+            if (got >= min)
+                break;
+            int rc = uring.wait_cqe(r->opaque, &cqe);
+            if (rc == -EINTR)
+                continue;
+            if (rc < 0)
+                return rc;
+        }
+        tags[got] = (int64_t)cqe->user_data;
+        res[got] = cqe->res;
+        uring.cqe_seen(r->opaque, cqe);
+        got++;
+    }
+    return got;
 }

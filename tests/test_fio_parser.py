@@ -176,7 +176,7 @@ def test_rwmixwrite_sets_rwmixread():
     ("[j]\nrandom_distribution=zoned:50/10:40/90\n", 2, "random_distribution", "not 100"),
     ("[j]\nverify=sha1\n", 2, "verify", "one of"),
     ("[j]\nioengine=io_uring\ncxlhm_dram=64m\n", 3, "cxlhm_dram", "ioengine=cxlhm only"),
-    ("[j]\ncxlhm_clock=model\n", 2, "cxlhm_clock", "not available yet"),
+    ("[j]\ncxlhm_clock=sundial\n", 2, "cxlhm_clock", "one of"),
     ("[j]\ndirect=0\n", 2, "direct", "direct=1"),
     ("[j]\nkb_base=999\n", 2, "kb_base", "1000 or 1024"),
 ])

@@ -5,16 +5,20 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import threading
+import time
 
 import numpy as np
 import pytest
 
 from cxlhm.cli import main as cli_main
+from cxlhm.config import load_config
 from cxlhm.fio import report
 from cxlhm.fio.jobfile import JobFileError, build_jobs, read_sections
 from cxlhm.fio.options import parse_rw
 from cxlhm.fio.pattern import IoGenerator, SizeChoice
 from cxlhm.fio.runner import run_jobs
+from cxlhm.timing import TimingModel
 
 DEVICE = "cxlhm_dram=1m\ncxlhm_block_size=4k\n"
 
@@ -161,14 +165,14 @@ def test_setup_errors_name_the_job_line(tmp_path):
         run(f"[j]\nfilename={tmp_path / 'missing.img'}\n")
 
 
-def test_cli_reads_stdin_and_rejects_the_model_clock(tmp_path, monkeypatch, capsys):
+def test_cli_reads_stdin_and_runs_the_model_clock(tmp_path, monkeypatch, capsys):
     job = f"[s]\nfilename={tmp_path / 'f.img'}\nsize=256k\nrw=read\n{DEVICE}"
     monkeypatch.setattr("sys.stdin", io.StringIO(job))
     assert cli_main(["fio", "-"]) == 0
     assert "Run status group 0" in capsys.readouterr().out
     monkeypatch.setattr("sys.stdin", io.StringIO(job + "cxlhm_clock=model\n"))
-    assert cli_main(["fio", "-"]) == 2
-    assert "<stdin>:7: option 'cxlhm_clock': cxlhm_clock=model is not available yet" in capsys.readouterr().err
+    assert cli_main(["fio", "-"]) == 0
+    assert "clock=model" in capsys.readouterr().out
 
 
 def test_cli_cmdhelp(capsys):
@@ -201,3 +205,120 @@ def test_ramp_time_is_not_recorded(tmp_path):
     read = out["jobs"][0]["read"]
     assert 550 <= read["runtime"] <= 900 and read["total_ios"] > 0  # 600 ms measured, not 1000
     assert not result.failed
+
+
+# ---------------------------------------------------------------- the model clock
+def model_job(path, iodepth: int, size: str, profile: str = "") -> str:
+    return (f"[m]\nfilename={path}\nsize={size}\nrw=randread\nbs=4k\niodepth={iodepth}\nioengine=cxlhm\n"
+            f"cxlhm_dram=1m\ncxlhm_block_size=4k\ncxlhm_clock=model\n" + (f"cxlhm_profile={profile}\n" if profile else ""))
+
+
+def cmm_h_timing() -> TimingModel:
+    return TimingModel.from_device_config(load_config("cmm-h", {"block_size": 4096}))
+
+
+def test_model_clock_qd1_latency_is_the_timing_models_miss_latency(tmp_path):
+    result, out = run(model_job(tmp_path / "m.img", 1, "8m"))  # 2048 reads, every one a miss
+    read = out["jobs"][0]["read"]
+    assert not result.failed and read["total_ios"] == 2048 and read["cachehit"] == 0
+    expected = cmm_h_timing().miss_read_latency_ns(4096)
+    assert read["clat_ns"]["mean"] == pytest.approx(expected, rel=0.01)
+    assert read["clat_ns"]["min"] == pytest.approx(expected, rel=0.01)  # no queueing at QD1
+    assert read["iops"] == pytest.approx(1e9 / expected, rel=0.02)  # runtime is whole ms
+    assert out["jobs"][0]["job options"]["cxlhm_clock"] == "model"
+
+
+def test_model_clock_iodepth_raises_iops_up_to_the_die_limit(tmp_path):
+    """The job keeps iodepth I/Os outstanding on the model clock, so IOPS grow with it
+    until the NAND dies (dies / tR) bind. Timing-only device: same model, no data moved."""
+    profile = tmp_path / "timing-only.yaml"
+    profile.write_text("profile: cmm-h\ndata: none\n")
+    limit = cmm_h_timing().random_read_iops_limit(4096)
+    bounds = []  # (low, high): the job's runtime is reported in whole ms
+    for qd in (1, 8, 64, 1024):
+        result, out = run(model_job(tmp_path / "m.img", qd, "64m", str(profile)))
+        read = out["jobs"][0]["read"]
+        assert not result.failed and read["total_ios"] == 16384
+        ms = read["runtime"]
+        bounds.append((1000 * read["total_ios"] / (ms + 1), 1000 * read["total_ios"] / ms))
+    assert all(high < next_low for (_, high), (next_low, _) in zip(bounds, bounds[1:])), bounds
+    assert all(low <= limit for low, _ in bounds)
+    assert bounds[-1][1] > 0.85 * limit  # QD1024 keeps nearly every die busy
+    again, _ = run(model_job(tmp_path / "m.img", 64, "64m", str(profile)))
+    first, _ = run(model_job(tmp_path / "m.img", 64, "64m", str(profile)))
+    assert again.clones[0].stats.dirs[0].clat.mean == first.clones[0].stats.dirs[0].clat.mean  # bit-identical
+
+
+def test_two_jobs_share_a_model_clock_device_in_turn(tmp_path):
+    """Two clones on one device take turns in model time, so the run is deterministic."""
+    text = model_job(tmp_path / "m.img", 4, "4m") + "numjobs=2\n"
+    runs = [run(text)[1]["jobs"] for _ in range(2)]
+    for jobs in runs:
+        assert [j["read"]["total_ios"] for j in jobs] == [1024, 1024]
+    assert [j["read"]["clat_ns"] for j in runs[0]] == [j["read"]["clat_ns"] for j in runs[1]]
+
+
+# ---------------------------------------------------------------- the wall clock keeps iodepth in flight
+def _count_queued(monkeypatch):
+    """Count the split-phase reads at the SSD (queued, not yet reaped), over all threads."""
+    from cxlhm.media.ssd import SsdBackend
+    state = {"now": 0, "max": 0}
+    lock = threading.Lock()
+    real_queue, real_reap = SsdBackend.queue, SsdBackend.reap
+
+    def queue(self, ops, tags):
+        got = real_queue(self, ops, tags)
+        with lock:
+            state["now"] += got
+            state["max"] = max(state["max"], state["now"])
+        return got
+
+    def reap(self, *args):
+        tags, res = real_reap(self, *args)
+        with lock:
+            state["now"] -= tags.shape[0]
+        return tags, res
+
+    monkeypatch.setattr(SsdBackend, "queue", queue)
+    monkeypatch.setattr(SsdBackend, "reap", reap)
+    return state
+
+
+def test_cxlhm_engine_keeps_iodepth_reads_at_the_ssd(tmp_path, monkeypatch):
+    """iodepth=8 on the wall clock: the engine's reads reach the SSD one by one as
+    others complete (Device.read_start / read_reap), up to 8 at once."""
+    state = _count_queued(monkeypatch)
+    result, out = run(f"[r]\nfilename={tmp_path / 'f.img'}\nsize=1m\nbs=4k\nrw=randread\niodepth=8\n{DEVICE}")
+    read = out["jobs"][0]["read"]
+    assert not result.failed and read["total_ios"] == 256 and read["cachehit"] == 0
+    assert state["max"] == 8 and state["now"] == 0
+    assert read["clat_ns"]["N"] == 256 and read["slat_ns"]["N"] == 256 and read["clat_ns"]["min"] > 0
+
+
+def test_cxlhm_engine_overlaps_whole_batches_when_reads_cannot_be_split(tmp_path, monkeypatch):
+    """With injected faults (no split-phase reads) the submitter threads' device calls
+    still overlap at the back end: 4 of them at once at iodepth=4."""
+    from cxlhm.media.faults import FaultInjector
+    real = FaultInjector.submit
+    state = {"now": 0, "max": 0}
+    lock = threading.Lock()
+
+    def counted(self, ops):
+        with lock:
+            state["now"] += 1
+            state["max"] = max(state["max"], state["now"])
+        try:
+            return real(self, ops)
+        finally:
+            with lock:
+                state["now"] -= 1
+
+    monkeypatch.setattr(FaultInjector, "submit", counted)
+    profile = tmp_path / "slow.yaml"  # every back-end batch takes 5 ms longer
+    profile.write_text("profile: cmm-h\nbackend: {faults: {spike_rate: 1.0, spike_ns: 5000000}}\n")
+    result, out = run(f"[r]\nfilename={tmp_path / 'f.img'}\nsize=256k\nbs=4k\nrw=randread\niodepth=4\n"
+                      f"cxlhm_profile={profile}\n{DEVICE}")
+    read = out["jobs"][0]["read"]
+    assert not result.failed and read["total_ios"] == 64
+    assert state["max"] >= 3
+    assert read["clat_ns"]["min"] >= 5_000_000  # each I/O's latency covers its own device call

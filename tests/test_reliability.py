@@ -1,5 +1,8 @@
 """Injected SSD faults, checksums and poison: the device retries, then returns an error
 for what it cannot produce - never stale, zero or corrupt bytes."""
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -113,7 +116,9 @@ def test_bad_fault_config_names_the_key(tmp_path):
        write_err=st.sampled_from([0.0, 0.2, 0.6]), short=st.sampled_from([0.0, 0.3]),
        ops=st.lists(st.tuples(st.booleans(), st.integers(0, 60 * BLOCK), st.integers(1, 2 * BLOCK)), max_size=40))
 def test_under_any_faults_reads_are_exact_or_errors(tmp_path, seed, read_err, write_err, short, ops):
-    path = tmp_path / f"h{seed}.img"
+    # a fresh file per example: hypothesis reuses tmp_path and repeats seeds, and an
+    # image left by an earlier example would hold bytes this example's model never saw
+    path = Path(tempfile.mkdtemp(dir=tmp_path)) / f"h{seed}.img"
     model = bytearray(64 * BLOCK)
     lost = set()  # blocks whose current bytes the device told us it lost
     cfg = dev_config(path, read_error_rate=read_err, write_error_rate=write_err,

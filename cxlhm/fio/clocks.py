@@ -1,17 +1,23 @@
 """The clocks a cxlhm-fio job can run on.
 
-A job asks its clock two things: what time it is (runtime, ramp time and the
-bandwidth sample windows are measured in it) and how long each I/O of a batch took.
+A job asks its clock what time it is (runtime, ramp time and the bandwidth sample
+windows are measured in it); the engine measures each I/O's latency on it.
 
-- WallClock: CLOCK_MONOTONIC; every I/O of a batch completes when the device call
-  returns (the device finishes a batch as one firmware pass).
-- The model clock (``cxlhm_clock=model``) is not wired up yet; see MODEL CLOCK SEAM below.
+- WallClock: CLOCK_MONOTONIC. An I/O's latency is the time from its device call to
+  that call's return.
+- ModelClock (``cxlhm_clock=model``, the device opened with ``clock: model``): time is
+  the device's timing model. A job with iodepth N is an event loop over N outstanding
+  I/Os (ModelLoop): each new I/O is issued at the completion time of the one it
+  replaces, and its latency is what the timing model charged for it. Same job, seed
+  and device config = bit-identical results, on any machine; the runner never sleeps.
 """
 from __future__ import annotations
 
+import heapq
+import itertools
+import threading
 import time
-
-import numpy as np
+from collections.abc import Callable
 
 
 class ClockUnavailable(RuntimeError):
@@ -24,41 +30,101 @@ class WallClock:
     def now_ns(self) -> int:
         return time.monotonic_ns()
 
-    def start_batch(self) -> int:
-        return time.monotonic_ns()
 
-    def finish_batch(self, token: int, n: int) -> tuple[np.ndarray, int]:
-        """Per-I/O completion latency of the batch started at `token`, and the end time."""
-        end = time.monotonic_ns()
-        return np.full(n, end - token, np.int64), end
+class ModelClock:
+    """The model time of one device, shared by every job (clone) that uses it.
+
+    The device needs its accesses in non-decreasing issue time. One job's loop issues
+    in that order by construction; several jobs on one device take turns: the loop
+    whose next issue time is the earliest (ties: the loop opened first) goes next, so
+    the interleaving - and every result - is the same on every run."""
+    name = "model"
+
+    def __init__(self, device):
+        self.device = device
+        self._turn = threading.Condition()
+        self._next: dict[int, tuple[float, int]] = {}  # loop id -> (next issue time, id)
+        self._ids = itertools.count()
+
+    def now_ns(self) -> float:
+        return self.device.model.now_ns
+
+    def open_loop(self, iodepth: int) -> "ModelLoop":
+        with self._turn:
+            loop = ModelLoop(self, next(self._ids), iodepth, self.device.model.now_ns)
+            self._next[loop.id] = (loop.next_issue_ns(), loop.id)
+            return loop
+
+    def _issue(self, loop: "ModelLoop", access: Callable[[float], float]) -> float:
+        with self._turn:
+            key = (loop.next_issue_ns(), loop.id)
+            while len(self._next) > 1 and min(self._next.values()) != key:
+                self._turn.wait()
+            t = key[0]
+            latency = access(t)  # under the turn: no other job issues before this one is charged
+            loop._completed(t, latency)
+            self._next[loop.id] = (loop.next_issue_ns(), loop.id)
+            if len(self._next) > 1:
+                self._turn.notify_all()
+            return latency
+
+    def _close(self, loop: "ModelLoop") -> None:
+        with self._turn:
+            if self._next.pop(loop.id, None) is not None:
+                self._turn.notify_all()  # the others no longer wait for this one
 
 
-# ============================================================ MODEL CLOCK SEAM
-# To enable `cxlhm_clock=model` once the timing model charges device accesses:
-#   1. implement ModelClock with the WallClock interface above:
-#        now_ns()            -> the device's model time (ns) for this host thread
-#        start_batch()       -> a token holding the model issue time of the next device call
-#        finish_batch(t, n)  -> (per-extent model completion time - issue time, model end time),
-#                               read from what the timing model charged for that call
-#      (runtime, ramp_time and bw/iops windows then follow model time automatically, and the
-#      runner never sleeps on it);
-#   2. return it from clock_for() below;
-#   3. make model_clock_unavailable() return None.
-# Nothing else in cxlhm/fio needs to change: jobfile.py rejects cxlhm_clock=model while
-# model_clock_unavailable() returns a reason, and the engines only talk to the clock.
-_MODEL_CLOCK_REASON = ("cxlhm_clock=model is not available yet: the timing model is not wired into "
-                       "the device's access path; use cxlhm_clock=wall")
+class ModelLoop:
+    """One job's event loop on the model clock: `iodepth` I/O slots, each holding the
+    completion time of its latest I/O; the next I/O goes to the slot that frees first,
+    at that time (so issue times never decrease)."""
+
+    def __init__(self, clock: ModelClock, loop_id: int, iodepth: int, start_ns: float):
+        self.clock, self.id = clock, loop_id
+        self._free = [float(start_ns)] * max(1, iodepth)  # equal values: already a heap
+        self._now = float(start_ns)
+        self.closed = False
+
+    def now_ns(self) -> float:
+        """The time of the job's latest event: its last issue, or a deadline it reached."""
+        return self._now
+
+    def next_issue_ns(self) -> float:
+        return self._free[0]
+
+    def issue(self, access: Callable[[float], float]) -> float:
+        """Run `access(issue_ns) -> latency_ns` as the next I/O; returns its latency."""
+        return self.clock._issue(self, access)
+
+    def _completed(self, issue_ns: float, latency: float) -> None:
+        heapq.heapreplace(self._free, issue_ns + latency)
+        self._now = max(self._now, issue_ns)
+
+    def reach(self, t_ns: float) -> None:
+        """Time passes to `t_ns` (a deadline before the next issue) with I/Os in flight."""
+        self._now = max(self._now, min(t_ns, self._free[0]))
+
+    def drain(self) -> float:
+        """The job issues no more: time moves to its last completion, and other jobs
+        on the device stop waiting for its turn. Returns that time."""
+        if not self.closed:
+            self.closed = True
+            self._now = max(self._now, max(self._free))
+            self.clock._close(self)
+        return self._now
 
 
 def model_clock_unavailable() -> str | None:
     """None when the model clock works, else the reason it does not (an error message)."""
-    return _MODEL_CLOCK_REASON
+    return None
 
 
 def clock_for(name: str, device_handle=None):
     if name == "wall":
         return WallClock()
     if name == "model":
-        raise ClockUnavailable(_MODEL_CLOCK_REASON)
+        device = getattr(device_handle, "device", device_handle)
+        if device is None or getattr(device, "model", None) is None:
+            raise ClockUnavailable("cxlhm_clock=model needs a device opened with clock: model")
+        return ModelClock(device)
     raise ValueError(f"unknown clock {name!r}")
-# ============================================================ END MODEL CLOCK SEAM

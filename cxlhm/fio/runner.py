@@ -24,7 +24,7 @@ import numpy as np
 from cxlhm.config import ConfigError, load_config
 from cxlhm.fio import clocks
 from cxlhm.fio import verify as VF
-from cxlhm.fio.engines import CxlhmEngine, DeviceShare, EngineError, IoArena, IoUringEngine
+from cxlhm.fio.engines import CxlhmEngine, DeviceShare, EngineError, IoArena, IoUringEngine, warm_split_reads
 from cxlhm.fio.jobfile import JobSpec
 from cxlhm.fio.options import READ, WRITE
 from cxlhm.fio.pattern import Chunk, IoGenerator, size_choices
@@ -200,17 +200,20 @@ def _open_device(job: JobSpec, path: str, needed: int, open_device) -> DeviceSha
         clock_name = job["cxlhm_clock"] or cfg.clock
         if clock_name == "model" and clocks.model_clock_unavailable():
             raise job.error("cxlhm_clock" if job["cxlhm_clock"] else "cxlhm_profile", clocks.model_clock_unavailable())
-        # The device is sized to the jobs' region (at least its DRAM), plus one scratch
-        # block past it that warms up the compiled access path before any job starts.
+        # The device is sized to the jobs' region (at least its DRAM), plus two scratch
+        # blocks past it that warm up the compiled access paths before any job starts.
         block = cfg.block_size
-        capacity = -(-max(needed, cfg.dram_bytes) // block) * block + block
-        cfg = load_config(job["cxlhm_profile"], {**overrides, "capacity": capacity, "clock": "wall"})
+        capacity = -(-max(needed, cfg.dram_bytes) // block) * block + 2 * block
+        cfg = load_config(job["cxlhm_profile"], {**overrides, "capacity": capacity, "clock": clock_name})
         handle = open_device(cfg)
     except ConfigError as exc:
         raise job.error(_DEVICE_OPTION_FOR_KEY.get(exc.key, "cxlhm_profile"), str(exc)) from None
     scratch = np.zeros(block, np.uint8)
-    handle.writev(np.array([capacity - block]), block, scratch)  # compile the write and read paths now
-    handle.readv(np.array([capacity - block]), block, scratch)
+    first = capacity - 2 * block
+    if clock_name == "wall":  # a dirty block would cost the model clock a write-back later in the job
+        handle.writev(np.array([first]), block, scratch)  # compile the write and read paths now
+    handle.readv(np.array([first]), block, scratch)
+    warm_split_reads(handle.device, capacity - block, scratch)
     return DeviceShare(handle, clocks.clock_for(clock_name, handle))
 
 
@@ -261,6 +264,7 @@ class Worker:
         self.messages: list[str] = []
         self.engine = None
         self._t_start = 0
+        self._wall_start = 0
         self._budget_total = budget
         self._stop = threading.Event()
 
@@ -272,7 +276,7 @@ class Worker:
         if self.state in ("E", "D"):
             return 1.0
         if job["runtime"]:
-            elapsed = time.monotonic_ns() - self._t_start
+            elapsed = self.engine.now_ns() - self._t_start  # the job's clock: runtime is in it
             frac = elapsed / (job["runtime"] + job["ramp_time"])
             if job["time_based"]:
                 return min(frac, 1.0)
@@ -284,9 +288,9 @@ class Worker:
 
     def eta_s(self) -> float | None:
         frac = self.fraction_done()
-        if not frac or self._t_start == 0:
+        if not frac or self._wall_start == 0:
             return None
-        elapsed = (time.monotonic_ns() - self._t_start) / 1e9
+        elapsed = (time.monotonic_ns() - self._wall_start) / 1e9
         return elapsed * (1 - frac) / frac
 
     # -------------------------------------------------------- the run
@@ -309,9 +313,15 @@ class Worker:
             self.messages.append(f"fio: job {self.job.name!r}: {exc}")
             self.state = "E"
         finally:
+            if self.engine is not None:
+                try:  # on the model clock, other jobs on the device stop waiting for this one
+                    self.engine.drain()
+                except Exception:  # noqa: BLE001 - the run's own error, if any, is what counts
+                    pass
             ru1 = resource.getrusage(resource.RUSAGE_THREAD)
-            self.stats.usr_s = ru1.ru_utime - ru0.ru_utime
-            self.stats.sys_s = ru1.ru_stime - ru0.ru_stime
+            helper_usr, helper_sys = getattr(self.engine, "helper_cpu", (0.0, 0.0))  # its submitter threads
+            self.stats.usr_s = ru1.ru_utime - ru0.ru_utime + helper_usr
+            self.stats.sys_s = ru1.ru_stime - ru0.ru_stime + helper_sys
             self.stats.ctx = (ru1.ru_nvcsw + ru1.ru_nivcsw) - (ru0.ru_nvcsw + ru0.ru_nivcsw)
             self.stats.majf = ru1.ru_majflt - ru0.ru_majflt
             self.stats.minf = ru1.ru_minflt - ru0.ru_minflt
@@ -322,6 +332,7 @@ class Worker:
         job, engine = self.job, self.engine
         rw = job["rw"]
         self.state = "m" if rw.mixed else ("w" if rw.writes else "r")
+        self._wall_start = time.monotonic_ns()
         t0 = self._t_start = engine.now_ns()
         ramp_end = t0 + job["ramp_time"]
         job_end = ramp_end + job["runtime"] if job["runtime"] else NEVER
@@ -354,7 +365,7 @@ class Worker:
             todo = self.backlog if job["verify_backlog"] else [(o, s, seed) for o, (s, seed) in self.written.items()]
             self._verify_pass(sorted(todo), record=True)
             self.backlog = []
-        end = engine.now_ns()
+        end = engine.drain()  # the job's last I/O has completed
         self._sample(end, final=True)
         stats = self.stats  # a new object if ramp_time reset it
         run_ms = max(1, (end - self._measure_start) // 1_000_000)

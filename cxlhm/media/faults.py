@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -76,14 +77,36 @@ class FaultInjector:
         self.ops = 0  # I/O sequence number: the source of every decision
         self.bytes_written = 0
         self.injected = {"read_error": 0, "write_error": 0, "short_read": 0, "short_write": 0, "spike": 0, "enospc": 0}
+        # host threads may submit at once (the device runs fills outside its lock):
+        # sequence numbers and totals are taken under this lock; the I/O and the
+        # injected delay are not, so spikes of different threads overlap as on an SSD
+        self._lock = threading.Lock()
 
     def __getattr__(self, name):  # everything else is the real back end's
         return getattr(self.backend, name)
 
     def submit(self, ops: np.ndarray) -> np.ndarray:
+        with self._lock:
+            verdict, spike = self._decide(ops)
+        run = verdict >= 0
+        short = verdict > 0
+        res = np.where(run, 0, verdict)
+        if run.any():
+            issue = ops[run].copy()
+            issue[short[run], IO_LEN] = verdict[run & short]
+            res[run] = self.backend.submit(issue)
+        with self._lock:
+            self.bytes_written += int(res[(ops[:, IO_WRITE] == 1) & (res > 0)].sum())
+        if spike:
+            time.sleep(spike / 1e9)
+        return res
+
+    def _decide(self, ops: np.ndarray) -> tuple[np.ndarray, int]:
+        """Each op's fate: 0 run as is, -errno fail, >0 transfer only this many bytes;
+        plus the delay to add (ns)."""
         p = self.plan
         n = ops.shape[0]
-        verdict = np.zeros(n, np.int64)  # 0 run as is, -errno fail, >0 transfer only this many bytes
+        verdict = np.zeros(n, np.int64)
         spike = 0
         for i in range(n):
             seq = self.ops
@@ -102,14 +125,4 @@ class FaultInjector:
             if _uniform(p.seed, seq, 3) < p.spike_rate:
                 spike += p.spike_ns
                 self.injected["spike"] += 1
-        run = verdict >= 0
-        short = verdict > 0
-        res = np.where(run, 0, verdict)
-        if run.any():
-            issue = ops[run].copy()
-            issue[short[run], IO_LEN] = verdict[run & short]
-            res[run] = self.backend.submit(issue)
-        self.bytes_written += int(res[(ops[:, IO_WRITE] == 1) & (res > 0)].sum())
-        if spike:
-            time.sleep(spike / 1e9)
-        return res
+        return verdict, spike

@@ -7,6 +7,8 @@ import errno
 import os
 import stat
 import tempfile
+import threading
+import weakref
 
 import numpy as np
 
@@ -30,13 +32,43 @@ class SsdBackend:
         if self._ffi.sizeof("struct cxlhm_io") != IO_FIELDS * 8:
             raise native.NativeUnavailable("struct cxlhm_io layout changed; rebuild cxlhm")
         self.fd = self._open(path, capacity, source)
-        err = self._ffi.new("int *")
-        self._ring = self._lib.cxlhm_ring_open(queue_depth, err)
-        if self._ring == self._ffi.NULL:
+        self.queue_depth = queue_depth
+        # io_uring rings are not thread-safe (SQ/CQ heads are plain memory), and the
+        # device lets several host threads run I/O at once: each thread gets its own
+        # ring and result array, made on first use; close() closes them all.
+        self._local = threading.local()
+        self._rings: list = []
+        self._rings_lock = threading.Lock()
+        try:
+            self._thread_state()  # the opening thread's ring: fail here, not on the first I/O
+        except BaseException:
             os.close(self.fd)
-            raise OSError(err[0], f"io_uring setup failed: {os.strerror(err[0])}")
-        self._res = np.zeros(queue_depth, np.int64)
-        self._res_ptr = self._ffi.from_buffer("int64_t[]", self._res)
+            raise
+
+    def _thread_state(self) -> "_ThreadRing":
+        """The calling thread's ring and result array."""
+        state = getattr(self._local, "state", None)
+        if state is not None:
+            return state
+        err = self._ffi.new("int *")
+        with self._rings_lock:
+            if self.fd < 0:
+                raise OSError(errno.EBADF, "the SSD back end is closed")
+            ring = self._lib.cxlhm_ring_open(self.queue_depth, err)
+            if ring == self._ffi.NULL:
+                raise OSError(err[0], f"io_uring setup failed: {os.strerror(err[0])}")
+            self._rings.append(ring)
+        state = self._local.state = _ThreadRing(ring, np.zeros(self.queue_depth, np.int64), self._ffi)
+        # the ring goes when its thread does (threading.local drops the state), so
+        # short-lived host threads do not pile up rings and descriptors
+        weakref.finalize(state, self._drop_ring, ring)
+        return state
+
+    def _drop_ring(self, ring) -> None:
+        with self._rings_lock:
+            if ring in self._rings:  # not already closed by close()
+                self._rings.remove(ring)
+                self._lib.cxlhm_ring_close(ring)
 
     def _open(self, path: str | None, capacity: int, source: str) -> int:
         flags = os.O_RDWR | os.O_DIRECT | os.O_CLOEXEC
@@ -77,20 +109,83 @@ class SsdBackend:
 
     def submit(self, ops: np.ndarray) -> np.ndarray:
         """Run the I/Os in `ops` (int64 rows laid out as struct cxlhm_io) as one batch and
-        wait for all; returns bytes transferred per op, or -errno for a failed op."""
+        wait for all; returns bytes transferred per op, or -errno for a failed op. The
+        result array is the calling thread's and is reused by its next submit()."""
         n = ops.shape[0]
+        state = self._thread_state()
         if n == 0:
-            return self._res[:0]
-        if self._res.shape[0] < n:
-            self._res = np.zeros(n, np.int64)
-            self._res_ptr = self._ffi.from_buffer("int64_t[]", self._res)
-        # from_buffer is the cheapest way to hand numpy memory to C (no copy)
-        rc = self._lib.cxlhm_io_batch(self._ring, self.fd, self._ffi.from_buffer("struct cxlhm_io[]", ops), n,
-                                      self._res_ptr)
-        res = self._res[:n]
+            return state.res[:0]
+        if state.res.shape[0] < n:
+            state.set_results(np.zeros(n, np.int64), self._ffi)
+        # from_buffer is the cheapest way to hand numpy memory to C (no copy); cffi
+        # releases the GIL for the call, so other threads run while this one waits
+        rc = self._lib.cxlhm_io_batch(state.ring, self.fd, self._ffi.from_buffer("struct cxlhm_io[]", ops), n,
+                                      state.res_ptr)
+        res = state.res[:n]
         if rc < 0:
             raise OSError(-rc, f"io_uring batch failed: {os.strerror(-rc)}")
         return res
+
+    # ---------------------------------------------------------------- split phase
+    # For a host thread that keeps many I/Os of its own in flight and handles each as it
+    # completes (the device's read_start / read_reap). They use a second ring of the
+    # thread's, so submit() on the same thread never takes their completions.
+    def queue(self, ops: np.ndarray, tags: np.ndarray) -> int:
+        """Prepare `ops` (tagged: a completion reports its tag) without waiting or even
+        entering the kernel; they go out with the next reap(). Returns how many were
+        queued (at most async_room())."""
+        state = self._async_state()
+        n = min(ops.shape[0], self.async_room())
+        if n <= 0:
+            return 0
+        tags = np.ascontiguousarray(tags, np.int64)
+        queued = self._lib.cxlhm_io_queue(state.async_ring, self.fd, self._ffi.from_buffer("struct cxlhm_io[]", ops),
+                                          n, self._ffi.from_buffer("int64_t[]", tags))
+        state.in_flight += queued
+        return queued
+
+    def async_room(self) -> int:
+        """Ops the calling thread may still queue: its ring keeps at most queue_depth in
+        flight, so completions never overflow the CQ ring."""
+        state = self._thread_state()
+        return self.queue_depth - state.in_flight
+
+    def reap(self, min_complete: int = 1, max_complete: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Send what is queued and wait until `min_complete` of the thread's queued ops
+        completed; returns (tags, results: bytes or -errno) of the completions taken (at
+        most `max_complete`, if given; the rest stay for the next reap). The arrays are
+        reused by the thread's next reap()."""
+        state = self._async_state()
+        min_complete = min(min_complete, state.in_flight)
+        most = state.tags.shape[0] if max_complete <= 0 else min(max_complete, state.tags.shape[0])
+        got = self._lib.cxlhm_io_reap(state.async_ring, min_complete, most, state.tags_ptr, state.reaped_ptr)
+        if got < 0:
+            raise OSError(-got, f"io_uring reap failed: {os.strerror(-got)}")
+        state.in_flight -= got
+        return state.tags[:got], state.reaped[:got]
+
+    def queued(self) -> int:
+        """The calling thread's queued ops not yet reaped."""
+        return self._thread_state().in_flight
+
+    def _async_state(self) -> "_ThreadRing":
+        state = self._thread_state()
+        if state.async_ring is None:
+            err = self._ffi.new("int *")
+            with self._rings_lock:
+                if self.fd < 0:
+                    raise OSError(errno.EBADF, "the SSD back end is closed")
+                ring = self._lib.cxlhm_ring_open(self.queue_depth, err)
+                if ring == self._ffi.NULL:
+                    raise OSError(err[0], f"io_uring setup failed: {os.strerror(err[0])}")
+                self._rings.append(ring)
+            state.async_ring = ring
+            state.tags = np.zeros(self.queue_depth, np.int64)
+            state.reaped = np.zeros(self.queue_depth, np.int64)
+            state.tags_ptr = self._ffi.from_buffer("int64_t[]", state.tags)
+            state.reaped_ptr = self._ffi.from_buffer("int64_t[]", state.reaped)
+            weakref.finalize(state, self._drop_ring, ring)
+        return state
 
     def run_closed_loop(self, ops: np.ndarray, qd: int, deadline_ns: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Keep `qd` of `ops` in flight until all finish (or CLOCK_MONOTONIC passes
@@ -100,7 +195,7 @@ class SsdBackend:
         res = np.zeros(n, np.int64)
         lat = np.zeros(n, np.int64)
         issued = self._lib.cxlhm_io_qd(
-            self._ring, self.fd, self._ffi.cast("struct cxlhm_io *", ops.ctypes.data), n, qd, deadline_ns,
+            self._thread_state().ring, self.fd, self._ffi.cast("struct cxlhm_io *", ops.ctypes.data), n, qd, deadline_ns,
             self._ffi.cast("int64_t *", res.ctypes.data), self._ffi.cast("int64_t *", lat.ctypes.data))
         if issued < 0:
             raise OSError(-issued, f"io_uring closed loop failed: {os.strerror(-issued)}")
@@ -110,9 +205,31 @@ class SsdBackend:
         os.fsync(self.fd)
 
     def close(self) -> None:
-        if self._ring is not None:
-            self._lib.cxlhm_ring_close(self._ring)
-            self._ring = None
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        """Close every thread's ring and the file. No I/O may be running (the device
+        closes its back end only after its last access)."""
+        with self._rings_lock:
+            for ring in self._rings:
+                self._lib.cxlhm_ring_close(ring)
+            self._rings.clear()
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+        # a thread's cached ring is now dangling; a later I/O gets EBADF instead
+        self._local = threading.local()
+
+
+class _ThreadRing:
+    """One host thread's io_uring rings: `ring` for whole batches (submit), with the
+    result array they reuse, and `async_ring` for split-phase I/O (queue / reap),
+    made on first use."""
+    __slots__ = ("ring", "res", "res_ptr", "async_ring", "in_flight", "tags", "reaped", "tags_ptr", "reaped_ptr",
+                 "__weakref__")
+
+    def __init__(self, ring, res: np.ndarray, ffi):
+        self.ring = ring
+        self.set_results(res, ffi)
+        self.async_ring = None
+        self.in_flight = 0
+
+    def set_results(self, res: np.ndarray, ffi) -> None:
+        self.res, self.res_ptr = res, ffi.from_buffer("int64_t[]", res)
