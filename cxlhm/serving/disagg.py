@@ -46,15 +46,7 @@ class DisaggEngine(Engine):
         if inst.index == PREFILL:
             super().try_admit(inst, now)
             return
-        if inst.blocked_at == inst.pool.releases:
-            return
-        while inst.waiting and inst.running < self.params.max_running:
-            i = inst.waiting[0]
-            if not self.admit_decode(inst, i, now):
-                inst.blocked_at = inst.pool.releases
-                break
-            inst.waiting.popleft()
-            inst.running += 1
+        self.admit_waiting(inst, now, self.admit_decode)
 
     # ------------------------------------------------------------ prefill side
     def prefilled(self, inst: GpuInstance, i: int, now: float) -> None:

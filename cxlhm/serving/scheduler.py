@@ -194,11 +194,14 @@ class Engine:
     def try_admit(self, inst: GpuInstance, now: float) -> None:
         """Admit waiting requests in FIFO order while they fit. (Never starts GPU work:
         handlers call kick() once their bookkeeping is complete.)"""
+        self.admit_waiting(inst, now, self.admit)
+
+    def admit_waiting(self, inst: GpuInstance, now: float, admit) -> None:
+        """The FIFO admission loop, with `admit(inst, i, now) -> bool` deciding each head."""
         if inst.blocked_at == inst.pool.releases:
             return  # the head did not fit, and nothing was freed since
         while inst.waiting and inst.running < self.params.max_running:
-            i = inst.waiting[0]
-            if not self.admit(inst, i, now):
+            if not admit(inst, inst.waiting[0], now):
                 inst.blocked_at = inst.pool.releases
                 break
             inst.waiting.popleft()
