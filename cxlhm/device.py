@@ -374,13 +374,13 @@ class Device:
             for hpa, n in zip(hpas.tolist(), lens.tolist()):
                 self._check_poison(hpa, n, is_write)
         counters = self.counters
-        hits, misses = counters[C.HITS], counters[C.MISSES]
+        hits, misses = counters.item(C.HITS), counters.item(C.MISSES)
         ok, k, n_wb, n_fill, done = self.kernels.access(
             self.bt, self.ps, counters, self.clock, hpas, lens, is_write, self._write_mode_code,
             owner, self.dram.base_address, self.block_size, s.slots_out, s.installed,
             s.writebacks, s.fills, user_addr, self.moves_data)
-        s.hits += int(counters[C.HITS] - hits)
-        s.misses += int(counters[C.MISSES] - misses)
+        s.hits += counters.item(C.HITS) - hits
+        s.misses += counters.item(C.MISSES) - misses
         if self.model is not None:
             through = k * self.block_size if is_write and self._write_mode_code == fw.WRITE_THROUGH else 0
             t = self.model.charge_access(t, is_write, int(lens.sum()), s.fills, n_fill, s.writebacks, n_wb,
@@ -604,12 +604,12 @@ class Device:
         t = ReadTicket(self._ticket_ids, hpas, lens, addrs, blocks)
         self._ticket_ids += 1
         counters = self.counters
-        hits, misses = counters[C.HITS], counters[C.MISSES]
+        hits, misses = counters.item(C.HITS), counters.item(C.MISSES)
         ok, k, n_wb, n_fill = self.kernels.plan(
             self.bt, self.ps, counters, self.clock, hpas, lens, False, self._write_mode_code, owner,
             self.dram.base_address, self.block_size, t.slots, t.installed, s.writebacks, t.fills)
-        s.hits += int(counters[C.HITS] - hits)
-        s.misses += int(counters[C.MISSES] - misses)
+        s.hits += counters.item(C.HITS) - hits
+        s.misses += counters.item(C.MISSES) - misses
         t.k, t.n_fill = k, n_fill
         try:
             if n_wb:  # under the lock: on the SSD before any thread can miss on these blocks

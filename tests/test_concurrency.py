@@ -247,7 +247,7 @@ def test_the_model_clock_keeps_accesses_serialised(tmp_path):
         in_flight = _probe_in_flight(dev)
         took = _read_two_blocks_at_once(dev)
         assert in_flight["max"] == 1
-        assert max(took) >= 2 * 0.05
+        assert max(took) > 1.5 * 0.05  # one waited for the other (the barrier releases them about together)
 
 
 # ---------------------------------------------------------------- split-phase reads

@@ -6,7 +6,6 @@ import io
 import os
 import shutil
 import threading
-import time
 
 import numpy as np
 import pytest

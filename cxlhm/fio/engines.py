@@ -39,14 +39,15 @@ from cxlhm.media.ssd import SsdBackend
 # Submitter threads per job on the wall clock, measured on the 2-core development machine
 # (4k random reads, QD32, all misses). Whole batches: 1 thread x 32 deep 27k IOPS,
 # 2 x 16 28k, 4 x 8 37k, 8 x 4 29k (more threads: more interpreter work and GIL
-# hand-offs per I/O). Split reads: 1 x 32 and 2 x 16 within the machine's noise of each
-# other (0.69 vs 0.60, 0.53 vs 0.62 of fio in alternating runs): one, the simpler.
+# hand-offs per I/O). Split reads: 2 x 16 never beat 1 x 32 (0.53 vs 0.57 of fio's IOPS,
+# medians of alternating runs on the idle machine): one.
 MAX_SUBMITTERS = 4
 SPLIT_SUBMITTERS = 1
 # Completions a split-read submitter takes before starting new reads (0: all that are
-# in). Smaller takes start new reads sooner but pay the per-call cost more often:
-# 4: 0.31, 8: 0.52, 16: 0.54, all: 0.53-0.61 of fio's IOPS (same machine).
-REAP_MOST = 0
+# in). Taking all lets the SSD run dry while they are processed (the virtual disk then
+# completes the next 32 as one burst, ~520 us later); small takes pay the per-call cost
+# too often. Idle machine: 8: 0.61, 16: 0.66, all: 0.57 of fio's IOPS.
+REAP_MOST = 16
 
 
 class EngineError(OSError):
