@@ -1,17 +1,24 @@
-"""Timing-model bench: (1) how fast the compiled model charges accesses, (2) how well
-`cxlhm calibrate` makes the model reproduce this machine's back end.
+"""Timing-model bench: (1) trace simulation on the model clock, (2) how fast the compiled
+model charges accesses, (3) how well `cxlhm calibrate` makes the model reproduce this
+machine's back end.
 
-(1) Replays 10M accesses (zipf over 1M 64 KiB blocks, 20% writes, 16 KiB each) from
+(1) The issue's target: the trace simulator (cxlhm/sim.py) replays 10M accesses of a
+    zipf trace (alpha 1.0 over 1M blocks, 20% writes) through the compiled LRU
+    firmware with DRAM = 10% of the trace's unique blocks, once without and once with
+    the timing model (cmm-h, 64 KiB blocks, closed loop QD1, latency percentiles kept),
+    as `simulate(..., timing="cmm-h")` does. Prints accesses/s of both (best of --reps,
+    interleaved) and their ratio; the target is >= 2 M/s with the model.
+(2) Replays 10M accesses (zipf over 1M 64 KiB blocks, 20% writes, 16 KiB each) from
     16 closed-loop host streams through a compiled LRU of its own (exact LRU over
     4096 slots = the cmm-h profile's 256 MiB device DRAM, dirty victims written
     back) and the cmm-h timing model. It times the loop without and with the model
     and reports accesses/s for the replay and for the model alone.
-(2) Runs the calibration (measure + fit, as `cxlhm calibrate` does) against a file on
+(3) Runs the calibration (measure + fit, as `cxlhm calibrate` does) against a file on
     a disk-backed file system and prints model vs measured IOPS at QD1, 8, 32 and
     sequential bandwidth; each must be within 15%.
 
     .venv/bin/python bench/bench_timing.py [--accesses 10000000] [--reps 3] [--path /work/cxlhm-bench-calib.img]
-        [--size 1GiB] [--runtime 5s] [--skip-calibration]
+        [--size 1GiB] [--runtime 5s] [--skip-charging] [--skip-calibration]
 """
 from __future__ import annotations
 
@@ -21,14 +28,21 @@ import shlex
 import sys
 import time
 
+from pathlib import Path
+
 import numba
 import numpy as np
 
-from cxlhm.config import load_config
-from cxlhm.timing import TimingModel, charge_access
-from cxlhm.timing import calibration as cal
-from cxlhm.timing.params import parse_timing
-from cxlhm.units import parse_duration_ns, parse_size
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine  # noqa: E402
+
+from cxlhm.config import load_config  # noqa: E402
+from cxlhm.sim import Simulator  # noqa: E402
+from cxlhm.traces.synthetic import zipf_trace as synthetic_zipf  # noqa: E402
+from cxlhm.timing import TimingModel, charge_access  # noqa: E402
+from cxlhm.timing import calibration as cal  # noqa: E402
+from cxlhm.timing.params import parse_timing  # noqa: E402
+from cxlhm.units import parse_duration_ns, parse_size  # noqa: E402
 
 BLOCK = 64 << 10
 HOST_BYTES = 16 << 10
@@ -119,9 +133,58 @@ def replay(blocks, writes, params, state, use_model):
     return hits, makespan, total
 
 
+SIM_ALPHA = 1.0
+SIM_DRAM_SHARE = 0.10  # device DRAM as a share of the trace's unique blocks
+SIM_PROFILE = "cmm-h"
+
+
+def bench_sim(n: int, reps: int) -> float:
+    """(1): accesses/s of the trace simulator with the timing model; returns it."""
+    t = time.perf_counter()
+    trace = synthetic_zipf(n, N_BLOCKS, SIM_ALPHA, write_fraction=WRITE_SHARE, seed=0)
+    unique = trace.unique_blocks
+    slots = max(2, int(unique * SIM_DRAM_SHARE))
+    print(f"== (1) trace simulation on the model clock: {n:,} accesses, zipf {SIM_ALPHA} over {N_BLOCKS:,} blocks "
+          f"({unique:,} touched), {WRITE_SHARE:.0%} writes, LRU firmware (cxlhm/sim.py), {slots:,} DRAM slots "
+          f"({SIM_DRAM_SHARE:.0%} of the touched blocks); timing: {SIM_PROFILE} profile, closed loop QD1, "
+          f"latency percentiles kept")
+    print(f"trace generated in {time.perf_counter() - t:.1f} s")
+
+    def run(timing):
+        sim = Simulator("lru", slots, timing=timing)
+        w, c = time.perf_counter(), time.process_time()
+        sim.replay(trace.blocks, trace.writes)
+        return time.perf_counter() - w, time.process_time() - c, sim.result()
+
+    run(None), run(SIM_PROFILE)  # compile both loops (not timed)
+    best = {None: [float("inf")] * 2, SIM_PROFILE: [float("inf")] * 2}
+    results = {}
+    for _ in range(reps):  # interleaved, so both see the same machine noise; best of reps each
+        for timing in (None, SIM_PROFILE):
+            wall, cpu, results[timing] = run(timing)
+            best[timing] = [min(best[timing][0], wall), min(best[timing][1], cpu)]
+    plain, timed = results[None], results[SIM_PROFILE]
+    assert (plain.hits, plain.misses) == (timed.hits, timed.misses)
+    tm = timed.timing
+    print(f"miss ratio {timed.miss_ratio:.4f}; model clock: {tm['model_ns'] / 1e9:.3f} s for the trace, latency "
+          f"mean {tm['mean_ns'] / 1e3:.2f} us, p50 {tm['p50_ns'] / 1e3:.2f} us, p90 {tm['p90_ns'] / 1e3:.2f} us, "
+          f"p99 {tm['p99_ns'] / 1e3:.2f} us, p99.9 {tm['p999_ns'] / 1e3:.2f} us "
+          f"(percentiles from {tm['sampled']:,} evenly spaced records)")
+    print(f"load average while running: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; best of {reps} runs")
+    print(f"{'M accesses/s':<34} {'wall':>8} {'CPU time':>9}")
+    for what, (wall, cpu) in (("sim, firmware only", best[None]), ("sim + timing model", best[SIM_PROFILE])):
+        print(f"{what:<34} {n / wall / 1e6:>8.2f} {n / cpu / 1e6:>9.2f}")
+    ratio_wall, ratio_cpu = best[None][0] / best[SIM_PROFILE][0], best[None][1] / best[SIM_PROFILE][1]
+    print(f"{'with / without timing':<34} {ratio_wall:>8.2f} {ratio_cpu:>9.2f}")
+    rate = n / best[SIM_PROFILE][0]
+    print(f"target >= 2 M accesses/s with the timing model (wall): {'met' if rate >= 2e6 else 'NOT met'} "
+          f"({rate / 1e6:.2f} M/s)\n")
+    return rate
+
+
 def bench_charging(n: int, reps: int) -> None:
     model = TimingModel.from_device_config(load_config("cmm-h"))
-    print(f"== (1) model charging speed: {n:,} accesses, zipf {ZIPF_ALPHA} over {N_BLOCKS:,} x 64 KiB blocks, "
+    print(f"== (2) model charging speed: {n:,} accesses, zipf {ZIPF_ALPHA} over {N_BLOCKS:,} x 64 KiB blocks, "
           f"{WRITE_SHARE:.0%} writes, {STREAMS} streams, exact LRU of {SLOTS} slots (bench's own, compiled)")
     t = time.perf_counter()
     blocks, writes = zipf_trace(n)
@@ -154,7 +217,7 @@ def bench_charging(n: int, reps: int) -> None:
 def bench_calibration(path: str, size: int, runtime: str, keep: bool) -> bool:
     runtime_s = parse_duration_ns(runtime, default_unit="s") / 1e9
     command = f"cxlhm calibrate --backend {shlex.quote(path)} --size {size >> 20}MiB --runtime {runtime}"
-    print(f"\n== (2) calibration quality: {command}")
+    print(f"\n== (3) calibration quality: {command}")
     print(f"machine: {cal.describe_machine(os.path.dirname(path) or '.')}")
     if "tmpfs" in cal.describe_machine(path):
         print("warning: the file is on tmpfs, which is not a disk")
@@ -193,11 +256,14 @@ def main(argv=None) -> int:
     ap.add_argument("--size", default="1GiB")
     ap.add_argument("--runtime", default="5s")
     ap.add_argument("--keep", action="store_true", help="keep the calibration file")
-    ap.add_argument("--skip-calibration", action="store_true")
+    ap.add_argument("--skip-charging", action="store_true", help="skip (2)")
+    ap.add_argument("--skip-calibration", action="store_true", help="skip (3)")
     args = ap.parse_args(argv)
     print(f"command: {' '.join(shlex.quote(a) for a in sys.argv)}")
-    print(f"machine: {cal.describe_machine('.')}; numba {numba.__version__}, numpy {np.__version__}\n")
-    bench_charging(args.accesses, args.reps)
+    print(f"machine: {machine()}; {cal.describe_machine('.')}; numba {numba.__version__}, numpy {np.__version__}\n")
+    bench_sim(args.accesses, args.reps)
+    if not args.skip_charging:
+        bench_charging(args.accesses, args.reps)
     if args.skip_calibration:
         return 0
     return 0 if bench_calibration(args.path, parse_size(args.size), args.runtime, args.keep) else 1

@@ -13,10 +13,21 @@ can advance and Ctrl-C works between chunks); no Python runs per access.
 
     sim = Simulator("lru", 1000)        # the same, fed in pieces, state inspectable
     sim.replay(blocks[:500]); sim.bt.block; sim.replay(blocks[500:]); sim.result()
+
+With `timing` (a profile name, a TimingModel or a mapping of `timing:` keys) every access
+is also charged to the timing model inside the same compiled loop, as a Device with
+`clock: model, data: none` charges it: closed loop at QD1 (each access issues when the
+previous one completes) or open loop (`issue_ns`, e.g. a trace's timestamps). Blocks
+are then `block_size` bytes (the profile's unless given) and the result carries
+model-clock time and latency percentiles (`SimResult.timing`):
+
+    r = simulate("lru", blocks, 1000, timing="cmm-h")
+    r.timing["model_ns"], r.timing["p99_ns"]
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -28,11 +39,20 @@ import firmware_policies
 from cxlhm import blocktable as btm
 from cxlhm import counters as C
 from cxlhm import firmware as fw
+from cxlhm.config import load_config
 from cxlhm.media.ssd import IO_FIELDS
+from cxlhm.timing import LatencyRecorder, TimingModel, charge_access
+from cxlhm.timing import record as record_latency
 from cxlhm.traces.blocktrace import next_use as next_use_of
 from firmware_policies.base import Policy
 
 CHUNK = 1 << 20  # accesses per compiled call
+LATENCY_SAMPLES = 1 << 20  # latency records kept by default (an evenly spaced sample beyond that)
+PERCENTILES = {"p50_ns": 50.0, "p90_ns": 90.0, "p99_ns": 99.0, "p999_ns": 99.9}
+
+# The timed loop's clock array: the model clock (when the next closed-loop access issues,
+# never before the latest issue time) and the latest completion so far.
+T_NOW, T_END, N_TCLOCK = range(3)
 
 
 class SimulationError(RuntimeError):
@@ -51,6 +71,13 @@ class SimResult:
     writebacks: int
     counters: dict  # every device counter, by name
     wall_s: float  # replay time (wall clock; not part of the deterministic result)
+    # Model-clock results when the simulator has a timing model (None otherwise), all
+    # bit-identical run to run: model_ns (the latest completion), mean_ns, min_ns,
+    # max_ns, p50_ns, p90_ns, p99_ns, p999_ns, latencies (accesses recorded),
+    # sampled (records the percentiles come from), sample_every, block_size, loop
+    # ("closed" or "open"), and the model's nand_page_reads, nand_page_programs,
+    # write_stall_ns, durable_ns.
+    timing: dict | None = None
 
     @property
     def miss_ratio(self) -> float:
@@ -74,7 +101,7 @@ def _build_replay(kernels: fw.Kernels):
         ext_hpa, ext_len, slots, installed, writebacks, fills = scratch
         for i in range(start, stop):
             ext_hpa[0] = blocks[i]
-            # ---- one access through the firmware: the timing model hooks in here ----
+            # ---- one access through the firmware (the timed loop below adds the model) ----
             ok, k, n_wb, n_fill = plan(bt, ps, counters, clock, ext_hpa, ext_len, writes[i], write_mode,
                                        0, 0, 1, slots, installed, writebacks, fills)
             finish(bt, slots, k)
@@ -84,6 +111,51 @@ def _build_replay(kernels: fw.Kernels):
         return stop
 
     return replay
+
+
+def _build_timed_replay(kernels: fw.Kernels):
+    plan, finish = kernels.plan, fw.finish
+    write_through = fw.WRITE_THROUGH
+
+    @_njit_without_refcounts
+    def replay_timed(bt, ps, counters, clock, blocks, writes, write_mode, start, stop, scratch, block_size,
+                     params, tstate, tclock, issue_ns, open_loop, rec_values, rec_meta):
+        """replay() plus the timing model, charged exactly as Device._access_batch does on
+        the model clock for a one-block access of `block_size` bytes: the planner's fill and
+        write-back rows (byte offsets, block_size long) go to charge_access; closed loop
+        (QD1): an access issues at the model clock and the clock moves to its completion;
+        open loop: it issues at max(clock, issue_ns[i]) and the clock stays there. No
+        prefetches run here, so no access waits for one (hit_ready_ns = 0). Latencies
+        (completion - issue) go to the recorder."""
+        ext_hpa, ext_len, slots, installed, writebacks, fills = scratch
+        ext_len[0] = block_size
+        through = block_size if write_mode == write_through else 0
+        now = tclock[T_NOW]
+        end = tclock[T_END]
+        for i in range(start, stop):
+            ext_hpa[0] = blocks[i] * block_size
+            is_write = writes[i]
+            ok, k, n_wb, n_fill = plan(bt, ps, counters, clock, ext_hpa, ext_len, is_write, write_mode,
+                                       0, 0, block_size, slots, installed, writebacks, fills)
+            finish(bt, slots, k)
+            if not ok:
+                tclock[T_NOW] = now
+                tclock[T_END] = end
+                return i
+            if open_loop and issue_ns[i] > now:
+                now = issue_ns[i]
+            done = charge_access(params, tstate, now, is_write, block_size, fills, n_fill, writebacks, n_wb,
+                                 0.0, through if is_write else 0)
+            record_latency(rec_values, rec_meta, done - now)
+            if done > end:
+                end = done
+            if not open_loop:
+                now = done
+        tclock[T_NOW] = now
+        tclock[T_END] = end
+        return stop
+
+    return replay_timed
 
 
 def _njit_without_refcounts(fn):
@@ -99,14 +171,27 @@ def _scratch() -> tuple:
             np.zeros((1, IO_FIELDS), np.int64), np.zeros((1, IO_FIELDS), np.int64))
 
 
-_REPLAYS: dict[int, Callable] = {}
+_REPLAYS: dict[tuple[int, bool], Callable] = {}
 
 
-def _replay_for(policy: Policy) -> Callable:
-    key = id(policy)
+def _replay_for(policy: Policy, timed: bool = False) -> Callable:
+    key = (id(policy), timed)
     if key not in _REPLAYS:
-        _REPLAYS[key] = _build_replay(fw.kernels_for(policy))
+        build = _build_timed_replay if timed else _build_replay
+        _REPLAYS[key] = build(fw.kernels_for(policy))
     return _REPLAYS[key]
+
+
+def timing_model(timing: str | os.PathLike | TimingModel | Mapping[str, Any]) -> TimingModel:
+    """A TimingModel from a profile name (or YAML path), a mapping of `timing:` keys
+    (overrides on the default profile's), or a TimingModel (returned as is)."""
+    if isinstance(timing, TimingModel):
+        return timing
+    if isinstance(timing, Mapping):
+        return TimingModel.from_device_config(load_config({"timing": dict(timing)}))
+    if isinstance(timing, (str, os.PathLike)):
+        return TimingModel.from_device_config(load_config(timing))
+    raise TypeError(f"timing must be a profile name, a TimingModel or a mapping of timing keys, got {timing!r}")
 
 
 class Simulator:
@@ -114,10 +199,20 @@ class Simulator:
 
     Its block table (`bt`), policy state (`ps`), counters and clock persist across
     `replay` calls, so a trace can be fed in pieces and inspected in between. Offline
-    policies read `next_use`, indexed by the clock (computed by `simulate` when needed)."""
+    policies read `next_use`, indexed by the clock (computed by `simulate` when needed).
+
+    `timing` (a profile name such as "cmm-h", a mapping of `timing:` keys over the
+    default profile's, or a TimingModel, charged in place) charges every access to the
+    timing model in the compiled loop; `block_size` (default: the profile's, or the
+    TimingModel's) is the bytes per block. `latency_samples` bounds the latency records
+    kept for percentiles (beyond it an evenly spaced, deterministic sample is kept; see
+    cxlhm/timing/recorder.py). The model clock, the model's timelines and the records
+    persist across `replay` calls like the rest of the state."""
 
     def __init__(self, policy: str | Policy, n_slots: int, *, params: Mapping[str, Any] | None = None,
-                 write_mode: str | None = None, next_use: np.ndarray | None = None):
+                 write_mode: str | None = None, next_use: np.ndarray | None = None,
+                 timing: str | TimingModel | Mapping[str, Any] | None = None, block_size: int | None = None,
+                 latency_samples: int = LATENCY_SAMPLES):
         self.policy = firmware_policies.get(policy) if isinstance(policy, str) else policy
         self.params = self.policy.resolve_params(params)
         if isinstance(n_slots, bool) or not isinstance(n_slots, (int, np.integer)) or n_slots < 1:
@@ -138,11 +233,33 @@ class Simulator:
         self.clock = np.zeros(1, np.int64)
         self.accesses = 0
         self.wall_s = 0.0
-        self._replay = _replay_for(self.policy)
         self._scratch = _scratch()
+        self.timing: TimingModel | None = None
+        self.latency: LatencyRecorder | None = None
+        self._open_loop = False
+        if timing is None:
+            if block_size is not None:
+                raise ValueError("block_size only matters with a timing model (timing=...)")
+            self._replay = _replay_for(self.policy)
+            return
+        self.timing = timing_model(timing)
+        bs = self.timing.block_size if block_size is None else block_size
+        if isinstance(bs, bool) or not isinstance(bs, (int, np.integer)) or bs < 1:
+            raise ValueError(f"block_size must be a positive number of bytes, got {bs!r}")
+        self.block_size = int(bs)
+        self.latency = LatencyRecorder(latency_samples)
+        self._tclock = np.zeros(N_TCLOCK, np.float64)
+        self._replay = _replay_for(self.policy, timed=True)
 
-    def replay(self, blocks: Any, writes: Any = None, progress: Callable[[int], None] | None = None) -> None:
-        """Run one single-block access per entry of `blocks` (write where `writes` is true)."""
+    def replay(self, blocks: Any, writes: Any = None, progress: Callable[[int], None] | None = None,
+               issue_ns: Any = None) -> None:
+        """Run one single-block access per entry of `blocks` (write where `writes` is true).
+
+        With a timing model, `issue_ns` (one per access, ns on the model clock, e.g. a
+        trace's timestamps) makes the loop open: each access issues then (or when the
+        previous one issued, if later - as the Device's clock never goes back), whether
+        or not earlier ones completed. Without it each access issues when the previous
+        one completed (QD1)."""
         blocks = np.ascontiguousarray(blocks, np.int64)
         if blocks.ndim != 1:
             raise ValueError("blocks must be a 1-D array of block ids")
@@ -151,13 +268,38 @@ class Simulator:
         writes = np.zeros(blocks.shape[0], np.bool_) if writes is None else np.ascontiguousarray(writes, np.bool_)
         if writes.shape != blocks.shape:
             raise ValueError(f"writes has {writes.shape[0]} entries for {blocks.shape[0]} accesses")
+        if self.timing is None:
+            if issue_ns is not None:
+                raise ValueError("issue_ns needs a timing model (timing=...)")
+            self._run(blocks, progress, lambda start, stop: self._replay(
+                self.bt, self.ps, self.counters, self.clock, blocks, writes, self._write_mode, start, stop,
+                self._scratch))
+            return
+        if blocks.size and int(blocks.max()) > np.iinfo(np.int64).max // self.block_size - 1:
+            raise ValueError(f"block id {int(blocks.max())} times block_size {self.block_size} overflows int64")
+        open_loop = issue_ns is not None
+        if open_loop:
+            issue_ns = np.ascontiguousarray(issue_ns, np.float64)
+            if issue_ns.shape != blocks.shape:
+                raise ValueError(f"issue_ns has {issue_ns.size} entries for {blocks.shape[0]} accesses")
+            if issue_ns.size and not (np.isfinite(issue_ns).all() and issue_ns.min() >= 0):
+                raise ValueError("issue_ns must be finite, non-negative times in ns")
+            self._open_loop = True
+        else:
+            issue_ns = np.zeros(0, np.float64)
+        t = self.timing
+        self._run(blocks, progress, lambda start, stop: self._replay(
+            self.bt, self.ps, self.counters, self.clock, blocks, writes, self._write_mode, start, stop,
+            self._scratch, self.block_size, t.params, t.state, self._tclock, issue_ns, open_loop,
+            self.latency.values, self.latency.meta))
+
+    def _run(self, blocks: np.ndarray, progress, run_chunk) -> None:
         started = time.perf_counter()
         n = blocks.shape[0]
         try:
             for start in range(0, n, CHUNK):
                 stop = min(n, start + CHUNK)
-                done = self._replay(self.bt, self.ps, self.counters, self.clock, blocks, writes, self._write_mode,
-                                    start, stop, self._scratch)
+                done = run_chunk(start, stop)
                 self.accesses += done - start
                 if done != stop:
                     raise SimulationError(f"policy {self.policy.name!r} found no evictable slot at access "
@@ -171,27 +313,59 @@ class Simulator:
     def resident_blocks(self) -> int:
         return self.n_slots - int(self.bt.scalars[btm.N_FREE])
 
+    @property
+    def model_now_ns(self) -> float:
+        """The model clock (when a closed-loop access would issue next); 0 without timing."""
+        return float(self._tclock[T_NOW]) if self.timing is not None else 0.0
+
+    @property
+    def latencies(self) -> np.ndarray:
+        """The recorded per-access latencies (ns, in access order): all of them while
+        there are at most `latency_samples`, else an evenly spaced sample."""
+        if self.latency is None:
+            raise ValueError("no timing model: latencies are recorded with timing=...")
+        return self.latency.samples
+
+    def timing_result(self) -> dict | None:
+        if self.timing is None:
+            return None
+        rec = self.latency
+        pct = rec.percentiles(tuple(PERCENTILES.values()))
+        summary = rec.summary(())
+        out = {"model_ns": float(self._tclock[T_END]), "mean_ns": summary["mean"], "min_ns": summary["min"],
+               "max_ns": summary["max"]}
+        out.update({name: pct[p] for name, p in PERCENTILES.items()})
+        out.update(latencies=rec.count, sampled=int(rec.samples.size), sample_every=rec.every,
+                   block_size=self.block_size, loop="open" if self._open_loop else "closed")
+        out.update(self.timing.stats())
+        return out
+
     def result(self) -> SimResult:
         named = C.as_dict(self.counters)
         return SimResult(policy=self.policy.name, n_slots=self.n_slots, params=self.params, accesses=self.accesses,
                          hits=named["hits"], misses=named["misses"], evictions=named["evictions"],
-                         writebacks=named["writebacks"], counters=named, wall_s=self.wall_s)
+                         writebacks=named["writebacks"], counters=named, wall_s=self.wall_s,
+                         timing=self.timing_result())
 
 
 def simulate(policy: str | Policy, blocks: Any, n_slots: int, *, writes: Any = None,
              params: Mapping[str, Any] | None = None, write_mode: str | None = None,
-             next_use: np.ndarray | None = None, progress: Callable[[int], None] | None = None) -> SimResult:
+             next_use: np.ndarray | None = None, progress: Callable[[int], None] | None = None,
+             timing: str | TimingModel | Mapping[str, Any] | None = None, block_size: int | None = None,
+             issue_ns: Any = None, latency_samples: int = LATENCY_SAMPLES) -> SimResult:
     """Replay `blocks` (block ids, one access each) through `policy` with `n_slots` DRAM slots.
 
     `writes` marks write accesses (default: all reads). `next_use` is only read by
     offline policies and is computed from `blocks` when not given. `progress(n)` is
-    called after every chunk with the number of accesses it ran."""
+    called after every chunk with the number of accesses it ran. `timing`, `block_size`,
+    `latency_samples`: see Simulator; `issue_ns`: see Simulator.replay."""
     policy = firmware_policies.get(policy) if isinstance(policy, str) else policy
     blocks = np.ascontiguousarray(blocks, np.int64)
     if policy.needs_future and next_use is None:
         next_use = next_use_of(blocks)
     elif next_use is not None and len(next_use) != len(blocks):
         raise ValueError(f"next_use has {len(next_use)} entries for {len(blocks)} accesses")
-    sim = Simulator(policy, n_slots, params=params, write_mode=write_mode, next_use=next_use)
-    sim.replay(blocks, writes, progress)
+    sim = Simulator(policy, n_slots, params=params, write_mode=write_mode, next_use=next_use, timing=timing,
+                    block_size=block_size, latency_samples=latency_samples)
+    sim.replay(blocks, writes, progress, issue_ns=issue_ns)
     return sim.result()

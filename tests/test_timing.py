@@ -186,6 +186,36 @@ def test_fill_waits_for_write_buffer_when_full():
     assert m.stats()["write_stall_ns"] > 0
 
 
+def test_write_without_fill_waits_for_its_victims_dram_read_out():
+    """A whole-block write miss that evicts a dirty block has no fill, but its bytes go
+    into the slot the victim is leaving: DRAM reads the victim out (into the write
+    buffer, which has room), then takes the host's bytes - not tPROG."""
+    m = model()
+    s = m.settings
+    b = 64 * KiB
+    done = m.charge_access(0.0, True, b, writebacks=rows([MiB], b))
+    dram = s.dram_latency + b / s.dram_bandwidth * 1e9
+    expected = 2 * s.link_latency + b / s.link_bandwidth * 1e9 + s.controller_latency + 2 * dram
+    assert done == pytest.approx(expected, rel=1e-9)
+    assert done < s.nand_program_latency
+    m.reset()  # the same write with a clean victim: only its own DRAM transfer
+    assert m.charge_access(0.0, True, b) == pytest.approx(expected - dram, rel=1e-9)
+
+
+def test_write_without_fill_waits_while_a_full_write_buffer_holds_the_victim():
+    """No room in the write buffer: the victim's bytes stay in the slot until a page
+    slot frees (the previous page's tPROG ends), and the host's write waits for that."""
+    m = model(write_buffer_bytes="16KiB")  # one page slot
+    s = m.settings
+    page = s.nand_page_size
+    dram = lambda n: s.dram_latency + n / s.dram_bandwidth * 1e9  # noqa: E731
+    m.charge_background_write(0.0, rows([0], page))  # fills the only slot, programmed at once
+    program_end = dram(page) + page / s.nand_channel_rate * 1e9 + s.nand_program_latency
+    done = m.charge_access(1000.0, True, page, writebacks=rows([MiB], page))
+    assert done == pytest.approx(program_end + dram(page) + s.link_latency, rel=1e-9)
+    assert m.stats()["write_stall_ns"] > 0
+
+
 def test_contiguous_fills_share_a_page_read():
     m = model()
     m.charge_access(0.0, False, 64 * KiB, fills=rows(np.arange(16) * 4 * KiB, 4 * KiB))

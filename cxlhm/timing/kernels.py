@@ -249,7 +249,8 @@ def charge_access(params, state, issue_ns, is_write, host_bytes, fills, n_fill, 
     through_bytes  bytes to write through to the SSD before the write completes
                    (write-through mode: the blocks written); 0 otherwise
     Path: link (request, + data for writes) -> controller -> write-backs out of DRAM ->
-    fills from NAND into DRAM -> host bytes from/to DRAM -> [write-through] -> link.
+    fills from NAND into DRAM -> host bytes from/to DRAM (not before the victims'
+    bytes left their slots) -> [write-through] -> link.
     """
     _advance(state, issue_ns)
     if is_write:
@@ -258,7 +259,12 @@ def charge_access(params, state, issue_ns, is_write, host_bytes, fills, n_fill, 
         t = issue_ns + params[P_LINK_LAT]
     t += params[P_CTRL_LAT]
     slots_free = _write_backs(params, state, t, writebacks, n_wb)
-    ready = max(t, hit_ready_ns)
+    # A slot whose dirty victim is still leaving takes no new bytes - from a fill or,
+    # for a write that overwrites whole blocks (no fill), from the host - before the
+    # victim's bytes are out of DRAM and accepted by the write buffer (slots_free: the
+    # DRAM read-out, later only when a full buffer had no room for them; never tPROG
+    # of the victim's own page). With fills this is already inside their landing time.
+    ready = max(t, hit_ready_ns, slots_free)
     if n_fill > 0:
         ready = max(ready, _fills(params, state, t, slots_free, fills, n_fill))
     done = dram(params, state, ready, host_bytes)
