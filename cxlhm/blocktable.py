@@ -12,6 +12,14 @@ Columns, one entry per DRAM slot:
 
 The HPA -> slot index is an open-addressing hash table (linear probing, deletion by
 backward shift, so no tombstones accumulate) with 2x..4x as many buckets as slots.
+
+The prefetch ghost table remembers blocks that were evicted to make room for a
+prefetch, so that a later host miss on one of them can be counted as prefetch
+pollution (MQSim-CXL's definition). It is a 4-way set-associative table of block ids
+with about one entry per slot (8 bytes per slot), FIFO within a set: it holds roughly
+the last `n_slots` such evictions, and a set conflict may forget an older one early
+(pollution is then undercounted, never overcounted). A block leaves it when it is
+placed in DRAM again.
 """
 from __future__ import annotations
 
@@ -32,7 +40,11 @@ N_FREE = 0
 N_PINNED = 1
 NOW_NS = 2  # the device's clock in ns (wall or model), set by the runtime before each call
 
-BlockTable = namedtuple("BlockTable", "block flags owner stamp index_keys index_slots free scalars")
+N_GHOSTS = 3  # entries in the prefetch ghost table
+
+GHOST_WAYS = 4
+
+BlockTable = namedtuple("BlockTable", "block flags owner stamp index_keys index_slots free scalars ghost ghost_next")
 
 _EMPTY = np.int64(-1)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -40,6 +52,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 def new_block_table(n_slots: int) -> BlockTable:
     buckets = 1 << max(4, int(2 * n_slots - 1).bit_length())  # >= 2x slots, power of two
+    ghost_sets = 1 << max(0, int(-(-n_slots // GHOST_WAYS) - 1).bit_length())  # sets x ways >= slots
     return BlockTable(
         block=np.full(n_slots, -1, np.int64),
         flags=np.zeros(n_slots, np.uint8),
@@ -49,7 +62,10 @@ def new_block_table(n_slots: int) -> BlockTable:
         index_slots=np.full(buckets, -1, np.int64),
         # popped from the end: slot 0 is handed out first
         free=np.arange(n_slots - 1, -1, -1, dtype=np.int64),
-        scalars=np.array([n_slots, 0, 0], np.int64),
+        scalars=np.array([n_slots, 0, 0, 0], np.int64),
+        # prefetch ghosts: GHOST_WAYS block ids per set (-1 empty), and each set's next way to replace
+        ghost=np.full(ghost_sets * GHOST_WAYS, -1, np.int64),
+        ghost_next=np.zeros(ghost_sets, np.uint8),
     )
 
 
@@ -181,3 +197,41 @@ def _set_pin_flag(bt, slot, pinned):
 @numba.njit(nogil=True, inline="always")
 def evictable(bt, slot):
     return (bt.flags[slot] & UNEVICTABLE) == 0
+
+
+@numba.njit(nogil=True, inline="always")
+def _ghost_set(bt, block):
+    mask = np.uint64(bt.ghost_next.shape[0] - 1)
+    return np.int64((np.uint64(block) * _GOLDEN >> np.uint64(23)) & mask)
+
+
+@numba.njit(nogil=True)
+def ghost_add(bt, block):
+    """Remember that `block` was evicted to make room for a prefetch."""
+    s = _ghost_set(bt, block)
+    base = s * GHOST_WAYS
+    for w in range(GHOST_WAYS):
+        if bt.ghost[base + w] == block:
+            return
+    for w in range(GHOST_WAYS):
+        if bt.ghost[base + w] < 0:
+            bt.ghost[base + w] = block
+            bt.scalars[N_GHOSTS] += 1
+            return
+    w = np.int64(bt.ghost_next[s])  # the set is full: replace its oldest entry
+    bt.ghost[base + w] = block
+    bt.ghost_next[s] = (w + 1) % GHOST_WAYS
+
+
+@numba.njit(nogil=True)
+def ghost_take(bt, block):
+    """Forget `block` (it is being placed in DRAM again); True if it was a ghost."""
+    if bt.scalars[N_GHOSTS] == 0:
+        return False
+    base = _ghost_set(bt, block) * GHOST_WAYS
+    for w in range(GHOST_WAYS):
+        if bt.ghost[base + w] == block:
+            bt.ghost[base + w] = -1
+            bt.scalars[N_GHOSTS] -= 1
+            return True
+    return False

@@ -26,12 +26,17 @@ NAMES = (
     "media_retries",     # SSD ops resubmitted after an error or a short transfer
     "poisoned_blocks",   # blocks whose bytes the device could no longer produce
     "checksum_mismatches",  # SSD reads whose bytes did not match the checksum written
+    "prefetch_pollution",  # blocks evicted to make room for a prefetch that a host access then missed on
+    "fg_writebacks",     # dirty victims written back on a host access's path (it waited for them)
+    "write_coalesced_bytes",  # host write bytes onto a block still dirty in DRAM: the earlier bytes never reach the SSD
+    "buffer_read_hits",  # host block reads served from a dirty (not yet written back) block
 )
 (HOST_READS, HOST_WRITES, HOST_READ_BYTES, HOST_WRITE_BYTES, HITS, MISSES, FILL_READS,
  EVICTIONS, WRITEBACKS, SSD_READS, SSD_WRITES, SSD_READ_BYTES, SSD_WRITE_BYTES,
  PREFETCH_ISSUED, PREFETCH_USEFUL, PREFETCH_UNUSED, PREFETCH_REDUNDANT, PREFETCH_DROPPED,
  BG_FLUSHES, PREFETCH_LATE, PREFETCH_LATE_NS, MEDIA_RETRIES, POISONED_BLOCKS,
- CHECKSUM_MISMATCHES) = range(len(NAMES))
+ CHECKSUM_MISMATCHES, PREFETCH_POLLUTION, FG_WRITEBACKS, WRITE_COALESCED_BYTES,
+ BUFFER_READ_HITS) = range(len(NAMES))
 
 
 def new_counters() -> np.ndarray:
@@ -47,4 +52,6 @@ def as_dict(counters: np.ndarray) -> dict[str, int]:
     issued, useful = out["prefetch_issued"], out["prefetch_useful"]
     out["prefetch_accuracy"] = useful / issued if issued else 0.0
     out["prefetch_coverage"] = useful / (useful + out["misses"]) if useful + out["misses"] else 0.0
+    # Pollution: host misses caused by prefetch evictions, per prefetch issued.
+    out["prefetch_pollution_rate"] = out["prefetch_pollution"] / issued if issued else 0.0
     return out

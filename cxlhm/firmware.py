@@ -246,10 +246,11 @@ def _build(policy: Policy):
     on_hit, on_insert, victim, on_evict = policy.on_hit, policy.on_insert, policy.victim, policy.on_evict
 
     @numba.njit(nogil=True)
-    def place(bt, ps, counters, block, owner, now, base, block_size, writebacks, n_wb):
+    def place(bt, ps, counters, block, owner, now, base, block_size, writebacks, n_wb, for_prefetch):
         """Find a slot for a missing block - a free one, else the policy's victim (whose
-        dirty bytes get a write-back row) - and map the block there. Returns
-        (slot or -1 when nothing is evictable, n_wb)."""
+        dirty bytes get a write-back row) - and map the block there. A victim evicted
+        for a prefetch goes into the ghost table (a later host miss on it is pollution).
+        Returns (slot or -1 when nothing is evictable, n_wb)."""
         slot = btm.take_free_slot(bt)
         if slot < 0:
             slot = victim(ps, bt, now)
@@ -262,7 +263,11 @@ def _build(policy: Policy):
             if bt.flags[slot] & btm.DIRTY:
                 _emit(writebacks, n_wb, base, block_size, slot, bt.block[slot], 1)
                 n_wb += 1
+            if for_prefetch:
+                btm.ghost_add(bt, bt.block[slot])
             btm.unmap(bt, slot)
+        if btm.ghost_take(bt, block) and not for_prefetch:
+            counters[C.PREFETCH_POLLUTION] += 1  # a host miss on a block a prefetch pushed out
         btm.install(bt, slot, block, owner, now)
         return slot, n_wb
 
@@ -304,6 +309,12 @@ def _build(policy: Policy):
                 installed_out[k] = slot < 0
                 if slot >= 0:
                     counters[C.HITS] += 1
+                    if bt.flags[slot] & btm.DIRTY:  # the write buffer absorbs this access
+                        if is_write:  # the block's earlier bytes will never reach the SSD
+                            counters[C.WRITE_COALESCED_BYTES] += (min(hpa + length, (block + 1) * block_size)
+                                                                  - max(hpa, block * block_size))
+                        else:
+                            counters[C.BUFFER_READ_HITS] += 1
                     on_hit(ps, bt, slot, is_write, now)  # sees PREFETCHED still set
                     if bt.flags[slot] & btm.PREFETCHED:
                         counters[C.PREFETCH_USEFUL] += 1
@@ -312,7 +323,8 @@ def _build(policy: Policy):
                         bt.owner[slot] = owner  # shared blocks belong to their latest user
                 else:
                     counters[C.MISSES] += 1
-                    slot, n_wb = place(bt, ps, counters, block, owner, now, base, block_size, writebacks, n_wb)
+                    slot, n_wb = place(bt, ps, counters, block, owner, now, base, block_size, writebacks, n_wb,
+                                       False)
                     if slot < 0:
                         ok = False
                         break
@@ -329,6 +341,7 @@ def _build(policy: Policy):
                 k += 1
         counters[C.FILL_READS] += n_fill
         counters[C.WRITEBACKS] += n_wb
+        counters[C.FG_WRITEBACKS] += n_wb
         counters[C.SSD_READS] += n_fill
         counters[C.SSD_WRITES] += n_wb
         counters[C.SSD_READ_BYTES] += n_fill * block_size
@@ -374,7 +387,7 @@ def _build(policy: Policy):
                 counters[C.PREFETCH_REDUNDANT] += 1
                 continue
             now = clock[0]
-            slot, n_wb = place(bt, ps, counters, block, owners[i], now, base, block_size, writebacks, n_wb)
+            slot, n_wb = place(bt, ps, counters, block, owners[i], now, base, block_size, writebacks, n_wb, True)
             if slot < 0:
                 counters[C.PREFETCH_DROPPED] += blocks.shape[0] - i
                 break

@@ -204,3 +204,148 @@ def test_unpin_of_a_range_larger_than_dram_walks_dram_not_the_range(open_dev):
     assert dev.device.bt.scalars[1] == 2  # N_PINNED
     assert dev.device.hint(HintKind.UNPIN, 0, 0, (1 << 22) // BLOCK)  # the whole window
     assert dev.device.bt.scalars[1] == 0
+
+
+# ---------------------------------------------------------------- prefetch pollution
+
+def _resident(dev, block):
+    from cxlhm import blocktable as btm
+    return btm.lookup(dev.device.bt, block) >= 0
+
+
+def fill_dram_clean(dev, first=100, session=1):
+    """DRAM full of clean blocks first .. first + SLOTS - 1, read in that order (first is the LRU end)."""
+    for i in range(SLOTS):
+        dev.load((first + i) * BLOCK, 1, session=session)
+
+
+@pytest.mark.parametrize("reread", [True, False])
+@pytest.mark.parametrize("policy", ["hymcache", "lru"])
+def test_pollution_counts_host_misses_on_blocks_a_prefetch_evicted(open_dev, policy, reread):
+    dev = open_dev(policy)
+    fill_dram_clean(dev)
+    if policy == "hymcache":  # the hinted prefetch evicts the LRU end, block 100
+        dev.device.hint(HintKind.SESSION_RESUME, 7, 0, 1)
+        drain(dev)
+    else:  # the metric lives in the firmware, not the policy: a plain prefetch counts the same
+        dev.device.prefetch(np.array([0]))
+    assert dev.stats()["prefetch_issued"] == 1 and not _resident(dev, 100)
+    if reread:
+        dev.load(100 * BLOCK, 1)  # X, pushed out by the prefetch, is missed: pollution
+    else:
+        dev.load(101 * BLOCK, 1)  # a hit
+        dev.load(300 * BLOCK, 1)  # a miss, but on a block no prefetch evicted
+    dev.load(0, 1, session=7)
+    stats = dev.stats()
+    assert stats["prefetch_pollution"] == (1 if reread else 0)
+    assert stats["prefetch_useful"] == 1
+    assert stats["prefetch_pollution_rate"] == (1.0 if reread else 0.0)
+
+
+def test_pollution_is_counted_once_and_not_for_demand_evictions(open_dev):
+    dev = open_dev("lru")
+    fill_dram_clean(dev)
+    dev.device.prefetch(np.array([0]))  # evicts 100
+    dev.load(100 * BLOCK, 1)  # pollution 1; this miss evicts 101 (a demand eviction)
+    dev.load(101 * BLOCK, 1)  # a miss, not pollution
+    dev.device.prefetch(np.array([1]))  # evicts 102 ...
+    dev.device.prefetch(np.array([102]))  # ... which a prefetch brings back: not a host miss
+    dev.load(102 * BLOCK, 1)
+    assert dev.stats()["prefetch_pollution"] == 1
+
+
+def test_prefetch_ghost_table_is_bounded():
+    from cxlhm import blocktable as btm
+    bt = btm.new_block_table(64)
+    for block in range(10_000):
+        btm.ghost_add(bt, block)
+    assert bt.scalars[btm.N_GHOSTS] == bt.ghost.shape[0] == 64
+    kept = [b for b in range(10_000) if btm.ghost_take(bt, b)]
+    assert len(kept) == 64 and min(kept) >= 10_000 - 64 * 8  # recent evictions, never old ones
+    assert bt.scalars[btm.N_GHOSTS] == 0 and not btm.ghost_take(bt, 9_999)
+
+
+# ---------------------------------------------------------------- aging of unread prefetches
+
+def test_stale_prefetch_is_evicted_before_a_recently_read_block_and_a_fresh_one_is_kept(open_dev):
+    dev = open_dev()
+    fill_dram_clean(dev)
+    dev.device.hint(HintKind.SESSION_RESUME, 8, 10, 2)  # session B: blocks 10, 11
+    drain(dev)
+    dev.device.hint(HintKind.SESSION_RESUME, 7, 0, 3)  # session A, about to resume: blocks 0-2
+    drain(dev)
+    assert all(_resident(dev, b) for b in (0, 1, 2, 10, 11))
+    dev.load(10 * BLOCK, BLOCK, session=8)  # B's request reads 10 and never 11 ...
+    dev.device.hint(HintKind.SESSION_PAUSE, 8, 0, 0)  # ... and is served: 11 is a stale prefetch
+    dev.load(115 * BLOCK, 1, session=1)  # a recently read block
+    dev.load(400 * BLOCK, 1, session=9)  # a miss: the stale prefetch is the victim
+    # 11 goes although plain LRU order would take 105 (read before 11 was prefetched)
+    assert not _resident(dev, 11) and all(_resident(dev, b) for b in range(105, 116))
+    for i in range(3 * SLOTS):  # heavy foreground traffic: A's fresh prefetches stay
+        dev.load((500 + i) * BLOCK, 1, session=9)
+    before = dev.stats()
+    dev.load(0, 3 * BLOCK, session=7)
+    after = dev.stats()
+    assert after["misses"] == before["misses"] and after["prefetch_useful"] == 4  # 0-2 and 10
+    assert after["prefetch_unused"] == 1  # 11
+
+
+def test_served_sessions_free_the_prefetch_budget(open_dev):
+    dev = open_dev(params={"prefetch_budget": 0.25})  # 4 of 16 slots
+    dev.device.hint(HintKind.SESSION_RESUME, 7, 0, 4)
+    drain(dev)
+    dev.device.hint(HintKind.SESSION_RESUME, 8, 20, 4)
+    drain(dev)
+    assert dev.stats()["prefetch_issued"] == 4  # the budget is full of session 7's unread blocks
+    dev.device.hint(HintKind.SESSION_PAUSE, 7, 0, 0)  # 7 was served without reading them
+    drain(dev)
+    assert dev.stats()["prefetch_issued"] == 8  # session 8's queued prefix went out
+    dev.device.hint(HintKind.SESSION_PAUSE, 8, 0, 0)
+    dev.device.hint(HintKind.SESSION_RESUME, 9, 40, 4)
+    dev.device.hint(HintKind.SESSION_PAUSE, 9, 0, 0)  # served before its prefetch ran: cancelled
+    drain(dev)
+    assert dev.stats()["prefetch_issued"] == 8
+
+
+@pytest.mark.parametrize("ttl_ns, kept", [(1_000_000, False), (10**12, True)])
+def test_unread_prefetch_protection_times_out(open_dev, ttl_ns, kept):
+    dev = open_dev(params={"prefetch_ttl_ns": ttl_ns}, clock="model", data="none")
+    fill_dram_clean(dev)
+    dev.device.hint(HintKind.SESSION_RESUME, 7, 0, 2)  # never read, session never paused
+    drain(dev)
+    for i in range(2, SLOTS):
+        dev.load((100 + i) * BLOCK, 1, session=1)  # every other block is newer
+    dev.device.advance_to(dev.device.model.now_ns + 2_000_000)
+    dev.device.run_background()  # the firmware's next round reads the time (hosts' accesses do not set it)
+    dev.load(400 * BLOCK, 1, session=9)
+    assert _resident(dev, 0) == kept  # timed out: an ordinary LRU candidate, here the oldest
+    assert _resident(dev, 102) != kept
+
+
+# ---------------------------------------------------------------- write absorption counters
+
+def test_write_buffer_counters_coalesced_bytes_buffer_reads_and_host_path_write_backs(open_dev):
+    dev = open_dev(params={"idle_flush": 0})
+    dev.store(0, b"a" * BLOCK)
+    dev.store(100, b"b" * 50)  # onto a dirty block: absorbed
+    dev.load(0, 10)  # served from the buffer
+    stats = dev.stats()
+    assert stats["write_coalesced_bytes"] == 50 and stats["buffer_read_hits"] == 1
+    assert stats["ssd_write_bytes"] == 0 and stats["fg_writebacks"] == 0
+    lru = open_dev("lru")
+    for i in range(SLOTS + 2):  # write-back LRU: misses evict dirty blocks on the host's path
+        lru.store(i * BLOCK, b"x" * BLOCK)
+    assert lru.stats()["fg_writebacks"] == 2
+    hym = open_dev()
+    for i in range(SLOTS + 2):  # hymcache: flushed when idle, so misses find clean victims
+        hym.store(i * BLOCK, b"x" * BLOCK)
+        drain(hym)
+    assert hym.stats()["fg_writebacks"] == 0 and hym.stats()["bg_flushes"] == SLOTS + 2
+
+
+def test_background_finds_nothing_to_flush_after_a_host_flush(open_dev):
+    dev = open_dev()
+    dev.store(0, b"w" * (3 * BLOCK))
+    dev.flush()
+    assert dev.device.run_background() == 0
+    assert dev.device.ps.w_ends[2] == 0  # the written-blocks list was pruned, not rescanned
