@@ -294,6 +294,11 @@ class TestS3FifoTuned(PolicyConformance):
     name, params = "s3fifo", {"small_ratio": 0.25, "ghost_ratio": 0.5, "move_to_main_threshold": 1}
 
 
+class TestHymcache(PolicyConformance):
+    """Without hints hymcache must still be a correct cache (its LRU segment)."""
+    name = "hymcache"
+
+
 class TestBelady(PolicyConformance):
     name, offline = "belady", True
 

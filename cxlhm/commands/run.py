@@ -48,6 +48,8 @@ def run(args) -> int:
         ("device DRAM hit ratio", f"{d['hit_ratio']:.3f} ({d['hits']} hits, {d['misses']} misses)"),
         ("evictions / write-backs", f"{d['evictions']} / {d['writebacks']}"),
         ("SSD read / written", f"{format_size(d['ssd_read_bytes'])} / {format_size(d['ssd_write_bytes'])}"),
+        ("prefetch issued / useful / pollution",
+         f"{d['prefetch_issued']} / {d['prefetch_useful']} / {d['prefetch_pollution']}"),
         ("corrupt chunks", str(result.corrupt_chunks)),
         ("wall time", f"{result.wall_s:.2f} s ({result.requests / max(result.wall_s, 1e-9):.0f} req/s, "
                       f"{(result.bytes_read + result.bytes_written) / max(result.wall_s, 1e-9) / 2**20:.0f} MiB/s host traffic)"),
