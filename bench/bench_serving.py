@@ -2,10 +2,10 @@
 conversation trace and the synthetic agent workload, colocated and disaggregated, plus
 the DRAM-budget sweep - on the model clock (docs/serving.md explains every number).
 
-    python bench/bench_serving.py                 # the full table (~10 min on 2 cores)
+    python bench/bench_serving.py                 # the full tables (~7 min on 2 cores)
     python bench/bench_serving.py --quick         # the smoke version (< 2 min), = cxlhm serve-bench --quick
-    python bench/bench_serving.py --requests 12031  # max-QPS search on the whole trace (hours on 2 cores:
-                                                    # overloaded probes are slow; use --ray on a cluster)
+    python bench/bench_serving.py --requests 12031  # max-QPS search on the whole trace (long on 2 cores;
+                                                    # --ray on a cluster)
 
 Prints the table with the command and the machine; writes results.json, table.txt and
 the PNG plots to --out.
@@ -35,7 +35,8 @@ def main() -> int:
                              "trace is then replayed at the reference speed)")
     parser.add_argument("--sessions", type=int, default=150, help="agent sessions (default 150)")
     parser.add_argument("--dram", default="64GiB")
-    parser.add_argument("--budgets", default="16GiB,256GiB")
+    parser.add_argument("--budgets", default="16GiB,256GiB,1TiB",
+                        help="extra DRAM budgets D for the sweep (colocated; default 16GiB,256GiB,1TiB)")
     parser.add_argument("--topology", default="both", choices=("colocated", "disagg", "both"))
     parser.add_argument("--decode", default="analytic", choices=("analytic", "measured"))
     parser.add_argument("--workers", type=int, default=None)
@@ -48,7 +49,7 @@ def main() -> int:
     budgets = [] if args.quick else [parse_size(b) for b in args.budgets.split(",") if b.strip()]
     sizes = None if args.quick else {"mooncake": {"requests": args.requests}, "agent": {"sessions": args.sessions}}
     comparison = parse_comparison("mooncake,agent", "all", params, budgets, "colocated" if args.quick else args.topology,
-                                  quick=args.quick, refine=3 if args.quick else 4, sizes=sizes)
+                                  quick=args.quick, refine=2 if args.quick else 4, sizes=sizes)
     print(f"command: {command()}")
     print(f"machine: {machine()} (model clock: the figures do not depend on it)")
     print(f"GPU model: {gpu_model(decode=params.decode_model).describe()}")
@@ -66,7 +67,8 @@ def main() -> int:
             print(f"{r['workload']:>9} {r['topology']:<9} {r['config']:<15} at max QPS {r.get('max_qps', 0):.3f}: "
                   f"store skipped {s['store_skipped_share']:.2f}, recompute chosen {s['recompute_choices']}, "
                   f"mean load {s['load_mean_ms']:.0f} ms, SSD written {s['ssd_written_gib']:.0f} GiB, "
-                  f"device hit ratio {s['device_hit_ratio']:.2f}, GPU util {[round(u, 2) for u in s['gpu_util']]}")
+                  f"device hit ratio {s['device_hit_ratio']:.2f}, "
+                  f"GPU util {[round(float(u), 2) for u in s['gpu_util']]}")
     print(f"wall time {time.time() - start:.0f} s; results, table and plots in {args.out}/")
     if not args.quick and args.requests is not None and args.requests < 12031 and not args.no_full_trace:
         # The whole hour of the trace, every configuration at the reference speed (no max-QPS

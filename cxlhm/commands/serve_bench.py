@@ -10,6 +10,7 @@ from cxlhm.serving.comparison import parse_comparison
 from cxlhm.serving.gpu import gpu_model
 from cxlhm.serving.params import ServingParams
 from cxlhm.serving.registry import UnknownName
+from cxlhm.serving.sweep import RayUnavailable
 from cxlhm.serving.yamlspec import SpecError
 from cxlhm.traces import TraceError
 from cxlhm.units import parse_size
@@ -69,7 +70,7 @@ def run(args) -> int:
         if args.sessions:
             sizes["agent"] = {"sessions": args.sessions}
         comparison = parse_comparison(args.workload, args.configs, params, budgets, args.topology, quick=args.quick,
-                                      search=not args.no_search, speed=args.speed, refine=3 if args.quick else 4,
+                                      search=not args.no_search, speed=args.speed, refine=2 if args.quick else 4,
                                       sizes=sizes)
         comparison.specs()  # validate workload files before starting workers
     except (SpecError, TraceError, UnknownName, ValueError) as exc:
@@ -85,7 +86,7 @@ def run(args) -> int:
           f"{params.gpu_kv_bytes / 2**30:g} GiB; D = {params.dram_bytes / 2**30:g} GiB")
     try:
         _, table = comparison.run(workers=args.workers, ray=args.ray, out=out)
-    except (SpecError, TraceError) as exc:
+    except (SpecError, TraceError, RayUnavailable) as exc:
         print(f"cxlhm serve-bench: error: {exc}", file=sys.stderr)
         return 2
     print(table)

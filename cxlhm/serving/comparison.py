@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from cxlhm.serving.configs import CONFIG_ORDER, parse_configs
 from cxlhm.serving.params import ServingParams, params_from
-from cxlhm.serving.report import format_table, plot_all, write_json
+from cxlhm.serving.report import format_budget_table, format_table, plot_all, write_json
 from cxlhm.serving.sweep import Task, run_grid
 from cxlhm.serving.workloads import WorkloadSpec, resolve
 
@@ -20,7 +20,7 @@ from cxlhm.serving.workloads import WorkloadSpec, resolve
 # offers ~3.4 req/s, far beyond one H200 (the paper serves it with a cluster); 0.15 is
 # ~0.5 req/s. The agent and QA generators' rates are already per GPU.
 REFERENCE_SPEED = {"mooncake": 0.15, "agent": 1.0, "qa": 1.0}
-QUICK_SIZES = {"mooncake": {"requests": 400}, "agent": {"sessions": 60}, "qa": {"users": 12, "rounds": 6}}
+QUICK_SIZES = {"mooncake": {"requests": 400}, "agent": {"sessions": 30}, "qa": {"users": 12, "rounds": 6}}
 BUDGET_SWEEP_CONFIGS = ("lmcache-local", "cxlhm-lru", "cxlhm-hymcache", "mooncake-dram")
 
 
@@ -72,8 +72,11 @@ class Comparison:
         tasks = self.tasks()
         with tqdm(total=len(tasks), desc="serve-bench cells", unit="cell", file=sys.stderr,
                   disable=not progress) as bar:
-            results = run_grid(tasks, workers=workers, ray=ray, progress=bar.update)
+            results = run_grid(tasks, workers=workers, ray=ray, progress=bar.update, status=bar.set_postfix_str)
         table = format_table(results, self.params.dram_bytes / 2**30)
+        sweep = format_budget_table(results)
+        if sweep:
+            table = f"{table}\n{sweep}"
         if out is not None:
             write_json(results, out / "results.json")
             plot_all(results, out, self.params.dram_bytes / 2**30)

@@ -69,7 +69,8 @@ class CxlHm:
         params = dict(p.hymcache_params) if self.policy == "hymcache" else {}
         down, up = _pcie(ctx)
         return CxlHmTier(p.dram_bytes, self.policy, ctx.n_chunks, ctx.chunk_stride, down, up, params=params,
-                         hints=self.hints, profile=p.device_profile, coarsen=p.nand_coarsening)
+                         hints=self.hints, profile=p.device_profile, coarsen=p.nand_coarsening,
+                         write_mode=p.device_write_mode or None)
 
 
 SYSTEMS.register("cxlhm-lru")(lambda: CxlHm("lru", False, "CXL-HM (CMM-H-like) with generic LRU firmware"))

@@ -52,7 +52,7 @@ class DisaggEngine(Engine):
     def prefilled(self, inst: GpuInstance, i: int, now: float) -> None:
         r = self.reqs[i]
         ids, nbytes, *_ = self.plan[i]
-        self.first_token[i] = now
+        self.first_token_at(i, now)
         inst.pool.materialize(ids)
         self.computed[ids] = True
         done = self.store(inst, i, now)  # prefix-cache stores (may be skipped under backlog)

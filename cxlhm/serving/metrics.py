@@ -56,6 +56,7 @@ def summarize(res: ReplayResult, slo_ttft_s: float, slo_percentile: float, slo_t
         "output_tps": float(res.output_tokens.sum()) / span if span > 0 else 0.0,
         "offered_rps": ttft.size / max(1e-9, (np.nanmax(res.arrival) - np.nanmin(res.arrival)) / 1e9),
         "gpu_util": [b / 1e9 / span for b in res.gpu_busy_ns] if span > 0 else [],
+        "gpu_prefill_util": [b / 1e9 / span for b in res.gpu_prefill_ns] if span > 0 else [],
         "reusable_share": float(reusable.sum() / max(1.0, sum(float(v.sum()) for v in t.values()))),
         "hit_gpu": float(t["gpu"].sum()) / total_reusable,
         "hit_dram": float(t["dram"].sum()) / total_reusable,

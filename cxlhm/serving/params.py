@@ -45,6 +45,10 @@ class ServingParams:
     # unbounded NAND program backlog would not be). Assumed; docs/serving.md.
     max_store_backlog_s: float = 0.1
     device_profile: str = "cmm-h"     # cxlhm/profiles: CMM-H-like hybrid device
+    # The device firmware's write mode; "" = the policy's own (lru: write-back, hymcache:
+    # write-buffer). write-through keeps device DRAM clean: no dirty victim ever lands on
+    # a read's path (docs/serving.md, section 8).
+    device_write_mode: str = ""
     nand_coarsening: int = 16         # tiers.NAND_COARSENING (docs/serving.md: within 5%)
     # hymcache firmware overrides: its fill_ns (expected SSD read of one block, used to drop
     # prefetches that cannot meet a NEXT_PREFIX deadline) defaults to 60 us for 64 KiB
@@ -56,6 +60,7 @@ class ServingParams:
 
 
 SIZE_KEYS = ("dram_bytes", "gpu_kv_bytes")
+WRITE_MODES = ("", "write-back", "write-through", "write-buffer")
 
 
 def params_from(spec_items: tuple, base: ServingParams | None = None, spec: Spec | None = None) -> ServingParams:
@@ -81,6 +86,8 @@ def params_from(spec_items: tuple, base: ServingParams | None = None, spec: Spec
                     raise ValueError(f"must be an integer, got {value!r}")
             elif isinstance(getattr(base, key), str) and not isinstance(value, str):
                 raise ValueError(f"must be a string, got {value!r}")
+            if key == "device_write_mode" and value not in WRITE_MODES:
+                raise ValueError(f"must be one of {', '.join(repr(m) for m in WRITE_MODES)}, got {value!r}")
         except (ValueError, TypeError) as exc:
             raise spec.error(f"serving.{key}", str(exc)) if spec else ValueError(f"{key}: {exc}") from None
         changes[key] = value

@@ -50,6 +50,32 @@ def format_table(results: list[dict], dram_gib: float) -> str:
     return "\n".join(lines)
 
 
+def format_budget_table(results: list[dict]) -> str:
+    """Max QPS per DRAM budget D (the cells the sweep ran), with each configuration's ratio
+    to lmcache-local at the same D; recompute and ideal do not depend on D."""
+    lines = []
+    for workload, topology in dict.fromkeys((r["workload"], r["topology"]) for r in results):
+        cells = [r for r in results if r["workload"] == workload and r["topology"] == topology]
+        budgets = sorted({r["dram_gib"] for r in cells if r["config"] not in ("recompute", "ideal")})
+        if len(budgets) < 2:
+            continue
+        at = {(r["config"], r["dram_gib"]): r.get("max_qps", float("nan")) for r in cells}
+        lines.append(f"== {workload}, {topology}: maxQPS (req/s) by DRAM budget D; (x lmc): ratio to lmcache-local "
+                     f"at the same D")
+        lines.append(f"{'config':<15}" + "".join(f"{f'{b:g} GiB':>17}" for b in budgets))
+        for config in [c for c in CONFIG_ORDER if any(k[0] == c for k in at)]:
+            row = f"{config:<15}"
+            for b in budgets:
+                q = at.get((config, b))
+                if q is None:
+                    q = next((v for (c, _), v in at.items() if c == config and c in ("recompute", "ideal")), None)
+                base = at.get(("lmcache-local", b))
+                row += f"{'-':>17}" if q is None else f"{q:>9.3f} ({_ratio(q, base) if base else '-':>4}x)"
+            lines.append(row)
+        lines.append("")
+    return "\n".join(lines)
+
+
 def ref_p(summary: dict) -> str:
     return f"{summary.get('slo_percentile', 90):g}"
 

@@ -49,6 +49,11 @@ ARRIVE, LOAD_DONE, GPU_FREE, HINT_NEXT, TIMEOUT, STORE_DONE, HANDOVER_DONE = ran
 DECODE_BLOCK = 4096  # most decode steps charged in one go (bounds a numpy array)
 
 
+class SloMissed(Exception):
+    """A fail-fast replay (a max-QPS probe) stopped: so many requests already had a TTFT
+    above the SLO that its percentile cannot meet it any more."""
+
+
 class GpuInstance:
     """One GPU: its KV pool, the requests ready to prefill, the decode batch."""
 
@@ -64,6 +69,7 @@ class GpuInstance:
         self.running = 0
         self.busy = False
         self.busy_ns = 0.0
+        self.prefill_ns = 0.0                # the part of busy_ns spent prefilling
         self.blocked_at = -1   # pool.releases when the head of `waiting` last failed to fit
 
 
@@ -85,6 +91,7 @@ class ReplayResult:
     load_ns: np.ndarray
     recompute_choices: int
     dram_bytes: int
+    gpu_prefill_ns: list = dataclasses.field(default_factory=list)
 
 
 class Engine:
@@ -93,7 +100,7 @@ class Engine:
     n_gpus = 1
 
     def __init__(self, workload: Workload, config: str, params: ServingParams = ServingParams(),
-                 speed: float = 1.0, gpu: GpuModel | None = None):
+                 speed: float = 1.0, gpu: GpuModel | None = None, fail_fast: bool = False):
         if speed <= 0:
             raise ValueError(f"speed must be > 0, got {speed}")
         self.w, self.params, self.speed, self.config = workload, params, speed, config
@@ -123,6 +130,10 @@ class Engine:
         self.stored_bytes = self.skipped_store_bytes = 0.0
         self.events: list = []
         self.seq = 0
+        # fail_fast: the p-th percentile of n TTFTs (linear interpolation) is at least the
+        # value of rank k = floor(p/100 (n-1)); once n - k requests were late, it is late.
+        self.late = 0
+        self.late_limit = n - math.floor(params.slo_percentile / 100 * (n - 1)) if fail_fast else None
         biggest = max((r.input_tokens + r.output_tokens) * self.bpt for r in self.reqs)
         if biggest > params.gpu_kv_bytes:
             raise ValueError(f"a request needs {biggest / 2**30:.1f} GiB of KV, more than the GPU KV pool "
@@ -155,7 +166,7 @@ class Engine:
         return ReplayResult(self.config, self.w.name, self.speed, self.topology, self.arrival, self.first_token,
                             self.done, np.array([r.output_tokens for r in self.reqs], float), self.tokens, stats,
                             [g.busy_ns for g in self.gpus], self.load_ns, self.recompute_choices,
-                            self.params.dram_bytes)
+                            self.params.dram_bytes, [g.prefill_ns for g in self.gpus])
 
     # ------------------------------------------------------------ arrival and admission
     def on_arrive(self, now: float, i: int) -> None:
@@ -295,6 +306,8 @@ class Engine:
     def _busy(self, inst, now, duration, work) -> None:
         inst.busy = True
         inst.busy_ns += duration
+        if work[0] == "prefill":
+            inst.prefill_ns += duration
         self.push(now + duration, GPU_FREE, (inst.index, work))
 
     def on_gpu_free(self, now: float, payload) -> None:
@@ -314,10 +327,17 @@ class Engine:
         self.try_admit(inst, now)
         self.kick(inst, now)
 
+    def first_token_at(self, i: int, now: float) -> None:
+        self.first_token[i] = now
+        if self.late_limit is not None and now - self.arrival[i] > self.params.slo_ttft_s * 1e9:
+            self.late += 1
+            if self.late >= self.late_limit:
+                raise SloMissed(f"{self.late} of {len(self.reqs)} requests over the TTFT SLO")
+
     def prefilled(self, inst: GpuInstance, i: int, now: float) -> None:
         r = self.reqs[i]
         ids, nbytes, *_ = self.plan[i]
-        self.first_token[i] = now
+        self.first_token_at(i, now)
         inst.pool.materialize(ids)
         self.computed[ids] = True
         self.store(inst, i, now)
@@ -404,11 +424,13 @@ class Engine:
 
 
 def replay(workload: Workload, config: str, params: ServingParams = ServingParams(), speed: float = 1.0,
-           topology: str = "colocated", gpu: GpuModel | None = None) -> ReplayResult:
-    """Replay `workload` at `speed` through configuration `config`."""
+           topology: str = "colocated", gpu: GpuModel | None = None, *, fail_fast: bool = False) -> ReplayResult:
+    """Replay `workload` at `speed` through configuration `config`. `fail_fast`: raise
+    SloMissed as soon as the TTFT percentile of params' SLO is surely missed (the max-QPS
+    search's overloaded probes, which otherwise run their growing queues to the end)."""
     if topology == "colocated":
-        return Engine(workload, config, params, speed, gpu).run()
+        return Engine(workload, config, params, speed, gpu, fail_fast).run()
     if topology == "disagg":
         from cxlhm.serving.disagg import DisaggEngine
-        return DisaggEngine(workload, config, params, speed, gpu).run()
+        return DisaggEngine(workload, config, params, speed, gpu, fail_fast).run()
     raise ValueError(f"unknown topology {topology!r}; use colocated or disagg")

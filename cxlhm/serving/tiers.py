@@ -302,7 +302,7 @@ class CxlHmTier(Tier):
     def __init__(self, dram_bytes: int, policy: str, n_chunks: int, stride: int, pcie_down: list[Link],
                  pcie_up: list[Link],
                  *, params: dict | None = None, hints: bool = True, profile: str = "cmm-h",
-                 coarsen: int = NAND_COARSENING):
+                 coarsen: int = NAND_COARSENING, write_mode: str | None = None):
         from cxlhm.config import load_config
         from host_runtime.driver import open_device
         self.name = f"cxlhm-{policy}"
@@ -315,14 +315,20 @@ class CxlHmTier(Tier):
         if coarsen > 1:
             timing.update(coarse_timing(base.timing, coarsen))
         firmware = {"policy": policy, "background": "manual", "params": dict(params or {})}
+        if write_mode:
+            firmware["write_mode"] = write_mode
         self.dev = open_device(profile, capacity=capacity, block_size=self.block, dram_bytes=dram, clock="model",
                                data="none", firmware=firmware, timing=timing)
         self.d = self.dev.device
         self.hints = hints
         self.pcie_down, self.pcie_up = pcie_down, pcie_up
         self.stored = np.zeros(n_chunks, bool)
-        # The host cannot see what is resident in device DRAM: it estimates a load from
-        # the bandwidth its recent loads achieved (EWMA), starting from the SSD path.
+        # The host cannot see what is resident in device DRAM, so it plans every load as
+        # a cold read: the SSD path at its nominal bandwidth (NAND channels, capped by the
+        # CXL link), behind the NAND programs already queued (reads wait for them: no
+        # program suspend). An earlier version learned the bandwidth from its own loads
+        # (EWMA) and locked itself out: one slow load made the scheduler recompute, so
+        # no later load ever corrected the estimate (docs/serving.md, section 8).
         p = self.d.timing.settings
         ssd_bw = min(p.nand_channels * p.nand_channel_rate, p.link_bandwidth)
         self.ns_per_byte = 1e9 / ssd_bw
@@ -352,9 +358,6 @@ class CxlHmTier(Tier):
         total = hits + misses
         n = float(len(ids))
         self.counts["loaded_bytes"] += float(nbytes.sum())
-        if nbytes.sum() > 0:
-            observed = (done - now) / float(nbytes.sum())
-            self.ns_per_byte = 0.8 * self.ns_per_byte + 0.2 * observed
         return LoadResult(done, dram_chunks=n * hits / total if total else n, ssd_chunks=n * misses / total if total else 0.0)
 
     def store(self, now, session, ids, nbytes, gpu=0):
@@ -373,7 +376,7 @@ class CxlHmTier(Tier):
 
     def estimate_load_ns(self, now, nbytes, gpu=0):
         nbytes = np.asarray(nbytes, np.float64)
-        return nbytes * self.ns_per_byte + self.pcie_down[gpu].estimate(now, 0.0)
+        return nbytes * self.ns_per_byte + self.write_backlog_ns(now) + self.pcie_down[gpu].estimate(now, 0.0)
 
     def write_backlog_ns(self, now, gpu=0):
         """NAND programs already queued: when every write charged so far is durable

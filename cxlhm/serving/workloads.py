@@ -385,6 +385,21 @@ def resolve(name_or_path: str, **changes) -> WorkloadSpec:
     raise SpecError(name_or_path, 0, "", f"unknown workload; use {', '.join(CONFIGS)} or a YAML file")
 
 
+def spec_at_speed(spec: WorkloadSpec, speed: float) -> WorkloadSpec:
+    """What a replay at `speed` runs. A trace (and the QA benchmark, whose users are its
+    fixed concurrency, as in LMCache's) is the same request list at every speed. The
+    agent generator is an open stream of sessions, each running closed loop: a faster
+    replay must bring *more* sessions over the same arrival window (sessions / rate).
+    With a fixed set, a fast replay starts every session at once and the throughput is
+    capped by the sessions' own tool pauses - the population, not the system, would set
+    "max QPS" (docs/serving.md, section 7). So: round(sessions x speed) sessions, at
+    least one; the first ones are the same sessions at every speed (one RNG stream)."""
+    if spec.kind == "agent" and speed != 1.0:
+        sessions = max(1, round(spec.config.sessions * speed))
+        return dataclasses.replace(spec, config=dataclasses.replace(spec.config, sessions=sessions))
+    return spec
+
+
 @lru_cache(maxsize=8)
 def build(spec: WorkloadSpec) -> Workload:
     """The workload's requests (cached per process: sweeps build each one once)."""
