@@ -13,6 +13,7 @@ the lock, in issue order.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -25,6 +26,7 @@ import firmware_policies
 from cxlhm import blocktable as btm
 from cxlhm import counters as C
 from cxlhm import firmware as fw
+from cxlhm import readstream as rs
 from cxlhm.config import ConfigError, DeviceConfig
 from cxlhm.integrity import BlockChecksums, PoisonError, PoisonTable, checksum
 from cxlhm.media.dram import DeviceDram
@@ -38,8 +40,8 @@ from cxlhm.timing.recorder import record as record_latency
 from firmware_policies.base import JOB_FLUSH, JOB_PREFETCH, no_background
 
 METADATA_FORMAT = 1
-MAX_BATCH_BLOCKS = 4096
-METADATA_BYTES_PER_SLOT = 128  # block table + hash index + policy state, generously  # blocks planned per firmware pass (bounds the scratch arrays)
+MAX_BATCH_BLOCKS = 4096  # blocks planned per firmware pass (bounds the scratch arrays)
+METADATA_BYTES_PER_SLOT = 160  # block table (~73 B with its hash index and prefetch ghosts) + policy state (hymcache ~54 B)
 
 
 class AccessOutOfRange(IndexError):
@@ -62,6 +64,7 @@ class DeviceClosed(RuntimeError):
     pass
 
 
+_NO_BLOCKS = np.zeros(0, np.int64)
 TICKET_TAG = 1 << 16  # a fill's io_uring tag: ticket id * TICKET_TAG + its row (< MAX_BATCH_BLOCKS)
 
 
@@ -106,6 +109,17 @@ class ReadTicket:
         """Fills `rows` are in (good: right bytes); returns the extents they complete."""
         n = fw.rows_read(rows, good, self.row_ext, self.row_ptr, self.pending, self.failed, self.ready)
         return self.ready[:n].copy()
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamResult:
+    """What Device.read_stream ran: reads[:count] (complete), and their device-block
+    hits and misses."""
+    count: int
+    hits: int
+    misses: int
+    submits: np.ndarray | None = None  # reads per submission, in fio's 7 buckets (cxlhm.fio.stats.submit_bucket)
+    peak_in_flight: int = 0  # the most reads it had at the SSD at once
 
 
 class _Scratch:
@@ -166,6 +180,8 @@ class Device:
         self._inflight = 0  # accesses with BUSY slots and the lock released
         self._inflight_slots = 0  # slots they hold BUSY
         self._ticket_ids = 0  # split-phase reads (read_start) begun so far
+        self._sums_epoch = 0  # bumped by every write-back (its checksum records change)
+        self._sum_blocks = (None, _NO_BLOCKS)  # (key, sorted blocks with a checksum) for streamed reads
         self.mailbox: Mailbox | None = None
         self.closed = False
         self.unclean_shutdown_detected = False
@@ -211,6 +227,7 @@ class Device:
             except (OSError, ValueError, AttributeError):
                 self.unclean_shutdown_detected = True
         self.checksums = BlockChecksums(Path(self.ssd.path + ".cxlhm.sums"), self.block_size)
+        self._open_integrity_log()  # reliability (issue 10): replays it after an unclean shutdown
         self._write_metadata(clean=False)  # until a clean close says otherwise
 
     def _write_metadata(self, *, clean: bool) -> None:
@@ -257,9 +274,16 @@ class Device:
             return self._complete(started, t, issue_ns)
 
     def access_one(self, hpa: int, n: int, user_addr: int, is_write: bool, owner: int = 0,
-                   issue_ns: float | None = None) -> float:
-        """access() for a single extent, without the array set-up (the common host call)."""
+                   issue_ns: float | None = None, *, stream: bool = True) -> float:
+        """access() for a single extent, without the array set-up (the common host call).
+        On the wall clock a read of several blocks some of which are on the SSD is
+        streamed (read_stream, one read per block): each block is copied out as soon as
+        it lands, while the next ones are still being read."""
         self.check_extent(hpa, n)
+        if (stream and not is_write and n and self.splits_reads
+                and (hpa + n - 1) // self.block_size > hpa // self.block_size and not self.reads_in_flight()
+                and rs.missing_blocks(self.bt, hpa, n, self.block_size) > 1):  # (unlocked: only picks the path)
+            return self._read_streamed(hpa, n, user_addr, owner)
         with self._lock:
             if self.poison:
                 self._check_poison(hpa, n, is_write, clear=False)
@@ -273,6 +297,33 @@ class Device:
                 t = self._access_split(np.array([hpa], np.int64), np.array([n], np.int64), user_addr, is_write,
                                        owner, t, limit, s)
             return self._complete(started, t, issue_ns)
+
+    def _read_streamed(self, hpa: int, n: int, user_addr: int, owner: int) -> float:
+        """One multi-block read through read_stream, counted as one host read. Up to half
+        the SSD queue of blocks it is one stream read: planned as one firmware pass, like
+        access(), its blocks copied out as they land. A wider read is cut in such passes
+        (like _access_split), two in flight, so the queue never runs dry between them."""
+        started = time.perf_counter_ns()
+        bs = self.block_size
+        with self._lock:
+            piece = max(1, min(self._batch_limit(), self.ssd.queue_depth // 2))
+        first, last = hpa // bs, (hpa + n - 1) // bs
+        cuts = np.arange(first + piece, last + 1, piece, dtype=np.int64) * bs
+        starts = np.concatenate(([hpa], cuts))
+        lens = np.diff(np.concatenate((starts, [hpa + n])))
+        ran = self.read_stream(starts, lens, user_addr + (starts - hpa), 2, owner=owner)
+        extra = ran.count - (ran.count == starts.shape[0])  # the pieces' host reads beyond this one
+        if extra:
+            with self._lock:
+                self.counters[C.HOST_READS] -= extra
+        if ran.count < starts.shape[0]:  # it stopped before a poisoned block: the erroring path
+            rest = int(starts[ran.count])
+            self.access_one(rest, hpa + n - rest, user_addr + rest - hpa, False, owner, stream=False)
+        latency = time.perf_counter_ns() - started
+        if self.latency is not None:
+            with self._lock:
+                record_latency(self.latency.values, self.latency.meta, float(latency))
+        return latency
 
     def _access_split(self, ext_hpa, ext_len, user_addr, is_write, owner, t: float, limit: int, s) -> float:
         """An access touching more blocks than one firmware pass may hold: run it in
@@ -313,6 +364,8 @@ class Device:
         return self.model.issue(issue_ns)
 
     def _complete(self, started: float, done: float, issue_ns: float | None) -> float:
+        if self.closed and self.power_lost:  # reliability: the power went during this access
+            raise DeviceClosed("the device lost power during this access: its bytes may be lost")
         if self.model is None:
             latency = time.perf_counter_ns() - started
         else:
@@ -370,6 +423,7 @@ class Device:
         Called with the lock held and returns with it held; on the wall clock it is
         released while the pass's fill reads and copy run (_fill_and_copy)."""
         self._wait_for_slots(hpas, lens)
+        self._sync_time()  # the policy's deadlines and ages read it
         if self.poison:  # again, in the hold that plans: a thread that ran meanwhile may have poisoned
             for hpa, n in zip(hpas.tolist(), lens.tolist()):
                 self._check_poison(hpa, n, is_write)
@@ -379,6 +433,8 @@ class Device:
             self.bt, self.ps, counters, self.clock, hpas, lens, is_write, self._write_mode_code,
             owner, self.dram.base_address, self.block_size, s.slots_out, s.installed,
             s.writebacks, s.fills, user_addr, self.moves_data)
+        if is_write and not n_wb and self.checksums.log is not None:  # reliability: newer bytes only in DRAM
+            self.checksums.note_dirty_array(self.bt.block[s.slots_out[:k]])
         s.hits += counters.item(C.HITS) - hits
         s.misses += counters.item(C.MISSES) - misses
         if self.model is not None:
@@ -400,6 +456,8 @@ class Device:
                     # Under the lock: a victim's bytes are on the SSD before any thread can
                     # miss on its block and read it back from there.
                     self._write_rows(s.writebacks[:n_wb], victims=True)
+                    if is_write and self.checksums.log is not None:  # reliability: after the victims'
+                        self.checksums.note_dirty_array(self.bt.block[slots[:k]])  # SUMs (one may be re-placed here)
                 bad, copied = None, False
                 if n_fill:
                     bad, copied = self._fill_and_copy(s, n_fill, hpas, lens, user_addr, is_write, ok, release)
@@ -530,7 +588,9 @@ class Device:
         """Slot -> SSD writes with retries, recording each block's checksum (under the
         lock). Returns the mask of rows that failed. A failed victim's bytes are gone:
         it is poisoned."""
+        self._sums_epoch += 1  # streamed reads re-list the blocks to verify
         sums = [checksum(self._slot_bytes(addr)) for addr in rows[:, 0].tolist()]
+        self.checksums.intend((rows[:, 2] // self.block_size).tolist(), sums)  # reliability: write-ahead
         res, retries = self._submit_retrying(rows)
         self.counters[C.MEDIA_RETRIES] += retries
         failed = res != rows[:, 1]
@@ -584,6 +644,170 @@ class Device:
         for hpa, n, addr in zip(ext_hpa.tolist(), ext_len.tolist(), addrs.tolist()):
             self.access_one(hpa, n, addr, False, owner)  # whole, one extent after the other
         return None
+
+    # ------------------------------------------------------------ streamed reads
+    def read_stream(self, ext_hpa, ext_len, addrs, depth: int, *, deadline_ns: int = 0, slat=None, clat=None,
+                    owner: int = 0) -> StreamResult:
+        """Read extent i into the host buffer at addrs[i], in order, keeping up to `depth`
+        of them in flight, the per-read work compiled (cxlhm/readstream.py). Stops early
+        at CLOCK_MONOTONIC `deadline_ns` (if > 0), and before the first read touching a
+        poisoned block (those take the erroring
+        path): the result says how many ran. Their submission and
+        completion latencies (ns) go to `slat` and `clat` when given. Every read that
+        ran is complete on return, its bytes in its buffer, or raised: a read whose
+        fill failed is read again through access(), which retries and poisons."""
+        ext_hpa = np.ascontiguousarray(ext_hpa, np.int64)
+        ext_len = np.ascontiguousarray(ext_len, np.int64)
+        addrs = np.ascontiguousarray(addrs, np.int64)
+        n = ext_hpa.shape[0]
+        if not ext_hpa.shape == ext_len.shape == addrs.shape or ext_hpa.ndim != 1:
+            raise ValueError("extent addresses, lengths and buffers must be 1-D arrays of equal length")
+        bad, _ = fw.check_extents(ext_hpa, ext_len, self.capacity, self.block_size)
+        if bad >= 0:
+            self.check_extent(int(ext_hpa[bad]), int(ext_len[bad]))
+        slat = np.zeros(n, np.int64) if slat is None else slat
+        clat = np.zeros(n, np.int64) if clat is None else clat
+        if not self.splits_reads or n == 0 or depth < 1 or self.reads_in_flight():
+            return StreamResult(0, 0, 0)
+        # the most blocks a stream read holds; wider reads run through access(), which splits them
+        max_blocks = min(max(1, int(rs.blocks_per_read(ext_hpa, ext_len, self.block_size))), self._batch,
+                         self.ssd.queue_depth)
+        complete, run = rs.kernels_for(self.policy)
+        state = self._stream_state(min(depth, self.ssd.queue_depth), max_blocks, complete)
+        arrays, st = state.arrays(), state.st
+        st[:] = 0
+        st[rs.PARKED] = -1
+        state.submits[:] = 0
+        failed = np.zeros(n, np.int64)
+        ring, fd = self.ssd.stream_ring()
+        stop, version = self._stream_stop(ext_hpa, ext_len, n)
+        hits0, misses0 = self.thread_hits_misses()
+        counted = held = 0  # fills the back end was told of, slots the device was told of
+        try:
+            while True:
+                with self._lock:
+                    if self.closed:
+                        raise DeviceClosed("the device is closed")
+                    if len(self.poison.blocks) != version:  # new poison records: stop here
+                        stop = min(stop, int(st[rs.NEXT]))
+                    self._sync_time()  # once per time slice: the policy's deadlines and ages read it
+                    status = run(self.bt, self.ps, self.counters, self.clock, self._write_mode_code,
+                                 self.dram.base_address, self.block_size, ext_hpa, ext_len, addrs, stop, deadline_ns,
+                                 slat, clat, failed, arrays, ring, fd, self.ssd.async_room() + counted,
+                                 self._inflight_slots - held, self.n_slots, owner, *self._stream_verify_mode())
+                    if status == rs.WRITE_BACK or status == rs.DEVICE_FULL:  # before any thread misses on them
+                        self._write_rows(state.writebacks[:int(st[rs.PARKED_WBS])], victims=True)
+                    if status == rs.VERIFY:
+                        self._stream_verify(state, complete, ext_hpa, ext_len, addrs, clat, failed)
+                    counted, held = self._stream_account(st, counted, held)
+                    self._idle.notify_all()  # reads of this stream may have ended: threads waiting for their slots
+                    if status == rs.DEVICE_FULL:
+                        raise DeviceFull("no evictable device-DRAM slot: every slot is pinned or in use")
+                    alone = not self._inflight
+                    if status == rs.BLOCKED and not alone:  # another thread's access holds what it needs
+                        i = int(st[rs.NEXT])
+                        self._wait_for_slots(ext_hpa[i:i + 1], ext_len[i:i + 1])
+                    elif status == rs.FINISHED:
+                        break
+                if status == rs.WIDE or (status == rs.BLOCKED and alone):  # access() splits it over passes
+                    i = int(st[rs.NEXT])
+                    begin = time.monotonic_ns()
+                    self.access_one(int(ext_hpa[i]), int(ext_len[i]), int(addrs[i]), False, owner, stream=False)
+                    clat[i], slat[i] = time.monotonic_ns() - begin, 0
+                    st[rs.NEXT] = i + 1
+        finally:
+            if st[rs.IN_FLIGHT]:  # an error: collect what is in flight, or its slots stay BUSY
+                self._stream_drain((run, (ext_hpa, ext_len, addrs, slat, clat, failed)), state, complete,
+                                   (ring, fd), owner, counted, held)
+        s = self._scratch()
+        s.hits += int(st[rs.HITS])
+        s.misses += int(st[rs.MISSES])
+        for i in failed[:int(st[rs.FAILED])].tolist():  # again, through the path that retries and poisons
+            self.access_one(int(ext_hpa[i]), int(ext_len[i]), int(addrs[i]), False, owner, stream=False)
+        return StreamResult(int(st[rs.NEXT]), s.hits - hits0, s.misses - misses0, state.submits.copy(),
+                            int(st[rs.PEAK]))
+
+    def _stream_state(self, depth: int, max_blocks: int, complete) -> rs.StreamState:
+        state = getattr(self._local, "stream", None)
+        if state is None or state.depth != depth or state.max_blocks < max_blocks:
+            state = self._local.stream = rs.StreamState(depth, max_blocks)
+            # compile the verifying completion now, not in the middle of a timed stream
+            empty = np.zeros(0, np.int64)
+            complete(self.bt, self.ps, self.clock, self.dram.base_address, self.block_size, empty, empty, empty,
+                     empty, empty, state.arrays(), empty, empty, state.bad[:0], 0)
+        return state
+
+    def _stream_stop(self, hpas, lens, n: int) -> tuple[int, int]:
+        """Where the stream must stop (the reads before it touch no poisoned block), and
+        the poison table's size it was computed for."""
+        with self._lock:
+            poisoned = np.array(sorted(self.poison.blocks), np.int64)
+        return rs.clean_prefix(hpas, lens, self.block_size, poisoned), poisoned.shape[0]
+
+    def _stream_verify_mode(self) -> tuple[int, np.ndarray]:
+        """Under the lock: which of a stream's reaped blocks need verifying (readstream's
+        VERIFY_*), and the sorted blocks with a checksum record when they are listed. The
+        list is rebuilt when the records change (write-backs bump _sums_epoch)."""
+        n = len(self.checksums.sums)
+        if n == 0:
+            return rs.VERIFY_NONE, _NO_BLOCKS
+        if n > rs.LIST_AT_MOST:
+            return rs.VERIFY_ALL, _NO_BLOCKS
+        key = (self._sums_epoch, n)
+        if self._sum_blocks[0] != key:
+            self._sum_blocks = (key, np.sort(np.fromiter(self.checksums.sums.keys(), np.int64, n)))
+        return rs.VERIFY_LISTED, self._sum_blocks[1]
+
+    def _stream_verify(self, state, complete, hpas, lens, addrs, clat, failed) -> None:
+        """Under the lock: the stream's last reap, checked against the blocks' checksum
+        records (a mismatch poisons the block; its read fails over to access()), then
+        completed."""
+        st = state.st
+        if st[rs.ERRNO]:
+            err, st[rs.ERRNO] = int(-st[rs.ERRNO]), 0
+            raise MediaError(err, f"io_uring reap failed: {os.strerror(err)}")
+        n = int(st[rs.REAPED])
+        tags, res, bad, blocks = state.reaped_tags[:n], state.reaped_res[:n], state.bad[:n], state.blocks[:n]
+        bad[:] = 0
+        rs.reaped_blocks(state.arrays(), self.block_size, hpas, tags, n, blocks)
+        sums = self.checksums.sums
+        for j, block in enumerate(blocks.tolist()):
+            if block in sums and res[j] == self.block_size:
+                if not self.checksums.matches(block, self.dram.slots[rs.slot_of_reaped(state.arrays(), tags[j])]):
+                    bad[j] = 1
+                    self.counters[C.CHECKSUM_MISMATCHES] += 1
+                    self._poison(block, "checksum mismatch on SSD read")
+        complete(self.bt, self.ps, self.clock, self.dram.base_address, self.block_size, hpas, lens, addrs, clat,
+                 failed, state.arrays(), tags, res, bad, n)
+        st[rs.REAPED] = 0
+
+    def _stream_account(self, st, counted: int, held: int) -> tuple[int, int]:
+        """Under the lock: tell the back end how many fills the stream has out on its ring,
+        and the device how many slots it holds BUSY (other threads plan around them, and
+        count it as an access in flight while it holds any). Returns both for next time."""
+        fills, slots = int(st[rs.FILLS]), int(st[rs.SLOTS])
+        self.ssd.note_queued(fills - counted)
+        self._inflight_slots += slots - held
+        self._inflight += (slots > 0) - (held > 0)
+        return fills, slots
+
+    def _stream_drain(self, run_args: tuple, state, complete, ring_args: tuple, owner: int, counted: int,
+                      held: int) -> None:
+        """After an error: issue nothing more, wait for the stream's fills in flight and
+        complete them (their slots must not stay BUSY)."""
+        st = state.st
+        run, (hpas, lens, addrs, slat, clat, failed) = run_args
+        while st[rs.IN_FLIGHT]:
+            with self._lock:
+                status = run(self.bt, self.ps, self.counters, self.clock, self._write_mode_code,
+                             self.dram.base_address, self.block_size, hpas, lens, addrs, int(st[rs.NEXT]), 0,
+                             slat, clat, failed, state.arrays(), *ring_args,
+                             self.ssd.async_room() + counted, self._inflight_slots - held, self.n_slots, owner,
+                             *self._stream_verify_mode())
+                if status == rs.VERIFY:
+                    self._stream_verify(state, complete, hpas, lens, addrs, clat, failed)
+                counted, held = self._stream_account(st, counted, held)
+                self._idle.notify_all()
 
     @property
     def splits_reads(self) -> bool:
@@ -899,7 +1123,10 @@ class Device:
         written. Blocks of accesses still in flight in other threads are not complete,
         so not flushed (close() waits for them)."""
         with self._lock:
-            return self._flush_locked()
+            written = self._flush_locked()
+        if self.power_lost:  # reliability: the power went before or during it: nothing is durable
+            raise DeviceClosed("the device lost power: the flush did not complete")
+        return written
 
     def _flush_locked(self) -> int:
         if self.closed:
@@ -907,6 +1134,7 @@ class Device:
         written = self._write_back(lambda bt, _, base, bs, rows: fw.collect_dirty(bt, base, bs, rows, rows.shape[0]), None)
         if self.moves_data:
             self.ssd.sync()
+            self.checksums.sync()  # reliability: the integrity log too
         if self.model is not None:  # durable on NAND, like a Global Persistent Flush
             self.model.now_ns = max(self.model.now_ns, charge_flush(self.timing.params, self.timing.state,
                                                                     self.model.now_ns))
@@ -969,6 +1197,8 @@ class Device:
 
     def close(self) -> None:
         """Flush dirty DRAM (like CXL Global Persistent Flush) and release everything."""
+        if self.power_lost:  # reliability: nothing to flush with, and nothing may reach the SSD now
+            return self.simulate_power_loss()
         # Outside the lock: the mailbox and firmware threads may be waiting for it.
         if self.mailbox is not None:
             self.mailbox.close()
@@ -993,8 +1223,89 @@ class Device:
                 self._idle.notify_all()  # threads waiting to plan now see DeviceClosed
                 if self.ssd is not None:
                     self.ssd.close()
+                self.checksums.close()  # reliability: the integrity log
                 self.dram.close()
 
+
+    # ------------------------------------------------------------ reliability: crashes and power loss (issue 10)
+    # Added as a block of its own; see cxlhm/integrity.py and cxlhm/media/faults.py.
+    def _open_integrity_log(self) -> None:
+        """The integrity log keeps checksums and poison right across an unclean shutdown
+        (replayed here after one); a power cut injected by the back end freezes it."""
+        self.checksums.attach_log(Path(self.ssd.path + ".cxlhm.ilog"), self.poison,
+                                  unclean=self.unclean_shutdown_detected)
+        if isinstance(self.ssd, FaultInjector):
+            self.ssd.on_power_loss.append(self._on_power_cut)
+
+    def _on_power_cut(self) -> None:
+        """At an injected cut (maybe inside an access holding the lock): record nothing
+        more, and refuse later accesses - the device has no power. The access in flight
+        finishes; what it wrote is lost or poison after the reopen."""
+        self.checksums.freeze()
+        self._power_cut = True
+        self.closed = True
+
+    def arm_power_loss(self, at_write: int | None = None, *, pages: int = -1, torn_bytes: int = -1,
+                       action: str = "freeze") -> int:
+        """Cut the back end's power while its `at_write`-th write op from now (default:
+        the next) is in flight: that write lands only partly, later ones not at all
+        (cxlhm/media/faults.py). Wraps the back end in a FaultInjector first if it has
+        none. Returns the absolute write number of the cut."""
+        with self._lock:
+            if self.ssd is None:
+                raise ValueError("a device without data (data: none) has no SSD to lose power")
+            if not isinstance(self.ssd, FaultInjector):
+                self.ssd = FaultInjector(self.ssd, FaultPlan(seed=self.cfg.seed))
+                self.ssd.on_power_loss.append(self._on_power_cut)
+            return self.ssd.arm_power_loss(at_write, pages=pages, torn_bytes=torn_bytes, action=action)
+
+    @property
+    def power_lost(self) -> bool:
+        return getattr(self, "_power_cut", False)
+
+    def simulate_power_loss(self) -> None:
+        """The power goes now (or went, at an injected cut): nothing more reaches the SSD
+        or the integrity log, device DRAM is dropped, and the device is closed without
+        close()'s flush and clean-shutdown mark. Reopening the image is an unclean start:
+        every block is read back as the bytes last written to it or as poison."""
+        if isinstance(self.ssd, FaultInjector):
+            self.ssd.cut_power()  # runs _on_power_cut
+        else:
+            self._on_power_cut()
+        if self.mailbox is not None:
+            self.mailbox.close()
+        self._stop_background_thread()
+        while self.reads_in_flight():
+            self.read_reap()
+        with self._lock:
+            if getattr(self, "_released", False):
+                return
+            while self._inflight:
+                self._idle.wait()
+            self._released = True
+            self._idle.notify_all()
+            self.checksums.close()
+            if self.ssd is not None:
+                self.ssd.close()
+            self.dram.close()
+
+    def block_checksums(self, first_block: int, n_blocks: int) -> list[int | None]:
+        """The checksum recorded for each block of [first_block, first_block + n_blocks):
+        that of the bytes the SSD holds for it (None: never written back, or its bytes
+        are lost). Hosts fingerprint durable data with it (the KV store's flush)."""
+        with self._lock:
+            sums = self.checksums.sums
+            poison = self.poison.blocks
+            return [None if b in poison else sums.get(b) for b in range(first_block, first_block + n_blocks)]
+
+    def integrity_report(self) -> dict:
+        """What the last open recovered and what the integrity log holds now."""
+        with self._lock:
+            log = self.checksums.log
+            return {"unclean_shutdown": self.unclean_shutdown_detected, **self.checksums.recovered,
+                    "log_records": log.records if log is not None else 0,
+                    "checksummed_blocks": len(self.checksums.sums), "poisoned_blocks": len(self.poison.blocks),
+                    "dirty_logged_blocks": len(self.checksums.dirty), "power_lost": self.power_lost}
 
 def _check_fits_in_memory(cfg: DeviceConfig) -> None:
     """Device DRAM (when data moves) and the per-slot metadata are real memory here:

@@ -1,4 +1,5 @@
-"""End-to-end integrity of the SSD back end: per-block checksums and the poison list.
+"""End-to-end integrity of the SSD back end: per-block checksums, the poison list, and
+the integrity log that keeps both right across an unclean shutdown.
 
 Checksums: when the device writes a block to the SSD it records the block's xxh3-64;
 every later SSD read of that block is verified against it, and a mismatch is poison,
@@ -7,16 +8,53 @@ someone else) have no checksum and are not checked. Memory: one Python dict entr
 (~100 bytes) per block ever written back; on disk 16 bytes per block.
 
 Poison: a block whose current bytes the device cannot produce (a failed read after
-retries, a checksum mismatch, a write-back that failed so its latest bytes are lost).
-Reads of it fail with PoisonError until the host overwrites the whole block.
+retries, a checksum mismatch, a write-back that failed so its latest bytes are lost,
+bytes that were only in device DRAM when the power went). Reads of it fail with
+PoisonError until the host overwrites the whole block.
+
+Crash consistency (the integrity log, ``<image>.cxlhm.ilog``). A clean close saves the
+checksums (``<image>.cxlhm.sums``) and the poison list (the metadata file) whole. What
+happens between two clean closes is appended to the log, in the order the device does
+it, each batch one framed record (length, CRC32) written with one write(2) before the
+device goes on:
+
+  SUM b s     before a write-back of block b is submitted: the SSD is about to hold
+              bytes whose checksum is s (write-ahead: if the write tears, the bytes
+              on the SSD do not match s, and the read that meets them is poison)
+  DIRTY b     before a host write to block b returns (and after a failed write-back):
+              device DRAM holds bytes of b newer than anything on the SSD
+  POISON b r  block b poisoned, for reason r;  CLEAR b: a whole-block write repaired it
+  RESET       (first record of a compacted log) forget the saved state: what follows
+              is all of it
+
+Reopening after an unclean shutdown replays the log over the last clean close's saved
+state: a block whose last record is SUM is verified against that sum, one whose last
+record is DIRTY had its latest bytes in device DRAM only - they are gone, and the SSD's
+older bytes must not be served - so it is poisoned ("lost at an unclean shutdown").
+So after any crash a read returns the bytes last written or an error, never stale,
+torn or mixed bytes. After a clean shutdown the log is emptied.
+
+The log is the emulated device's power-safe metadata store: a record is durable once
+its write(2) returned (the kernel keeps it across a kill -9 of the process); flush()
+also fsyncs it (Device.flush calls IntegrityLog.sync through BlockChecksums.sync). It
+is compacted (rewritten as RESET + the live state, then renamed over) when it holds
+more than 4x the live records. A DIRTY record costs one write(2) per host write that
+dirties blocks not already logged dirty, batched per firmware pass.
 """
 from __future__ import annotations
 
+import logging
 import os
+import struct
+import threading
+import zlib
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import xxhash
+
+log = logging.getLogger("cxlhm.integrity")
 
 
 class PoisonError(OSError):
@@ -27,18 +65,142 @@ def checksum(data) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
+LOST_AT_UNCLEAN_SHUTDOWN = "lost at an unclean shutdown: its latest bytes were only in device DRAM"
+
+# ---------------------------------------------------------------- the integrity log
+_FRAME = struct.Struct("<II")   # payload length, crc32(payload)
+_REC = struct.Struct("<cQQ")    # kind, block, value (SUM: the checksum; POISON: the reason's length)
+SUM, DIRTY, POISON, CLEAR, RESET = b"S", b"D", b"P", b"C", b"R"
+COMPACT_MIN_RECORDS = 1 << 16
+
+
+class IntegrityLog:
+    """Append-only, framed, crash-safe record of SUM / DIRTY / POISON / CLEAR events
+    (see the module docstring). Thread-safe; `freeze()` makes every later append a
+    no-op (the power is gone)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        self.records = 0  # records in the file (replayed + appended), for compaction
+        self.frozen = False
+        self._lock = threading.Lock()
+
+    def replay(self) -> list[tuple[bytes, int, int | str]]:
+        """Every record of the intact frames, in order; a torn or corrupt frame (a crash
+        in the middle of a write) ends the replay there."""
+        data = self.path.read_bytes()
+        out: list[tuple[bytes, int, int | str]] = []
+        pos = 0
+        while pos + _FRAME.size <= len(data):
+            length, crc = _FRAME.unpack_from(data, pos)
+            payload = data[pos + _FRAME.size: pos + _FRAME.size + length]
+            if len(payload) != length or zlib.crc32(payload) != crc:
+                break
+            out.extend(_records(payload))
+            pos += _FRAME.size + length
+        self.records = len(out)
+        if pos != len(data):  # drop the torn tail, so appends after it are read back
+            os.ftruncate(self.fd, pos)
+        return out
+
+    def append(self, payload: bytes) -> None:
+        """One framed batch of records, one write(2)."""
+        if not payload:
+            return
+        frame = _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+        with self._lock:
+            if self.frozen or self.fd < 0:
+                return
+            written = os.write(self.fd, frame)
+            if written != len(frame):  # a full file system: the frame is torn, and so is everything after it
+                raise OSError(f"{self.path}: short write of the integrity log ({written} of {len(frame)} bytes)")
+            self.records += len(payload) // _REC.size
+
+    def rewrite(self, payload: bytes) -> None:
+        """Replace the whole log with one frame (compaction), atomically."""
+        with self._lock:
+            if self.frozen or self.fd < 0:
+                return
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            with open(tmp, "wb") as f:
+                f.write(_FRAME.pack(len(payload), zlib.crc32(payload)) + payload if payload else b"")
+                f.flush()
+                os.fsync(f.fileno())
+            fd = os.open(tmp, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+            os.replace(tmp, self.path)
+            os.close(self.fd)
+            self.fd = fd
+            self.records = len(payload) // _REC.size
+
+    def truncate(self) -> None:
+        with self._lock:
+            if not self.frozen and self.fd >= 0:
+                os.ftruncate(self.fd, 0)
+                self.records = 0
+
+    def sync(self) -> None:
+        with self._lock:
+            if not self.frozen and self.fd >= 0:
+                os.fsync(self.fd)
+
+    def freeze(self) -> None:
+        with self._lock:
+            self.frozen = True
+
+    def close(self) -> None:
+        with self._lock:
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+
+
+def _records(payload: bytes):
+    pos = 0
+    while pos + _REC.size <= len(payload):
+        kind, block, value = _REC.unpack_from(payload, pos)
+        pos += _REC.size
+        if kind == POISON:
+            reason = payload[pos:pos + value].decode("utf-8", "replace")
+            pos += value
+            yield kind, block, reason
+        else:
+            yield kind, block, value
+
+
+def _poison_record(block: int, reason: str) -> bytes:
+    raw = reason.encode("utf-8", "replace")[:1024]
+    return _REC.pack(POISON, block, len(raw)) + raw
+
+
+class _LoggedSums(dict):
+    """block -> checksum; dropping a block's sum (its write-back failed: the SSD holds
+    neither the old nor the new bytes) is logged as DIRTY - a crash now loses it."""
+    __slots__ = ("owner",)
+
+    def pop(self, block, *default):
+        owner = getattr(self, "owner", None)
+        if owner is not None:
+            owner.note_dirty((block,))
+        return super().pop(block, *default)
+
+
 class BlockChecksums:
     def __init__(self, path: Path | None, block_size: int = 0):
         self.path, self.block_size = path, block_size
-        self.sums: dict[int, int] = {}
+        self.sums: dict[int, int] = _LoggedSums()
+        self.log: IntegrityLog | None = None
+        self.poison: PoisonTable | None = None  # linked by attach_log, for compaction
+        self.dirty: set[int] = set()  # blocks whose last log record is DIRTY
+        self.recovered = {"lost_dirty_blocks": 0, "log_records_replayed": 0}
         if path is not None and path.exists():
             try:
                 with np.load(path) as saved:
                     # sums of another block size describe other byte ranges: unusable
                     if int(saved["block_size"]) == block_size:
-                        self.sums = dict(zip(saved["blocks"].tolist(), saved["sums"].tolist()))
+                        self.sums.update(zip(saved["blocks"].tolist(), saved["sums"].tolist()))
             except (OSError, ValueError, KeyError):
-                self.sums = {}  # unreadable: verify nothing rather than refuse to open
+                self.sums.clear()  # unreadable: verify nothing rather than refuse to open
 
     def matches(self, block: int, data) -> bool:
         expected = self.sums.get(block)
@@ -53,18 +215,114 @@ class BlockChecksums:
                      sums=np.fromiter(self.sums.values(), np.uint64, len(self.sums)))
         os.replace(tmp, self.path)
 
+    # ------------------------------------------------------------ the integrity log
+    def attach_log(self, log_path: Path, poison: "PoisonTable", *, unclean: bool) -> None:
+        """Open the integrity log. After a clean shutdown the saved state is whole: the
+        log starts empty. After an unclean one it is replayed over the saved state, and
+        every block whose last record is DIRTY is poisoned."""
+        self.log = IntegrityLog(log_path)
+        self.poison = poison
+        if not unclean:
+            self.log.truncate()
+        else:
+            last_dirty: set[int] = set()
+            records = self.log.replay()
+            self.recovered["log_records_replayed"] = len(records)
+            for kind, block, value in records:
+                if kind == SUM:
+                    self.sums[block] = value
+                    last_dirty.discard(block)
+                elif kind == DIRTY:
+                    last_dirty.add(block)
+                elif kind == POISON:
+                    poison.blocks[block] = value
+                elif kind == CLEAR:
+                    poison.blocks.pop(block, None)
+                elif kind == RESET:
+                    dict.clear(self.sums)
+                    poison.blocks.clear()
+                    last_dirty.clear()
+            for block in last_dirty:
+                dict.pop(self.sums, block, None)  # whatever the SSD holds is older than what was written
+                poison.blocks[block] = LOST_AT_UNCLEAN_SHUTDOWN
+            self.recovered["lost_dirty_blocks"] = len(last_dirty)
+            self._compact()  # the poison decided here goes into the log: it stands alone from now on
+        self.sums.owner = self
+        poison.recorder = self
+
+    def note_dirty(self, blocks: Iterable[int]) -> None:
+        """Blocks whose newest bytes are in device DRAM only: one DIRTY record each
+        (none for blocks already logged dirty), written before the caller goes on."""
+        if self.log is None:
+            return
+        dirty = self.dirty
+        new = [b for b in blocks if b not in dirty]
+        if not new:
+            return
+        self.log.append(b"".join(_REC.pack(DIRTY, b, 0) for b in new))
+        dirty.update(new)
+
+    def note_dirty_array(self, blocks: np.ndarray) -> None:
+        """note_dirty for a numpy array of block numbers (the host write path)."""
+        if self.log is not None:
+            self.note_dirty(blocks.tolist())
+
+    def intend(self, blocks: Iterable[int], sums: Iterable[int]) -> None:
+        """Before a write-back is submitted: the SSD is about to hold these sums."""
+        if self.log is None:
+            return
+        # Compact first, while memory and log agree: once these SUMs are appended, the
+        # in-memory sums lag behind the log until the write completes.
+        self._maybe_compact()
+        blocks = list(blocks)
+        self.log.append(b"".join(_REC.pack(SUM, b, s) for b, s in zip(blocks, sums)))
+        self.dirty.difference_update(blocks)
+
+    def note_poison(self, block: int, reason: str | None) -> None:
+        if self.log is not None:
+            self.log.append(_poison_record(block, reason) if reason is not None else _REC.pack(CLEAR, block, 0))
+
+    def sync(self) -> None:
+        if self.log is not None:
+            self.log.sync()
+
+    def freeze(self) -> None:
+        """The power is gone: record nothing more."""
+        if self.log is not None:
+            self.log.freeze()
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+
+    def _maybe_compact(self) -> None:
+        live = len(self.sums) + len(self.dirty) + (len(self.poison.blocks) if self.poison is not None else 0)
+        if self.log.records > 4 * live + COMPACT_MIN_RECORDS:
+            self._compact()
+
+    def _compact(self) -> None:
+        parts = [_REC.pack(RESET, 0, 0)]
+        parts += [_REC.pack(SUM, b, s) for b, s in self.sums.items()]
+        if self.poison is not None:
+            parts += [_poison_record(b, r) for b, r in self.poison.blocks.items()]
+        parts += [_REC.pack(DIRTY, b, 0) for b in self.dirty]
+        self.log.rewrite(b"".join(parts))
+
 
 class PoisonTable:
-    """block -> why it is poisoned."""
+    """block -> why it is poisoned. Changes go to the integrity log once one is attached."""
 
     def __init__(self, saved: dict | None = None):
         self.blocks: dict[int, str] = {int(k): str(v) for k, v in (saved or {}).items()}
+        self.recorder: BlockChecksums | None = None
 
     def __bool__(self) -> bool:
         return bool(self.blocks)
 
     def add(self, block: int, reason: str) -> None:
         self.blocks[block] = reason
+        if self.recorder is not None:
+            self.recorder.note_poison(block, reason)
 
     def first_poisoned(self, first_block: int, last_block: int) -> int:
         """The first poisoned block in [first_block, last_block], or -1."""
@@ -74,7 +332,8 @@ class PoisonTable:
         return min(hits) if hits else -1
 
     def clear(self, block: int) -> None:
-        self.blocks.pop(block, None)
+        if self.blocks.pop(block, None) is not None and self.recorder is not None:
+            self.recorder.note_poison(block, None)
 
     def to_json(self) -> dict:
         return {str(b): r for b, r in self.blocks.items()}

@@ -39,6 +39,7 @@ import firmware_policies
 from cxlhm import blocktable as btm
 from cxlhm import counters as C
 from cxlhm import firmware as fw
+from cxlhm.jit import njit_without_refcounts
 from cxlhm.config import load_config
 from cxlhm.media.ssd import IO_FIELDS
 from cxlhm.timing import LatencyRecorder, TimingModel, charge_access
@@ -94,7 +95,7 @@ def _build_replay(kernels: fw.Kernels):
     # Compiled without numba's reference counting: the loop only reads and writes
     # arrays its caller owns, and incref/decref of every block-table array around
     # each per-access call would otherwise cost more than the access itself.
-    @_njit_without_refcounts
+    @njit_without_refcounts
     def replay(bt, ps, counters, clock, blocks, writes, write_mode, start, stop, scratch):
         """Run accesses [start, stop). Returns stop, or the index of the access that
         found no evictable slot."""
@@ -117,7 +118,7 @@ def _build_timed_replay(kernels: fw.Kernels):
     plan, finish = kernels.plan, fw.finish
     write_through = fw.WRITE_THROUGH
 
-    @_njit_without_refcounts
+    @njit_without_refcounts
     def replay_timed(bt, ps, counters, clock, blocks, writes, write_mode, start, stop, scratch, block_size,
                      params, tstate, tclock, issue_ns, open_loop, rec_values, rec_meta):
         """replay() plus the timing model, charged exactly as Device._access_batch does on
@@ -156,13 +157,6 @@ def _build_timed_replay(kernels: fw.Kernels):
         return stop
 
     return replay_timed
-
-
-def _njit_without_refcounts(fn):
-    try:
-        return numba.njit(nogil=True, _nrt=False)(fn)
-    except (KeyError, TypeError):  # a numba without the private flag: correct, just slower
-        return numba.njit(nogil=True)(fn)
 
 
 def _scratch() -> tuple:

@@ -133,6 +133,30 @@ class ExtentAllocator:
         """Free (hpa, length in bytes), in address order (for tests and stats)."""
         return [(self.base + s * self.grain, n * self.grain) for s, n in sorted(self._free_start.items())]
 
+    def check(self) -> None:
+        """Check the invariants (tests, and KVStore.check after a recovery): live and free
+        extents tile the window exactly, no two free extents touch (coalesced), and the
+        size bins and the free-grain count agree with the free list. Raises AllocatorError."""
+        pieces = sorted([(s, n, "live") for s, n in self._live.items()] +
+                        [(s, n, "free") for s, n in self._free_start.items()])
+        cursor, prev = 0, None
+        for start, length, kind in pieces:
+            if length <= 0 or start != cursor:
+                raise AllocatorError(f"{kind} extent at grain {start} (+{length}) "
+                                     f"{'overlaps' if start < cursor else 'leaves a hole after'} grain {cursor}")
+            if kind == "free" and prev == "free":
+                raise AllocatorError(f"free extents meet at grain {start} (not coalesced)")
+            cursor, prev = start + length, kind
+        if cursor != self.total_grains:
+            raise AllocatorError(f"extents end at grain {cursor}, the window has {self.total_grains}")
+        if {e: s for s, e in ((s, s + n) for s, n in self._free_start.items())} != self._free_end:
+            raise AllocatorError("the free list's start and end maps disagree")
+        binned = {(n, s) for n, starts in self._bins.items() for s in starts}
+        if binned != {(n, s) for s, n in self._free_start.items()} or self._sizes != sorted(self._bins):
+            raise AllocatorError("the size bins disagree with the free list")
+        if self.free_grains != sum(self._free_start.values()):
+            raise AllocatorError(f"free_grains {self.free_grains} != {sum(self._free_start.values())}")
+
     # ------------------------------------------------------------ restore
     @classmethod
     def restore(cls, capacity: int, grain: int, extents: Iterable[tuple[int, int]], *, base: int = 0) -> "ExtentAllocator":

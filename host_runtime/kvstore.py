@@ -21,8 +21,12 @@ What it owns:
   `HintClient` in production, a recorder in tests - and tags every access with the
   session, so hint-aware firmware (hymcache) can prefetch and buffer;
 * a persistent index (an append-only journal next to the device image), so a
-  restarted server finds its KV; chunks not yet flushed to the SSD when the device
-  went down uncleanly are dropped on reopen (principle 4: a miss, never wrong bytes);
+  restarted server finds its KV. The crash guarantee (docs/reliability.md): commit()
+  publishes a chunk, a later flush() or close() makes it durable. After an unclean
+  shutdown, chunks committed after the last completed flush are dropped, and every
+  other chunk is checked against the fingerprint taken at its flush (from the device's
+  crash-consistent block checksums) and dropped if its blocks changed (principle 4: a
+  miss, never wrong bytes); `check()` verifies index and allocator agree;
 * tenants: every call goes through a `Tenant`, which only ever sees its own namespace,
   its own sessions and its own pins; keys computed by a tenant carry its salt.
   Capacity pressure evicts by the global policy above, but never below a tenant's
@@ -54,6 +58,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import xxhash
 
 from host_runtime import kvkeys
 from host_runtime.allocator import AllocatorError, ExtentAllocator
@@ -184,6 +189,8 @@ def _coalesce(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
 _FRAME = struct.Struct("<II")          # payload length, crc32(payload)
 _TENANT = struct.Struct("<IB")         # tenant id, name length (+ name, salt length u8, salt)
 _PUT = struct.Struct("<IQQH")          # tenant id, hpa, nbytes, key length (+ key)
+_PUTFP = struct.Struct("<IQQQH")       # "Q": a put with its fingerprint: tenant id, hpa, nbytes, fingerprint, key length (+ key)
+_FP = struct.Struct("<IQH")            # "V": tenant id, fingerprint, key length (+ key): the chunk's durable bytes
 _DEL = struct.Struct("<IH")            # tenant id, key length (+ key)
 
 
@@ -241,8 +248,25 @@ class _Journal:
             self.fd = -1
 
 
-def _put_record(tid: int, key: bytes, hpa: int, nbytes: int) -> bytes:
+def _put_record(tid: int, key: bytes, hpa: int, nbytes: int, fp: int | None = None) -> bytes:
+    if fp is not None:
+        return b"Q" + _PUTFP.pack(tid, hpa, nbytes, fp, len(key)) + key
     return b"P" + _PUT.pack(tid, hpa, nbytes, len(key)) + key
+
+
+def _fp_record(tid: int, key: bytes, fp: int) -> bytes:
+    return b"V" + _FP.pack(tid, fp, len(key)) + key
+
+
+_NO_SUM = (1 << 64) - 1  # stands for a block with no checksum (never written back, or lost)
+
+
+def chunk_fingerprint(sums: list[int | None]) -> int:
+    """A chunk's fingerprint: xxh3-64 over the device's checksums of its blocks, in
+    order. Equal fingerprints mean the SSD holds, for every block of the chunk, the
+    bytes that were there when it was taken (the device verifies each block it reads
+    against the same checksums)."""
+    return xxhash.xxh3_64_intdigest(np.array([_NO_SUM if v is None else v for v in sums], np.uint64).tobytes())
 
 
 def _del_record(tid: int, key: bytes) -> bytes:
@@ -257,7 +281,7 @@ def _tenant_record(tid: int, name: str, salt: bytes) -> bytes:
 # ====================================================================== entries
 class _Entry:
     __slots__ = ("tenant", "key", "hpa", "nbytes", "pins", "leases", "active", "paused",
-                 "cls", "doomed", "stamp")
+                 "cls", "doomed", "stamp", "fp")
 
     def __init__(self, tenant: "Tenant", key: bytes, hpa: int, nbytes: int):
         self.tenant, self.key, self.hpa, self.nbytes = tenant, key, hpa, nbytes
@@ -265,6 +289,7 @@ class _Entry:
         self.cls = COLD
         self.doomed = False   # removed while leased: freed when the last lease ends
         self.stamp = 0        # recency: the store's access counter at the last use
+        self.fp: int | None = None  # fingerprint of its durable bytes (taken at the flush after its commit)
 
     def eviction_class(self) -> int:
         return ACTIVE if self.active else PAUSED if self.paused else COLD
@@ -299,7 +324,8 @@ class Reservation:
         return view.shape[0]
 
     def commit(self) -> bool:
-        """Publish the key. False if the reservation was already finished."""
+        """Publish the key (lookups see it now; it survives a crash once a later
+        KVStore.flush() or close() returned). False if already finished."""
         return self.tenant.store._commit(self)
 
     def abort(self) -> None:
@@ -575,10 +601,11 @@ class KVStore:
         self._tenant_ids: dict[int, Tenant] = {}
         self._secret = secrets.token_bytes(16)
         self._unflushed: dict[tuple[int, bytes], _Entry] = {}
+        self._doomed: dict[int, _Entry] = {}  # hpa -> entry removed while being read (extent freed at the last lease)
         self._stamp = 0
         self.compact_factor = compact_factor
         self.counters = {"evictions": 0, "hint_errors": 0, "media_errors": 0, "dropped_on_open": 0,
-                         "compactions": 0}
+                         "compactions": 0, "failed_verification": 0}
         self.alloc = ExtentAllocator(self.capacity, self.grain, base=base)
         self._journal: _Journal | None = None
         path = self._index_path(index_path)
@@ -1042,11 +1069,13 @@ class KVStore:
             self._hint("unpin", [(entry.hpa, entry.nbytes)])
         if entry.leases:
             entry.doomed = True
+            self._doomed[entry.hpa] = entry
         else:
             self._release_extent(entry)
         self._maybe_compact()
 
     def _release_extent(self, entry: _Entry) -> None:
+        self._doomed.pop(entry.hpa, None)
         entry.tenant.used_bytes -= self.alloc.free(entry.hpa)
 
     # ------------------------------------------------------------ hints
@@ -1120,7 +1149,15 @@ class KVStore:
                 tenants[tid] = (name, salt)
             elif kind == b"P":
                 tid, hpa, nbytes, n = _PUT.unpack_from(p, 1)
-                live[(tid, p[1 + _PUT.size: 1 + _PUT.size + n])] = (hpa, nbytes, pos)
+                live[(tid, p[1 + _PUT.size: 1 + _PUT.size + n])] = (hpa, nbytes, pos, None)
+            elif kind == b"Q":
+                tid, hpa, nbytes, fp, n = _PUTFP.unpack_from(p, 1)
+                live[(tid, p[1 + _PUTFP.size: 1 + _PUTFP.size + n])] = (hpa, nbytes, pos, fp)
+            elif kind == b"V":
+                tid, fp, n = _FP.unpack_from(p, 1)
+                key = (tid, p[1 + _FP.size: 1 + _FP.size + n])
+                if key in live:
+                    live[key] = live[key][:3] + (fp,)
             elif kind == b"D":
                 tid, n = _DEL.unpack_from(p, 1)
                 live.pop((tid, p[1 + _DEL.size: 1 + _DEL.size + n]), None)
@@ -1129,19 +1166,32 @@ class KVStore:
         for tid, (name, salt) in sorted(tenants.items()):
             self._add_tenant(tid, name, salt)
         kept = {}
-        for (tid, key), (hpa, nbytes, pos) in live.items():
+        # After an unclean shutdown every chunk kept is checked against the fingerprint of
+        # its durable bytes (taken at the flush after its commit) - metadata only, from the
+        # device's crash-consistent block checksums: a chunk whose blocks no longer hold
+        # those bytes (lost, torn, or reused for another chunk) is dropped, never served.
+        fingerprints = getattr(getattr(self.handle, "device", None), "block_checksums", None) if unclean else None
+        bs = self.handle.block_size
+        for (tid, key), (hpa, nbytes, pos, fp) in live.items():
             if (unclean and pos > last_flush) or tid not in self._tenant_ids:
                 self.counters["dropped_on_open"] += 1  # its bytes may never have reached the SSD
                 continue
-            kept[(tid, key)] = (hpa, nbytes)
+            if fingerprints is not None:
+                first = hpa // bs
+                if fp is None or chunk_fingerprint(fingerprints(first, (hpa + nbytes - 1) // bs - first + 1)) != fp:
+                    self.counters["dropped_on_open"] += 1
+                    self.counters["failed_verification"] += 1
+                    continue
+            kept[(tid, key)] = (hpa, nbytes, fp)
         try:
             self.alloc = ExtentAllocator.restore(self.capacity, self.grain,
-                                                 ((hpa, nbytes) for hpa, nbytes in kept.values()), base=self.base)
+                                                 ((hpa, nbytes) for hpa, nbytes, _ in kept.values()), base=self.base)
         except AllocatorError as exc:
             raise IndexCorrupt(f"{path}: {exc} (delete the index to start empty)") from None
-        for (tid, key), (hpa, nbytes) in kept.items():
+        for (tid, key), (hpa, nbytes, fp) in kept.items():
             t = self._tenant_ids[tid]
             entry = _Entry(t, key, hpa, nbytes)
+            entry.fp = fp
             t._index[key] = entry
             t.used_bytes += self._extent_bytes(entry)
             self._stamp_entry(entry)
@@ -1168,16 +1218,29 @@ class KVStore:
         for t in self._tenant_ids.values():
             for entry in t._index.values():
                 (pending if (t.id, entry.key) in self._unflushed else payloads).append(
-                    _put_record(t.id, entry.key, entry.hpa, entry.nbytes))
+                    _put_record(t.id, entry.key, entry.hpa, entry.nbytes, entry.fp))
         payloads.append(b"F")
         payloads += pending
         self._journal.rewrite(payloads)
         self.counters["compactions"] += 1
 
     def flush(self) -> None:
-        """Make every committed chunk durable: device flush, then a journal FLUSH mark."""
+        """Make every committed chunk durable: device flush, then the fingerprints of the
+        chunks committed since the last flush, then a journal FLUSH mark (fsynced).
+        When flush() returns, every chunk committed before it survives a crash."""
         with self._lock:
             self.handle.flush()
+            if self._journal is not None:
+                fingerprints = getattr(getattr(self.handle, "device", None), "block_checksums", None)
+                if fingerprints is not None and self._unflushed:
+                    bs = self.handle.block_size
+                    records = []
+                    for (tid, key), entry in self._unflushed.items():
+                        first = entry.hpa // bs
+                        entry.fp = chunk_fingerprint(fingerprints(first, (entry.hpa + entry.nbytes - 1) // bs - first + 1))
+                        records.append(_fp_record(tid, key, entry.fp))
+                    for record in records:
+                        self._journal.append(record)
             self._unflushed.clear()  # everything committed so far is on the SSD now
             if self._journal is not None:
                 self._journal.append(b"F")
@@ -1195,6 +1258,50 @@ class KVStore:
             finally:
                 self._journal.close()
                 self._journal = None
+
+    # ------------------------------------------------------------ consistency
+    def check(self) -> dict:
+        """Check that the index and the allocator agree: the allocator's live extents are
+        exactly those of the stored chunks, the reservations in progress and the chunks
+        removed while being read (no leak, no overlap), and each tenant's used bytes add
+        up. Raises IndexCorrupt naming the first disagreement; returns counts."""
+        with self._lock:
+            try:
+                self.alloc.check()
+            except AllocatorError as exc:
+                raise IndexCorrupt(f"allocator: {exc}") from None
+            expected: dict[int, int] = {}
+            per_tenant: dict[int, int] = {}
+
+            def claim(hpa: int, nbytes: int, t: Tenant, what: str) -> None:
+                size = self.alloc.grains_for(nbytes) * self.grain
+                if hpa in expected:
+                    raise IndexCorrupt(f"{what} at {hpa:#x} is claimed twice")
+                expected[hpa] = size
+                per_tenant[t.id] = per_tenant.get(t.id, 0) + size
+
+            for t in self._tenant_ids.values():
+                for entry in t._index.values():
+                    claim(entry.hpa, entry.nbytes, t, f"chunk {entry.key.hex()[:16]} of {t.name!r}")
+                for res in t._pending.values():
+                    claim(res.hpa, res.nbytes, t, f"reservation {res.key.hex()[:16]} of {t.name!r}")
+            for entry in self._doomed.values():
+                claim(entry.hpa, entry.nbytes, entry.tenant, "a removed chunk still being read")
+            live = dict(self.alloc.extents())
+            if live != expected:
+                leaked = sorted(set(live) - set(expected))
+                missing = sorted(set(expected) - set(live))
+                wrong = sorted(h for h in set(live) & set(expected) if live[h] != expected[h])
+                raise IndexCorrupt(f"allocator and index disagree: {len(leaked)} extent(s) allocated but not indexed "
+                                   f"{[hex(h) for h in leaked[:4]]}, {len(missing)} indexed but not allocated "
+                                   f"{[hex(h) for h in missing[:4]]}, {len(wrong)} of another size")
+            for t in self._tenant_ids.values():
+                if t.used_bytes != per_tenant.get(t.id, 0):
+                    raise IndexCorrupt(f"tenant {t.name!r} counts {t.used_bytes} used bytes, its chunks hold "
+                                       f"{per_tenant.get(t.id, 0)}")
+            return {"extents": len(live), "entries": sum(len(t._index) for t in self._tenant_ids.values()),
+                    "reservations": sum(len(t._pending) for t in self._tenant_ids.values()),
+                    "used_bytes": self.alloc.used_bytes}
 
     # ------------------------------------------------------------ stats
     def stats(self) -> dict:

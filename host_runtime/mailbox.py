@@ -96,13 +96,22 @@ class BackgroundStatus:
 
 class MailboxClient:
     def __init__(self, target: Any, *, timeout: float = COMMAND_TIMEOUT_S, ready_timeout: float = READY_TIMEOUT_S,
-                 background_timeout: float = BACKGROUND_TIMEOUT_S):
+                 background_timeout: float = BACKGROUND_TIMEOUT_S, busy_timeout: float = 0.0):
         """`target`: a register-file path, or an in-process cxlhm.mailbox.Mailbox
-        (then the client also nudges its firmware thread instead of being polled)."""
+        (then the client also nudges its firmware thread instead of being polled).
+
+        `busy_timeout`: how long to wait for a doorbell that is still set when a command
+        starts. The doorbell can only be set then if another host gave up on its command
+        (timed out) or died in the middle of one (its flock went with it): the firmware
+        still runs that command and clears the doorbell. 0 (the default) answers BUSY at
+        once, as cxl_pci does (-EBUSY); hosts sharing the mailbox across processes pass a
+        few seconds, and the sequence restarts once the doorbell is clear."""
         self._local = None if isinstance(target, (str, os.PathLike)) else target
         self.regs = R.RegisterFile.attach(target if self._local is None else target.path)
         self.payload_size = self.regs.payload_size
         self.timeout, self.ready_timeout, self.background_timeout = timeout, ready_timeout, background_timeout
+        self.busy_timeout = busy_timeout
+        self.busy_waits = 0  # commands that found the doorbell set and waited for it (busy_timeout > 0)
         self._lock = threading.Lock()
         self.hints = HintClient(self)
 
@@ -126,7 +135,7 @@ class MailboxClient:
             try:
                 self._wait_ready()
                 if regs.doorbell:
-                    raise MailboxCommandError(opcode, ReturnCode.BUSY, detail="doorbell still set: a previous command has not completed")
+                    self._wait_busy_doorbell(opcode)
                 regs.command = R.encode_command(opcode, length)
                 regs.write_payload(payload)
                 seen = self._local.completions if self._local is not None else 0
@@ -165,6 +174,23 @@ class MailboxClient:
                                      "(is the device's firmware running?)")
             time.sleep(pause)
             pause = min(pause * 2, 0.01)
+
+    def _wait_busy_doorbell(self, opcode: int) -> None:
+        """The doorbell is set before this command started (another host's abandoned
+        command is still running): BUSY, or wait up to busy_timeout for it to clear."""
+        if self.busy_timeout <= 0:
+            raise MailboxCommandError(opcode, ReturnCode.BUSY, detail="doorbell still set: a previous command has not completed")
+        self.busy_waits += 1
+        deadline = time.monotonic() + self.busy_timeout
+        pause = 1e-4
+        while self.regs.doorbell:
+            if time.monotonic() > deadline:
+                raise MailboxCommandError(opcode, ReturnCode.BUSY,
+                                          detail=f"doorbell still set after {self.busy_timeout} s: a previous command has not completed")
+            if self._local is not None:
+                self._local.kick()
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)
 
     def _wait_doorbell_clear(self, opcode: int, seen: int) -> None:
         deadline = time.monotonic() + self.timeout
@@ -351,10 +377,20 @@ class HintClient:
         deadline = time.monotonic() + client.background_timeout
         while True:
             reply = client.execute(opcode, payload)
-            # BUSY with a background command running: an earlier batch is still being
-            # delivered; wait for it and resend, so hints arrive in order.
-            if reply.rc == ReturnCode.BUSY and client.background_status().running and time.monotonic() < deadline:
-                client.wait_background(max(0.0, deadline - time.monotonic()))
+            # BUSY: an earlier batch (maybe another host's) is still being delivered in the
+            # background; wait for it and resend, so hints arrive in order. The batch may
+            # have ended between the device's answer and the host reading it (the status
+            # register's background bit already dropped): resend at once. (The only other
+            # cause, a host rewriting the command register while ours ran, also calls for
+            # a resend; hints are advisory, so a rare duplicate is harmless.)
+            if reply.rc == ReturnCode.BUSY and time.monotonic() < deadline:
+                if client.background_status().running:
+                    try:
+                        client.wait_background(max(0.0, deadline - time.monotonic()))
+                    except MailboxCommandError:
+                        pass  # someone else's batch failed: that is its host's business, not ours
+                else:
+                    time.sleep(0.0005)
                 continue
             break
         if reply.rc == ReturnCode.BACKGROUND_STARTED:

@@ -25,6 +25,8 @@
 /* liburing 2.x's struct io_uring is ~216 bytes; 1 KiB leaves room for growth. */
 #define RING_OPAQUE_BYTES 1024
 
+#define CXLHM_SETUP_COOP_TASKRUN (1U << 8)
+
 typedef int (*queue_init_fn)(unsigned, void *, unsigned);
 typedef void (*queue_exit_fn)(void *);
 typedef struct io_uring_sqe *(*get_sqe_fn)(void *);
@@ -101,7 +103,16 @@ struct cxlhm_ring *cxlhm_ring_open(unsigned depth, int *err)
         return NULL;
     }
     memset(r, 0, sizeof(*r));
-    int rc = uring.queue_init(depth, r->opaque, 0);
+    /* COOP_TASKRUN: a completion is handed to the submitting thread when it next enters
+     * the kernel, instead of interrupting it. (Not SINGLE_ISSUER: the window's fault
+     * service submits on a ring another thread made.) Kernels before 5.19 refuse the
+     * flag: then a plain ring. CXLHM_URING_PLAIN=1 forces the plain one. */
+    const char *plain = getenv("CXLHM_URING_PLAIN");
+    int rc = plain && *plain == '1' ? -EINVAL : uring.queue_init(depth, r->opaque, CXLHM_SETUP_COOP_TASKRUN);
+    if (rc == -EINVAL) {
+        memset(r, 0, sizeof(*r));
+        rc = uring.queue_init(depth, r->opaque, 0);
+    }
     if (rc < 0) {
         *err = -rc;
         free(r);

@@ -258,39 +258,31 @@ def test_two_jobs_share_a_model_clock_device_in_turn(tmp_path):
 
 
 # ---------------------------------------------------------------- the wall clock keeps iodepth in flight
-def _count_queued(monkeypatch):
-    """Count the split-phase reads at the SSD (queued, not yet reaped), over all threads."""
-    from cxlhm.media.ssd import SsdBackend
-    state = {"now": 0, "max": 0}
-    lock = threading.Lock()
-    real_queue, real_reap = SsdBackend.queue, SsdBackend.reap
+def _record_streams(monkeypatch):
+    """Record every streamed read run (Device.read_stream) the engine makes."""
+    from cxlhm.device import Device
+    runs = []
+    real = Device.read_stream
 
-    def queue(self, ops, tags):
-        got = real_queue(self, ops, tags)
-        with lock:
-            state["now"] += got
-            state["max"] = max(state["max"], state["now"])
-        return got
+    def read_stream(self, *args, **kwargs):
+        result = real(self, *args, **kwargs)
+        runs.append((result, self.ssd.queued()))
+        return result
 
-    def reap(self, *args):
-        tags, res = real_reap(self, *args)
-        with lock:
-            state["now"] -= tags.shape[0]
-        return tags, res
-
-    monkeypatch.setattr(SsdBackend, "queue", queue)
-    monkeypatch.setattr(SsdBackend, "reap", reap)
-    return state
+    monkeypatch.setattr(Device, "read_stream", read_stream)
+    return runs
 
 
 def test_cxlhm_engine_keeps_iodepth_reads_at_the_ssd(tmp_path, monkeypatch):
     """iodepth=8 on the wall clock: the engine's reads reach the SSD one by one as
-    others complete (Device.read_start / read_reap), up to 8 at once."""
-    state = _count_queued(monkeypatch)
+    others complete (Device.read_stream), up to 8 at once, and none is left behind."""
+    runs = _record_streams(monkeypatch)
     result, out = run(f"[r]\nfilename={tmp_path / 'f.img'}\nsize=1m\nbs=4k\nrw=randread\niodepth=8\n{DEVICE}")
     read = out["jobs"][0]["read"]
     assert not result.failed and read["total_ios"] == 256 and read["cachehit"] == 0
-    assert state["max"] == 8 and state["now"] == 0
+    job_runs = [r for r, _ in runs if r.count > 1]  # (the one-read warm-up before the clock runs aside)
+    assert sum(r.count for r in job_runs) == 256
+    assert max(r.peak_in_flight for r in job_runs) == 8 and all(left == 0 for _, left in runs)
     assert read["clat_ns"]["N"] == 256 and read["slat_ns"]["N"] == 256 and read["clat_ns"]["min"] > 0
 
 

@@ -222,6 +222,40 @@ class CxlhmEngine:
         tally.submits[submit_bucket(stop - start)] += 1
 
     def _split_loop(self, tally, depth, staging, chunk, arena, deadline_ns, keep_read_data, slat, clat) -> None:
+        """Runs of reads go to Device.read_stream (the compiled loop that keeps `depth` in
+        flight), writes run whole; what a stream leaves (it stops before poisoned
+        blocks) goes through the split-phase loop below."""
+        device = self.share.handle.device
+        addrs = arena.base + chunk.slot * arena.slot_bytes
+        while True:
+            with self._take:
+                start = self._next
+                if self._stop or start >= len(chunk) or self.clock.now_ns() >= deadline_ns:
+                    return
+                if chunk.direction[start]:
+                    stop = start + _same_direction(chunk.direction, start, depth)
+                else:  # the whole run of reads: the stream keeps `depth` of them in flight
+                    stop = start + _same_direction(chunk.direction, start, len(chunk) - start)
+                self._next = stop
+            if chunk.direction[start]:
+                self._run_whole(tally, (start, stop), staging, chunk, arena, keep_read_data, slat, clat,
+                                time.monotonic_ns())
+                continue
+            ran = device.read_stream(chunk.offset[start:stop], chunk.size[start:stop], addrs[start:stop], depth,
+                                     deadline_ns=deadline_ns, slat=slat[start:stop], clat=clat[start:stop])
+            tally.cache[0] += (ran.hits, ran.misses)
+            if ran.submits is not None:
+                tally.submits += ran.submits
+            with self._take:
+                self._next = start + ran.count  # what ran is a prefix: the deadline or a poisoned block stopped it
+            if ran.count < stop - start:
+                if self.clock.now_ns() >= deadline_ns:
+                    return
+                self._split_read_loop(tally, depth, staging, chunk, arena, deadline_ns, keep_read_data, slat, clat)
+                return
+
+    def _split_read_loop(self, tally, depth, staging, chunk, arena, deadline_ns, keep_read_data, slat,
+                         clat) -> None:
         """Keep up to `depth` reads in flight: Device.read_start() plans a run of reads and
         queues their SSD reads, Device.read_reap() hands back each read as soon as its
         own data is in, and every completion makes room for the next read (fio's
@@ -353,8 +387,9 @@ class CxlhmEngine:
 
 
 def warm_split_reads(device, hpa: int, buf: np.ndarray) -> None:
-    """Compile the device's split-phase read path (a miss on the block at `hpa`, a
-    start refused while it is in flight, a reap) before a job's clock runs."""
+    """Compile the device's split-phase read paths (a miss on the block at `hpa`, a
+    start refused while it is in flight, a reap; a streamed read) before a job's clock
+    runs."""
     if not getattr(device, "splits_reads", False):
         return
     extent = (np.array([hpa], np.int64), np.array([buf.shape[0]], np.int64), np.array([buf.ctypes.data], np.int64))
@@ -362,6 +397,7 @@ def warm_split_reads(device, hpa: int, buf: np.ndarray) -> None:
     device.read_start(*extent)  # WOULD_BLOCK: its block is in flight
     while device.reads_in_flight():
         device.read_reap()
+    device.read_stream(*extent, 1)
 
 
 def _same_direction(direction: np.ndarray, start: int, most: int) -> int:

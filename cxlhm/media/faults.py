@@ -9,11 +9,36 @@ fails in exactly the same places:
   spike_rate, spike_ns                 an op takes spike_ns longer (wall clock: a sleep)
   capacity_bytes                       the back end "fills up": writes past this many
                                        bytes written in total fail with ENOSPC
+  power_loss_at_write                  power fails while the Nth write op (1-based, counted
+                                       from open) is in flight: see below
+
+Power loss (a torn write). The write ops of a batch before the Nth land whole; the Nth
+lands only partly - its first `power_loss_pages` 4 KiB pages, then the first
+`power_loss_torn_bytes` bytes (a multiple of 512, one sector) of the next page, the
+rest of it keeps the bytes it had; -1 (the default) lets the seed choose both - and
+nothing after it lands. `power_loss_action` says what happens next:
+
+  freeze   the emulator keeps running with the power off: later writes are dropped
+           (reported done, as a volatile write cache would), reads fail with EIO, and
+           the device's integrity log records nothing more. Call
+           `Device.simulate_power_loss()` to drop device DRAM and abandon the device,
+           then reopen the image: an unclean shutdown.
+  kill     the process is SIGKILLed at once, like the host losing power with it (the
+           crash harness uses this: tests/test_crash.py).
+
+The partial landing goes through a second, buffered descriptor of the same image
+(reopened through /proc/self/fd, so an anonymous image works too) and is fdatasync'ed,
+so whoever opens the image next sees exactly the torn bytes. `FaultInjector.arm_power_loss`
+arms the same cut at run time; `Device.arm_power_loss` wraps a device's back end in an
+injector first if it has none.
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import errno
+import os
+import signal
 import threading
 import time
 from collections.abc import Mapping
@@ -21,10 +46,14 @@ from typing import Any
 
 import numpy as np
 
-from cxlhm.media.ssd import IO_LEN, IO_WRITE
+from cxlhm.media.ssd import IO_BUF, IO_LEN, IO_OFFSET, IO_WRITE
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _MASK = (1 << 64) - 1
+PAGE = 4096
+SECTOR = 512
+POWER_LOSS_ACTIONS = ("freeze", "kill")
+_SIGNED = {"power_loss_pages", "power_loss_torn_bytes"}  # -1: the seed chooses
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +65,10 @@ class FaultPlan:
     spike_rate: float = 0.0
     spike_ns: int = 0
     capacity_bytes: int = 0  # 0: unlimited
+    power_loss_at_write: int = 0  # 0: never
+    power_loss_pages: int = -1
+    power_loss_torn_bytes: int = -1
+    power_loss_action: str = "freeze"
     seed: int = 0
 
     @classmethod
@@ -50,6 +83,14 @@ class FaultPlan:
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
                     raise ValueError(f"{key} must be a probability in [0, 1], got {value!r}")
                 value = float(value)
+            elif key == "power_loss_action":
+                if value not in POWER_LOSS_ACTIONS:
+                    raise ValueError(f"{key} must be one of {', '.join(POWER_LOSS_ACTIONS)}, got {value!r}")
+            elif key in _SIGNED:
+                if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+                    raise ValueError(f"{key} must be a non-negative integer (or -1: chosen by the seed), got {value!r}")
+                if key == "power_loss_torn_bytes" and value > 0 and (value % SECTOR or value >= PAGE):
+                    raise ValueError(f"{key} must be a multiple of {SECTOR} below {PAGE}, got {value!r}")
             elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{key} must be a non-negative integer, got {value!r}")
             values[key] = value
@@ -58,7 +99,7 @@ class FaultPlan:
     @property
     def active(self) -> bool:
         return any((self.read_error_rate, self.write_error_rate, self.short_read_rate, self.short_write_rate,
-                    self.spike_rate, self.capacity_bytes))
+                    self.spike_rate, self.capacity_bytes, self.power_loss_at_write))
 
 
 def _uniform(seed: int, n: int, salt: int) -> float:
@@ -75,8 +116,13 @@ class FaultInjector:
     def __init__(self, backend, plan: FaultPlan):
         self.backend, self.plan = backend, plan
         self.ops = 0  # I/O sequence number: the source of every decision
+        self.writes = 0  # write ops seen (power_loss_at_write counts these)
         self.bytes_written = 0
-        self.injected = {"read_error": 0, "write_error": 0, "short_read": 0, "short_write": 0, "spike": 0, "enospc": 0}
+        self.injected = {"read_error": 0, "write_error": 0, "short_read": 0, "short_write": 0, "spike": 0, "enospc": 0,
+                         "power_loss": 0, "torn_write": 0, "dropped_write": 0}
+        self.power_lost = False
+        self.torn: tuple[int, int, int] | None = None  # (file offset, bytes that landed, op length) of the cut write
+        self.on_power_loss: list = []  # callables run at the cut (the device freezes its integrity log)
         # host threads may submit at once (the device runs fills outside its lock):
         # sequence numbers and totals are taken under this lock; the I/O and the
         # injected delay are not, so spikes of different threads overlap as on an SSD
@@ -85,9 +131,35 @@ class FaultInjector:
     def __getattr__(self, name):  # everything else is the real back end's
         return getattr(self.backend, name)
 
+    def arm_power_loss(self, at_write: int | None = None, *, pages: int = -1, torn_bytes: int = -1,
+                       action: str = "freeze") -> int:
+        """Cut the power while the `at_write`-th write op from now is in flight (default:
+        the next one). Returns the absolute write number of the cut."""
+        at = self.writes + (1 if at_write is None else int(at_write))
+        checked = FaultPlan.from_mapping({"power_loss_at_write": at, "power_loss_pages": pages,
+                                          "power_loss_torn_bytes": torn_bytes, "power_loss_action": action})
+        self.plan = dataclasses.replace(self.plan, power_loss_at_write=checked.power_loss_at_write,
+                                        power_loss_pages=pages, power_loss_torn_bytes=torn_bytes, power_loss_action=action)
+        return at
+
+    def cut_power(self) -> None:
+        """Power fails now, with no write in flight."""
+        with self._lock:
+            if self.power_lost:
+                return
+            self.power_lost = True
+            self.injected["power_loss"] += 1
+        for callback in self.on_power_loss:
+            callback()
+
     def submit(self, ops: np.ndarray) -> np.ndarray:
+        if self.power_lost:
+            return self._powered_off(ops)
         with self._lock:
             verdict, spike = self._decide(ops)
+            cut = self._cut_index(ops)
+        if cut >= 0:
+            return self._power_cut(ops, verdict, cut)
         run = verdict >= 0
         short = verdict > 0
         res = np.where(run, 0, verdict)
@@ -100,6 +172,76 @@ class FaultInjector:
         if spike:
             time.sleep(spike / 1e9)
         return res
+
+    def _cut_index(self, ops: np.ndarray) -> int:
+        """Count the batch's writes; the row of the one power fails during, or -1."""
+        at = self.plan.power_loss_at_write
+        n_writes = int(np.count_nonzero(ops[:, IO_WRITE]))
+        first = self.writes + 1
+        self.writes += n_writes
+        if not at or not first <= at <= self.writes:
+            return -1
+        return int(np.flatnonzero(ops[:, IO_WRITE])[at - first])
+
+    def _power_cut(self, ops: np.ndarray, verdict: np.ndarray, cut: int) -> np.ndarray:
+        """The ops before `cut` run (with their faults), op `cut` lands partly, none after."""
+        res = np.zeros(ops.shape[0], np.int64)
+        if cut:
+            head = ops[:cut]
+            v = verdict[:cut]
+            run = v >= 0
+            res[:cut] = np.where(run, 0, v)
+            if run.any():
+                issue = head[run].copy()
+                short = v > 0
+                issue[short[run], IO_LEN] = v[run & short]
+                res[:cut][run] = self.backend.submit(issue)
+        landed = self._land_torn(ops[cut])
+        with self._lock:
+            self.power_lost = True
+            self.injected["power_loss"] += 1
+            self.injected["torn_write"] += int(0 < landed < int(ops[cut, IO_LEN]))
+            self.injected["dropped_write"] += int(np.count_nonzero(ops[cut + 1:, IO_WRITE]))
+            self.torn = (int(ops[cut, IO_OFFSET]), landed, int(ops[cut, IO_LEN]))
+        for callback in self.on_power_loss:
+            callback()
+        if self.plan.power_loss_action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(10)  # never reached: SIGKILL cannot be caught
+        tail = ops[cut:]
+        res[cut:] = np.where(tail[:, IO_WRITE] == 1, tail[:, IO_LEN], -errno.EIO)
+        return res
+
+    def _land_torn(self, op: np.ndarray) -> int:
+        """Write the part of `op` that reaches the media before the power goes; returns
+        its length in bytes."""
+        p = self.plan
+        length = int(op[IO_LEN])
+        pages = max(1, length // PAGE)
+        landed_pages = p.power_loss_pages
+        if landed_pages < 0:
+            landed_pages = int(_uniform(p.seed, p.power_loss_at_write, 4) * pages)
+        landed = min(landed_pages * PAGE, length)
+        torn = p.power_loss_torn_bytes
+        if torn < 0:
+            torn = int(_uniform(p.seed, p.power_loss_at_write, 5) * (PAGE // SECTOR)) * SECTOR
+        landed = min(length, landed + (torn if landed < length else 0))
+        if landed:
+            data = ctypes.string_at(int(op[IO_BUF]), landed)
+            fd = os.open(f"/proc/self/fd/{self.backend.fd}", os.O_RDWR | os.O_CLOEXEC)  # buffered, not O_DIRECT
+            try:
+                os.pwrite(fd, data, int(op[IO_OFFSET]))
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+        return landed
+
+    def _powered_off(self, ops: np.ndarray) -> np.ndarray:
+        """After the cut: writes vanish (reported done), reads fail."""
+        writes = ops[:, IO_WRITE] == 1
+        with self._lock:
+            self.injected["dropped_write"] += int(np.count_nonzero(writes))
+        return np.where(writes, ops[:, IO_LEN], -errno.EIO).astype(np.int64)
 
     def _decide(self, ops: np.ndarray) -> tuple[np.ndarray, int]:
         """Each op's fate: 0 run as is, -errno fail, >0 transfer only this many bytes;

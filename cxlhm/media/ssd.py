@@ -164,6 +164,17 @@ class SsdBackend:
         state.in_flight -= got
         return state.tags[:got], state.reaped[:got]
 
+    def stream_ring(self) -> tuple[int, int]:
+        """(address of the calling thread's split-phase ring, fd), for compiled code that
+        queues on it itself (cxlhm/readstream.py); it reports what it queued with
+        note_queued() and takes completions with reap()."""
+        state = self._async_state()
+        return int(self._ffi.cast("uintptr_t", state.async_ring)), self.fd
+
+    def note_queued(self, n: int) -> None:
+        """`n` ops were queued on the calling thread's ring by compiled code."""
+        self._thread_state().in_flight += n
+
     def queued(self) -> int:
         """The calling thread's queued ops not yet reaped."""
         return self._thread_state().in_flight

@@ -1,0 +1,210 @@
+"""Streamed reads (Device.read_stream, cxlhm/readstream.py): the compiled loop that keeps
+many reads in flight must return exactly the bytes the device's other paths return,
+keep dirty victims, verify checksums, stop before poison, and share the device with
+other threads."""
+import mmap
+import os
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cxlhm import counters as C
+from cxlhm.integrity import PoisonError
+from cxlhm.mailbox.hints import HintKind
+from host_runtime.driver import open_device
+
+BLOCK = 4096
+
+
+def _device(tmp_path, name="s.img", *, blocks=64, dram_blocks=8, block=BLOCK, **extra):
+    cfg = {"capacity": blocks * block, "block_size": block, "dram_bytes": dram_blocks * block,
+           "backend": {"path": str(tmp_path / name)}, **extra}
+    return open_device(cfg)
+
+
+def _buffers(n: int, size: int):
+    """n page-aligned host buffers of `size` bytes (one mmap), and their addresses."""
+    step = -(-size // 4096) * 4096
+    area = mmap.mmap(-1, max(step * n, 4096))
+    flat = np.frombuffer(area, np.uint8)
+    return flat, flat.ctypes.data + np.arange(n, dtype=np.int64) * step, step
+
+
+def _stream(dev, offsets, sizes, depth, **kw):
+    flat, addrs, step = _buffers(len(offsets), max(sizes) if len(sizes) else 1)
+    result = dev.device.read_stream(np.asarray(offsets, np.int64), np.asarray(sizes, np.int64), addrs, depth, **kw)
+    views = [flat[i * step:i * step + size] for i, size in enumerate(sizes)]
+    return result, views
+
+
+def test_streamed_reads_return_the_written_bytes_through_hits_misses_and_evictions(tmp_path):
+    rng = np.random.default_rng(1)
+    with _device(tmp_path) as dev:
+        image = rng.integers(0, 256, 64 * BLOCK, dtype=np.uint8)
+        dev.write_from(0, image)
+        dev.device.flush()
+        offsets = rng.integers(0, 64 * BLOCK - 3 * BLOCK, 300)  # unaligned, up to 3 blocks each
+        sizes = rng.integers(1, 2 * BLOCK, 300)
+        result, views = _stream(dev, offsets, sizes, 6)
+        assert result.count == 300
+        for off, size, got in zip(offsets.tolist(), sizes.tolist(), views):
+            assert (got == image[off:off + size]).all()
+        stats = dev.stats()
+        assert result.hits + result.misses == stats["hits"] + stats["misses"] - 64  # the writes' blocks
+        assert stats["resident_blocks"] <= 8
+        assert dev.device._inflight == 0 and dev.device._inflight_slots == 0
+
+
+def test_the_same_block_twice_in_flight_waits_for_its_fill(tmp_path):
+    with _device(tmp_path) as dev:
+        dev.write_from(0, np.arange(4 * BLOCK, dtype=np.uint32).view(np.uint8)[:4 * BLOCK])
+        dev.device.flush()
+    with _device(tmp_path) as dev:  # reopened: nothing in DRAM, every first read misses
+        expected = np.arange(4 * BLOCK, dtype=np.uint32).view(np.uint8)[:4 * BLOCK]
+        offsets = [0, 10, BLOCK, 5, 2 * BLOCK + 7, 0]
+        sizes = [100, 200, BLOCK, 50, 300, BLOCK]
+        result, views = _stream(dev, offsets, sizes, 8)
+        assert result.count == 6
+        for off, size, got in zip(offsets, sizes, views):
+            assert (got == expected[off:off + size]).all()
+        assert result.misses == 3  # blocks 0, 1, 2 once each; the rest hit (after waiting for the fill)
+
+
+def test_dirty_victims_are_written_back_before_their_blocks_are_read_again(tmp_path):
+    rng = np.random.default_rng(2)
+    with _device(tmp_path) as dev:
+        data = rng.integers(0, 256, 8 * BLOCK, dtype=np.uint8)
+        dev.write_from(0, data)  # 8 dirty blocks fill the DRAM
+        far = np.arange(8, 40) * BLOCK
+        result, _ = _stream(dev, far, [BLOCK] * 32, 4)  # evicts every dirty block
+        assert result.count == 32
+        assert dev.stats()["writebacks"] >= 8
+        result, views = _stream(dev, np.arange(8) * BLOCK, [BLOCK] * 8, 4)
+        assert result.count == 8
+        assert (np.concatenate(views) == data).all()
+
+
+def test_a_block_whose_ssd_bytes_do_not_match_its_checksum_is_poison_not_data(tmp_path):
+    with _device(tmp_path, dram_blocks=4) as dev:
+        dev.write_from(0, np.full(16 * BLOCK, 7, np.uint8))
+        dev.device.flush()
+        _stream(dev, np.arange(8, 16) * BLOCK, [BLOCK] * 8, 4)  # block 3 leaves DRAM
+        with open(tmp_path / "s.img", "r+b") as f:  # the SSD's copy rots behind the device's back
+            f.seek(3 * BLOCK + 100)
+            f.write(b"\x00" * 8)
+            f.flush()
+            os.fsync(f.fileno())
+        with pytest.raises(PoisonError):
+            _stream(dev, np.arange(0, 6) * BLOCK, [BLOCK] * 6, 4)
+        assert dev.device.counters[C.CHECKSUM_MISMATCHES] == 1
+        assert 3 in dev.device.poison.blocks
+        result, views = _stream(dev, [0, BLOCK], [BLOCK, BLOCK], 2)  # the device keeps working
+        assert result.count == 2 and all((v == 7).all() for v in views)
+
+
+def test_a_stream_stops_before_a_poisoned_block(tmp_path):
+    with _device(tmp_path) as dev:
+        dev.write_from(0, np.full(16 * BLOCK, 3, np.uint8))
+        dev.device._poison(5, "test")
+        result, views = _stream(dev, np.arange(10) * BLOCK, [BLOCK] * 10, 4)
+        assert result.count == 5
+        assert all((v == 3).all() for v in views[:5])
+
+
+def test_a_deadline_stops_issuing_and_leaves_nothing_in_flight(tmp_path):
+    import time
+    with _device(tmp_path, blocks=512, dram_blocks=8) as dev:
+        offsets = np.arange(512) * BLOCK
+        result, _ = _stream(dev, offsets, [BLOCK] * 512, 8, deadline_ns=time.monotonic_ns() - 1)
+        assert result.count == 0
+        assert dev.device._inflight == 0 and dev.device.ssd.queued() == 0
+
+
+def test_a_read_wider_than_the_unpinned_slots_is_split_not_refused(tmp_path):
+    with _device(tmp_path, dram_blocks=3) as dev:
+        data = np.arange(8 * BLOCK, dtype=np.uint8)
+        dev.write_from(0, data)
+        assert dev.device.hint(HintKind.PIN, 0, 0, 2)  # one slot left for everything else
+        result, views = _stream(dev, [4 * BLOCK + 5, 2 * BLOCK], [2 * BLOCK, BLOCK], 4)
+        assert result.count == 2
+        assert (views[0] == data[4 * BLOCK + 5:6 * BLOCK + 5]).all() and (views[1] == data[2 * BLOCK:3 * BLOCK]).all()
+        assert dev.device._inflight == 0
+
+
+def test_streams_and_writers_on_other_threads_lose_no_update(tmp_path):
+    rng = np.random.default_rng(3)
+    errors = []
+    with _device(tmp_path, blocks=128, dram_blocks=12) as dev:
+        base = rng.integers(0, 256, 64 * BLOCK, dtype=np.uint8)
+        dev.write_from(0, base)  # blocks 0-63: read-only, streamed by two threads
+
+        def reader(seed):
+            r = np.random.default_rng(seed)
+            try:
+                for _ in range(15):
+                    offsets = r.integers(0, 63 * BLOCK, 40)
+                    result, views = _stream(dev, offsets, [BLOCK] * 40, 8)
+                    if result.count != 40 or any(not (v == base[o:o + BLOCK]).all()
+                                                 for o, v in zip(offsets.tolist(), views)):
+                        errors.append(("reader", seed))
+            except Exception as exc:  # surfaced below
+                errors.append(exc)
+
+        def writer():
+            try:
+                for r in range(60):
+                    dev.write_from((64 + r % 64) * BLOCK, np.full(BLOCK, r % 256, np.uint8))
+            except Exception as exc:
+                errors.append(exc)
+
+        pool = [threading.Thread(target=reader, args=(s,)) for s in (1, 2)] + [threading.Thread(target=writer)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in pool), "deadlock"
+        assert errors == []
+        for r in range(60):  # each write survived every eviction
+            assert dev.load((64 + r) * BLOCK, BLOCK) == bytes([r]) * BLOCK
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(0, 20 * BLOCK - 1), st.integers(0, 3 * BLOCK)),
+                    min_size=1, max_size=25),
+       depth=st.integers(1, 6))
+def test_streamed_reads_agree_with_a_bytearray_model(tmp_path_factory, ops, depth):
+    path = tmp_path_factory.mktemp("rs")
+    model = bytearray(24 * BLOCK)
+    with _device(path, blocks=24, dram_blocks=3) as dev:
+        for i, (write, off, size) in enumerate(ops):
+            size = min(size, 24 * BLOCK - off)
+            if write:
+                value = np.full(size, i % 251 + 1, np.uint8)
+                dev.write_from(off, value)
+                model[off:off + size] = value.tobytes()
+            else:
+                result, views = _stream(dev, [off, off // 2], [size, BLOCK], depth)
+                assert result.count == 2
+                assert views[0].tobytes() == bytes(model[off:off + size])
+                assert views[1].tobytes() == bytes(model[off // 2:off // 2 + BLOCK])
+
+
+def test_a_multi_block_read_into_is_one_streamed_pass_and_one_host_read(tmp_path):
+    rng = np.random.default_rng(4)
+    cfg = {"capacity": 512 * BLOCK, "block_size": BLOCK, "dram_bytes": 300 * BLOCK,
+           "backend": {"path": str(tmp_path / "m.img"), "queue_depth": 16}}
+    with open_device(cfg) as dev:
+        data = rng.integers(0, 256, 512 * BLOCK, dtype=np.uint8)
+        dev.write_from(0, data)
+        dev.device.flush()
+    with open_device(cfg) as dev:  # reopened: nothing in device DRAM
+        calls = []
+        real = dev.device.read_stream
+        dev.device.read_stream = lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k)
+        out = np.empty(100 * BLOCK - 10, np.uint8)  # 100 blocks, cut in passes of 16 // 2 = 8
+        dev.read_into(5, out)
+        assert (out == data[5:5 + out.shape[0]]).all()
+        assert calls == [13] and dev.stats()["host_reads"] == 1 and dev.stats()["misses"] == 100
