@@ -73,7 +73,10 @@ def _optional_path(value: Any) -> str | None:
         return None
     if not isinstance(value, (str, Path)) or not str(value):
         raise ValueError(f"must be a file or block-device path, or null for a temporary file; got {value!r}")
-    return str(Path(value).expanduser())
+    try:
+        return str(Path(value).expanduser())
+    except RuntimeError:  # "~user/..." for a user this machine does not have
+        raise ValueError(f"cannot expand the home directory in {value!r}: no such user") from None
 
 
 def _text(value: Any) -> str:

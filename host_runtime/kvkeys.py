@@ -130,6 +130,8 @@ def normalize_key(key: Any) -> bytes:
         value = int(key)
         if value < 0:
             value &= (1 << 128) - 1
+        if value >= 1 << 128:
+            raise ValueError(f"an int key must fit in 128 bits (a block hash); got one of {value.bit_length()} bits")
         out = value.to_bytes(8 if value < 1 << 64 else 16, "big")
     elif hasattr(key, "to_string"):
         out = key.to_string().encode()

@@ -66,15 +66,6 @@ def no_hang(what: str):
         signal.signal(signal.SIGALRM, old)
 
 
-def known_issue(exc: BaseException) -> bool:
-    """Failures found by this fuzzer in code outside this work's remit, reported and
-    pinned by a strict xfail test below, so the fuzzer keeps looking past them."""
-    if isinstance(exc, UnicodeDecodeError):  # text trace readers: non-UTF-8 input
-        event("known issue: UnicodeDecodeError from a text trace reader")
-        return True
-    return False
-
-
 def clear_message(exc: BaseException) -> None:
     event(f"rejected: {type(exc).__name__}")
     text = str(exc)
@@ -163,10 +154,6 @@ def _check_config(layer) -> None:
             clear_message(exc)
             assert exc.key and exc.source
             return
-        except RuntimeError as exc:  # known issue: test_a_home_directory_that_does_not_exist_is_a_config_error
-            assert "home directory" in str(exc), exc
-            event("known issue: RuntimeError from expanduser")
-            return
     # a config that parses must also build a device (timing model, policy params,
     # memory check) or say why; timing-only, so nothing is allocated or written
     from host_runtime.driver import open_device
@@ -203,15 +190,8 @@ def test_fuzz_config_yaml_files(tmp_path, text):
             load_config(str(path))
         except ConfigError as exc:
             clear_message(exc)
-        except RuntimeError as exc:  # known issue: test_a_home_directory_that_does_not_exist_is_a_config_error
-            assert "home directory" in str(exc), exc
-            event("known issue: RuntimeError from expanduser")
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="backend.path '~user/...' for an unknown user: Path.expanduser raises RuntimeError "
-                          "instead of a ConfigError naming backend.path (cxlhm/config.py _optional_path; found by "
-                          "the atheris harness, left to its owner)")
 def test_a_home_directory_that_does_not_exist_is_a_config_error():
     with pytest.raises(ConfigError, match="backend.path"):
         load_config({"backend": {"path": "~no_such_user_here/ssd.img"}})
@@ -365,8 +345,6 @@ def test_fuzz_csv_trace_reader(tmp_path, spec, rows, sep):
             clear_message(exc)
             return
         except ValueError as exc:  # a bad spec: parse_csv_spec's documented error, naming the spec
-            if known_issue(exc):
-                return
             assert "CSV spec" in str(exc), exc
             clear_message(exc)
             return
@@ -401,14 +379,8 @@ def test_fuzz_mooncake_trace_reader(tmp_path, lines, limit):
                     load_trace(path, fmt, limit=limit)
             except TraceError as exc:
                 clear_message(exc)
-            except ValueError as exc:
-                assert known_issue(exc), exc
 
 
-@pytest.mark.xfail(strict=True, raises=UnicodeDecodeError,
-                   reason="the Mooncake and CSV trace readers let UnicodeDecodeError out on non-UTF-8 input, "
-                          "without the file and line a TraceError names (cxlhm/traces/; found by the fuzzers, "
-                          "left to its owner)")
 @pytest.mark.parametrize("reader", ["mooncake", "csv"])
 def test_non_utf8_trace_text_is_a_trace_error(tmp_path, reader):
     path = tmp_path / "t.txt"
@@ -647,9 +619,6 @@ def test_fuzz_shim_adapter_entry_points(shim_world, ops):
     w["store"].check()  # index and allocator agree after whatever the fuzzer did
 
 
-@pytest.mark.xfail(strict=True, raises=OverflowError,
-                   reason="kvkeys.normalize_key turns ints >= 2**128 into OverflowError instead of ValueError "
-                          "(host_runtime/kvkeys.py; found by this fuzzer, left to its owner)")
 def test_int_keys_of_129_bits_are_refused_with_a_value_error():
     from host_runtime import kvkeys
     with pytest.raises(ValueError):
@@ -723,9 +692,6 @@ def _atheris_config(data: bytes) -> None:
         config.load_config(str(path))
     except config.ConfigError:
         pass
-    except RuntimeError as exc:  # the known issue pinned by test_a_home_directory_that_does_not_exist_...
-        if "home directory" not in str(exc):
-            raise
 
 
 def _atheris_fio(data: bytes) -> None:
@@ -747,8 +713,6 @@ def _atheris_traces(data: bytes) -> None:
         try:
             reader(path)
         except error:
-            pass
-        except UnicodeDecodeError:  # the known issue pinned by test_non_utf8_trace_text_is_a_trace_error
             pass
 
 

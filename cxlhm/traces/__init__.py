@@ -6,3 +6,15 @@ class TraceError(ValueError):
     def __init__(self, path: str, where: str, message: str):
         self.path, self.where = path, where
         super().__init__(f"{path}:{where}: {message}")
+
+
+def text_lines(handle, path: str):
+    """The lines of a trace opened in binary, decoded as UTF-8: a line that is not UTF-8
+    raises TraceError naming it (a text-mode file would raise UnicodeDecodeError from
+    somewhere in its read-ahead, with no line)."""
+    for lineno, raw in enumerate(handle, 1):
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TraceError(path, str(lineno), f"not UTF-8 text (byte {raw[exc.start]:#04x} at column "
+                                                f"{exc.start + 1})") from None

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cxlhm.traces import TraceError
+from cxlhm.traces import TraceError, text_lines
 from cxlhm.traces.blocktrace import BlockTrace, as_block_ids
 
 READ_OPS = frozenset({"read", "get", "gets"})
@@ -79,11 +79,11 @@ def read_csv(path: str | Path, spec: CsvSpec | str, *, block_size: int = 4096, l
     times: list[float] = []
     writes: list[bool] = []
     try:
-        handle = open(path, newline="", encoding="utf-8")
+        handle = open(path, "rb")
     except OSError as exc:
         raise TraceError(path, "0", f"cannot open trace: {exc.strerror}") from None
     with handle:
-        for lineno, row in enumerate(csv.reader(handle, delimiter=spec.delimiter), 1):
+        for lineno, row in enumerate(csv.reader(text_lines(handle, path), delimiter=spec.delimiter), 1):
             if limit is not None and len(ids) >= limit:
                 break
             if not row or (len(row) == 1 and not row[0].strip()):

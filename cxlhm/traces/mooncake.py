@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cxlhm.traces import TraceError
+from cxlhm.traces import TraceError, text_lines
 
 BLOCK_TOKENS = 512
 DEFAULT_TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
@@ -41,11 +41,11 @@ def read_requests(path: str | Path = DEFAULT_TRACE, limit: int | None = None) ->
     path = str(path)
     out: list[Request] = []
     try:
-        handle = open(path, encoding="utf-8")
+        handle = open(path, "rb")
     except OSError as exc:
         raise TraceError(path, "0", f"cannot open trace: {exc.strerror}") from None
     with handle:
-        for lineno, line in enumerate(handle, 1):
+        for lineno, line in enumerate(text_lines(handle, path), 1):
             if limit is not None and len(out) >= limit:
                 break
             if not line.strip():
