@@ -18,7 +18,9 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -109,6 +111,23 @@ class ReadTicket:
         """Fills `rows` are in (good: right bytes); returns the extents they complete."""
         n = fw.rows_read(rows, good, self.row_ext, self.row_ptr, self.pending, self.failed, self.ready)
         return self.ready[:n].copy()
+
+
+class _StreamJob(NamedTuple):
+    """One read_stream call: its compiled kernels and state, its reads and their
+    outputs, the thread's ring, and the owner its blocks are placed for."""
+    run: Callable
+    complete: Callable
+    state: rs.StreamState
+    hpas: np.ndarray
+    lens: np.ndarray
+    addrs: np.ndarray
+    slat: np.ndarray
+    clat: np.ndarray
+    failed: np.ndarray
+    ring: int
+    fd: int
+    owner: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -674,12 +693,13 @@ class Device:
                          self.ssd.queue_depth)
         complete, run = rs.kernels_for(self.policy)
         state = self._stream_state(min(depth, self.ssd.queue_depth), max_blocks, complete)
-        arrays, st = state.arrays(), state.st
+        st = state.st
         st[:] = 0
         st[rs.PARKED] = -1
         state.submits[:] = 0
         failed = np.zeros(n, np.int64)
-        ring, fd = self.ssd.stream_ring()
+        job = _StreamJob(run, complete, state, ext_hpa, ext_len, addrs, slat, clat, failed, *self.ssd.stream_ring(),
+                         owner)
         stop, version = self._stream_stop(ext_hpa, ext_len, n)
         hits0, misses0 = self.thread_hits_misses()
         counted = held = 0  # fills the back end was told of, slots the device was told of
@@ -691,10 +711,7 @@ class Device:
                     if len(self.poison.blocks) != version:  # new poison records: stop here
                         stop = min(stop, int(st[rs.NEXT]))
                     self._sync_time()  # once per time slice: the policy's deadlines and ages read it
-                    status = run(self.bt, self.ps, self.counters, self.clock, self._write_mode_code,
-                                 self.dram.base_address, self.block_size, ext_hpa, ext_len, addrs, stop, deadline_ns,
-                                 slat, clat, failed, arrays, ring, fd, self.ssd.async_room() + counted,
-                                 self._inflight_slots - held, self.n_slots, owner, *self._stream_verify_mode())
+                    status = self._stream_run(job, stop, deadline_ns, counted, held)
                     if status == rs.WRITE_BACK or status == rs.DEVICE_FULL:  # before any thread misses on them
                         self._write_rows(state.writebacks[:int(st[rs.PARKED_WBS])], victims=True)
                     if status == rs.VERIFY:
@@ -717,8 +734,7 @@ class Device:
                     st[rs.NEXT] = i + 1
         finally:
             if st[rs.IN_FLIGHT]:  # an error: collect what is in flight, or its slots stay BUSY
-                self._stream_drain((run, (ext_hpa, ext_len, addrs, slat, clat, failed)), state, complete,
-                                   (ring, fd), owner, counted, held)
+                self._stream_drain(job, counted, held)
         s = self._scratch()
         s.hits += int(st[rs.HITS])
         s.misses += int(st[rs.MISSES])
@@ -791,21 +807,21 @@ class Device:
         self._inflight += (slots > 0) - (held > 0)
         return fills, slots
 
-    def _stream_drain(self, run_args: tuple, state, complete, ring_args: tuple, owner: int, counted: int,
-                      held: int) -> None:
+    def _stream_run(self, job: "_StreamJob", stop: int, deadline_ns: int, counted: int, held: int) -> int:
+        """Under the lock: one time slice of the stream's compiled loop (readstream.run)."""
+        return job.run(self.bt, self.ps, self.counters, self.clock, self._write_mode_code, self.dram.base_address,
+                       self.block_size, job.hpas, job.lens, job.addrs, stop, deadline_ns, job.slat, job.clat,
+                       job.failed, job.state.arrays(), job.ring, job.fd, self.ssd.async_room() + counted,
+                       self._inflight_slots - held, self.n_slots, job.owner, *self._stream_verify_mode())
+
+    def _stream_drain(self, job: "_StreamJob", counted: int, held: int) -> None:
         """After an error: issue nothing more, wait for the stream's fills in flight and
         complete them (their slots must not stay BUSY)."""
-        st = state.st
-        run, (hpas, lens, addrs, slat, clat, failed) = run_args
+        st = job.state.st
         while st[rs.IN_FLIGHT]:
             with self._lock:
-                status = run(self.bt, self.ps, self.counters, self.clock, self._write_mode_code,
-                             self.dram.base_address, self.block_size, hpas, lens, addrs, int(st[rs.NEXT]), 0,
-                             slat, clat, failed, state.arrays(), *ring_args,
-                             self.ssd.async_room() + counted, self._inflight_slots - held, self.n_slots, owner,
-                             *self._stream_verify_mode())
-                if status == rs.VERIFY:
-                    self._stream_verify(state, complete, hpas, lens, addrs, clat, failed)
+                if self._stream_run(job, int(st[rs.NEXT]), 0, counted, held) == rs.VERIFY:
+                    self._stream_verify(job.state, job.complete, job.hpas, job.lens, job.addrs, job.clat, job.failed)
                 counted, held = self._stream_account(st, counted, held)
                 self._idle.notify_all()
 
