@@ -370,14 +370,21 @@ def blocks_per_read(hpas, lens, block_size):
     return most
 
 
+@numba.njit(nogil=True, inline="always")
+def _block_of_fill(arrays, block_size, hpas, fill_tag):
+    """The device block a fill (its io_uring tag: read tag * max_blocks + row) reads."""
+    tag_read, tag_slots, row_pos = arrays[1], arrays[6], arrays[8]
+    max_blocks = tag_slots.shape[1]
+    tag = fill_tag // max_blocks
+    return hpas[tag_read[tag]] // block_size + row_pos[tag, fill_tag % max_blocks]
+
+
 @numba.njit(nogil=True)
 def _any_listed(arrays, block_size, hpas, n, listed):
     """Whether one of the last `n` reaped fills read a block in `listed` (sorted)."""
-    tag_read, tag_slots, row_pos, reaped_tags = arrays[1], arrays[6], arrays[8], arrays[15]
-    max_blocks = tag_slots.shape[1]
+    reaped_tags = arrays[15]
     for j in range(n):
-        tag = reaped_tags[j] // max_blocks
-        block = hpas[tag_read[tag]] // block_size + row_pos[tag, reaped_tags[j] % max_blocks]
+        block = _block_of_fill(arrays, block_size, hpas, reaped_tags[j])
         k = np.searchsorted(listed, block)
         if k < listed.shape[0] and listed[k] == block:
             return True
@@ -387,11 +394,8 @@ def _any_listed(arrays, block_size, hpas, n, listed):
 @numba.njit(nogil=True)
 def reaped_blocks(arrays, block_size, hpas, tags, n, out):
     """The device block each of `n` reaped fills read."""
-    tag_read, tag_slots, row_pos = arrays[1], arrays[6], arrays[8]
-    max_blocks = tag_slots.shape[1]
     for j in range(n):
-        tag = tags[j] // max_blocks
-        out[j] = hpas[tag_read[tag]] // block_size + row_pos[tag, tags[j] % max_blocks]
+        out[j] = _block_of_fill(arrays, block_size, hpas, tags[j])
 
 
 @numba.njit(nogil=True)

@@ -45,11 +45,8 @@ class SsdBackend:
             os.close(self.fd)
             raise
 
-    def _thread_state(self) -> "_ThreadRing":
-        """The calling thread's ring and result array."""
-        state = getattr(self._local, "state", None)
-        if state is not None:
-            return state
+    def _open_ring(self):
+        """A new io_uring ring of queue_depth entries, closed with the back end."""
         err = self._ffi.new("int *")
         with self._rings_lock:
             if self.fd < 0:
@@ -58,6 +55,14 @@ class SsdBackend:
             if ring == self._ffi.NULL:
                 raise OSError(err[0], f"io_uring setup failed: {os.strerror(err[0])}")
             self._rings.append(ring)
+        return ring
+
+    def _thread_state(self) -> "_ThreadRing":
+        """The calling thread's ring and result array."""
+        state = getattr(self._local, "state", None)
+        if state is not None:
+            return state
+        ring = self._open_ring()
         state = self._local.state = _ThreadRing(ring, np.zeros(self.queue_depth, np.int64), self._ffi)
         # the ring goes when its thread does (threading.local drops the state), so
         # short-lived host threads do not pile up rings and descriptors
@@ -182,15 +187,7 @@ class SsdBackend:
     def _async_state(self) -> "_ThreadRing":
         state = self._thread_state()
         if state.async_ring is None:
-            err = self._ffi.new("int *")
-            with self._rings_lock:
-                if self.fd < 0:
-                    raise OSError(errno.EBADF, "the SSD back end is closed")
-                ring = self._lib.cxlhm_ring_open(self.queue_depth, err)
-                if ring == self._ffi.NULL:
-                    raise OSError(err[0], f"io_uring setup failed: {os.strerror(err[0])}")
-                self._rings.append(ring)
-            state.async_ring = ring
+            ring = state.async_ring = self._open_ring()
             state.tags = np.zeros(self.queue_depth, np.int64)
             state.reaped = np.zeros(self.queue_depth, np.int64)
             state.tags_ptr = self._ffi.from_buffer("int64_t[]", state.tags)
