@@ -2,6 +2,7 @@
 and how to time alternating trials on a noisy shared machine."""
 from __future__ import annotations
 
+import mmap
 import os
 import platform
 import statistics
@@ -29,6 +30,21 @@ def lay_out(path: Path, size: int, chunk: int = 64 << 20) -> None:
             f.write(rng.integers(0, 256, chunk, dtype=np.uint8).tobytes())
         f.flush()
         os.fsync(f.fileno())
+
+
+def resident_buffer(nbytes: int) -> np.ndarray:
+    """A page-aligned (O_DIRECT-ready), resident byte buffer on transparent huge pages
+    where the kernel allows: the device's DRAM arena uses them, and so must the
+    baselines that read into host memory (on a virtio disk an O_DIRECT read into
+    scattered 4 KiB pages is much slower than into a huge page)."""
+    arena = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        arena.madvise(mmap.MADV_HUGEPAGE)
+    except (AttributeError, OSError):
+        pass
+    buf = np.frombuffer(arena, np.uint8)
+    buf[:] = 1
+    return buf
 
 
 def machine() -> str:

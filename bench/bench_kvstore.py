@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import mmap
 import os
 import sys
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import bench_dir, command, lay_out, machine  # noqa: E402
+from _common import bench_dir, command, lay_out, machine, resident_buffer  # noqa: E402
 
 from cxlhm.media.ssd import SsdBackend  # noqa: E402
 from cxlhm.units import parse_size  # noqa: E402
@@ -51,13 +50,6 @@ def interleaved(seconds: float, nbytes: int, **fns) -> dict[str, float]:
     return {name: nbytes / float(np.median(ts)) / 1e9 for name, ts in times.items()}
 
 
-def aligned(nbytes: int) -> np.ndarray:
-    """A page-aligned (O_DIRECT-ready), resident buffer."""
-    buf = np.frombuffer(mmap.mmap(-1, nbytes), np.uint8)
-    buf[:] = 1
-    return buf
-
-
 def device(path: Path, dram: str, block: int):
     return open_device({"capacity": FILE_SIZE, "block_size": block, "dram_bytes": dram,
                         "backend": {"path": str(path), "queue_depth": QD}})
@@ -68,15 +60,15 @@ def bench_dram(path: Path, chunk: int, block: int, seconds: float, trials: int) 
     h = device(path, "256MiB", block)
     store = KVStore(h, index_path=False, hints=NullHints())
     t = store.tenant("bench")
-    src = aligned(chunk)
+    src = resident_buffer(chunk)
     keys = [f"hot{i}".encode() for i in range(hot)]
     for k in keys:
         t.put_from(k, src)
-    out = aligned(chunk)
+    out = resident_buffer(chunk)
     for k in keys:
         t.get_into(k, out)  # resident now
     misses = h.stats()["misses"]
-    sources = aligned(hot * chunk).reshape(hot, chunk)
+    sources = resident_buffer(hot * chunk).reshape(hot, chunk)
     cur = {"get": 0, "copy": 0, "put": 0}
 
     def get():
@@ -105,14 +97,14 @@ def bench_ssd(path: Path, chunk: int, block: int, seconds: float, trials: int) -
     h = device(path, "64MiB", block)
     store = KVStore(h, index_path=False, hints=NullHints())
     t = store.tenant("bench")
-    data = aligned(chunk)
+    data = resident_buffer(chunk)
     keys = [f"cold{i}".encode() for i in range(n)]
     for i, k in enumerate(keys):
         data[:8] = i
         t.put_from(k, data)
     store.flush()  # on the SSD now; evictions below are clean
     extents = [t.extent_of(k)[0] for k in keys]
-    out = aligned(chunk)
+    out = resident_buffer(chunk)
     raw = SsdBackend(str(path), FILE_SIZE, QD)
     rows = np.zeros((chunk // block, 4), np.int64)
     rows[:, 0] = out.ctypes.data + np.arange(chunk // block) * block

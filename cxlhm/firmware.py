@@ -49,26 +49,39 @@ def _emit(ops, i, base, block_size, slot, block, write):
     ops[i, 3] = write
 
 
+@numba.njit(nogil=True, inline="always")
+def _copy_extent(base, block_size, slots, k, hpa, left, addr, to_user):
+    """memcpy one extent between the buffer at `addr` and its slots, which start at
+    slots[k]; returns the index after its last slot. A run of blocks that sit in
+    consecutive slots is one memcpy: a big copy is made the way np.copyto makes it
+    (glibc switches to non-temporal stores past a size), not 64 KiB at a time."""
+    pos = 0
+    while left > 0:
+        offset = hpa % block_size
+        n = min(block_size - offset, left)
+        slot_addr = base + slots[k] * block_size + offset
+        k += 1
+        while n < left and slots[k] == slots[k - 1] + 1:
+            n += min(block_size, left - n)
+            k += 1
+        if to_user:
+            _memcpy(addr + pos, slot_addr, n)
+        else:
+            _memcpy(slot_addr, addr + pos, n)
+        pos += n
+        hpa += n
+        left -= n
+    return k
+
+
 @numba.njit(nogil=True)
 def copy_extents(base, block_size, slots, ext_hpa, ext_len, user_addr, to_user):
     """memcpy each extent between the flat user buffer and its slots, in order."""
     k = 0
     pos = 0
     for e in range(ext_hpa.shape[0]):
-        hpa = ext_hpa[e]
-        left = ext_len[e]
-        while left > 0:
-            offset = hpa % block_size
-            n = min(block_size - offset, left)
-            slot_addr = base + slots[k] * block_size + offset
-            if to_user:
-                _memcpy(user_addr + pos, slot_addr, n)
-            else:
-                _memcpy(slot_addr, user_addr + pos, n)
-            k += 1
-            pos += n
-            hpa += n
-            left -= n
+        k = _copy_extent(base, block_size, slots, k, ext_hpa[e], ext_len[e], user_addr + pos, to_user)
+        pos += ext_len[e]
 
 
 @numba.njit(nogil=True)
@@ -77,22 +90,7 @@ def copy_extents_each(base, block_size, slots, ext_first, ext_hpa, ext_len, addr
     addrs[e] and its slots, which start at slots[ext_first[e]] (split-phase reads)."""
     for w in range(which.shape[0]):
         e = which[w]
-        k = ext_first[e]
-        hpa = ext_hpa[e]
-        left = ext_len[e]
-        pos = 0
-        while left > 0:
-            offset = hpa % block_size
-            n = min(block_size - offset, left)
-            slot_addr = base + slots[k] * block_size + offset
-            if to_user:
-                _memcpy(addrs[e] + pos, slot_addr, n)
-            else:
-                _memcpy(slot_addr, addrs[e] + pos, n)
-            k += 1
-            pos += n
-            hpa += n
-            left -= n
+        _copy_extent(base, block_size, slots, ext_first[e], ext_hpa[e], ext_len[e], addrs[e], to_user)
 
 
 @numba.njit(nogil=True)
