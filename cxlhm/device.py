@@ -29,6 +29,7 @@ from cxlhm import blocktable as btm
 from cxlhm import counters as C
 from cxlhm import firmware as fw
 from cxlhm import readstream as rs
+from cxlhm import sumtable
 from cxlhm.config import ConfigError, DeviceConfig
 from cxlhm.integrity import BlockChecksums, PoisonError, PoisonTable, checksum
 from cxlhm.media.dram import DeviceDram
@@ -66,7 +67,8 @@ class DeviceClosed(RuntimeError):
     pass
 
 
-_NO_BLOCKS = np.zeros(0, np.int64)
+_NO_BLOCKS, _NO_SUMS = np.zeros(0, np.int64), np.zeros(0, np.uint64)  # an empty sum table: verify nothing
+STREAM_PASSES = 4  # passes of a wide streamed read in flight at once (_read_streamed)
 TICKET_TAG = 1 << 16  # a fill's io_uring tag: ticket id * TICKET_TAG + its row (< MAX_BATCH_BLOCKS)
 
 
@@ -199,8 +201,6 @@ class Device:
         self._inflight = 0  # accesses with BUSY slots and the lock released
         self._inflight_slots = 0  # slots they hold BUSY
         self._ticket_ids = 0  # split-phase reads (read_start) begun so far
-        self._sums_epoch = 0  # bumped by every write-back (its checksum records change)
-        self._sum_blocks = (None, _NO_BLOCKS)  # (key, sorted blocks with a checksum) for streamed reads
         self.mailbox: Mailbox | None = None
         self.closed = False
         self.unclean_shutdown_detected = False
@@ -318,19 +318,21 @@ class Device:
             return self._complete(started, t, issue_ns)
 
     def _read_streamed(self, hpa: int, n: int, user_addr: int, owner: int) -> float:
-        """One multi-block read through read_stream, counted as one host read. Up to half
-        the SSD queue of blocks it is one stream read: planned as one firmware pass, like
-        access(), its blocks copied out as they land. A wider read is cut in such passes
-        (like _access_split), two in flight, so the queue never runs dry between them."""
+        """One multi-block read through read_stream, counted as one host read. Up to a
+        quarter of the SSD queue of blocks it is one stream read: planned as one firmware
+        pass, like access(), its blocks copied out as they land. A wider read is cut in
+        such passes (like _access_split), four in flight: a pass's blocks tend to land
+        together (the block layer merges adjacent reads into one request), and while
+        one pass is copied out the other three keep the SSD's queue full."""
         started = time.perf_counter_ns()
         bs = self.block_size
         with self._lock:
-            piece = max(1, min(self._batch_limit(), self.ssd.queue_depth // 2))
+            piece = max(1, min(self._batch_limit(), self.ssd.queue_depth // STREAM_PASSES))
         first, last = hpa // bs, (hpa + n - 1) // bs
         cuts = np.arange(first + piece, last + 1, piece, dtype=np.int64) * bs
         starts = np.concatenate(([hpa], cuts))
         lens = np.diff(np.concatenate((starts, [hpa + n])))
-        ran = self.read_stream(starts, lens, user_addr + (starts - hpa), 2, owner=owner)
+        ran = self.read_stream(starts, lens, user_addr + (starts - hpa), STREAM_PASSES, owner=owner)
         extra = ran.count - (ran.count == starts.shape[0])  # the pieces' host reads beyond this one
         if extra:
             with self._lock:
@@ -585,7 +587,8 @@ class Device:
         return [i for i, block in enumerate(blocks) if block in known] if known else []
 
     def _fill_matches(self, row: np.ndarray) -> bool:
-        return self.checksums.matches(int(row[2] // self.block_size), self._slot_bytes(int(row[0])))
+        expected = self.checksums.sums.get(int(row[2] // self.block_size))
+        return expected is None or expected == int(self._hash_slots(row[:1])[0])
 
     def _settle_reads(self, rows: np.ndarray, res: np.ndarray, retries: int, mismatch) -> np.ndarray:
         """Under the lock: count the retries, poison each block that could not be read
@@ -607,20 +610,27 @@ class Device:
         """Slot -> SSD writes with retries, recording each block's checksum (under the
         lock). Returns the mask of rows that failed. A failed victim's bytes are gone:
         it is poisoned."""
-        self._sums_epoch += 1  # streamed reads re-list the blocks to verify
-        sums = [checksum(self._slot_bytes(addr)) for addr in rows[:, 0].tolist()]
-        self.checksums.intend((rows[:, 2] // self.block_size).tolist(), sums)  # reliability: write-ahead
+        sums = self._hash_slots(rows[:, 0])
+        blocks = rows[:, 2] // self.block_size
+        self.checksums.intend(blocks.tolist(), sums.tolist())  # reliability: write-ahead
         res, retries = self._submit_retrying(rows)
         self.counters[C.MEDIA_RETRIES] += retries
         failed = res != rows[:, 1]
-        for i, block in enumerate((rows[:, 2] // self.block_size).tolist()):
-            if not failed[i]:
-                self.checksums.sums[block] = sums[i]
-            else:
-                self.checksums.sums.pop(block, None)  # the SSD holds neither the old nor the new bytes
-                if victims:
-                    self._poison(block, f"write-back failed: {os.strerror(-int(res[i])) if res[i] < 0 else 'short write'}")
+        self.checksums.sums.set_many(blocks[~failed], sums[~failed])
+        for i in np.flatnonzero(failed).tolist():
+            block = int(blocks[i])
+            self.checksums.sums.pop(block, None)  # the SSD holds neither the old nor the new bytes
+            if victims:
+                self._poison(block, f"write-back failed: {os.strerror(-int(res[i])) if res[i] < 0 else 'short write'}")
         return failed
+
+    def _hash_slots(self, addrs: np.ndarray) -> np.ndarray:
+        """xxh3-64 of the whole slot at each address (compiled when xxhash allows)."""
+        if sumtable.COMPILED_HASH:
+            sums = np.empty(addrs.shape[0], np.uint64)
+            sumtable.hash_blocks(np.ascontiguousarray(addrs), self.block_size, sums)
+            return sums
+        return np.fromiter((checksum(self._slot_bytes(a)) for a in addrs.tolist()), np.uint64, addrs.shape[0])
 
     # ------------------------------------------------------------ split-phase reads
     # access() returns when its SSD reads are done, so a host thread has at most one
@@ -750,7 +760,7 @@ class Device:
             # compile the verifying completion now, not in the middle of a timed stream
             empty = np.zeros(0, np.int64)
             complete(self.bt, self.ps, self.clock, self.dram.base_address, self.block_size, empty, empty, empty,
-                     empty, empty, state.arrays(), empty, empty, state.bad[:0], 0)
+                     empty, empty, state.arrays(), empty, empty, state.bad[:0], 0, empty, _NO_SUMS)
         return state
 
     def _stream_stop(self, hpas, lens, n: int) -> tuple[int, int]:
@@ -760,19 +770,13 @@ class Device:
             poisoned = np.array(sorted(self.poison.blocks), np.int64)
         return rs.clean_prefix(hpas, lens, self.block_size, poisoned), poisoned.shape[0]
 
-    def _stream_verify_mode(self) -> tuple[int, np.ndarray]:
-        """Under the lock: which of a stream's reaped blocks need verifying (readstream's
-        VERIFY_*), and the sorted blocks with a checksum record when they are listed. The
-        list is rebuilt when the records change (write-backs bump _sums_epoch)."""
-        n = len(self.checksums.sums)
-        if n == 0:
-            return rs.VERIFY_NONE, _NO_BLOCKS
-        if n > rs.LIST_AT_MOST:
-            return rs.VERIFY_ALL, _NO_BLOCKS
-        key = (self._sums_epoch, n)
-        if self._sum_blocks[0] != key:
-            self._sum_blocks = (key, np.sort(np.fromiter(self.checksums.sums.keys(), np.int64, n)))
-        return rs.VERIFY_LISTED, self._sum_blocks[1]
+    def _stream_verify_mode(self) -> tuple[int, np.ndarray, np.ndarray]:
+        """Under the lock: how a stream verifies its reaped blocks (readstream's VERIFY_*),
+        and the sum table it reads (its arrays change when it grows)."""
+        table = self.checksums.sums.table
+        if table.count == 0:
+            return rs.VERIFY_NONE, table.keys, table.values
+        return (rs.VERIFY_HERE if sumtable.COMPILED_HASH else rs.VERIFY_ALL), table.keys, table.values
 
     def _stream_verify(self, state, complete, hpas, lens, addrs, clat, failed) -> None:
         """Under the lock: the stream's last reap, checked against the blocks' checksum
@@ -794,7 +798,7 @@ class Device:
                     self.counters[C.CHECKSUM_MISMATCHES] += 1
                     self._poison(block, "checksum mismatch on SSD read")
         complete(self.bt, self.ps, self.clock, self.dram.base_address, self.block_size, hpas, lens, addrs, clat,
-                 failed, state.arrays(), tags, res, bad, n)
+                 failed, state.arrays(), tags, res, bad, n, _NO_BLOCKS, _NO_SUMS)
         st[rs.REAPED] = 0
 
     def _stream_account(self, st, counted: int, held: int) -> tuple[int, int]:

@@ -54,6 +54,8 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from cxlhm.sumtable import SumTable
+
 log = logging.getLogger("cxlhm.integrity")
 
 
@@ -174,21 +176,47 @@ def _poison_record(block: int, reason: str) -> bytes:
 
 
 class _LoggedSums(dict):
-    """block -> checksum; dropping a block's sum (its write-back failed: the SSD holds
-    neither the old nor the new bytes) is logged as DIRTY - a crash now loses it."""
-    __slots__ = ("owner",)
+    """block -> checksum, mirrored in a SumTable that compiled code reads (streamed reads
+    verify in their loop). Dropping a block's sum (its write-back failed: the SSD holds
+    neither the old nor the new bytes) is logged as DIRTY - a crash now loses it;
+    forget() drops one without a record (replay decides what the log already says)."""
+    __slots__ = ("owner", "table")
+
+    def __init__(self):
+        super().__init__()
+        self.owner: BlockChecksums | None = None
+        self.table = SumTable()
+
+    def __setitem__(self, block, value):
+        super().__setitem__(block, value)
+        self.table.set(block, value)
+
+    def set_many(self, blocks: np.ndarray, sums: np.ndarray) -> None:
+        """sums[i] for blocks[i] (int64 / uint64 arrays), in one call."""
+        super().update(zip(blocks.tolist(), sums.tolist()))
+        self.table.set_many(blocks, sums)
+
+    def update(self, *args, **kwargs):
+        raise TypeError("use set_many(), which keeps the compiled mirror in step")
 
     def pop(self, block, *default):
-        owner = getattr(self, "owner", None)
-        if owner is not None:
-            owner.note_dirty((block,))
+        if self.owner is not None:
+            self.owner.note_dirty((block,))
+        return self.forget(block, *default)
+
+    def forget(self, block, *default):
+        self.table.discard(block)
         return super().pop(block, *default)
+
+    def clear(self):
+        super().clear()
+        self.table.clear()
 
 
 class BlockChecksums:
     def __init__(self, path: Path | None, block_size: int = 0):
         self.path, self.block_size = path, block_size
-        self.sums: dict[int, int] = _LoggedSums()
+        self.sums = _LoggedSums()
         self.log: IntegrityLog | None = None
         self.poison: PoisonTable | None = None  # linked by attach_log, for compaction
         self.dirty: set[int] = set()  # blocks whose last log record is DIRTY
@@ -198,7 +226,7 @@ class BlockChecksums:
                 with np.load(path) as saved:
                     # sums of another block size describe other byte ranges: unusable
                     if int(saved["block_size"]) == block_size:
-                        self.sums.update(zip(saved["blocks"].tolist(), saved["sums"].tolist()))
+                        self.sums.set_many(saved["blocks"].astype(np.int64), saved["sums"].astype(np.uint64))
             except (OSError, ValueError, KeyError):
                 self.sums.clear()  # unreadable: verify nothing rather than refuse to open
 
@@ -239,11 +267,11 @@ class BlockChecksums:
                 elif kind == CLEAR:
                     poison.blocks.pop(block, None)
                 elif kind == RESET:
-                    dict.clear(self.sums)
+                    self.sums.clear()
                     poison.blocks.clear()
                     last_dirty.clear()
             for block in last_dirty:
-                dict.pop(self.sums, block, None)  # whatever the SSD holds is older than what was written
+                self.sums.forget(block, None)  # whatever the SSD holds is older than what was written
                 poison.blocks[block] = LOST_AT_UNCLEAN_SHUTDOWN
             self.recovered["lost_dirty_blocks"] = len(last_dirty)
             self._compact()  # the poison decided here goes into the log: it stands alone from now on

@@ -16,7 +16,8 @@ compiled call (`run`), holding the device lock for a time slice:
 
 and returns to the driver (Device.read_stream) for what compiled code cannot do:
 dirty victims to write back, a block another thread holds busy (wait for it without
-the lock), reaped blocks with a checksum record (xxh3 is Python's xxhash), or the end
+the lock), reaped blocks to verify in Python (only where xxhash's C function is not reachable:
+otherwise blocks with a checksum record are hashed in the loop, cxlhm/sumtable.py), or the end
 of the slice (the lock is let go, so other threads, the mailbox and the firmware's
 background work get their turn; their waits are bounded by SLICE_NS).
 
@@ -38,6 +39,7 @@ from cxlhm import _native
 from cxlhm import blocktable as btm
 from cxlhm import counters as C
 from cxlhm import firmware as fw
+from cxlhm import sumtable
 from cxlhm.jit import njit_without_refcounts
 from firmware_policies.base import Policy
 
@@ -53,9 +55,8 @@ ISSUED = 6  # (internal) as many reads in flight as allowed: reap
 
 # Which reaped blocks the driver must verify (run's `verify`)
 VERIFY_NONE = 0  # the device has no checksum records
-VERIFY_LISTED = 1  # those in `sum_blocks`
-VERIFY_ALL = 2  # every one (too many records to list cheaply)
-LIST_AT_MOST = 1 << 16  # records listed for VERIFY_LISTED (the list is rebuilt when they change)
+VERIFY_HERE = 1  # those with a record in the sum table, hashed in the loop as they are copied
+VERIFY_ALL = 2  # every reap goes to the driver (this xxhash build gives compiled code no hash)
 
 SLICE_NS = 500_000  # longest lock hold: what other threads may wait (3% of a slice is the round trip)
 
@@ -104,6 +105,29 @@ def _copy_piece(base, block_size, slot, block, hpa, length, addr):
     start = max(hpa, block * block_size)
     end = min(hpa + length, (block + 1) * block_size)
     fw._memcpy(addr + (start - hpa), base + slot * block_size + (start - block * block_size), end - start)
+
+
+# Cut-through fills: a block a read covers whole goes from the SSD straight into the
+# host's buffer (when it is aligned for O_DIRECT), and the device-DRAM copy is made from
+# there after it lands - the order a cut-through device controller forwards data in.
+# The bytes move as often as with a fill into the slot, but the DMA lands in memory the
+# host just used: on a virtio disk, reads into device DRAM's slots, which rotate over
+# the whole arena, measured ~20% slower than into one reused host buffer. Only with the
+# compiled hash, which verifies the slot after its copy (Python's verify reads slots).
+CUT_THROUGH = sumtable.COMPILED_HASH
+_DIRECT_ALIGN = 4096
+
+
+@numba.njit(nogil=True, inline="always")
+def _cut_through_addr(hpa, length, addr, block, block_size):
+    """Where a cut-through fill of `block` for read [hpa, hpa+length) -> addr lands in
+    the host's buffer, or -1 (the block is not whole in the read, or the spot is not
+    aligned for O_DIRECT: the fill goes to the slot)."""
+    start = block * block_size
+    if not CUT_THROUGH or start < hpa or start + block_size > hpa + length:
+        return -1
+    dest = addr + (start - hpa)
+    return dest if dest % _DIRECT_ALIGN == 0 else -1
 
 
 @numba.njit(nogil=True)
@@ -155,9 +179,13 @@ def _build(plan, invalidate):
     finish, touches_busy = fw.finish, fw.touches_busy
 
     @njit_without_refcounts
-    def complete(bt, ps, clock, base, block_size, hpas, lens, addrs, clat, failed_out, arrays, tags, res, bad, n):
+    def complete(bt, ps, clock, base, block_size, hpas, lens, addrs, clat, failed_out, arrays, tags, res, bad, n,
+                 sum_keys, sum_values):
         """Take `n` reaped fills (tag = read tag * max_blocks + row); bad[j]: fill j read
-        the wrong bytes (its checksum did not match)."""
+        the wrong bytes (its checksum did not match). A block with a record in the sum
+        table (empty: none) is hashed right after its copy, while its bytes are in the
+        CPU's cache; a mismatch fails its read like a failed fill (the driver reads it
+        again through the verifying path, which poisons it)."""
         (st, tag_read, tag_pending, tag_k, tag_failed, tag_issued, tag_slots, tag_installed, row_pos, row_bad,
          free_tags, _wb, _fills, _ftags, ts, _rt, _rr, _bad, _sub) = arrays
         max_blocks = tag_slots.shape[1]
@@ -167,9 +195,19 @@ def _build(plan, invalidate):
             row = tags[j] % max_blocks
             i = tag_read[tag]
             p = row_pos[tag, row]
-            if res[j] == block_size and not bad[j]:
-                _copy_piece(base, block_size, tag_slots[tag, p], hpas[i] // block_size + p, hpas[i], lens[i], addrs[i])
-            else:  # failed or short: never handed out; the caller reads it again, verifying
+            good = res[j] == block_size and not bad[j]
+            if good:
+                slot = tag_slots[tag, p]
+                block = hpas[i] // block_size + p
+                direct = _cut_through_addr(hpas[i], lens[i], addrs[i], block, block_size)
+                if direct >= 0:  # it landed in the host's buffer: now the device-DRAM copy
+                    fw._memcpy(base + slot * block_size, direct, block_size)
+                else:
+                    _copy_piece(base, block_size, slot, block, hpas[i], lens[i], addrs[i])
+                if sum_keys.shape[0]:
+                    b = sumtable.find(sum_keys, block)
+                    good = b < 0 or sumtable.hash_block(base + slot * block_size, block_size) == sum_values[b]
+            if not good:  # failed, short or corrupt: the caller reads it again, verifying
                 tag_failed[tag] = 1
                 row_bad[tag, row] = 1
             st[FILLS] -= 1
@@ -212,6 +250,9 @@ def _build(plan, invalidate):
             if tag_installed[tag, q]:
                 row_pos[tag, r] = q
                 fill_tags[r] = tag * max_blocks + r
+                direct = _cut_through_addr(hpas[i], lens[i], addrs[i], hpas[i] // block_size + q, block_size)
+                if direct >= 0:
+                    fills[r, 0] = direct
                 r += 1
             else:  # resident and not busy (checked before planning): its bytes are good
                 _copy_piece(base, block_size, tag_slots[tag, q], hpas[i] // block_size + q, hpas[i], lens[i],
@@ -296,10 +337,11 @@ def _build(plan, invalidate):
 
     @njit_without_refcounts
     def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, stop, deadline_ns,
-            slat, clat, failed_out, arrays, ring, fd, ring_room, other_slots, n_slots, owner, verify, sum_blocks):
+            slat, clat, failed_out, arrays, ring, fd, ring_room, other_slots, n_slots, owner, verify, sum_keys,
+            sum_values):
         """The stream's loop for one time slice (see the module docstring). A reap goes
-        back to the driver for verification: always (VERIFY_ALL), or when it read one
-        of `sum_blocks` (sorted: the blocks with a checksum record; VERIFY_LISTED)."""
+        back to the driver for verification: always (VERIFY_ALL), or when one of its
+        blocks does not match its record in the sum table (VERIFY_HERE)."""
         st, ts, reaped_tags, reaped_res, bad, submits = arrays[0], arrays[14], arrays[15], arrays[16], arrays[17], \
             arrays[18]
         slice_end = _now_ns(ts) + SLICE_NS
@@ -318,13 +360,12 @@ def _build(plan, invalidate):
                 st[ERRNO] = got
                 return VERIFY  # the driver raises; nothing was taken
             st[REAPED] = got
-            if verify == VERIFY_ALL or (verify == VERIFY_LISTED and _any_listed(arrays, block_size, hpas, got,
-                                                                                 sum_blocks)):
+            if verify == VERIFY_ALL:
                 return VERIFY
             for j in range(got):
                 bad[j] = 0
             complete(bt, ps, clock, base, block_size, hpas, lens, addrs, clat, failed_out, arrays,
-                     reaped_tags, reaped_res, bad, got)
+                     reaped_tags, reaped_res, bad, got, sum_keys if verify == VERIFY_HERE else sum_keys[:0], sum_values)
             st[REAPED] = 0
             if _now_ns(ts) >= slice_end:
                 return SLICE
@@ -377,18 +418,6 @@ def _block_of_fill(arrays, block_size, hpas, fill_tag):
     max_blocks = tag_slots.shape[1]
     tag = fill_tag // max_blocks
     return hpas[tag_read[tag]] // block_size + row_pos[tag, fill_tag % max_blocks]
-
-
-@numba.njit(nogil=True)
-def _any_listed(arrays, block_size, hpas, n, listed):
-    """Whether one of the last `n` reaped fills read a block in `listed` (sorted)."""
-    reaped_tags = arrays[15]
-    for j in range(n):
-        block = _block_of_fill(arrays, block_size, hpas, reaped_tags[j])
-        k = np.searchsorted(listed, block)
-        if k < listed.shape[0] and listed[k] == block:
-            return True
-    return False
 
 
 @numba.njit(nogil=True)

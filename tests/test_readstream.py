@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cxlhm import counters as C
+from cxlhm.device import STREAM_PASSES
 from cxlhm.integrity import PoisonError
 from cxlhm.mailbox.hints import HintKind
 from host_runtime.driver import open_device
@@ -204,7 +205,34 @@ def test_a_multi_block_read_into_is_one_streamed_pass_and_one_host_read(tmp_path
         calls = []
         real = dev.device.read_stream
         dev.device.read_stream = lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k)
-        out = np.empty(100 * BLOCK - 10, np.uint8)  # 100 blocks, cut in passes of 16 // 2 = 8
+        out = np.empty(100 * BLOCK - 10, np.uint8)  # 100 blocks, cut in passes of 16 // STREAM_PASSES = 4
         dev.read_into(5, out)
         assert (out == data[5:5 + out.shape[0]]).all()
-        assert calls == [13] and dev.stats()["host_reads"] == 1 and dev.stats()["misses"] == 100
+        assert calls == [-(-100 // (16 // STREAM_PASSES))] and dev.stats()["host_reads"] == 1 and dev.stats()["misses"] == 100
+
+
+@pytest.mark.parametrize("hpa,n,skew", [
+    (0, 8 * 16384, 0),                  # whole blocks into an aligned buffer: cut through
+    (100, 5 * 16384, 0),                # partial first and last blocks: those fill the slot
+    (16384, 4 * 16384, 512),            # whole blocks, but the buffer is not page-aligned
+    (3 * 16384 - 7, 2 * 16384 + 14, 0),
+])
+def test_cut_through_and_slot_fills_leave_the_same_bytes_in_the_host_and_in_device_dram(tmp_path, hpa, n, skew):
+    block = 16384
+    cfg = {"capacity": 64 * block, "block_size": block, "dram_bytes": 16 * block,
+           "backend": {"path": str(tmp_path / "c.img")}}
+    data = np.random.default_rng(hpa + skew).integers(0, 256, 64 * block, dtype=np.uint8)
+    with open_device(cfg) as dev:
+        dev.write_from(0, data)
+    with open_device(cfg) as dev:  # reopened: every read misses, and every block has a checksum
+        area, addrs, _ = _buffers(1, n + skew)
+        result = dev.device.read_stream(np.array([hpa], np.int64), np.array([n], np.int64), addrs + skew, 1)
+        assert result.count == 1 and result.misses == (hpa + n - 1) // block - hpa // block + 1
+        assert (area[skew:skew + n] == data[hpa:hpa + n]).all()
+        area[:] = 0  # the host reuses its buffer: device DRAM must hold its own copy
+        again = np.zeros(n, np.uint8)
+        hits0 = dev.stats()["hits"]
+        dev.read_into(hpa, again)
+        assert dev.stats()["hits"] > hits0 and (again == data[hpa:hpa + n]).all()
+        dev.device.flush()
+        assert dev.device.counters[C.CHECKSUM_MISMATCHES] == 0

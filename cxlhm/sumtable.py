@@ -1,0 +1,184 @@
+"""Block checksums where compiled code can use them: xxh3-64 of a block of memory, and a
+block -> checksum map that numba-compiled loops read (the streamed reads verify each
+fill as it lands, without a round trip to Python).
+
+The hash is the xxhash wheel's own C function (`XXH3_64bits`, which its extension
+module exports), called through ctypes, so it is the very function Python's
+`xxhash.xxh3_64_intdigest` runs. `COMPILED_HASH` is False if this build of the wheel
+does not export it or it disagrees with Python's on a sample: callers then verify in
+Python (correct, slower).
+
+The map is an open-addressing hash table in two numpy arrays (linear probing, deletion
+by backward shift, no tombstones), grown by rehashing into new arrays at half full.
+The integrity layer keeps it as a mirror of its Python dict (cxlhm/integrity.py), and
+all of it changes and is read under the device lock.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib
+
+import numba
+import numpy as np
+import xxhash
+
+EMPTY = np.int64(-1)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _load_xxh3():
+    try:
+        fn = ctypes.CDLL(importlib.import_module("xxhash._xxhash").__file__).XXH3_64bits
+    except (OSError, AttributeError, ImportError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    fn.restype = ctypes.c_uint64
+    sample = np.frombuffer(bytes(range(256)) * 300, np.uint8)
+    if fn(sample.ctypes.data, sample.nbytes) != xxhash.xxh3_64_intdigest(sample):
+        return None
+    return fn
+
+
+_xxh3 = _load_xxh3()
+COMPILED_HASH = _xxh3 is not None
+
+if COMPILED_HASH:
+    @numba.njit(nogil=True)
+    def hash_block(addr, nbytes):
+        """xxh3-64 of `nbytes` of memory at `addr`."""
+        return _xxh3(addr, nbytes)
+else:
+    @numba.njit(nogil=True)
+    def hash_block(addr, nbytes):  # never called: COMPILED_HASH tells callers to hash in Python
+        return np.uint64(0)
+
+
+@numba.njit(nogil=True)
+def hash_blocks(addrs, nbytes, out):
+    """out[i] = xxh3-64 of the `nbytes` at addrs[i]."""
+    for i in range(addrs.shape[0]):
+        out[i] = hash_block(addrs[i], nbytes)
+
+
+# ------------------------------------------------------------------ the map
+def new_table(capacity: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    """Empty (keys, values) arrays with room for `capacity` entries at half load."""
+    buckets = 1 << max(4, int(2 * capacity - 1).bit_length())
+    return np.full(buckets, EMPTY, np.int64), np.zeros(buckets, np.uint64)
+
+
+@numba.njit(nogil=True, inline="always")
+def _home(keys, block):
+    return np.int64((np.uint64(block) * _GOLDEN >> np.uint64(17)) & np.uint64(keys.shape[0] - 1))
+
+
+@numba.njit(nogil=True)
+def find(keys, block):
+    """Bucket holding `block`, or -1."""
+    mask = keys.shape[0] - 1
+    i = _home(keys, block)
+    while keys[i] != EMPTY:
+        if keys[i] == block:
+            return i
+        i = (i + 1) & mask
+    return -1
+
+
+@numba.njit(nogil=True)
+def put(keys, values, block, value):
+    """Set block -> value; returns 1 if the block is new (the caller keeps the count and
+    grows the table before it is half full)."""
+    mask = keys.shape[0] - 1
+    i = _home(keys, block)
+    while keys[i] != EMPTY:
+        if keys[i] == block:
+            values[i] = value
+            return 0
+        i = (i + 1) & mask
+    values[i] = value
+    keys[i] = block
+    return 1
+
+
+@numba.njit(nogil=True)
+def put_many(keys, values, blocks, sums):
+    new = 0
+    for j in range(blocks.shape[0]):
+        new += put(keys, values, blocks[j], sums[j])
+    return new
+
+
+@numba.njit(nogil=True)
+def delete(keys, values, block):
+    """Remove block; returns 1 if it was there. Backward shift: the entries after it in
+    its probe run move up, so no lookup ever needs a tombstone."""
+    mask = keys.shape[0] - 1
+    i = find(keys, block)
+    if i < 0:
+        return 0
+    j = i
+    while True:
+        j = (j + 1) & mask
+        if keys[j] == EMPTY:
+            break
+        home = _home(keys, keys[j])
+        # keys[j] may fill the hole at i unless its home lies cyclically in (i, j]
+        if (j > i and (home <= i or home > j)) or (j < i and (home <= i and home > j)):
+            keys[i] = keys[j]
+            values[i] = values[j]
+            i = j
+    keys[i] = EMPTY
+    return 1
+
+
+@numba.njit(nogil=True)
+def rehash(keys, values, new_keys, new_values):
+    for i in range(keys.shape[0]):
+        if keys[i] != EMPTY:
+            put(new_keys, new_values, keys[i], values[i])
+
+
+@numba.njit(nogil=True)
+def find_many(keys, values, blocks, found, sums):
+    """found[j], sums[j] for each of `blocks`."""
+    for j in range(blocks.shape[0]):
+        i = find(keys, blocks[j])
+        found[j] = i >= 0
+        sums[j] = values[i] if i >= 0 else np.uint64(0)  # (a bare 0 would unify to float64)
+
+
+class SumTable:
+    """The map, with the bookkeeping Python needs: entry count and growth."""
+
+    def __init__(self, capacity: int = 1024):
+        self.keys, self.values = new_table(capacity)
+        self.count = 0
+
+    def set_many(self, blocks: np.ndarray, sums: np.ndarray) -> None:
+        self._room_for(blocks.shape[0])
+        self.count += put_many(self.keys, self.values, blocks, sums)
+
+    def set(self, block: int, value: int) -> None:
+        self._room_for(1)
+        self.count += put(self.keys, self.values, block, np.uint64(value))
+
+    def discard(self, block: int) -> None:
+        self.count -= delete(self.keys, self.values, block)
+
+    def clear(self) -> None:
+        self.keys[:] = EMPTY
+        self.count = 0
+
+    def lookup(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(found mask, sums) of `blocks`."""
+        found = np.zeros(blocks.shape[0], np.bool_)
+        sums = np.zeros(blocks.shape[0], np.uint64)
+        find_many(self.keys, self.values, blocks, found, sums)
+        return found, sums
+
+    def _room_for(self, more: int) -> None:
+        if 2 * (self.count + more) <= self.keys.shape[0]:
+            return
+        keys, values = new_table(2 * (self.count + more))
+        rehash(self.keys, self.values, keys, values)
+        self.keys, self.values = keys, values

@@ -1,0 +1,141 @@
+"""The compiled checksum map and hash (cxlhm/sumtable.py): the map against a dict
+(hypothesis state machine through growth and backward-shift deletes), the compiled
+xxh3 against Python's, the integrity layer's dict and its mirror staying in step, and
+streamed reads verifying in their compiled loop."""
+import numpy as np
+import pytest
+import xxhash
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from cxlhm import sumtable
+from cxlhm.integrity import BlockChecksums
+from host_runtime.driver import open_device
+
+# few distinct blocks, so probe runs collide and deletes shift entries
+blocks = st.integers(0, 200) | st.integers(0, 1 << 40)
+sums = st.integers(0, (1 << 64) - 1)
+
+
+class SumTableMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.table = sumtable.SumTable(capacity=4)  # starts tiny: growth is exercised
+        self.model: dict[int, int] = {}
+
+    @rule(block=blocks, value=sums)
+    def set(self, block, value):
+        self.table.set(block, value)
+        self.model[block] = value
+
+    @rule(pairs=st.lists(st.tuples(blocks, sums), max_size=40))
+    def set_many(self, pairs):
+        if not pairs:
+            return
+        b = np.array([p[0] for p in pairs], np.int64)
+        v = np.array([p[1] for p in pairs], np.uint64)
+        self.table.set_many(b, v)
+        self.model.update(pairs)  # the last of a repeated block wins, as in the table
+
+    @rule(block=blocks)
+    def discard(self, block):
+        self.table.discard(block)
+        self.model.pop(block, None)
+
+    @rule()
+    def clear(self):
+        self.table.clear()
+        self.model.clear()
+
+    @invariant()
+    def agrees_with_the_dict(self):
+        assert self.table.count == len(self.model)
+        probe = np.array(list(self.model) + [201, 202, 1 << 41], np.int64)
+        found, values = self.table.lookup(probe)
+        for block, f, v in zip(probe.tolist(), found.tolist(), values.tolist()):
+            assert f == (block in self.model)
+            if f:
+                assert v == self.model[block]
+        assert 2 * self.table.count <= self.table.keys.shape[0]  # never more than half full
+
+
+TestSumTable = SumTableMachine.TestCase
+TestSumTable.settings = settings(max_examples=60, stateful_step_count=60, deadline=None)
+
+
+@pytest.mark.skipif(not sumtable.COMPILED_HASH, reason="this xxhash build exports no XXH3_64bits")
+@pytest.mark.parametrize("size", [0, 1, 17, 4096, 65536 + 3])
+def test_the_compiled_hash_is_pythons_xxh3(size):
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+    out = np.zeros(1, np.uint64)
+    sumtable.hash_blocks(np.array([data.ctypes.data], np.int64), size, out)
+    assert int(out[0]) == xxhash.xxh3_64_intdigest(data.tobytes())
+
+
+def test_the_mirror_follows_every_change_of_the_checksum_dict(tmp_path):
+    sums = BlockChecksums(None, 4096).sums
+    sums[5] = 50
+    sums.set_many(np.array([6, 7, 5], np.int64), np.array([60, 70, 55], np.uint64))
+    sums.pop(6)
+    sums.forget(7, None)
+    sums.forget(99, None)
+    assert dict(sums) == {5: 55}
+    found, values = sums.table.lookup(np.array([5, 6, 7], np.int64))
+    assert found.tolist() == [True, False, False] and int(values[0]) == 55
+    with pytest.raises(TypeError):  # a plain dict update would leave the mirror behind
+        sums.update({8: 80})
+    sums.clear()
+    assert sums.table.count == 0 and not sums
+
+
+def test_checksums_saved_at_close_are_verified_after_reopen(tmp_path):
+    cfg = {"capacity": 64 * 4096, "block_size": 4096, "dram_bytes": 4 * 4096,
+           "backend": {"path": str(tmp_path / "d.img")}}
+    with open_device(cfg) as dev:
+        dev.write_from(0, np.full(16 * 4096, 9, np.uint8))
+    with open_device(cfg) as dev:
+        table = dev.device.checksums.sums.table
+        assert table.count == 16  # loaded into the mirror, not only the dict
+        found, _ = table.lookup(np.arange(16, dtype=np.int64))
+        assert found.all()
+
+
+@pytest.mark.skipif(not sumtable.COMPILED_HASH, reason="this xxhash build exports no XXH3_64bits")
+def test_streamed_reads_of_checksummed_blocks_verify_without_leaving_the_loop(tmp_path, monkeypatch):
+    cfg = {"capacity": 64 * 4096, "block_size": 4096, "dram_bytes": 4 * 4096,
+           "backend": {"path": str(tmp_path / "v.img")}}
+    with open_device(cfg) as dev:
+        data = np.random.default_rng(1).integers(0, 256, 32 * 4096, dtype=np.uint8)
+        dev.write_from(0, data)
+        dev.device.flush()  # every block has a checksum record now
+        calls = []
+        real = dev.device._stream_verify
+        monkeypatch.setattr(dev.device, "_stream_verify", lambda *a: (calls.append(1), real(*a))[1])
+        out = np.zeros(32 * 4096, np.uint8)
+        result = dev.device.read_stream(np.arange(32, dtype=np.int64) * 4096, np.full(32, 4096, np.int64),
+                                        out.ctypes.data + np.arange(32, dtype=np.int64) * 4096, 4)
+        assert result.count == 32 and result.misses >= 28
+        assert (out == data).all()
+        assert calls == []  # good blocks were verified in the compiled loop
+
+
+def test_deletes_keep_every_probe_run_whole_even_where_runs_wrap_around_the_end():
+    """Many random sets and deletes on a small, crowded table (16 buckets, up to 8
+    entries): probe runs often cross the end of the bucket array."""
+    keys, values = sumtable.new_table(8)
+    assert keys.shape[0] == 16
+    rng = np.random.default_rng(3)
+    model: dict[int, int] = {}
+    for _ in range(20_000):
+        block = int(rng.integers(0, 40))
+        if block in model or len(model) >= 8:
+            sumtable.delete(keys, values, block)
+            model.pop(block, None)
+        else:
+            sumtable.put(keys, values, block, np.uint64(block * 3 + 1))
+            model[block] = block * 3 + 1
+        for b in range(40):
+            i = sumtable.find(keys, b)
+            assert (i >= 0) == (b in model)
+            assert i < 0 or int(values[i]) == model[b]
