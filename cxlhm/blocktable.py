@@ -70,23 +70,35 @@ def new_block_table(n_slots: int) -> BlockTable:
 
 
 @numba.njit(nogil=True, inline="always")
-def _bucket(bt, block):
-    mask = np.uint64(bt.index_keys.shape[0] - 1)
+def _home(index_keys, block):
+    mask = np.uint64(index_keys.shape[0] - 1)
     return np.int64((np.uint64(block) * _GOLDEN >> np.uint64(17)) & mask)
+
+
+@numba.njit(nogil=True, inline="always")
+def _bucket(bt, block):
+    return _home(bt.index_keys, block)
+
+
+@numba.njit(nogil=True, inline="always")
+def lookup_index(index_keys, index_slots, block):
+    """Slot holding `block`, or -1, from the index arrays alone (callers from Python
+    pass two arrays, not the whole table: numba's dispatch types every argument)."""
+    mask = index_keys.shape[0] - 1
+    i = _home(index_keys, block)
+    while True:
+        key = index_keys[i]
+        if key == block:
+            return index_slots[i]
+        if key == _EMPTY:
+            return -1
+        i = (i + 1) & mask
 
 
 @numba.njit(nogil=True)
 def lookup(bt, block):
     """Slot holding `block`, or -1."""
-    mask = bt.index_keys.shape[0] - 1
-    i = _bucket(bt, block)
-    while True:
-        key = bt.index_keys[i]
-        if key == block:
-            return bt.index_slots[i]
-        if key == _EMPTY:
-            return -1
-        i = (i + 1) & mask
+    return lookup_index(bt.index_keys, bt.index_slots, block)
 
 
 @numba.njit(nogil=True)

@@ -299,10 +299,11 @@ class Device:
         streamed (read_stream, one read per block): each block is copied out as soon as
         it lands, while the next ones are still being read."""
         self.check_extent(hpa, n)
+        bt = self.bt
         if (stream and not is_write and n and self.splits_reads
                 and (hpa + n - 1) // self.block_size > hpa // self.block_size and not self.reads_in_flight()
-                and rs.missing_blocks(self.bt, hpa, n, self.block_size) > 1):  # (unlocked: only picks the path)
-            return self._read_streamed(hpa, n, user_addr, owner)
+                and rs.missing_blocks(bt.index_keys, bt.index_slots, hpa, n, self.block_size, 2) > 1):
+            return self._read_streamed(hpa, n, user_addr, owner)  # (the table was read unlocked: it only picks a path)
         with self._lock:
             if self.poison:
                 self._check_poison(hpa, n, is_write, clear=False)

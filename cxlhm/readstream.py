@@ -436,10 +436,13 @@ def slot_of_reaped(arrays, tag):
 
 
 @numba.njit(nogil=True)
-def missing_blocks(bt, hpa, n, block_size):
-    """How many blocks of [hpa, hpa+n) are not in device DRAM (a hint, read unlocked)."""
+def missing_blocks(index_keys, index_slots, hpa, n, block_size, most):
+    """How many blocks of [hpa, hpa+n) are not in device DRAM, counting up to `most`
+    (a hint, read unlocked)."""
     missing = 0
     for block in range(hpa // block_size, (hpa + n - 1) // block_size + 1):
-        if btm.lookup(bt, block) < 0:
+        if btm.lookup_index(index_keys, index_slots, block) < 0:
             missing += 1
+            if missing >= most:
+                break
     return missing
