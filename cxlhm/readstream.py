@@ -58,6 +58,13 @@ VERIFY_NONE = 0  # the device has no checksum records
 VERIFY_HERE = 1  # those with a record in the sum table, hashed in the loop as they are copied
 VERIFY_ALL = 2  # every reap goes to the driver (this xxhash build gives compiled code no hash)
 
+# Completions taken per pass before planning and submitting the next reads. Taking all
+# that are in (often 26-32 at QD32) and copying them out first leaves their queue slots
+# empty at the disk meanwhile: 4 KiB random reads at QD32 measured 63k IOPS that way and
+# 75k with 2 (fio: 82k; 1, 2 and 4 were alike, 2 costs the least CPU). Completions still
+# waiting are taken on the next pass without entering the kernel.
+REAP_AT_ONCE = 2
+
 SLICE_NS = 500_000  # longest lock hold: what other threads may wait (3% of a slice is the round trip)
 
 # scalar state of a stream (StreamState.st)
@@ -105,29 +112,6 @@ def _copy_piece(base, block_size, slot, block, hpa, length, addr):
     start = max(hpa, block * block_size)
     end = min(hpa + length, (block + 1) * block_size)
     fw._memcpy(addr + (start - hpa), base + slot * block_size + (start - block * block_size), end - start)
-
-
-# Cut-through fills: a block a read covers whole goes from the SSD straight into the
-# host's buffer (when it is aligned for O_DIRECT), and the device-DRAM copy is made from
-# there after it lands - the order a cut-through device controller forwards data in.
-# The bytes move as often as with a fill into the slot, but the DMA lands in memory the
-# host just used: on a virtio disk, reads into device DRAM's slots, which rotate over
-# the whole arena, measured ~20% slower than into one reused host buffer. Only with the
-# compiled hash, which verifies the slot after its copy (Python's verify reads slots).
-CUT_THROUGH = sumtable.COMPILED_HASH
-_DIRECT_ALIGN = 4096
-
-
-@numba.njit(nogil=True, inline="always")
-def _cut_through_addr(hpa, length, addr, block, block_size):
-    """Where a cut-through fill of `block` for read [hpa, hpa+length) -> addr lands in
-    the host's buffer, or -1 (the block is not whole in the read, or the spot is not
-    aligned for O_DIRECT: the fill goes to the slot)."""
-    start = block * block_size
-    if not CUT_THROUGH or start < hpa or start + block_size > hpa + length:
-        return -1
-    dest = addr + (start - hpa)
-    return dest if dest % _DIRECT_ALIGN == 0 else -1
 
 
 @numba.njit(nogil=True)
@@ -199,11 +183,7 @@ def _build(plan, invalidate):
             if good:
                 slot = tag_slots[tag, p]
                 block = hpas[i] // block_size + p
-                direct = _cut_through_addr(hpas[i], lens[i], addrs[i], block, block_size)
-                if direct >= 0:  # it landed in the host's buffer: now the device-DRAM copy
-                    fw._memcpy(base + slot * block_size, direct, block_size)
-                else:
-                    _copy_piece(base, block_size, slot, block, hpas[i], lens[i], addrs[i])
+                _copy_piece(base, block_size, slot, block, hpas[i], lens[i], addrs[i])
                 if sum_keys.shape[0]:
                     b = sumtable.find(sum_keys, block)
                     good = b < 0 or sumtable.hash_block(base + slot * block_size, block_size) == sum_values[b]
@@ -250,9 +230,6 @@ def _build(plan, invalidate):
             if tag_installed[tag, q]:
                 row_pos[tag, r] = q
                 fill_tags[r] = tag * max_blocks + r
-                direct = _cut_through_addr(hpas[i], lens[i], addrs[i], hpas[i] // block_size + q, block_size)
-                if direct >= 0:
-                    fills[r, 0] = direct
                 r += 1
             else:  # resident and not busy (checked before planning): its bytes are good
                 _copy_piece(base, block_size, tag_slots[tag, q], hpas[i] // block_size + q, hpas[i], lens[i],
@@ -355,7 +332,7 @@ def _build(plan, invalidate):
             if st[QUEUED] > 0:
                 submits[_submit_bucket(st[QUEUED])] += 1
                 st[QUEUED] = 0
-            got = _reap(ring, 1, reaped_tags.shape[0], reaped_tags.ctypes.data, reaped_res.ctypes.data)
+            got = _reap(ring, 1, REAP_AT_ONCE, reaped_tags.ctypes.data, reaped_res.ctypes.data)
             if got < 0:
                 st[ERRNO] = got
                 return VERIFY  # the driver raises; nothing was taken

@@ -212,12 +212,12 @@ def test_a_multi_block_read_into_is_one_streamed_pass_and_one_host_read(tmp_path
 
 
 @pytest.mark.parametrize("hpa,n,skew", [
-    (0, 8 * 16384, 0),                  # whole blocks into an aligned buffer: cut through
-    (100, 5 * 16384, 0),                # partial first and last blocks: those fill the slot
-    (16384, 4 * 16384, 512),            # whole blocks, but the buffer is not page-aligned
+    (0, 8 * 16384, 0),                  # whole blocks into an aligned buffer
+    (100, 5 * 16384, 0),                # partial first and last blocks
+    (16384, 4 * 16384, 512),            # whole blocks into a buffer that is not page-aligned
     (3 * 16384 - 7, 2 * 16384 + 14, 0),
 ])
-def test_cut_through_and_slot_fills_leave_the_same_bytes_in_the_host_and_in_device_dram(tmp_path, hpa, n, skew):
+def test_streamed_fills_leave_the_same_bytes_in_the_host_and_in_device_dram(tmp_path, hpa, n, skew):
     block = 16384
     cfg = {"capacity": 64 * block, "block_size": block, "dram_bytes": 16 * block,
            "backend": {"path": str(tmp_path / "c.img")}}
