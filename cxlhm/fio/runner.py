@@ -32,7 +32,12 @@ from cxlhm.fio.progress import Progress
 from cxlhm.fio.stats import SAMPLE_WINDOW_NS, JobStats
 from cxlhm.fio.values import Percent
 
-CHUNK_IOS = 4096  # I/Os generated per chunk (bounded by memory when verifying)
+# I/Os generated per chunk (bounded by memory when verifying). A chunk's reads are one
+# stream that drains at its end (~1.4 ms with no read in flight while the next chunk is
+# made), so chunks are long; at low depth shorter (CHUNK_IOS_PER_DEPTH per unit of
+# iodepth), so progress and rate limits still see a chunk end every fraction of a second.
+CHUNK_IOS = 16384
+CHUNK_IOS_PER_DEPTH = 512
 VERIFY_ARENA_BYTES = 64 << 20
 LAYOUT_CHUNK = 1 << 20
 MAX_REPORTED_VERIFY_ERRORS = 10
@@ -246,13 +251,14 @@ class Worker:
                                seed=seed, bytes_budget=budget, ios_budget=job["number_ios"])
         qd = job["iodepth"]
         if self.verify_kind:
-            slots = max(qd, min(CHUNK_IOS, VERIFY_ARENA_BYTES // self.gen.max_bs))
+            slots = max(qd, min(CHUNK_IOS // 4, VERIFY_ARENA_BYTES // self.gen.max_bs))
             self.chunk_ios = slots - slots % qd if slots >= qd else qd
             if job["verify_fatal"]:  # check after every batch, to stop at the first bad block
                 self.chunk_ios = qd
         else:
             slots = qd
-            self.chunk_ios = max(qd, CHUNK_IOS - CHUNK_IOS % qd)
+            most = min(CHUNK_IOS, CHUNK_IOS_PER_DEPTH * qd)
+            self.chunk_ios = max(qd, most - most % qd)
         self.arena = IoArena(slots, self.gen.max_bs, seed)
         self.verify_arena: IoArena | None = None
         self.state = "_"
