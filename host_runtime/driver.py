@@ -78,6 +78,11 @@ class DeviceHandle:
         self._access(hpa, view, False, session)
         return view.shape[0]
 
+    def read_view(self, hpa: int, view: np.ndarray, session: int) -> None:
+        """read_into() for a caller that already holds a flat, writable uint8 view and
+        int arguments (the KV store): no conversion or checks of its own."""
+        self.device.access_one(hpa, view.shape[0], view.ctypes.data, False, session)
+
     def write_from(self, hpa: int, buf: Any, *, session: int = 0) -> int:
         """Write the bytes of `buf` at `hpa`; returns the byte count."""
         view = _byte_view(buf, writable=False)

@@ -786,7 +786,7 @@ class KVStore:
                 take = min(view.shape[0], entry.nbytes - offset)
                 if take <= 0:
                     break
-                self.handle.read_into(entry.hpa + offset, view[:take], session=sid)
+                self.handle.read_view(entry.hpa + offset, view if take == view.shape[0] else view[:take], sid)
                 offset += take
         except OSError as exc:  # media error / poison: the bytes are gone, the KV is recomputable
             self._read_failed([entry], exc)

@@ -190,7 +190,7 @@ def test_media_error_turns_into_a_miss(store, monkeypatch):
 
     def broken(*a, **kw):
         raise OSError(5, "injected media error")
-    monkeypatch.setattr(store.handle, "read_into", broken)
+    monkeypatch.setattr(store.handle, "read_view", broken)  # the store's read path
     assert t.get_into(b"k", np.empty(CHUNK, np.uint8)) is None
     monkeypatch.undo()
     assert not t.contains(b"k") and store.stats()["media_errors"] == 1
