@@ -5,7 +5,9 @@ Checksums: when the device writes a block to the SSD it records the block's xxh3
 every later SSD read of that block is verified against it, and a mismatch is poison,
 never data. Blocks the device never wrote (sparse zeros, or an image laid out by
 someone else) have no checksum and are not checked. Memory: one Python dict entry
-(~100 bytes) per block ever written back; on disk 16 bytes per block.
+(~100 bytes) per block ever written back, and 32-64 bytes in its mirror that compiled
+code reads (cxlhm/sumtable.py: streamed reads verify in their loop); on disk 16 bytes
+per block.
 
 Poison: a block whose current bytes the device cannot produce (a failed read after
 retries, a checksum mismatch, a write-back that failed so its latest bytes are lost,
