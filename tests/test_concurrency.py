@@ -14,6 +14,7 @@ from cxlhm.device import WOULD_BLOCK
 from cxlhm.integrity import PoisonError
 from cxlhm.mailbox.hints import HintKind
 from host_runtime.driver import open_device
+from threads import run_all
 
 BLOCK = 4096
 
@@ -40,12 +41,7 @@ def test_threads_writing_reading_and_hinting_lose_no_update(tmp_path, policy):
             except Exception as exc:  # surfaced below
                 errors.append(exc)
 
-        pool = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
-        for t in pool:
-            t.start()
-        for t in pool:
-            t.join(timeout=120)
-        assert not any(t.is_alive() for t in pool), "deadlock"
+        run_all([threading.Thread(target=worker, args=(t,)) for t in range(threads)])
         assert errors == []
         stats = dev.stats()
         assert stats["host_reads"] == stats["host_writes"] == threads * rounds
@@ -148,12 +144,7 @@ def test_overlapping_reads_and_writes_follow_a_per_block_version_model(tmp_path)
             except Exception as exc:  # surfaced below
                 errors.append(exc)
 
-        pool = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
-        for t in pool:
-            t.start()
-        for t in pool:
-            t.join(timeout=120)
-        assert not any(t.is_alive() for t in pool), "deadlock"
+        run_all([threading.Thread(target=worker, args=(t,)) for t in range(n_threads)])
         assert errors == [], errors[:3]
         stats = dev.stats()
         assert stats["evictions"] > 100 and stats["writebacks"] > 20  # the race ran under heavy eviction

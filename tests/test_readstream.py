@@ -16,6 +16,7 @@ from cxlhm.device import STREAM_PASSES
 from cxlhm.integrity import PoisonError
 from cxlhm.mailbox.hints import HintKind
 from host_runtime.driver import open_device
+from threads import run_all
 
 BLOCK = 4096
 
@@ -161,12 +162,7 @@ def test_streams_and_writers_on_other_threads_lose_no_update(tmp_path):
             except Exception as exc:
                 errors.append(exc)
 
-        pool = [threading.Thread(target=reader, args=(s,)) for s in (1, 2)] + [threading.Thread(target=writer)]
-        for t in pool:
-            t.start()
-        for t in pool:
-            t.join(timeout=120)
-        assert not any(t.is_alive() for t in pool), "deadlock"
+        run_all([threading.Thread(target=reader, args=(s,)) for s in (1, 2)] + [threading.Thread(target=writer)])
         assert errors == []
         for r in range(60):  # each write survived every eviction
             assert dev.load((64 + r) * BLOCK, BLOCK) == bytes([r]) * BLOCK
