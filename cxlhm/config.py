@@ -13,6 +13,7 @@ and name the layer that last set the offending key.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -68,15 +69,28 @@ def _choice(*options: str) -> Callable[[Any], str]:
     return parse
 
 
+# The device keeps files beside its image, named after it: <image>.cxlhm.json (metadata),
+# .cxlhm.sums (checksums), .cxlhm.ilog (integrity log), <image>.kvindex (the KV store),
+# each rewritten through a ".tmp" sibling. Their names must fit the file system's limit.
+LONGEST_SIDECAR_SUFFIX = ".cxlhm.sums.tmp"
+NAME_MAX = 255  # bytes per file name on Linux file systems (ext4, xfs, btrfs, tmpfs)
+
+
 def _optional_path(value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, (str, Path)) or not str(value):
         raise ValueError(f"must be a file or block-device path, or null for a temporary file; got {value!r}")
     try:
-        return str(Path(value).expanduser())
+        path = Path(value).expanduser()
     except RuntimeError:  # "~user/..." for a user this machine does not have
         raise ValueError(f"cannot expand the home directory in {value!r}: no such user") from None
+    most = NAME_MAX - len(LONGEST_SIDECAR_SUFFIX)
+    if len(os.fsencode(path.name)) > most:
+        raise ValueError(f"the file name {path.name[:40]!r}... is {len(os.fsencode(path.name))} bytes; the device "
+                         f"keeps files named after it beside it (up to {path.name[:8]}...{LONGEST_SIDECAR_SUFFIX}), "
+                         f"so it may have at most {most}")
+    return str(path)
 
 
 def _text(value: Any) -> str:

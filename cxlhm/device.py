@@ -589,7 +589,8 @@ class Device:
 
     def _fill_matches(self, row: np.ndarray) -> bool:
         expected = self.checksums.sums.get(int(row[2] // self.block_size))
-        return expected is None or expected == int(self._hash_slots(row[:1])[0])
+        slot_address = row[0:1]
+        return expected is None or expected == int(self._hash_slots(slot_address)[0])
 
     def _settle_reads(self, rows: np.ndarray, res: np.ndarray, retries: int, mismatch) -> np.ndarray:
         """Under the lock: count the retries, poison each block that could not be read

@@ -16,10 +16,11 @@ compiled call (`run`), holding the device lock for a time slice:
 
 and returns to the driver (Device.read_stream) for what compiled code cannot do:
 dirty victims to write back, a block another thread holds busy (wait for it without
-the lock), reaped blocks to verify in Python (only where xxhash's C function is not reachable:
-otherwise blocks with a checksum record are hashed in the loop, cxlhm/sumtable.py), or the end
-of the slice (the lock is let go, so other threads, the mailbox and the firmware's
-background work get their turn; their waits are bounded by SLICE_NS).
+the lock), reaped blocks to verify in Python (only where xxhash's C function is out of
+reach: otherwise each block with a checksum record is hashed in the loop right after
+its copy, cxlhm/sumtable.py), or the end of the slice (the lock is let go, so other
+threads, the mailbox and the firmware's background work get their turn; their waits
+are bounded by SLICE_NS).
 
 Rules shared with read_start: every slot of a read in flight is BUSY (other threads
 wait for it, victim() skips it); a read that touches a busy block - another thread's or

@@ -197,6 +197,13 @@ def test_a_home_directory_that_does_not_exist_is_a_config_error():
         load_config({"backend": {"path": "~no_such_user_here/ssd.img"}})
 
 
+def test_an_image_name_with_no_room_for_its_sidecar_files_is_a_config_error(tmp_path):
+    # found by test_fuzz_config_dicts: the name fit, "<name>.cxlhm.json" did not (OSError)
+    with pytest.raises(ConfigError, match="backend.path.*at most 240"):
+        load_config({"backend": {"path": str(tmp_path / ("x" * 241))}})
+    assert load_config({"backend": {"path": str(tmp_path / ("x" * 240))}}).backend.path.endswith("x" * 240)
+
+
 def test_zz_record_config_cases():
     config_counter.record()
 
