@@ -14,11 +14,12 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 import firmware_policies
-from cxlhm.sim import simulate
+from cxlhm.sim import SimResult, simulate
 from cxlhm.traces.blocktrace import BlockTrace
 from cxlhm.units import format_size, parse_size
 
 Curves = dict[str, dict[int, float]]
+Results = dict[str, dict[int, SimResult]]
 
 
 def parse_cache_size(text: str, block_size: int, unique_blocks: int | None = None) -> int:
@@ -57,11 +58,14 @@ def parse_cache_sizes(text: str, block_size: int, unique_blocks: int | None = No
     return sorted({parse_cache_size(s, block_size, unique_blocks) for s in items})
 
 
-def miss_ratio_curves(trace: BlockTrace, policies: Sequence[str], sizes: Sequence[int], *,
-                      params: Mapping[str, Mapping] | None = None,
-                      progress: Callable[[int], None] | None = None) -> Curves:
-    """{policy: {slots: miss ratio}} for every policy at every size. `params` maps a
-    policy name to its parameters; `progress(n)` is told of every n accesses replayed."""
+def simulate_curves(trace: BlockTrace, policies: Sequence[str], sizes: Sequence[int], *,
+                    params: Mapping[str, Mapping] | None = None, progress: Callable[[int], None] | None = None,
+                    timing: str | Mapping | None = None) -> Results:
+    """{policy: {slots: SimResult}} for every policy at every size. `params` maps a
+    policy name to its parameters; `progress(n)` is told of every n accesses replayed;
+    `timing` (a profile name such as "cmm-h", or a mapping of `timing:` keys) also
+    charges every access to that timing model on the model clock, one access after the
+    other (SimResult.timing), each moving one trace block."""
     params = params or {}
     unknown = set(params) - set(policies)
     if unknown:
@@ -70,14 +74,24 @@ def miss_ratio_curves(trace: BlockTrace, policies: Sequence[str], sizes: Sequenc
     for policy in resolved:
         policy.resolve_params(params.get(policy.name))
     future = trace.next_use() if any(p.needs_future for p in resolved) else None
-    curves: Curves = {}
+    timed = {} if timing is None else {"timing": timing, "block_size": trace.block_size}
+    results: Results = {}
     for policy in resolved:
-        curve = curves.setdefault(policy.name, {})
+        curve = results.setdefault(policy.name, {})
         for slots in sizes:
-            result = simulate(policy, trace.blocks, slots, writes=trace.writes, params=params.get(policy.name),
-                              next_use=future if policy.needs_future else None, progress=progress)
-            curve[int(slots)] = result.miss_ratio
-    return curves
+            curve[int(slots)] = simulate(policy, trace.blocks, slots, writes=trace.writes,
+                                         params=params.get(policy.name),
+                                         next_use=future if policy.needs_future else None, progress=progress,
+                                         **timed)
+    return results
+
+
+def miss_ratio_curves(trace: BlockTrace, policies: Sequence[str], sizes: Sequence[int], *,
+                      params: Mapping[str, Mapping] | None = None,
+                      progress: Callable[[int], None] | None = None) -> Curves:
+    """{policy: {slots: miss ratio}} for every policy at every size (simulate_curves)."""
+    results = simulate_curves(trace, policies, sizes, params=params, progress=progress)
+    return {name: {slots: r.miss_ratio for slots, r in curve.items()} for name, curve in results.items()}
 
 
 def format_table(curves: Curves, block_size: int) -> str:
@@ -85,9 +99,27 @@ def format_table(curves: Curves, block_size: int) -> str:
     sizes = sorted({s for curve in curves.values() for s in curve})
     header = ["slots", "bytes"] + policies
     rows = [[str(s), format_size(s * block_size)] + [f"{curves[p][s]:.4f}" for p in policies] for s in sizes]
-    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
-    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in [header] + rows]
-    return "\n".join(lines)
+    return _aligned([header] + rows)
+
+
+def format_timing_table(results: Results, block_size: int) -> str:
+    """Per size: each policy's miss ratio and its mean and p99 access latency (µs, model clock)."""
+    policies = list(results)
+    sizes = sorted({s for curve in results.values() for s in curve})
+    header = ["slots", "bytes"] + [f"{p}:{col}" for p in policies for col in ("miss", "mean_us", "p99_us")]
+    rows = []
+    for s in sizes:
+        row = [str(s), format_size(s * block_size)]
+        for p in policies:
+            r = results[p][s]
+            row += [f"{r.miss_ratio:.4f}", f"{r.timing['mean_ns'] / 1e3:.1f}", f"{r.timing['p99_ns'] / 1e3:.1f}"]
+        rows.append(row)
+    return _aligned([header] + rows)
+
+
+def _aligned(table: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table)
 
 
 def plot_curves(curves: Curves, path: str, *, block_size: int, title: str) -> None:

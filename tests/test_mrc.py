@@ -6,7 +6,7 @@ import pytest
 
 import firmware_policies
 from cxlhm.cli import main
-from cxlhm.mrc import format_table, miss_ratio_curves, parse_cache_size, parse_cache_sizes
+from cxlhm.mrc import format_table, miss_ratio_curves, parse_cache_size, parse_cache_sizes, simulate_curves
 from cxlhm.sim import simulate
 from cxlhm.traces.blocktrace import write_block_trace
 from cxlhm.traces.synthetic import zipf_trace
@@ -119,6 +119,35 @@ def test_mrc_command_names_a_bad_trace_line(tmp_path, capsys):
     bad.write_text("1,5\n2,oops\n")
     assert main(["mrc", "--trace", str(bad), "--sizes", "2", "--no-plot"]) == 2
     assert f"{bad}:2:" in capsys.readouterr().err
+
+
+def test_timed_curves_are_the_timed_simulations_and_keep_the_miss_ratios(trace, curves):
+    timed = simulate_curves(trace, ["lru"], [32, 512], timing="cmm-h")
+    for slots in (32, 512):
+        r = timed["lru"][slots]
+        alone = simulate("lru", trace.blocks, slots, writes=trace.writes, timing="cmm-h", block_size=trace.block_size)
+        assert r.timing["mean_ns"] == alone.timing["mean_ns"] and r.timing["p99_ns"] == alone.timing["p99_ns"]
+        assert r.miss_ratio == curves["lru"][slots]
+    # more DRAM, fewer misses to the SSD: a lower mean latency
+    assert timed["lru"][512].timing["mean_ns"] < timed["lru"][32].timing["mean_ns"]
+
+
+def test_mrc_command_with_timing_reports_latency(trace_file, capsys):
+    assert main(["mrc", "--trace", trace_file, "--policies", "lru,fifo", "--sizes", "32,512", "--timing", "cmm-h",
+                 "--no-plot", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for policy in ("lru", "fifo"):
+        small, large = out[policy]["32"], out[policy]["512"]
+        assert 0 < small["mean_ns"] <= small["p99_ns"] and large["miss_ratio"] < small["miss_ratio"]
+    assert main(["mrc", "--trace", trace_file, "--policies", "lru", "--sizes", "32", "--timing", "cmm-h",
+                 "--no-plot"]) == 0
+    table = capsys.readouterr().out
+    assert "lru:mean_us" in table and "lru:p99_us" in table and "timing profile cmm-h" in table
+
+
+def test_mrc_command_names_an_unknown_timing_profile(trace_file, capsys):
+    assert main(["mrc", "--trace", trace_file, "--sizes", "32", "--timing", "nosuchprofile", "--no-plot"]) == 2
+    assert "nosuchprofile" in capsys.readouterr().err
 
 
 def test_policies_command_lists_every_policy_with_its_parameters(capsys):

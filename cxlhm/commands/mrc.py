@@ -9,7 +9,8 @@ import yaml
 from tqdm import tqdm
 
 import firmware_policies
-from cxlhm.mrc import format_table, miss_ratio_curves, parse_cache_sizes, plot_curves
+from cxlhm.config import ConfigError
+from cxlhm.mrc import format_table, format_timing_table, parse_cache_sizes, plot_curves, simulate_curves
 from cxlhm.traces import TraceError
 from cxlhm.traces.formats import format_names, load_trace
 from cxlhm.units import format_size, parse_size
@@ -28,6 +29,7 @@ examples:
             --sizes 1000,5000,20000
   cxlhm mrc --trace w.oracleGeneral.bin --format oracle-general --block-size 4KiB --sizes 1%,5%,10% --json
   cxlhm mrc --trace w.csv --format csv --csv-spec "time-col=1, obj-id-col=2, op-col=3" --sizes 64MiB,256MiB
+  cxlhm mrc --trace w.cbt --policies lru,s3fifo --sizes 1%,10% --timing cmm-h    # + mean and p99 latency
 """
 
 
@@ -46,7 +48,11 @@ def add_arguments(parser):
     parser.add_argument("--csv-spec", default=None, help='libCacheSim-style CSV columns, e.g. "time-col=1, obj-id-col=2"')
     parser.add_argument("--out", default="mrc.png", help="PNG plot path (default mrc.png)")
     parser.add_argument("--no-plot", action="store_true", help="do not write the plot")
-    parser.add_argument("--json", action="store_true", help="print {policy: {size: miss_ratio}} as JSON instead of a table")
+    parser.add_argument("--json", action="store_true", help="print {policy: {size: miss_ratio}} as JSON instead of a table "
+                        "(with --timing: {policy: {size: {miss_ratio, mean_ns, p50_ns, p99_ns, model_ns}}})")
+    parser.add_argument("--timing", default=None, metavar="PROFILE",
+                        help="also charge every access to this profile's timing model (e.g. cmm-h) on the model "
+                             "clock, one access after the other, and report mean and p99 latency per size")
 
 
 def _parse_params(items: list[str]) -> dict[str, dict]:
@@ -58,6 +64,12 @@ def _parse_params(items: list[str]) -> dict[str, dict]:
             raise ValueError(f"--param {item!r}: expected POLICY.KEY=VALUE, e.g. s3fifo.small_ratio=0.2")
         out.setdefault(policy, {})[name] = yaml.safe_load(value)
     return out
+
+
+def _json_entry(result, timing: str | None):
+    if timing is None:
+        return result.miss_ratio
+    return {"miss_ratio": result.miss_ratio, **{k: result.timing[k] for k in ("mean_ns", "p50_ns", "p99_ns", "model_ns")}}
 
 
 def run(args) -> int:
@@ -73,16 +85,23 @@ def run(args) -> int:
         params = _parse_params(args.param)
         with tqdm(total=len(trace) * len(sizes) * len(policies), unit="acc", unit_scale=True,
                   desc="mrc", file=sys.stderr, disable=None) as bar:
-            curves = miss_ratio_curves(trace, policies, sizes, params=params, progress=bar.update)
-    except (TraceError, ValueError, firmware_policies.UnknownPolicy) as exc:
+            results = simulate_curves(trace, policies, sizes, params=params, progress=bar.update,
+                                      timing=args.timing)
+    except (TraceError, ValueError, ConfigError, firmware_policies.UnknownPolicy) as exc:
         print(f"cxlhm mrc: error: {exc}", file=sys.stderr)
         return 2
+    curves = {p: {s: r.miss_ratio for s, r in curve.items()} for p, curve in results.items()}
     if args.json:
-        print(json.dumps({p: {str(s): r for s, r in curve.items()} for p, curve in curves.items()}, indent=1))
+        print(json.dumps({p: {str(s): _json_entry(r, args.timing) for s, r in curve.items()}
+                          for p, curve in results.items()}, indent=1))
     else:
         print(f"trace {args.trace}: {len(trace)} accesses, {trace.unique_blocks} distinct blocks of "
               f"{format_size(trace.block_size)}")
-        print(format_table(curves, trace.block_size))
+        if args.timing:
+            print(f"latency: model clock, timing profile {args.timing}, one access after the other (QD1)")
+            print(format_timing_table(results, trace.block_size))
+        else:
+            print(format_table(curves, trace.block_size))
     if not args.no_plot:
         plot_curves(curves, args.out, block_size=trace.block_size,
                     title=f"{Path(args.trace).name}: {len(trace)} accesses")
