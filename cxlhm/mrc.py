@@ -90,7 +90,11 @@ def miss_ratio_curves(trace: BlockTrace, policies: Sequence[str], sizes: Sequenc
                       params: Mapping[str, Mapping] | None = None,
                       progress: Callable[[int], None] | None = None) -> Curves:
     """{policy: {slots: miss ratio}} for every policy at every size (simulate_curves)."""
-    results = simulate_curves(trace, policies, sizes, params=params, progress=progress)
+    return miss_ratios(simulate_curves(trace, policies, sizes, params=params, progress=progress))
+
+
+def miss_ratios(results: Results) -> Curves:
+    """The miss-ratio curves of simulate_curves' results."""
     return {name: {slots: r.miss_ratio for slots, r in curve.items()} for name, curve in results.items()}
 
 

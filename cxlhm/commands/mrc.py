@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 import firmware_policies
 from cxlhm.config import ConfigError
-from cxlhm.mrc import format_table, format_timing_table, parse_cache_sizes, plot_curves, simulate_curves
+from cxlhm.mrc import format_table, format_timing_table, miss_ratios, parse_cache_sizes, plot_curves, simulate_curves
 from cxlhm.traces import TraceError
 from cxlhm.traces.formats import format_names, load_trace
 from cxlhm.units import format_size, parse_size
@@ -90,7 +90,7 @@ def run(args) -> int:
     except (TraceError, ValueError, ConfigError, firmware_policies.UnknownPolicy) as exc:
         print(f"cxlhm mrc: error: {exc}", file=sys.stderr)
         return 2
-    curves = {p: {s: r.miss_ratio for s, r in curve.items()} for p, curve in results.items()}
+    curves = miss_ratios(results)
     if args.json:
         print(json.dumps({p: {str(s): _json_entry(r, args.timing) for s, r in curve.items()}
                           for p, curve in results.items()}, indent=1))
