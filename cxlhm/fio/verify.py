@@ -205,6 +205,7 @@ class Written:
     size: int
     seed: int
     numberio: int
+    alive: bool = True
 
 
 class VerifyLog:
@@ -218,35 +219,61 @@ class VerifyLog:
     the history's order, so when it checks the seed (mixed read/write jobs without
     verify_backlog) a block passes only where its write's place in the write order is
     its place in the history: a list with overwritten blocks, or a tree that is not in
-    write order, fails with "bad header rand_seed"."""
+    write order, fails with "bad header rand_seed".
+
+    In the list, a write drops earlier entries it overlaps only partly or with another
+    size: fio's random map (kept per smallest block) never lets a pass do that, while
+    the map here, kept in cells of the largest size, can when sizes are mixed."""
 
     def __init__(self, *, ordered_by_offset: bool, max_bs: int, align: int):
         self.sorted = ordered_by_offset
         self.max_bs, self.align = max_bs, align
-        self.entries: collections.deque[Written] = collections.deque()  # list mode
-        self.by_offset: dict[int, Written] = {}  # tree mode
+        self.entries: collections.deque[Written] = collections.deque()  # list mode, write order
+        self.by_offset: dict[int, list[Written]] = {}  # live entries by offset (a list: list mode repeats)
+        self.live = 0
 
     def __len__(self) -> int:
-        return len(self.by_offset) if self.sorted else len(self.entries)
+        return self.live
 
     def add(self, entry: Written) -> None:
+        offset, size, index = entry.offset, entry.size, self.by_offset
+        for start in range(max(0, offset - self.max_bs + self.align), offset + size, self.align):
+            known = index.get(start)
+            if not known:
+                continue
+            keep = [e for e in known if not self.sorted and e.offset == offset and e.size == size]
+            if len(keep) == len(known):
+                continue
+            for e in known:
+                if e not in keep and start + e.size > offset:
+                    e.alive = False
+                    self.live -= 1
+            kept = keep + [e for e in known if e.alive and e not in keep]
+            if kept:
+                index[start] = kept
+            else:
+                del index[start]
+        index.setdefault(offset, []).append(entry)
+        self.live += 1
         if not self.sorted:
             self.entries.append(entry)
-            return
-        offset, size, tree = entry.offset, entry.size, self.by_offset
-        for start in range(max(0, offset - self.max_bs + self.align), offset + size, self.align):
-            known = tree.get(start)
-            if known is not None and start + known.size > offset:  # overlaps: fio drops the older entry
-                del tree[start]
-        tree[offset] = entry
 
     def take(self, most: int | None = None) -> list[Written]:
-        """The next entries in the verify phase's order, removed from the history."""
+        """The next live entries in the verify phase's order, removed from the history."""
+        limit = self.live if most is None else min(most, self.live)
+        out: list[Written] = []
         if self.sorted:
-            order = sorted(self.by_offset)
-            keys = order if most is None else order[:most]
-            return [self.by_offset.pop(k) for k in keys]
-        if most is None or most >= len(self.entries):
-            out, self.entries = list(self.entries), collections.deque()
-            return out
-        return [self.entries.popleft() for _ in range(most)]
+            for key in sorted(self.by_offset)[:limit]:
+                out.extend(self.by_offset.pop(key))
+        else:
+            while len(out) < limit:
+                e = self.entries.popleft()
+                if e.alive:
+                    out.append(e)
+                    rest = [x for x in self.by_offset[e.offset] if x is not e]
+                    if rest:
+                        self.by_offset[e.offset] = rest
+                    else:
+                        del self.by_offset[e.offset]
+        self.live -= len(out)
+        return out
