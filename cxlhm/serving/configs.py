@@ -9,6 +9,11 @@
   mooncake-dram   + a distributed DRAM pool of pool_factor x D (16 x D: the paper's 1 TB),
                   LRU, over RDMA (Mooncake Store)
   ideal           + unbounded host DRAM over PCIe (every reusable chunk is found)
+
+Any registered firmware policy joins as `cxlhm:<policy>` (the CXL-HM device with that
+firmware, no hints) or `cxlhm:<policy>+hints` (with the KV store's lifecycle hints):
+cxlhm-lru is cxlhm:lru, cxlhm-hymcache is cxlhm:hymcache+hints; an outside package's
+policy (entry point group cxlhm.firmware_policies) is named the same way.
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ import dataclasses
 import math
 
 from cxlhm.serving.params import ServingParams
-from cxlhm.serving.registry import Registry
+from cxlhm.serving.registry import Registry, UnknownName
 from cxlhm.serving.tiers import CxlHmTier, LruDramTier, NoTier, Tier, gpu_links
 
 SYSTEMS: Registry = Registry("configuration")
@@ -99,12 +104,44 @@ class Ideal:
         return LruDramTier(math.inf, down, up, "ideal", "host DRAM")
 
 
+DEVICE_PREFIX = "cxlhm:"
+HINTS_SUFFIX = "+hints"
+
+
+def device_system(name: str) -> CxlHm:
+    """`cxlhm:<policy>[+hints]`: the CXL-HM device with any registered firmware policy."""
+    import firmware_policies
+    policy = name[len(DEVICE_PREFIX):]
+    hints = policy.endswith(HINTS_SUFFIX)
+    if hints:
+        policy = policy[:-len(HINTS_SUFFIX)]
+    if not policy or "+" in policy:
+        raise UnknownName(f"configuration {name!r}: write cxlhm:<policy> or cxlhm:<policy>+hints with one of "
+                          f"the firmware policies {', '.join(firmware_policies.available())}")
+    try:
+        firmware_policies.get(policy)
+    except firmware_policies.UnknownPolicy as exc:
+        raise UnknownName(f"configuration {name!r}: {exc}") from None
+    except Exception as exc:  # a broken outside package: name it, do not crash
+        raise UnknownName(f"configuration {name!r}: firmware policy {policy!r} failed to load "
+                          f"({type(exc).__name__}: {exc})") from None
+    return CxlHm(policy, hints, f"CXL-HM with the {policy} firmware, {'with' if hints else 'no'} lifecycle hints")
+
+
 def make_system(name: str):
+    if name.startswith(DEVICE_PREFIX):
+        return device_system(name)
     return SYSTEMS.get(name)()
 
 
 def parse_configs(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()] if text != "all" else list(CONFIG_ORDER)
+    if not names:
+        raise UnknownName(f"no configuration given; known: {', '.join(SYSTEMS)}, or cxlhm:<policy>[+hints]")
     for n in names:
-        SYSTEMS.get(n)  # raises UnknownName listing the known ones
+        if n.startswith(DEVICE_PREFIX):
+            device_system(n)
+        elif n not in SYSTEMS:
+            raise UnknownName(f"unknown configuration {n!r}; known: {', '.join(SYSTEMS)}, or "
+                              f"cxlhm:<policy>[+hints] for any firmware policy")
     return names
