@@ -64,6 +64,8 @@ def main() -> int:
                         "(step 2^(1/2^refine): 4 -> 4.4%%, 3 -> 9%%, 2 -> 19%%; default 4, --quick 2)")
     parser.add_argument("--dram", default="64GiB")
     parser.add_argument("--topology", default="both", choices=("colocated", "disagg", "both"))
+    parser.add_argument("--disagg-pairs", default="all",
+                        help="MODEL@GPU,... that also run disaggregated (default all; the rest colocated only)")
     parser.add_argument("--pools", default="16GiB,48GiB",
                         help="extra GPU KV pool sizes for the sensitivity map (first pair, colocated)")
     parser.add_argument("--workers", type=int, default=None)
@@ -80,12 +82,14 @@ def main() -> int:
         sizes.setdefault("agent", {})["sessions"] = args.sessions
     base = ServingParams(dram_bytes=parse_size(args.dram))
     runs = []  # (label, comparison, params)
+    disagg = pairs if args.disagg_pairs == "all" else parse_pairs(args.disagg_pairs)
     for model, gpu in pairs:
         params = base.replace(model=model, gpu=gpu)
         if params.kv_pool_bytes <= 0:
             print(f"{model} on {gpu}: skipped, the weights leave no KV pool")
             continue
-        runs.append((f"{model}@{gpu}", parse_comparison("mooncake,agent", args.configs, params, [], args.topology,
+        topology = args.topology if (model, gpu) in disagg or args.topology != "both" else "colocated"
+        runs.append((f"{model}@{gpu}", parse_comparison("mooncake,agent", args.configs, params, [], topology,
                                                         refine=refine, sizes=sizes), params))
     pools = [parse_size(p) for p in args.pools.split(",") if p.strip()]
     if runs and pools:
@@ -108,7 +112,12 @@ def main() -> int:
         print(f"{label}: {gpu.describe()}; GPU KV pool {params.kv_pool_bytes / 2**30:g} GiB; "
               f"{len(t)} cells")
     start = time.time()
-    results = run_grid(tasks, workers=args.workers, ray=args.ray)
+    done = [0]
+
+    def progress(n):
+        done[0] += n
+        print(f"  {done[0]}/{len(tasks)} cells after {time.time() - start:.0f} s", file=sys.stderr, flush=True)
+    results = run_grid(tasks, workers=args.workers, ray=args.ray, progress=progress)
     out = Path(args.out)
     write_json(results, out / "all_results.json")  # before any formatting: nothing computed is lost
     summary = []
