@@ -124,7 +124,7 @@ def test_any_policy_joins_as_cxlhm_colon_policy():
     assert make_system("cxlhm:s3fifo+hints").hints
     assert parse_configs("lmcache-local,cxlhm:arc+hints") == ["lmcache-local", "cxlhm:arc+hints"]
     for bad, msg in (("cxlhm:nope", "unknown firmware policy 'nope'"), ("cxlhm:", "cxlhm:<policy>"),
-                     ("cxlhm:lru+turbo", "cxlhm:<policy>"), ("lmcache", "unknown configuration 'lmcache'")):
+                     ("cxlhm:lru+turbo", "cxlhm:<policy>"), ("lmcache", "unknown serving configuration 'lmcache'")):
         with pytest.raises(UnknownName, match=msg):
             parse_configs(bad)
 
@@ -136,24 +136,17 @@ def test_cxlhm_lru_is_cxlhm_colon_lru():
     assert np.array_equal(a.first_token, b.first_token)
 
 
-def test_an_outside_policy_joins_and_a_broken_one_is_named(monkeypatch):
-    import firmware_policies
-    from firmware_policies import lru
-
-    class EntryPoint:
-        def __init__(self, name, obj=None, error=None):
-            self.name, self.value, self._obj, self._error = name, f"outside_pkg:{name}", obj, error
-
-        def load(self):
-            if self._error:
-                raise self._error
-            return self._obj
-    eps = {"outside-lru": EntryPoint("outside-lru", lru),
-           "broken": EntryPoint("broken", error=ModuleNotFoundError("No module named 'outside_pkg'"))}
-    monkeypatch.setattr(firmware_policies, "_third_party", lambda: eps)
-    assert parse_configs("cxlhm:outside-lru+hints") == ["cxlhm:outside-lru+hints"]
-    with pytest.raises(UnknownName, match="'broken' failed to load.*ModuleNotFoundError"):
+def test_outside_policies_and_systems_join_and_broken_ones_are_named(tmp_path, monkeypatch):
+    from entrypoints import install_entry_points
+    install_entry_points(tmp_path, monkeypatch, {
+        "cxlhm.firmware_policies": {"outside-lru": "firmware_policies.lru", "broken": "outside_pkg_missing:POLICY"},
+        "cxlhm.serving_systems": {"outside-lmc": "cxlhm.serving.configs:LmcacheLocal",
+                                  "broken-sys": "outside_pkg_missing:SYSTEM"}})
+    assert parse_configs("cxlhm:outside-lru+hints,outside-lmc") == ["cxlhm:outside-lru+hints", "outside-lmc"]
+    with pytest.raises(UnknownName, match="cxlhm:broken.*'broken'.*ModuleNotFoundError"):
         parse_configs("cxlhm:broken")
+    with pytest.raises(UnknownName, match="'broken-sys'.*ModuleNotFoundError"):
+        parse_configs("broken-sys")
 
 
 def test_serve_bench_bad_inputs_are_one_line_errors():

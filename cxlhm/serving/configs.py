@@ -21,10 +21,21 @@ import dataclasses
 import math
 
 from cxlhm.serving.params import ServingParams
-from cxlhm.serving.registry import Registry, UnknownName
+from cxlhm.registry import Registry, RegistryError
+from cxlhm.serving.registry import UnknownName
 from cxlhm.serving.tiers import CxlHmTier, LruDramTier, NoTier, Tier, gpu_links
 
-SYSTEMS: Registry = Registry("configuration")
+def _as_system(obj):
+    if isinstance(obj, type):  # a configuration class: its defaults
+        obj = obj()
+    if not callable(getattr(obj, "make_tier", None)):
+        raise TypeError(f"{type(obj).__name__} has no make_tier(ctx): not a serving configuration")
+    return obj
+
+
+# Built-ins below; outside packages add configurations under the entry-point group
+# cxlhm.serving_systems (an object, or a zero-argument factory of one, with make_tier(ctx)).
+SYSTEMS: Registry = Registry("serving configuration", "cxlhm.serving_systems", check=_as_system)
 CONFIG_ORDER = ("recompute", "lmcache-local", "cxlhm-lru", "cxlhm-hymcache", "mooncake-dram", "ideal")
 
 
@@ -44,7 +55,6 @@ def _pcie(ctx: TierContext):
             gpu_links(ctx.n_gpus, ctx.pcie_bandwidth, ctx.pcie_latency_ns, "pcie-d2h"))
 
 
-@SYSTEMS.register("recompute")
 @dataclasses.dataclass(frozen=True)
 class Recompute:
     paper: str = "vLLM with its GPU prefix cache only"
@@ -53,7 +63,6 @@ class Recompute:
         return NoTier()
 
 
-@SYSTEMS.register("lmcache-local")
 @dataclasses.dataclass(frozen=True)
 class LmcacheLocal:
     paper: str = "LMCache, local CPU-DRAM backend (D of host DRAM, LRU)"
@@ -78,11 +87,8 @@ class CxlHm:
                          write_mode=p.device_write_mode or None)
 
 
-SYSTEMS.register("cxlhm-lru")(lambda: CxlHm("lru", False, "CXL-HM (CMM-H-like) with generic LRU firmware"))
-SYSTEMS.register("cxlhm-hymcache")(lambda: CxlHm("hymcache", True, "HyMCache: CXL-HM + hint-driven firmware"))
 
 
-@SYSTEMS.register("mooncake-dram")
 @dataclasses.dataclass(frozen=True)
 class MooncakeDram:
     paper: str = "Mooncake Store: distributed DRAM pool (16 x D, the paper's 1 TB) over RDMA"
@@ -94,7 +100,6 @@ class MooncakeDram:
         return LruDramTier(p.dram_bytes * p.pool_factor, down, up, "mooncake-dram", "pool DRAM")
 
 
-@SYSTEMS.register("ideal")
 @dataclasses.dataclass(frozen=True)
 class Ideal:
     paper: str = "upper bound: unbounded host DRAM"
@@ -120,28 +125,32 @@ def device_system(name: str) -> CxlHm:
                           f"the firmware policies {', '.join(firmware_policies.available())}")
     try:
         firmware_policies.get(policy)
-    except firmware_policies.UnknownPolicy as exc:
+    except firmware_policies.UnknownPolicy as exc:  # unknown, or a broken outside package (named)
         raise UnknownName(f"configuration {name!r}: {exc}") from None
-    except Exception as exc:  # a broken outside package: name it, do not crash
-        raise UnknownName(f"configuration {name!r}: firmware policy {policy!r} failed to load "
-                          f"({type(exc).__name__}: {exc})") from None
     return CxlHm(policy, hints, f"CXL-HM with the {policy} firmware, {'with' if hints else 'no'} lifecycle hints")
+
+
+SYSTEMS.register("recompute", Recompute)
+SYSTEMS.register("lmcache-local", LmcacheLocal)
+SYSTEMS.register("cxlhm-lru", lambda: CxlHm("lru", False, "CXL-HM (CMM-H-like) with generic LRU firmware"))
+SYSTEMS.register("cxlhm-hymcache", lambda: CxlHm("hymcache", True, "HyMCache: CXL-HM + hint-driven firmware"))
+SYSTEMS.register("mooncake-dram", MooncakeDram)
+SYSTEMS.register("ideal", Ideal)
 
 
 def make_system(name: str):
     if name.startswith(DEVICE_PREFIX):
         return device_system(name)
-    return SYSTEMS.get(name)()
+    try:
+        return SYSTEMS.get(name)
+    except RegistryError as exc:
+        raise UnknownName(f"{exc}; or cxlhm:<policy>[+hints] for any firmware policy") from None
 
 
 def parse_configs(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()] if text != "all" else list(CONFIG_ORDER)
     if not names:
-        raise UnknownName(f"no configuration given; known: {', '.join(SYSTEMS)}, or cxlhm:<policy>[+hints]")
+        raise UnknownName(f"no configuration given; known: {', '.join(SYSTEMS.names())}, or cxlhm:<policy>[+hints]")
     for n in names:
-        if n.startswith(DEVICE_PREFIX):
-            device_system(n)
-        elif n not in SYSTEMS:
-            raise UnknownName(f"unknown configuration {n!r}; known: {', '.join(SYSTEMS)}, or "
-                              f"cxlhm:<policy>[+hints] for any firmware policy")
+        make_system(n)  # raises UnknownName naming the configuration (and a broken entry point)
     return names
