@@ -80,6 +80,10 @@ class Clock:
 
 
 class Shape:
+    """The shape's sizes and roofline counts. The same arithmetic as cxlhm.serving.gpu.ModelShape,
+    written out again on purpose: this script runs alone on the GPU machine, where cxlhm and
+    its dependencies are not installed."""
+
     def __init__(self, name, layers, hidden, intermediate, heads, kv_heads, vocab):
         self.name, self.layers, self.hidden, self.intermediate = name, layers, hidden, intermediate
         self.heads, self.kv_heads, self.vocab = heads, kv_heads, vocab
