@@ -127,8 +127,9 @@ def _style(k: int) -> dict:
     """Colour, dash and marker all change per line, so overlapping CDFs stay apart."""
     dashes = ("-", "--", "-.", ":")
     markers = ("o", "s", "^", "v", "D", "x", "+", "*")
+    # markers at staggered points, so that coinciding lines still show each marker
     return {"color": f"C{k % 10}", "linestyle": dashes[k % len(dashes)], "marker": markers[k % len(markers)],
-            "markevery": 10, "markersize": 4, "linewidth": 1.4}
+            "markevery": (2 * k % 10, 10), "markersize": 4, "linewidth": 1.4}
 
 
 def plot_all(results: list[dict], out: Path, dram_gib: float, slo: tuple | None = None) -> list[Path]:
@@ -145,9 +146,12 @@ def plot_all(results: list[dict], out: Path, dram_gib: float, slo: tuple | None 
         tag = f"{workload}_{topology}"
         # TTFT CDF at the reference speed
         fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        drawn: dict[tuple, str] = {}
         for k, (config, r) in enumerate(main.items()):
             q = r["reference"]["ttft_quantiles"]
-            ax.plot(q, [i / 100 for i in range(len(q))], label=config, **_style(k))
+            same = drawn.setdefault(tuple(q), config)  # a curve that coincides with one drawn already says so
+            label = config if same == config else f"{config} (= {same})"
+            ax.plot(q, [i / 100 for i in range(len(q))], label=label, **_style(k))
         if slo is not None:
             ttft_slo, pct = slo
             ax.axvline(ttft_slo, color="red", linewidth=1, linestyle=":")
