@@ -149,9 +149,9 @@ def host_mixed(sock, authkey, name, tenant, dir_path, me, hosts, blocks_each, ro
     up chunks; report the last version of every own block and every bad read seen."""
     rng = np.random.default_rng(me)
     bad = []
-    with attach(sock, name, [tenant], authkey) as host:
+    with attach(sock, name, [tenant, "chunks"], authkey) as host:  # chunks in a partition of their own
         t = host.tenant(tenant)
-        kv = pooled_kv(host, tenant, dir_path)
+        kv = pooled_kv(host, "chunks", dir_path)
         version = [0] * blocks_each
         buf = np.empty(BLOCK, np.uint8)
         for r in range(rounds):
@@ -164,7 +164,7 @@ def host_mixed(sock, authkey, name, tenant, dir_path, me, hosts, blocks_each, ro
             got = read_record(buf)
             if (buf[:24].any() and got is None) or (got is not None and got[1:] != (other, oj)):
                 bad.append(("block", other, oj))
-            if r % 4 == 0:
+            if r % 20 == 0:  # 6 chunks a host: all fit the chunk partition together
                 k = keys(1, f"{me}/{r}".encode())[0]
                 kv.put(k, chunk_data(k, 512), tokens=8)
                 ok, out = kv.get_many(keys(1, f"{other}/{r}".encode()), tokens_per_chunk=8)

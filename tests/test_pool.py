@@ -19,7 +19,7 @@ from host_runtime.mailbox import MailboxCommandError
 from host_runtime.pool_client import AttachRefused, PoolError
 from host_runtime.pooled_kv import PooledKV
 from pool_helpers import (BLOCK, PARTITION, ServeProcess, attach, block_record, chunk_data, host_lookup,
-                          host_spin, host_store, in_process_service, keys, read_record)
+                          host_mixed, host_spin, host_store, in_process_service, keys, read_record)
 
 CTX = mp.get_context("spawn")
 
@@ -203,6 +203,7 @@ def test_killed_host_leaves_the_others_and_the_device_correct(service):
     survivor.close()
 
 
+@pytest.mark.slow  # two service start-ups in child processes (about a minute on a loaded 2-core machine)
 def test_killed_service_restarts_with_everything_flushed(tmp_path, directory):
     serve = ServeProcess(tmp_path).start()
     try:
@@ -254,3 +255,26 @@ def test_bad_requests_are_answered_not_fatal(service):
     a.tenant("t").store(0, b"still fine")
     assert a.tenant("t").load(0, 10) == b"still fine"
     a.close()
+
+
+@pytest.mark.slow  # eight spawned host processes
+def test_eight_hosts_mixed_load_lose_no_update(service, directory):
+    hosts, blocks_each, rounds = 8, 6, 120
+    sock, key = service.socket_path, service.authkey
+    results = run_hosts(*[(host_mixed, (sock, key, f"h{me}", "t", directory.path, me, hosts, blocks_each, rounds))
+                          for me in range(hosts)], timeout=600)
+    assert [r["bad"] for r in results] == [[]] * hosts  # no torn, mixed or misplaced read anywhere
+    reader = attach(service, "checker", ["t", "chunks"])
+    t = reader.tenant("t")
+    buf = np.empty(BLOCK, np.uint8)
+    for r in results:  # every block holds its owner's last write
+        for j, v in enumerate(r["versions"]):
+            t.read_into((r["me"] * blocks_each + j) * BLOCK, buf)
+            if v:
+                assert read_record(buf) == (v, r["me"], j)
+    published = [keys(1, f"{me}/{r}".encode())[0] for me in range(hosts) for r in range(0, rounds, 20)]
+    assert directory.lookup_sparse(published).n_hits == len(published)  # no publish lost either
+    kv = PooledKV(reader.tenant("chunks"), directory)
+    ok, out = kv.get_many(published)
+    assert ok.all() and all(bytes(o) == chunk_data(k, 512) for o, k in zip(out, published))
+    reader.close()
