@@ -20,6 +20,7 @@ end
 return n
 """
 BATCH = 4096  # keys per round trip
+_EMPTY = bytes(24)
 
 
 def _import_redis():
@@ -57,10 +58,11 @@ class RedisDirectory(ContentDirectory):
         words = np.zeros((len(names), 3), np.uint64)
         for start in range(0, len(names), BATCH):
             values = self.client.mget(names[start:start + BATCH])
-            for i, v in enumerate(values, start):
-                if v is not None and len(v) == 24:  # anything else under our name is not an entry: a miss
-                    hit[i] = True
-                    words[i] = np.frombuffer(v, "<u8")
+            ok = [v is not None and len(v) == 24 for v in values]  # anything else under our name: a miss
+            stop = start + len(values)
+            hit[start:stop] = ok
+            words[start:stop] = np.frombuffer(b"".join(v if good else _EMPTY for v, good in zip(values, ok)),
+                                              "<u8").reshape(-1, 3)
         return SparseHits(hit, words)
 
     def remove_words(self, keys, expected) -> int:

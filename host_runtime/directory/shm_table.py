@@ -41,17 +41,17 @@ def lookup(table, max_probe, keys, hit, words):
         for _ in range(RETRIES):
             torn = False
             for p in range(max_probe):
-                s = table[(h + np.uint64(p)) & mask]
-                seq = s[SEQ]
+                j = (h + np.uint64(p)) & mask
+                seq = table[j, SEQ]
                 if seq & np.uint64(1):
                     torn = True
                     break
-                kind = s[W0] >> KIND_SHIFT
+                kind = table[j, W0] >> KIND_SHIFT
                 if kind == 0:
                     break
-                if kind != TOMBSTONE and s[K0] == k0 and s[K1] == k1:
-                    a, b, c = s[W0], s[W1], s[W2]
-                    if s[SEQ] != seq or s[K0] != k0 or s[K1] != k1:
+                if kind != TOMBSTONE and table[j, K0] == k0 and table[j, K1] == k1:
+                    a, b, c = table[j, W0], table[j, W1], table[j, W2]
+                    if table[j, SEQ] != seq or table[j, K0] != k0 or table[j, K1] != k1:
                         torn = True
                         break
                     words[i, 0], words[i, 1], words[i, 2] = a, b, c
