@@ -88,6 +88,8 @@ class PoolService:
 
     # ------------------------------------------------------------ lifetime
     def start(self) -> "PoolService":
+        if self._listener is not None:
+            return self  # started already (``with PoolService(...).start() as svc``)
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)  # a stale socket of a killed service
         self._listener = connection.Listener(self.socket_path, family="AF_UNIX", authkey=self.authkey)
