@@ -316,6 +316,7 @@ class BlockChecksums:
             for block in last_dirty:
                 self.sums.forget(block, None)  # whatever the SSD holds is older than what was written
                 poison.blocks[block] = LOST_AT_UNCLEAN_SHUTDOWN
+                poison.valid.pop(block, None)  # what was rewritten of it was in device DRAM only too
             self.recovered["lost_dirty_blocks"] = len(last_dirty)
             self._compact()  # the poison decided here goes into the log: it stands alone from now on
         self.sums.owner = self
