@@ -51,6 +51,17 @@ MAX_BATCH_BLOCKS = 4096  # blocks planned per firmware pass (bounds the scratch 
 METADATA_BYTES_PER_SLOT = 160  # block table (~73 B with its hash index and prefetch ghosts) + policy state (hymcache ~54 B)
 
 
+class _ThreadState(threading.local):
+    """What each host thread keeps of its own: planner scratch, streamed-read state,
+    split-phase reads in flight and the extents they completed early."""
+
+    def __init__(self):
+        self.scratch: _Scratch | None = None
+        self.stream = None
+        self.tickets: dict = {}
+        self.ready: list = []
+
+
 class _Scratch:
     """One host thread's planner scratch: the slots and I/O rows of its pass in flight."""
     __slots__ = ("slots_out", "installed", "writebacks", "fills", "one_hpa", "one_len", "hits", "misses")
@@ -97,7 +108,7 @@ class Device(StreamReads, SplitReads, BackgroundWork, PowerLoss):
         self._batch = min(self.n_slots, MAX_BATCH_BLOCKS)
         # Planner scratch is per host thread: another thread plans while this one
         # waits for its fills with the lock released (see _fill_and_copy).
-        self._local = threading.local()
+        self._local = _ThreadState()
         # One lock over the block table, policy state, counters, poison and checksum
         # tables; not re-entrant, so releasing it around I/O means what it says (public
         # methods take it, their _locked variants expect it held). `_idle` is notified by
@@ -284,7 +295,7 @@ class Device(StreamReads, SplitReads, BackgroundWork, PowerLoss):
         return s.hits, s.misses
 
     def _scratch(self) -> _Scratch:
-        s = getattr(self._local, "scratch", None)
+        s = self._local.scratch
         if s is None:
             s = self._local.scratch = _Scratch(self._batch)
         return s

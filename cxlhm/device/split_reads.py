@@ -221,9 +221,5 @@ class SplitReads:
         return len(self._read_tickets())
 
     def _read_tickets(self) -> dict:
-        mine = getattr(self._local, "tickets", None)
-        if mine is None:
-            mine = self._local.tickets = {}
-            self._local.ready = []
-        return mine
+        return self._local.tickets
 

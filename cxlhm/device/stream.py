@@ -155,7 +155,7 @@ class StreamReads:
                             int(st[rs.PEAK]))
 
     def _stream_state(self, depth: int, max_blocks: int, complete) -> rs.StreamState:
-        state = getattr(self._local, "stream", None)
+        state = self._local.stream
         if state is None or state.depth != depth or state.max_blocks < max_blocks:
             state = self._local.stream = rs.StreamState(depth, max_blocks)
             # compile the verifying completion now, not in the middle of a timed stream
