@@ -1,2 +1,2 @@
-"""Conformance suites for cxlhm's pluggable families, for outside implementations to run
-the way the built-in ones do (subclass the suite in a test module; pytest collects it)."""
+"""Conformance suites shipped for outside packages: each plug-in family's suite lives in
+its own submodule, to be subclassed by an implementation's tests."""
