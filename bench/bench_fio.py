@@ -71,23 +71,23 @@ class WriteBackTimer:
     stream waits for them before the I/Os that evicted the victims go on)."""
 
     def __init__(self):
-        from cxlhm.device import Device
-        self.device_class, self.original, self.ns = Device, Device._write_rows, 0
+        from cxlhm.device.media import MediaPath
+        self.media_class, self.original, self.ns = MediaPath, MediaPath.write_rows, 0
 
     def __enter__(self):
         timer = self
 
-        def timed(device, rows, *, victims):
+        def timed(media, rows, *, victims):
             start = time.perf_counter_ns()
             try:
-                return timer.original(device, rows, victims=victims)
+                return timer.original(media, rows, victims=victims)
             finally:
                 timer.ns += time.perf_counter_ns() - start
-        self.device_class._write_rows = timed
+        self.media_class.write_rows = timed
         return self
 
     def __exit__(self, *exc):
-        self.device_class._write_rows = self.original
+        self.media_class.write_rows = self.original
 
 
 def run_cxlhm(text: str) -> dict:
