@@ -154,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         fio_runs, cx_runs = [], []
         for _ in range(args.rounds):
             fio_runs.append(run_real_fio(fio_text, fio))
+            # fio wrote the file as a plain file: the device starts over on its bytes (its
+            # sidecars' checksums describe the bytes it last wrote back, not fio's)
+            for sidecar in Path(path).parent.glob(Path(path).name + ".cxlhm.*"):
+                sidecar.unlink()
             cx_runs.append(run_cxlhm(cx_text))
 
         def med(runs, key):
