@@ -27,13 +27,21 @@ import numpy as np
 
 from cxlhm import blocktable as btm
 from cxlhm import counters as C
+from cxlhm._native import lib as _abi
 from cxlhm.media.ssd import IO_FIELDS
 from firmware_policies.base import Policy
 
 WRITE_BACK, WRITE_THROUGH, WRITE_BUFFER = 0, 1, 2
+
+# The firmware's C ABI - the operations of the window's fault service, the answers of a
+# placement and its modes - is declared once, in native/cxlhm_uffd.h, and read here
+# through cffi.
+OPS = {name[len("CXLHM_OP_"):]: getattr(_abi, name) for name in dir(_abi) if name.startswith("CXLHM_OP_")}
+PLACE_NO_SLOT, PLACE_RESIDENT, PLACE_PLACED = _abi.CXLHM_PLACE_NO_SLOT, _abi.CXLHM_PLACE_RESIDENT, _abi.CXLHM_PLACE_PLACED
+MODE_WRITE, MODE_PREFETCH = _abi.CXLHM_MODE_WRITE, _abi.CXLHM_MODE_PREFETCH
 WRITE_MODE_CODES = {"write-back": WRITE_BACK, "write-through": WRITE_THROUGH, "write-buffer": WRITE_BUFFER}
 
-Kernels = namedtuple("Kernels", "plan access invalidate hint plan_prefetch background")
+Kernels = namedtuple("Kernels", "plan access invalidate hint plan_prefetch background fault_place fault_hit")
 
 _libc = ctypes.CDLL(None)
 _memcpy = _libc.memcpy
@@ -210,6 +218,21 @@ def finish(bt, slots, n):
 
 
 @numba.njit(nogil=True)
+def fault_finish(bt, slot):
+    """A slot the fault service placed is installed (or given up): no longer BUSY."""
+    bt.flags[slot] &= ~btm.BUSY
+
+
+@numba.njit(nogil=True)
+def set_dirty(bt, slot, dirty):
+    """The fault service saw a first store to the slot's block (or wrote it back)."""
+    if dirty:
+        bt.flags[slot] |= btm.DIRTY
+    else:
+        bt.flags[slot] &= ~btm.DIRTY
+
+
+@numba.njit(nogil=True)
 def collect_dirty(bt, base, block_size, ops, limit):
     """Write-back jobs for up to `limit` dirty, idle slots (clean close, flush)."""
     n = 0
@@ -244,30 +267,70 @@ def _build(policy: Policy):
     on_hit, on_insert, victim, on_evict = policy.on_hit, policy.on_insert, policy.victim, policy.on_evict
 
     @numba.njit(nogil=True)
-    def place(bt, ps, counters, block, owner, now, base, block_size, writebacks, n_wb, for_prefetch):
-        """Find a slot for a missing block - a free one, else the policy's victim (whose
-        dirty bytes get a write-back row) - and map the block there. A victim evicted
-        for a prefetch goes into the ghost table (a later host miss on it is pollution).
-        Returns (slot or -1 when nothing is evictable, n_wb)."""
+    def place_block(bt, ps, counters, block, owner, now, for_prefetch):
+        """Find a slot for a missing block - a free one, else the policy's victim - and
+        map the block there. A victim evicted for a prefetch goes into the ghost table
+        (a later host miss on it is pollution). Returns (slot or -1 when nothing is
+        evictable, the victim's block or -1, the victim's flags before eviction); the
+        caller writes a DIRTY victim back."""
+        victim_block = -1
+        victim_flags = np.uint8(0)
         slot = btm.take_free_slot(bt)
         if slot < 0:
             slot = victim(ps, bt, now)
             if slot < 0 or not btm.evictable(bt, slot):
-                return -1, n_wb
+                return -1, victim_block, victim_flags
             on_evict(ps, bt, slot, now)
             counters[C.EVICTIONS] += 1
-            if bt.flags[slot] & btm.PREFETCHED:
+            victim_block = bt.block[slot]
+            victim_flags = bt.flags[slot]
+            if victim_flags & btm.PREFETCHED:
                 counters[C.PREFETCH_UNUSED] += 1
-            if bt.flags[slot] & btm.DIRTY:
-                _emit(writebacks, n_wb, base, block_size, slot, bt.block[slot], 1)
-                n_wb += 1
             if for_prefetch:
-                btm.ghost_add(bt, bt.block[slot])
+                btm.ghost_add(bt, victim_block)
             btm.unmap(bt, slot)
         if btm.ghost_take(bt, block) and not for_prefetch:
             counters[C.PREFETCH_POLLUTION] += 1  # a host miss on a block a prefetch pushed out
         btm.install(bt, slot, block, owner, now)
-        return slot, n_wb
+        return slot, victim_block, victim_flags
+
+    @numba.njit(nogil=True)
+    def hit_block(bt, ps, counters, slot, is_write, now):
+        """A host access found its block resident in `slot`."""
+        counters[C.HITS] += 1
+        on_hit(ps, bt, slot, is_write, now)  # sees PREFETCHED still set
+        if bt.flags[slot] & btm.PREFETCHED:
+            counters[C.PREFETCH_USEFUL] += 1
+            bt.flags[slot] &= ~btm.PREFETCHED
+        bt.stamp[slot] = now
+
+    @numba.njit(nogil=True)
+    def miss_block(bt, ps, counters, block, owner, now, is_write):
+        """A host access missed `block`: place it (the caller fills the slot and writes
+        a DIRTY victim back). Returns place_block's tuple."""
+        counters[C.MISSES] += 1
+        placed = place_block(bt, ps, counters, block, owner, now, False)
+        if placed[0] >= 0:
+            on_insert(ps, bt, placed[0], is_write, now)
+        return placed
+
+    @numba.njit(nogil=True)
+    def prefetch_block(bt, ps, counters, block, owner, now):
+        """Bring `block` in ahead of use: PLACE_RESIDENT when it already is (redundant),
+        PLACE_NO_SLOT when nothing is evictable, else PLACE_PLACED with the slot
+        PREFETCHED (a later host hit counts as useful) and BUSY until its fill is done.
+        Returns (status, slot, victim block, victim flags)."""
+        slot = btm.lookup(bt, block)
+        if slot >= 0:
+            counters[C.PREFETCH_REDUNDANT] += 1
+            return PLACE_RESIDENT, slot, np.int64(-1), np.uint8(0)
+        slot, victim_block, victim_flags = place_block(bt, ps, counters, block, owner, now, True)
+        if slot < 0:
+            return PLACE_NO_SLOT, slot, victim_block, victim_flags
+        bt.flags[slot] |= btm.PREFETCHED | btm.BUSY
+        on_insert(ps, bt, slot, False, now)
+        counters[C.PREFETCH_ISSUED] += 1
+        return PLACE_PLACED, slot, victim_block, victim_flags
 
     @numba.njit(nogil=True)
     def plan(bt, ps, counters, clock, ext_hpa, ext_len, is_write, write_mode, owner,
@@ -306,31 +369,27 @@ def _build(policy: Policy):
                 slot = btm.lookup(bt, block)
                 installed_out[k] = slot < 0
                 if slot >= 0:
-                    counters[C.HITS] += 1
                     if bt.flags[slot] & btm.DIRTY:  # the write buffer absorbs this access
                         if is_write:  # the block's earlier bytes will never reach the SSD
                             counters[C.WRITE_COALESCED_BYTES] += (min(hpa + length, (block + 1) * block_size)
                                                                   - max(hpa, block * block_size))
                         else:
                             counters[C.BUFFER_READ_HITS] += 1
-                    on_hit(ps, bt, slot, is_write, now)  # sees PREFETCHED still set
-                    if bt.flags[slot] & btm.PREFETCHED:
-                        counters[C.PREFETCH_USEFUL] += 1
-                        bt.flags[slot] &= ~btm.PREFETCHED
+                    hit_block(bt, ps, counters, slot, is_write, now)
                     if owner != 0:
                         bt.owner[slot] = owner  # shared blocks belong to their latest user
                 else:
-                    counters[C.MISSES] += 1
-                    slot, n_wb = place(bt, ps, counters, block, owner, now, base, block_size, writebacks, n_wb,
-                                       False)
+                    slot, victim_block, victim_flags = miss_block(bt, ps, counters, block, owner, now, is_write)
                     if slot < 0:
                         ok = False
                         break
+                    if victim_block >= 0 and victim_flags & btm.DIRTY:
+                        _emit(writebacks, n_wb, base, block_size, slot, victim_block, 1)
+                        n_wb += 1
                     covers_block = is_write and block * block_size >= hpa and (block + 1) * block_size <= hpa + length
                     if not covers_block:  # partial writes need the old bytes around them
                         _emit(fills, n_fill, base, block_size, slot, block, 0)
                         n_fill += 1
-                    on_insert(ps, bt, slot, is_write, now)
                 bt.flags[slot] |= btm.BUSY
                 bt.stamp[slot] = now
                 if is_write and write_mode != WRITE_THROUGH:
@@ -381,26 +440,64 @@ def _build(policy: Policy):
         n_wb = 0
         for i in range(blocks.shape[0]):
             block = blocks[i]
-            if btm.lookup(bt, block) >= 0:
-                counters[C.PREFETCH_REDUNDANT] += 1
+            status, slot, victim_block, victim_flags = prefetch_block(bt, ps, counters, block, owners[i], clock[0])
+            if status == PLACE_RESIDENT:
                 continue
-            now = clock[0]
-            slot, n_wb = place(bt, ps, counters, block, owners[i], now, base, block_size, writebacks, n_wb, True)
-            if slot < 0:
+            if status == PLACE_NO_SLOT:
                 counters[C.PREFETCH_DROPPED] += blocks.shape[0] - i
                 break
-            bt.flags[slot] |= btm.PREFETCHED | btm.BUSY
+            if victim_block >= 0 and victim_flags & btm.DIRTY:
+                _emit(writebacks, n_wb, base, block_size, slot, victim_block, 1)
+                n_wb += 1
             _emit(fills, k, base, block_size, slot, block, 0)
-            on_insert(ps, bt, slot, False, now)
             slots_out[k] = slot
             k += 1
-        counters[C.PREFETCH_ISSUED] += k
         counters[C.SSD_READS] += k
         counters[C.SSD_READ_BYTES] += k * block_size
         counters[C.WRITEBACKS] += n_wb
         counters[C.SSD_WRITES] += n_wb
         counters[C.SSD_WRITE_BYTES] += n_wb * block_size
         return k, n_wb, k
+
+    # ---- the window's fault service (cxlhm/window): the same hooks, one block per call
+    @numba.njit(nogil=True)
+    def fault_place(bt, ps, counters, clock, block, mode, owner, out):
+        """A slot for `block`, which a fault (or a prefetch, with MODE_PREFETCH) needs.
+        PLACE_RESIDENT: out[0] is its slot. PLACE_PLACED: out[0] the slot (BUSY until
+        fault_finish), out[1] the evicted block or -1, out[2] its flags (the caller
+        writes a DIRTY one back and drops its pages). PLACE_NO_SLOT: nothing evictable."""
+        now = clock[0]
+        if mode & MODE_PREFETCH:  # background work: not a host access, the clock does not tick
+            status, slot, victim_block, victim_flags = prefetch_block(bt, ps, counters, block, owner, now)
+            if status == PLACE_NO_SLOT:
+                counters[C.PREFETCH_DROPPED] += 1
+        else:
+            clock[0] = now + 1
+            slot = btm.lookup(bt, block)
+            if slot >= 0:
+                out[0] = slot
+                return PLACE_RESIDENT
+            status = PLACE_NO_SLOT
+            slot, victim_block, victim_flags = miss_block(bt, ps, counters, block, owner, now, (mode & MODE_WRITE) != 0)
+            if slot >= 0:
+                status = PLACE_PLACED
+                bt.flags[slot] |= btm.BUSY  # never a victim until its pages are installed
+                counters[C.FILL_READS] += 1
+        out[0] = slot
+        out[1] = victim_block
+        out[2] = victim_flags
+        return status
+
+    @numba.njit(nogil=True)
+    def fault_hit(bt, ps, counters, clock, slot, is_write):
+        """An access the window's fault service saw on a resident block (a first store,
+        or a sampled access). Returns 0 when the slot holds no block any more."""
+        now = clock[0]
+        clock[0] = now + 1
+        if bt.block[slot] < 0:
+            return 0
+        hit_block(bt, ps, counters, slot, is_write, now)
+        return 1
 
     background_hook = policy.background
 
@@ -414,7 +511,7 @@ def _build(policy: Policy):
     def hint(bt, ps, clock, kind, session, first_block, n_blocks, arg):
         on_hint(ps, bt, kind, session, first_block, n_blocks, arg, clock[0])
 
-    return Kernels(plan, access, invalidate, hint, plan_prefetch, background)
+    return Kernels(plan, access, invalidate, hint, plan_prefetch, background, fault_place, fault_hit)
 
 
 _KERNELS: dict[int, Kernels] = {}

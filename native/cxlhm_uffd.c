@@ -106,10 +106,7 @@ struct pm_scan_arg {
 #endif
 
 /* ------------------------------------------------------------------ firmware ABI
- * Must match cxlhm/window/firmware_cfuncs.py. */
-enum { OP_PLACE, OP_HIT, OP_INVALIDATE, OP_LOOKUP, OP_HINT, OP_BACKGROUND, OP_PIN, OP_FINISH, OP_DIRTY };
-enum { PLACE_NO_SLOT = -1, PLACE_RESIDENT = 0, PLACE_PLACED = 1 };
-enum { MODE_WRITE = 1, MODE_PREFETCH = 2 };
+ * The operations and answers are declared in cxlhm_uffd.h. */
 typedef int64_t (*firmware_fn)(int64_t *ctx, int64_t op, int64_t *args, int64_t *out);
 
 /* ------------------------------------------------------------------ counters */
@@ -590,8 +587,8 @@ static void install_batch(struct cxlhm_window *w, int n)
     for (int i = 0; i < n; i++) {
         struct install *in = &w->batch[i];
         if (!in->fill_ok) {
-            fw(w, OP_FINISH, in->slot, 0, 0, NULL);
-            fw(w, OP_INVALIDATE, in->slot, 0, 0, NULL);
+            fw(w, CXLHM_OP_FINISH, in->slot, 0, 0, NULL);
+            fw(w, CXLHM_OP_INVALIDATE, in->slot, 0, 0, NULL);
             w->where[in->slot] = WHERE_NONE;
             continue;
         }
@@ -599,9 +596,9 @@ static void install_batch(struct cxlhm_window *w, int n)
         w->block_of[in->slot] = in->block;
         w->dirty[in->slot] = in->write_granules;
         w->signal_ns[in->slot] = w->installed_ns[in->slot] = t;
-        fw(w, OP_FINISH, in->slot, 0, 0, NULL);
+        fw(w, CXLHM_OP_FINISH, in->slot, 0, 0, NULL);
         if (in->write_granules)
-            fw(w, OP_DIRTY, in->slot, 1, 0, NULL);
+            fw(w, CXLHM_OP_DIRTY, in->slot, 1, 0, NULL);
     }
     pthread_mutex_unlock(&w->lock);
     for (int i = 0; i < n; i++)
@@ -615,9 +612,9 @@ static int64_t place(struct cxlhm_window *w, int64_t block, int64_t owner, uint6
                      int prefetch, int *n)
 {
     int64_t out[8];
-    int64_t mode = (write_granules ? MODE_WRITE : 0) | (prefetch ? MODE_PREFETCH : 0);
-    int64_t st = fw(w, OP_PLACE, block, mode, owner, out);
-    if (st != PLACE_PLACED)
+    int64_t mode = (write_granules ? CXLHM_MODE_WRITE : 0) | (prefetch ? CXLHM_MODE_PREFETCH : 0);
+    int64_t st = fw(w, CXLHM_OP_PLACE, block, mode, owner, out);
+    if (st != CXLHM_PLACE_PLACED)
         return st;
     struct install *in = &w->batch[(*n)++];
     in->block = block;
@@ -656,7 +653,7 @@ static void add_pending(struct cxlhm_window *w, int64_t block, uint64_t write_gr
 /* Slot of `block` if its pages are where the service thread put them, else -1. */
 static int64_t slot_of(struct cxlhm_window *w, int64_t block)
 {
-    int64_t slot = fw_locked(w, OP_LOOKUP, block, 0, 0);
+    int64_t slot = fw_locked(w, CXLHM_OP_LOOKUP, block, 0, 0);
     if (slot >= 0 && (w->where[slot] == WHERE_NONE || w->block_of[slot] != block))
         return -1;
     return slot;
@@ -685,8 +682,8 @@ static void serve_wp_fault(struct cxlhm_window *w, uint64_t addr)
     if (was_clean) {
         pthread_mutex_lock(&w->lock);
         set_device_time(w);
-        fw(w, OP_DIRTY, slot, 1, 0, NULL);
-        fw(w, OP_HIT, slot, 1, 0, NULL); /* a store is an access the policy should see */
+        fw(w, CXLHM_OP_DIRTY, slot, 1, 0, NULL);
+        fw(w, CXLHM_OP_HIT, slot, 1, 0, NULL); /* a store is an access the policy should see */
         pthread_mutex_unlock(&w->lock);
     }
     /* Unprotect (and wake) even if the bitmap already had the granule: a second
@@ -704,7 +701,7 @@ static void serve_missing_fault(struct cxlhm_window *w, uint64_t addr, int is_wr
         STAT_ADD(w, sample_faults, 1);
         unpark(w, slot);
         w->signal_ns[slot] = now_ns();
-        fw_locked(w, OP_HIT, slot, is_write, 0);
+        fw_locked(w, CXLHM_OP_HIT, slot, is_write, 0);
         return;
     }
     if (slot >= 0) { /* installed since this fault was raised: UFFDIO_COPY woke it already */
@@ -772,11 +769,11 @@ static int serve_misses(struct cxlhm_window *w)
         while (taken < w->n_pending && n < w->p.n_staging) {
             struct pending_miss *pm = &w->pending[taken];
             int64_t st = place(w, pm->block, 0, pm->write_granules, 0, &n);
-            if (st == PLACE_NO_SLOT) {
+            if (st == CXLHM_PLACE_NO_SLOT) {
                 no_slot = 1;
                 break;
             }
-            taken++; /* PLACE_RESIDENT cannot happen: slot_of() said absent, and only we install */
+            taken++; /* CXLHM_PLACE_RESIDENT cannot happen: slot_of() said absent, and only we install */
         }
         pthread_mutex_unlock(&w->lock);
         if (n)
@@ -804,8 +801,8 @@ static int serve_prefetch_queue(struct cxlhm_window *w)
     set_device_time(w);
     while (w->q_head < w->q_tail && n < w->p.n_staging) {
         int64_t i = w->q_head % w->q_cap;
-        int64_t st = failed(w) ? PLACE_NO_SLOT : place(w, w->q_block[i], w->q_owner[i], 0, 1, &n);
-        if (st == PLACE_NO_SLOT)
+        int64_t st = failed(w) ? CXLHM_PLACE_NO_SLOT : place(w, w->q_block[i], w->q_owner[i], 0, 1, &n);
+        if (st == CXLHM_PLACE_NO_SLOT)
             STAT_ADD(w, prefetch_dropped, 1); /* prefetches are advisory */
         if (w->q_ticket[i] > last_ticket)
             last_ticket = w->q_ticket[i];
@@ -874,7 +871,7 @@ static int64_t flush_slots(struct cxlhm_window *w, const int64_t *slots, int64_t
                     STAT_ADD(w, writeback_bytes, w->ops[q].len);
                 STAT_ADD(w, writebacks, 1);
                 w->dirty[s] = 0;
-                fw_locked(w, OP_DIRTY, s, 0, 0);
+                fw_locked(w, CXLHM_OP_DIRTY, s, 0, 0);
                 written++;
             }
             k += count;
@@ -919,16 +916,16 @@ static int run_background(struct cxlhm_window *w)
     set_device_time(w);
     int64_t args[8] = {budget, (int64_t)w->p.jobs};
     int64_t out[8];
-    int64_t n = w->firmware(w->p.firmware_ctx, OP_BACKGROUND, args, out);
+    int64_t n = w->firmware(w->p.firmware_ctx, CXLHM_OP_BACKGROUND, args, out);
     int placed = 0;
     int64_t flushes = 0;
     for (int64_t j = 0; j < n; j++) {
         int64_t kind = w->p.jobs[3 * j], block = w->p.jobs[3 * j + 1], session = w->p.jobs[3 * j + 2];
         if (kind == w->p.job_prefetch && !failed(w)) {
-            if (place(w, block, session, 0, 1, &placed) == PLACE_NO_SLOT)
+            if (place(w, block, session, 0, 1, &placed) == CXLHM_PLACE_NO_SLOT)
                 STAT_ADD(w, prefetch_dropped, 1);
         } else if (kind == w->p.job_flush) {
-            int64_t s = fw(w, OP_LOOKUP, block, 0, 0, NULL);
+            int64_t s = fw(w, CXLHM_OP_LOOKUP, block, 0, 0, NULL);
             if (s >= 0 && w->where[s] != WHERE_NONE && w->dirty[s] && !(w->p.bt_flags[s] & w->p.flag_busy))
                 w->sample_slots[flushes++] = s;
         }
@@ -1291,12 +1288,12 @@ int64_t cxlhm_window_firmware(struct cxlhm_window *w, int64_t op, int64_t *args,
     pthread_mutex_lock(&w->lock);
     set_device_time(w);
     int64_t r = w->firmware(w->p.firmware_ctx, op, args, out);
-    if (op == OP_HINT) {
+    if (op == CXLHM_OP_HINT) {
         w->background_pending = 1;
         w->idle = 0;
     }
     pthread_mutex_unlock(&w->lock);
-    if (op == OP_HINT)
+    if (op == CXLHM_OP_HINT)
         wake_service(w);
     return r;
 }

@@ -242,20 +242,20 @@ class Window:
             raise AccessOutOfRange(f"hint range [{first_block}, +{n_blocks}) is outside the window's blocks")
         if kind in (HintKind.PIN, HintKind.UNPIN):
             return self._pin(first_block, n_blocks, kind == HintKind.PIN)
-        self._firmware(fc.OP_HINT, kind, session, first_block, n_blocks, arg)
+        self._firmware(fc.OPS['HINT'], kind, session, first_block, n_blocks, arg)
         return True
 
     def _pin(self, first_block: int, n_blocks: int, pin: bool) -> bool:
         if not pin:
-            self._firmware(fc.OP_PIN, first_block, n_blocks, 0)
+            self._firmware(fc.OPS['PIN'], first_block, n_blocks, 0)
             return True
         if int(self.bt.scalars[btm.N_PINNED]) + n_blocks > self.n_slots - 1:
             return False  # leave a slot for faults, or every miss would block forever
         for _ in range(4):  # a concurrent fault may evict a block between prefetch and pin
-            if self._firmware(fc.OP_PIN, first_block, n_blocks, 1) == 0:
+            if self._firmware(fc.OPS['PIN'], first_block, n_blocks, 1) == 0:
                 return True
             self.prefetch_blocks(np.arange(first_block, first_block + n_blocks, dtype=np.int64))
-        return self._firmware(fc.OP_PIN, first_block, n_blocks, 1) == 0
+        return self._firmware(fc.OPS['PIN'], first_block, n_blocks, 1) == 0
 
     def _firmware(self, op: int, *args: int) -> int:
         """Call the firmware through C, which takes the window's mutex itself: Python
