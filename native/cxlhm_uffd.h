@@ -43,6 +43,14 @@ struct cxlhm_window_params {
     uint64_t sample_bytes;        /* bytes of a sampled block parked (a rotating part of it) */
     int64_t sample_min_age_ns;    /* blocks with an access signal this recent are left alone */
     int64_t prefetch_grace_ns;    /* prefetched blocks are left alone this long after install */
+    /* Crash consistency, in the explicit mode's integrity-log format (cxlhm/integrity.py) */
+    int32_t log_fd;               /* the integrity log, opened O_APPEND; 0 or less: record nothing */
+    void *hash;                   /* uint64_t (*)(const void *, size_t): xxh3-64; NULL: no checksums */
+    const int64_t *sum_blocks;    /* checksums of the blocks on the SSD at open: verified on fill */
+    const uint64_t *sum_values;
+    int64_t n_sums;
+    const int64_t *poison_blocks; /* blocks whose bytes are lost: a load from them raises SIGBUS */
+    int64_t n_poison;
 };
 
 /* Opening: 0, or -errno with a message in err. `stage` says which step failed:

@@ -10,13 +10,14 @@
 A `Window` owns its device: block table, policy state, staging buffers, SSD back end,
 and the native fault-service thread (native/cxlhm_uffd.c) that fills, evicts and
 samples blocks. The SSD image has the explicit mode's format (the byte at HPA h is at
-file offset h) and the same metadata file, so either mode reopens the other's device.
+file offset h) and its sidecar files - metadata, checksums, integrity log
+(cxlhm/window/persistence.py) - so either mode reopens the other's device, after a
+clean close or a crash, with the same guarantee: the bytes last written, or poison.
 """
 from __future__ import annotations
 
 import atexit
 import gc
-import json
 import os
 import threading
 import warnings
@@ -28,7 +29,7 @@ import firmware_policies
 from cxlhm import blocktable as btm
 from cxlhm import counters as C
 from cxlhm.config import ConfigError, DeviceConfig
-from cxlhm.device import METADATA_FORMAT, AccessOutOfRange, DeviceClosed, MediaError, metadata_path
+from cxlhm.device import AccessOutOfRange, DeviceClosed, MediaError
 from cxlhm.mailbox.hints import HintKind
 from cxlhm.media import native
 from cxlhm.media.dram import DeviceDram
@@ -36,6 +37,7 @@ from cxlhm.media.ssd import SsdBackend
 from cxlhm.window import firmware_cfuncs as fc
 from cxlhm.window.availability import USER_MODE_ONLY, STAGE_OTHER, WindowUnavailable, explain
 from cxlhm.window.options import WindowOptions
+from cxlhm.window.persistence import WindowPersistence
 from firmware_policies.base import JOB_FLUSH, JOB_PREFETCH
 
 MS = 1_000_000
@@ -93,12 +95,17 @@ class Window:
         self.staging.slots[:] = 0  # fault the staging pages in now, not inside the first reads
         self._final_counters: dict[str, int] | None = None
         self._w = None
+        self.persistence = None
         try:
+            self.persistence = WindowPersistence(None if self.ssd.temporary else self.ssd.path, self.capacity,
+                                                 self.block_size)
+            self.unclean_shutdown_detected = self.persistence.unclean_shutdown_detected
             self._w = self._open_native()
-            self._open_metadata()
         except BaseException:
             if self._w is not None:
                 self._lib.cxlhm_window_close(self._w, 0, self._ffi.NULL, 0)
+            if self.persistence is not None:  # nothing was written: the image is as it was
+                self.persistence.close(clean=not self.unclean_shutdown_detected)
             self.ssd.close()
             self.staging.close()
             raise
@@ -156,6 +163,7 @@ class Window:
         p.sample_bytes = self.sample_bytes
         p.sample_min_age_ns = int(o.sample_min_age_ms * MS)
         p.prefetch_grace_ns = int(o.prefetch_grace_ms * MS)
+        self.persistence.fill_params(ffi, p)
         stage, err_no, message = ffi.new("int *"), ffi.new("int *"), ffi.new("char[256]")
         w = lib.cxlhm_window_open(p, stage, err_no, message, 256)
         if w == ffi.NULL:
@@ -164,27 +172,6 @@ class Window:
                 raise OSError(err_no[0], f"cannot set up the load/store window: {detail}")
             raise WindowUnavailable(explain(stage[0], err_no[0], detail), err_no[0])
         return w
-
-    # ------------------------------------------------------------ persistence (explicit mode's format)
-    def _open_metadata(self) -> None:
-        if self.ssd.temporary:
-            return
-        path = metadata_path(self.ssd.path)
-        if path.exists():
-            try:
-                self.unclean_shutdown_detected = not json.loads(path.read_text()).get("clean", False)
-            except (OSError, ValueError):
-                self.unclean_shutdown_detected = True
-        self._write_metadata(clean=False)
-
-    def _write_metadata(self, *, clean: bool) -> None:
-        if self.ssd.temporary:
-            return
-        path = metadata_path(self.ssd.path)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"format": METADATA_FORMAT, "capacity": self.capacity,
-                                   "block_size": self.block_size, "clean": clean}))
-        os.replace(tmp, path)
 
     # ------------------------------------------------------------ memory
     def check_extent(self, hpa: int, n: int) -> None:
@@ -349,7 +336,7 @@ class Window:
             self._w = None
             try:
                 self.ssd.sync()
-                self._write_metadata(clean=rc == 0)
+                self.persistence.close(clean=rc == 0)
             finally:
                 self.ssd.close()
                 self.staging.close()
