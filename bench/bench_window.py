@@ -1,4 +1,4 @@
-"""Load/store window bench (issue 9), in one run on one back-end file:
+"""Load/store window bench, in one run on one back-end file:
 
  (a) cold reads through the window - every block faults once, is read from the SSD
      image and installed with one UFFDIO_COPY - sequential and random block order,

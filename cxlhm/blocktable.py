@@ -2,7 +2,7 @@
 
 Everything is a numpy array sized by DRAM slots (never by capacity), updated by
 numba-compiled, GIL-free functions so the same code serves the trace simulator,
-the real-I/O device and (later) a native fault handler.
+the real-I/O device and the window's native fault handler (cxlhm/window).
 
 Columns, one entry per DRAM slot:
   block   device block number held by the slot, or -1 when free

@@ -1,4 +1,4 @@
-"""The load/store window: the HDM range as plain memory (DESIGN.md section 10).
+"""The load/store window: the HDM range as plain memory.
 
     win = open_window({"capacity": "1TiB", "dram_bytes": "256MiB", "block_size": "64KiB",
                        "backend": {"path": "out/ssd.img"}})
