@@ -1023,6 +1023,21 @@ class Device:
         self._background_wake.set()
         return True
 
+    def hint_batch(self, kind: int, sessions: np.ndarray, first_blocks: np.ndarray, n_blocks: np.ndarray,
+                   args: np.ndarray) -> int:
+        """Hints of one kind (int64 arrays), in order, with one firmware call for the
+        batch (Device.hint's per-call cost is paid once); returns how many were not followed."""
+        if kind in (HintKind.PIN, HintKind.UNPIN):
+            return sum(self.hint(kind, *entry) is False for entry in zip(sessions.tolist(), first_blocks.tolist(),
+                                                                          n_blocks.tolist(), args.tolist()))
+        with self._lock:
+            if self.closed:
+                return sessions.shape[0]
+            self._sync_time()
+            self.kernels.hints(self.bt, self.ps, self.clock, kind, sessions, first_blocks, n_blocks, args)
+        self._background_wake.set()
+        return 0
+
     def run_background(self, budget: int = 32) -> int:
         """Run up to `budget` jobs of the policy's background work (prefetches, flushes)
         now. Returns the number of jobs the policy handed out (0: nothing to do)."""
@@ -1216,6 +1231,7 @@ class Device:
             self.kernels.plan_prefetch(self.bt, self.ps, self.counters, self.clock, empty, empty,
                                        self.dram.base_address, self.block_size, s.slots_out,
                                        s.writebacks, s.fills)
+            self.kernels.hints(self.bt, self.ps, self.clock, 0, empty, empty, empty, empty)
 
     def close(self) -> None:
         """Flush dirty DRAM (like CXL Global Persistent Flush) and release everything."""

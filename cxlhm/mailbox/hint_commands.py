@@ -32,6 +32,7 @@ class HintBatch:
 
     def __init__(self, kind: HintKind, session, first_block, n_blocks, arg):
         self.kind = int(kind)
+        self.columns = tuple(np.ascontiguousarray(c, np.int64) for c in (session, first_block, n_blocks, arg))
         self.session, self.first_block = session.tolist(), first_block.tolist()
         self.n_blocks, self.arg = n_blocks.tolist(), arg.tolist()
         # progress weight: blocks covered (at least 1, so range-less hints count)
@@ -45,6 +46,9 @@ class HintBatch:
         """Deliver entries [start, stop); returns how many the device declined
         (Device.hint returned False; None or True means followed)."""
         hint, kind = ctx.deliver_hint, self.kind
+        batch = getattr(ctx.device, "hint_batch", None)
+        if batch is not None:  # one firmware call for the entries
+            return batch(kind, *(c[start:stop] for c in self.columns))
         declined = 0
         for i in range(start, stop):
             if hint(kind, self.session[i], self.first_block[i], self.n_blocks[i], self.arg[i]) is False:

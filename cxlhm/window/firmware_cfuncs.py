@@ -14,11 +14,8 @@ call (``numba.carray``: no allocation, no GIL). A policy's state is a tree of tu
 namedtuples of arrays of its own choosing, so the function is generated from the tree's
 shape.
 
-Compiling it takes 10-30 s, so the generated module is written to a cache folder
-(``$CXLHM_CACHE_DIR``, default ``~/.cache/cxlhm``) and compiled with numba's on-disk
-cache. numba only checks the cached function's own file, so the file name carries a hash
-of every source the code depends on (this module, the firmware, the block table, the
-counters, the policy's package): editing a policy compiles a fresh module.
+Compiling it takes 10-30 s, so the generated module is written to the compile cache and
+compiled with numba's on-disk cache (cxlhm/jit.py): a process that ran it once loads it.
 
 The numpy arrays stay owned by Python: `FirmwareBridge` keeps them alive as long as the
 native thread may use their addresses. Every call is made with the window's mutex held.
@@ -27,21 +24,15 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import importlib.util
-import os
-import sys
-from pathlib import Path
 
-import numba
 import numpy as np
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-import firmware_policies
 from cxlhm import blocktable as btm
-from cxlhm import counters as C
 from cxlhm import firmware as fw
+from cxlhm import jit
 from firmware_policies.base import Policy, no_background
 
 OPS = fw.OPS  # the operations, from native/cxlhm_uffd.h through cffi
@@ -167,41 +158,13 @@ def _module_source(policy_line: str, layout: _Layout, cache: bool) -> str:
                                                        cache=", cache=True" if cache else "", **OPS)
 
 
-def _source_hash(policy: Policy) -> str:
-    """Hash of everything the compiled firmware is built from."""
-    files = {Path(__file__), Path(fw.__file__), Path(btm.__file__), Path(C.__file__)}
-    files.update(Path(firmware_policies.__file__).parent.glob("*.py"))
-    for hook in (policy.on_hit, policy.on_insert, policy.victim, policy.on_evict, policy.on_hint, policy.background):
-        module = sys.modules.get(getattr(getattr(hook, "py_func", hook), "__module__", ""), None)
-        if getattr(module, "__file__", None):
-            files.add(Path(module.__file__))
-    digest = hashlib.sha256(numba.__version__.encode())
-    for path in sorted(files):
-        digest.update(str(path).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("CXLHM_CACHE_DIR", Path.home() / ".cache" / "cxlhm")) / "window_firmware"
-
-
 _COMPILED: dict[tuple, object] = {}
-
-
-def _drop_stale(folder: Path, prefix: str) -> None:
-    """Modules (and numba cache files) compiled from sources that have changed since."""
-    for path in list(folder.glob(f"{prefix}*.py")) + list((folder / "__pycache__").glob(f"{prefix}*")):
-        try:
-            path.unlink()
-        except OSError:
-            pass
 
 
 def _compile(policy: Policy, layout: _Layout):
     """The firmware cfunc for (policy, state shape): from this process, from numba's
-    disk cache, or compiled now."""
-    cacheable = _registered(policy)
+    disk cache (cxlhm/jit.py), or compiled now."""
+    cacheable = fw.registered(policy)
     policy_line = (f"import firmware_policies\n_policy = firmware_policies.get({policy.name!r})" if cacheable
                    else "_policy = _given_policy")
     source = _module_source(policy_line, layout, cache=cacheable)
@@ -209,37 +172,19 @@ def _compile(policy: Policy, layout: _Layout):
     key = (id(policy), tag)
     if key in _COMPILED:
         return _COMPILED[key]
+    module = None
     if cacheable:
-        folder = cache_dir()
-        name = f"fw_{policy.name}_{tag}_{_source_hash(policy)}"
-        path = folder / f"{name}.py"
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            if not path.exists():
-                _drop_stale(folder, f"fw_{policy.name}_{tag}_")
-                tmp = path.with_suffix(f".tmp{os.getpid()}")
-                tmp.write_text(source)
-                os.replace(tmp, path)
-            spec = importlib.util.spec_from_file_location(f"cxlhm_window_fw_{name}", path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = module  # numba's cache re-imports the module by name
-            spec.loader.exec_module(module)
-            _COMPILED[key] = module.firmware
-            return module.firmware
-        except OSError:  # no writable cache folder: compile in memory
-            source = _module_source("_policy = _given_policy", layout, cache=False)
-    # An unregistered policy object (or no cache folder): compiled in memory, every process.
-    namespace = {"_given_policy": policy}
-    exec(compile(source, f"<cxlhm window firmware for {policy.name}>", "exec"), namespace)
-    _COMPILED[key] = namespace["firmware"]
-    return namespace["firmware"]
-
-
-def _registered(policy: Policy) -> bool:
-    try:
-        return firmware_policies.get(policy.name) is policy
-    except firmware_policies.UnknownPolicy:
-        return False
+        name = f"window_{policy.name}_{fw.policy_tag(policy)}_{tag}"
+        jit.compiling_notice(f"the {policy.name} firmware for the window",
+                             jit.cache_dir() / "numba" / jit.STAMP / f"{name}_{jit.STAMP}")
+        module = jit.generated_module(name, source)
+    if module is None:  # an unregistered policy object (or no cache folder): compiled in memory, every process
+        namespace = {"_given_policy": policy}
+        exec(compile(_module_source("_policy = _given_policy", layout, cache=False),
+                     f"<cxlhm window firmware for {policy.name}>", "exec"), namespace)
+        module = type("Namespace", (), namespace)
+    _COMPILED[key] = module.firmware
+    return module.firmware
 
 
 class FirmwareBridge:
