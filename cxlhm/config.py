@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,16 @@ def _positive_size(value: Any) -> int:
     n = parse_size(value)
     if n <= 0:
         raise ValueError(f"must be a positive byte size, got {value!r}")
+    return n
+
+
+MAX_CAPACITY = 1 << 60  # file offsets are signed 64-bit; no back end holds more than an EiB
+
+
+def _capacity(value: Any) -> int:
+    n = _positive_size(value)
+    if n > MAX_CAPACITY:
+        raise ValueError(f"must be at most 1 EiB (2^60 bytes), got {value!r}")
     return n
 
 
@@ -131,7 +142,7 @@ class Field:
 SCHEMA: dict[str, Any] = {
     "name": Field(_text, "custom", "profile name shown in reports"),
     "description": Field(_text, "", "one line on what this device models"),
-    "capacity": Field(_positive_size, 1 << 40, "bytes of the HDM window the host sees (sparse: costs nothing until written)"),
+    "capacity": Field(_capacity, 1 << 40, "bytes of the HDM window the host sees (sparse: costs nothing until written)"),
     "block_size": Field(_block_size, 64 << 10, "device block: unit of caching and SSD I/O (power of two, 4 KiB-2 MiB)"),
     "dram_bytes": Field(_positive_size, 256 << 20, "device DRAM in front of the SSD"),
     "data": Field(_choice("real", "none"), "real", "real: move real bytes; none: timing-only, no data"),
@@ -236,17 +247,46 @@ def _check_layer(raw: Any, source: str, schema: dict = SCHEMA, prefix: str = "")
     return flat
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a device config is a few KiB; never read /dev/zero or a huge file
+
+
 def _read_yaml(path: Path) -> Any:
     try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(str(path), "<file>", "not a regular file; a device config is a YAML file")
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(str(path), "<file>", f"{st.st_size} bytes; a config is at most {MAX_CONFIG_BYTES}")
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(str(path), "<file>", f"cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), "<file>", f"not UTF-8 text (byte {exc.start})") from None
     try:
-        return yaml.safe_load(text)
+        return safe_load_yaml(text)
+    except RecursionError:
+        raise ConfigError(str(path), "<file>", "YAML nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "<file>"
         raise ConfigError(str(path), where, f"not valid YAML: {getattr(exc, 'problem', exc)}") from None
+
+
+def safe_load_yaml(text: str) -> Any:
+    """yaml.safe_load that refuses nesting deeper than MAX_YAML_DEPTH (RecursionError)
+    before building it: a hostile config must not exhaust the stack."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                raise RecursionError(f"nested deeper than {MAX_YAML_DEPTH}")
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+    return yaml.safe_load(text)
+
+
+MAX_YAML_DEPTH = 64
 
 
 def available_profiles() -> list[str]:

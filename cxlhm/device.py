@@ -124,6 +124,7 @@ class _StreamJob(NamedTuple):
     hpas: np.ndarray
     lens: np.ndarray
     addrs: np.ndarray
+    kinds: np.ndarray  # uint8 per extent: 1 = a write
     slat: np.ndarray
     clat: np.ndarray
     failed: np.ndarray
@@ -141,6 +142,8 @@ class StreamResult:
     misses: int
     submits: np.ndarray | None = None  # reads per submission, in fio's 7 buckets (cxlhm.fio.stats.submit_bucket)
     peak_in_flight: int = 0  # the most reads it had at the SSD at once
+    write_hits: int = 0  # of hits and misses, those of its writes
+    write_misses: int = 0
 
 
 class _Scratch:
@@ -678,7 +681,7 @@ class Device:
 
     # ------------------------------------------------------------ streamed reads
     def read_stream(self, ext_hpa, ext_len, addrs, depth: int, *, deadline_ns: int = 0, slat=None, clat=None,
-                    owner: int = 0) -> StreamResult:
+                    owner: int = 0, writes=None) -> StreamResult:
         """Read extent i into the host buffer at addrs[i], in order, keeping up to `depth`
         of them in flight, the per-read work compiled (cxlhm/readstream.py). Stops early
         at CLOCK_MONOTONIC `deadline_ns` (if > 0), and before the first read touching a
@@ -686,7 +689,10 @@ class Device:
         path): the result says how many ran. Their submission and
         completion latencies (ns) go to `slat` and `clat` when given. Every read that
         ran is complete on return, its bytes in its buffer, or raised: a read whose
-        fill failed is read again through access(), which retries and poisons."""
+        fill failed is read again through access(), which retries and poisons.
+        `writes` (uint8 per extent, 1 = write the buffer to the extent; not on a
+        write-through device) makes it a stream of reads and writes in issue order, an
+        I/O waiting while an earlier one in flight holds one of its blocks."""
         ext_hpa = np.ascontiguousarray(ext_hpa, np.int64)
         ext_len = np.ascontiguousarray(ext_len, np.int64)
         addrs = np.ascontiguousarray(addrs, np.int64)
@@ -698,6 +704,9 @@ class Device:
             self.check_extent(int(ext_hpa[bad]), int(ext_len[bad]))
         slat = np.zeros(n, np.int64) if slat is None else slat
         clat = np.zeros(n, np.int64) if clat is None else clat
+        kinds = np.zeros(n, np.uint8) if writes is None else np.ascontiguousarray(writes, np.uint8)
+        if writes is not None and self._write_mode_code == fw.WRITE_THROUGH and kinds.any():
+            raise ValueError("a write-through device runs writes through access(), not a stream")
         if not self.splits_reads or n == 0 or depth < 1 or self.reads_in_flight():
             return StreamResult(0, 0, 0)
         # the most blocks a stream read holds; wider reads run through access(), which splits them
@@ -710,8 +719,8 @@ class Device:
         st[rs.PARKED] = -1
         state.submits[:] = 0
         failed = np.zeros(n, np.int64)
-        job = _StreamJob(run, complete, state, ext_hpa, ext_len, addrs, slat, clat, failed, *self.ssd.stream_ring(),
-                         owner)
+        job = _StreamJob(run, complete, state, ext_hpa, ext_len, addrs, kinds, slat, clat, failed,
+                         *self.ssd.stream_ring(), owner)
         stop, version = self._stream_stop(ext_hpa, ext_len, n)
         hits0, misses0 = self.thread_hits_misses()
         counted = held = 0  # fills the back end was told of, slots the device was told of
@@ -726,8 +735,9 @@ class Device:
                     status = self._stream_run(job, stop, deadline_ns, counted, held)
                     if status == rs.WRITE_BACK or status == rs.DEVICE_FULL:  # before any thread misses on them
                         self._write_rows(state.writebacks[:int(st[rs.PARKED_WBS])], victims=True)
+                    self._stream_log_writes(state)
                     if status == rs.VERIFY:
-                        self._stream_verify(state, complete, ext_hpa, ext_len, addrs, clat, failed)
+                        self._stream_verify(state, complete, ext_hpa, ext_len, addrs, kinds, clat, failed)
                     counted, held = self._stream_account(st, counted, held)
                     self._idle.notify_all()  # reads of this stream may have ended: threads waiting for their slots
                     if status == rs.DEVICE_FULL:
@@ -741,7 +751,8 @@ class Device:
                 if status == rs.WIDE or (status == rs.BLOCKED and alone):  # access() splits it over passes
                     i = int(st[rs.NEXT])
                     begin = time.monotonic_ns()
-                    self.access_one(int(ext_hpa[i]), int(ext_len[i]), int(addrs[i]), False, owner, stream=False)
+                    self.access_one(int(ext_hpa[i]), int(ext_len[i]), int(addrs[i]), bool(kinds[i]), owner,
+                                    stream=False)
                     clat[i], slat[i] = time.monotonic_ns() - begin, 0
                     st[rs.NEXT] = i + 1
         finally:
@@ -751,9 +762,18 @@ class Device:
         s.hits += int(st[rs.HITS])
         s.misses += int(st[rs.MISSES])
         for i in failed[:int(st[rs.FAILED])].tolist():  # again, through the path that retries and poisons
-            self.access_one(int(ext_hpa[i]), int(ext_len[i]), int(addrs[i]), False, owner, stream=False)
+            self.access_one(int(ext_hpa[i]), int(ext_len[i]), int(addrs[i]), bool(kinds[i]), owner, stream=False)
         return StreamResult(int(st[rs.NEXT]), s.hits - hits0, s.misses - misses0, state.submits.copy(),
-                            int(st[rs.PEAK]))
+                            int(st[rs.PEAK]), int(st[rs.W_HITS]), int(st[rs.W_MISSES]))
+
+    def _stream_log_writes(self, state: rs.StreamState) -> None:
+        """Under the lock, after the stream's victims are written back: its written
+        blocks hold newer bytes than the SSD (reliability: logged before the stream
+        returns their completion)."""
+        n = int(state.st[rs.WRITTEN])
+        if n:
+            self.checksums.note_dirty_array(state.wblocks[:n])
+            state.st[rs.WRITTEN] = 0
 
     def _stream_state(self, depth: int, max_blocks: int, complete) -> rs.StreamState:
         state = getattr(self._local, "stream", None)
@@ -762,7 +782,7 @@ class Device:
             # compile the verifying completion now, not in the middle of a timed stream
             empty = np.zeros(0, np.int64)
             complete(self.bt, self.ps, self.clock, self.dram.base_address, self.block_size, empty, empty, empty,
-                     empty, empty, state.arrays(), empty, empty, state.bad[:0], 0, empty, _NO_SUMS)
+                     state.bad[:0], empty, empty, state.arrays(), empty, empty, state.bad[:0], 0, empty, _NO_SUMS)
         return state
 
     def _stream_stop(self, hpas, lens, n: int) -> tuple[int, int]:
@@ -780,7 +800,7 @@ class Device:
             return rs.VERIFY_NONE, table.keys, table.values
         return (rs.VERIFY_HERE if sumtable.COMPILED_HASH else rs.VERIFY_ALL), table.keys, table.values
 
-    def _stream_verify(self, state, complete, hpas, lens, addrs, clat, failed) -> None:
+    def _stream_verify(self, state, complete, hpas, lens, addrs, kinds, clat, failed) -> None:
         """Under the lock: the stream's last reap, checked against the blocks' checksum
         records (a mismatch poisons the block; its read fails over to access()), then
         completed."""
@@ -799,8 +819,8 @@ class Device:
                     bad[j] = 1
                     self.counters[C.CHECKSUM_MISMATCHES] += 1
                     self._poison(block, "checksum mismatch on SSD read")
-        complete(self.bt, self.ps, self.clock, self.dram.base_address, self.block_size, hpas, lens, addrs, clat,
-                 failed, state.arrays(), tags, res, bad, n, _NO_BLOCKS, _NO_SUMS)
+        complete(self.bt, self.ps, self.clock, self.dram.base_address, self.block_size, hpas, lens, addrs, kinds,
+                 clat, failed, state.arrays(), tags, res, bad, n, _NO_BLOCKS, _NO_SUMS)
         st[rs.REAPED] = 0
 
     def _stream_account(self, st, counted: int, held: int) -> tuple[int, int]:
@@ -816,7 +836,7 @@ class Device:
     def _stream_run(self, job: "_StreamJob", stop: int, deadline_ns: int, counted: int, held: int) -> int:
         """Under the lock: one time slice of the stream's compiled loop (readstream.run)."""
         return job.run(self.bt, self.ps, self.counters, self.clock, self._write_mode_code, self.dram.base_address,
-                       self.block_size, job.hpas, job.lens, job.addrs, stop, deadline_ns, job.slat, job.clat,
+                       self.block_size, job.hpas, job.lens, job.addrs, job.kinds, stop, deadline_ns, job.slat, job.clat,
                        job.failed, job.state.arrays(), job.ring, job.fd, self.ssd.async_room() + counted,
                        self._inflight_slots - held, self.n_slots, job.owner, *self._stream_verify_mode())
 
@@ -826,8 +846,11 @@ class Device:
         st = job.state.st
         while st[rs.IN_FLIGHT]:
             with self._lock:
-                if self._stream_run(job, int(st[rs.NEXT]), 0, counted, held) == rs.VERIFY:
-                    self._stream_verify(job.state, job.complete, job.hpas, job.lens, job.addrs, job.clat, job.failed)
+                status = self._stream_run(job, int(st[rs.NEXT]), 0, counted, held)
+                self._stream_log_writes(job.state)
+                if status == rs.VERIFY:
+                    self._stream_verify(job.state, job.complete, job.hpas, job.lens, job.addrs, job.kinds, job.clat,
+                                        job.failed)
                 counted, held = self._stream_account(st, counted, held)
                 self._idle.notify_all()
 
