@@ -47,8 +47,8 @@ class HintBatch:
         (Device.hint returned False; None or True means followed)."""
         hint, kind = ctx.deliver_hint, self.kind
         batch = getattr(ctx.device, "hint_batch", None)
-        if batch is not None:  # one firmware call for the entries
-            return batch(kind, *(c[start:stop] for c in self.columns))
+        if batch is not None and "hint" not in getattr(ctx.device, "__dict__", {}):  # (not a hint replaced on it)
+            return batch(kind, *(c[start:stop] for c in self.columns))  # one firmware call for the entries
         declined = 0
         for i in range(start, stop):
             if hint(kind, self.session[i], self.first_block[i], self.n_blocks[i], self.arg[i]) is False:
