@@ -32,7 +32,7 @@ from numba.core import caching
 _PACKAGE = Path(__file__).resolve().parent
 _POLICIES = _PACKAGE.parent / "firmware_policies"
 # the sources whose functions the firmware's compiled code may call
-_SOURCES = [*sorted(_PACKAGE.glob("*.py")), *sorted((_PACKAGE / "mailbox").glob("hints.py")),
+_SOURCES = [*sorted(_PACKAGE.glob("*.py")), _PACKAGE / "mailbox" / "hints.py", _PACKAGE / "window" / "firmware_cfuncs.py",
             *sorted(_POLICIES.glob("*.py"))]
 
 
