@@ -35,9 +35,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from cxlhm.mailbox.hints import HintKind
 from cxlhm.traces.mooncake import Request
 from cxlhm.traces.sessions import Turn
-from host_runtime.kvstore import KVStore, NullHints, PutStatus, StoreFull, _coalesce
+from host_runtime.kvstore import KVStore, NullHints, PutStatus, StoreFull
+from host_runtime.kvstore.hints import coalesce
 
 MS = 1_000_000
 ARRIVE, LOAD, IDLE = 0, 1, 2  # event kinds; at equal times the arrival (and its hints) goes first
@@ -113,7 +115,7 @@ class _MailboxHints:
     def send_appends(self) -> None:
         pending, self._appends = self._appends, {}
         for session, ranges in pending.items():
-            self._client.append(session, _coalesce(ranges))
+            self._client.append(session, coalesce(ranges))
 
     def __getattr__(self, name):
         return getattr(self._client, name)
@@ -134,6 +136,9 @@ def replay_mission(handle, requests: Sequence[Request], turns: Sequence[Turn], *
     cfg = handle.config
     model = cfg.clock == "model"
     verify = cfg.data == "real"
+    if hints:  # compile the hint path now: a first run would otherwise compile it under the mailbox's timeouts
+        dev.warm_up()
+        dev.hint(HintKind.SESSION_END, 0, 0, 0)  # session 0 is "no session": a no-op that compiles on_hint
     sink = _MailboxHints(handle.hints) if hints else None
     store = KVStore(handle, index_path=False, hints=sink or NullHints())
     tenant = store.tenant("trace", chunk_bytes=chunk_bytes)

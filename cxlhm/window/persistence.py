@@ -7,22 +7,22 @@ before the event each one records, and verifies fills against the checksums. So 
 mode reopens the other's image - after a clean close or after a kill -9 - and reads the
 bytes last written to each block, or poison; never older bytes.
 
-At open the log is replayed after an unclean shutdown (the blocks it left DIRTY are
-poisoned); the checksums and poison list go to the fault service. At a clean close the
+At open (`open_state`, the explicit mode's) the sidecars are checked and the log is
+replayed after an unclean shutdown (the blocks it left DIRTY are poisoned); the
+checksums and poison list go to the fault service. At a clean close the
 records the service appended are replayed over the saved state and saved whole.
 """
 from __future__ import annotations
 
 import ctypes
 import importlib
-import json
 import os
-from pathlib import Path
 
 import numpy as np
 
 from cxlhm import sumtable
-from cxlhm.device import METADATA_FORMAT, metadata_path
+from cxlhm.config import DeviceConfig
+from cxlhm.device.sidecar import Sidecars, log_path, open_state, sums_path
 from cxlhm.integrity import BlockChecksums, PoisonTable
 
 
@@ -38,39 +38,27 @@ def _xxh3_address() -> int | None:
 class WindowPersistence:
     """The sidecar files of one window's image, from open to close."""
 
-    def __init__(self, image: str | None, capacity: int, block_size: int):
-        self.image, self.capacity, self.block_size = image, capacity, block_size
+    def __init__(self, image: str | None, cfg: DeviceConfig):
+        self.image, self.block_size = image, cfg.block_size
         self.unclean_shutdown_detected = False
         self.poison = PoisonTable()
         self.log_fd = -1
-        self._saved_poison: dict = {}
-        self._keep: list[np.ndarray] = []  # arrays the fault service reads at open
+        self._blocks = np.zeros(0, np.int64)  # checksums and poison at open (the fault service reads them)
+        self._sums = np.zeros(0, np.uint64)
+        self._poisoned = np.zeros(0, np.int64)
         if image is None:
             return
-        path = metadata_path(image)
-        if path.exists():
-            try:
-                meta = json.loads(path.read_text())
-                self.unclean_shutdown_detected = not meta.get("clean", False)
-                self._saved_poison = meta.get("poison") or {}
-                self.poison = PoisonTable(self._saved_poison)
-            except (OSError, ValueError, AttributeError):
-                self.unclean_shutdown_detected = True
-        checksums = BlockChecksums(self._sums_path, block_size)
-        checksums.attach_log(self._log_path, self.poison, unclean=self.unclean_shutdown_detected)
-        checksums.close()  # from here on the fault service appends, through its own descriptor
-        self.recovered = dict(checksums.recovered)
-        self._sums = checksums.sums
-        self._write_metadata(clean=False)  # until a clean close says otherwise
-        self.log_fd = os.open(self._log_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-
-    @property
-    def _sums_path(self) -> Path:
-        return Path(self.image + ".cxlhm.sums")
-
-    @property
-    def _log_path(self) -> Path:
-        return Path(self.image + ".cxlhm.ilog")
+        self.sidecars = Sidecars(image, cfg.capacity, cfg.block_size, cfg.source_of)
+        state = open_state(self.sidecars, cfg.backend.lost_sidecar)  # replays the log after a crash
+        state.checksums.close()  # from here on the fault service appends, through its own descriptor
+        self.unclean_shutdown_detected = state.unclean
+        self.poison = state.poison
+        sums = state.checksums.sums
+        self._blocks = np.fromiter(sums.keys(), np.int64, len(sums))
+        self._sums = np.fromiter(sums.values(), np.uint64, len(sums))
+        self._poisoned = np.fromiter(self.poison.blocks.keys(), np.int64, len(self.poison.blocks))
+        self._poison_at_open = self.poison.to_json()
+        self.log_fd = os.open(log_path(image), os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
 
     def fill_params(self, ffi, p) -> None:
         """Hand the fault service its log, hash function, checksums and poison list."""
@@ -79,35 +67,25 @@ class WindowPersistence:
             return
         address = _xxh3_address()
         p.hash = ffi.cast("void *", address) if address else ffi.NULL
-        blocks = np.fromiter(self._sums.keys(), np.int64, len(self._sums))
-        sums = np.fromiter(self._sums.values(), np.uint64, len(self._sums))
-        poisoned = np.fromiter(self.poison.blocks.keys(), np.int64, len(self.poison.blocks))
-        self._keep = [blocks, sums, poisoned]
-        p.sum_blocks, p.sum_values, p.n_sums = ffi.cast("int64_t *", blocks.ctypes.data), \
-            ffi.cast("uint64_t *", sums.ctypes.data), blocks.shape[0]
-        p.poison_blocks, p.n_poison = ffi.cast("int64_t *", poisoned.ctypes.data), poisoned.shape[0]
+        p.sum_blocks, p.sum_values = ffi.cast("int64_t *", self._blocks.ctypes.data), \
+            ffi.cast("uint64_t *", self._sums.ctypes.data)
+        p.n_sums = self._blocks.shape[0]
+        p.poison_blocks, p.n_poison = ffi.cast("int64_t *", self._poisoned.ctypes.data), self._poisoned.shape[0]
 
     def close(self, *, clean: bool) -> None:
-        """After the fault service stopped (its final flush done): with `clean`, fold the
-        records it appended into the saved checksums and poison list and mark the image
-        clean; else leave the log for the next open's replay."""
+        """After the fault service stopped (its final flush done): with `clean`, replay
+        the records it appended over the state at open, save the checksums and mark the
+        image clean; else leave the log for the next open's replay."""
         if self.log_fd >= 0:
             os.close(self.log_fd)
             self.log_fd = -1
         if self.image is None or not clean:
             return
-        poison = PoisonTable(self._saved_poison)
-        checksums = BlockChecksums(self._sums_path, self.block_size)
-        checksums.attach_log(self._log_path, poison, unclean=True)  # replay: the window's records
-        checksums.save()
+        poison = PoisonTable(self._poison_at_open)
+        checksums = BlockChecksums(sums_path(self.image), self.block_size)
+        checksums.sums.set_many(self._blocks, self._sums)
+        checksums.attach_log(log_path(self.image), poison, unclean=True)  # the window's records, in order
+        saved = checksums.save()
         checksums.close()
         self.poison = poison
-        self._write_metadata(clean=True)
-
-    def _write_metadata(self, *, clean: bool) -> None:
-        path = metadata_path(self.image)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"format": METADATA_FORMAT, "capacity": self.capacity,
-                                   "block_size": self.block_size, "clean": clean,
-                                   "poison": self.poison.to_json()}))
-        os.replace(tmp, path)
+        self.sidecars.write(clean=True, poison=poison, sums=saved)

@@ -97,8 +97,7 @@ class Window:
         self._w = None
         self.persistence = None
         try:
-            self.persistence = WindowPersistence(None if self.ssd.temporary else self.ssd.path, self.capacity,
-                                                 self.block_size)
+            self.persistence = WindowPersistence(None if self.ssd.temporary else self.ssd.path, cfg)
             self.unclean_shutdown_detected = self.persistence.unclean_shutdown_detected
             self._w = self._open_native()
         except BaseException:
