@@ -130,7 +130,7 @@ class Bench:
         for block in (64 * KIB, 2 * MIB):
             n = (256 * MIB) // block
             order = np.arange(n, dtype=np.int64)
-            w = self.window(block, n)
+            w = self.window(block, n, WindowOptions(sample_interval_ms=0))  # no sampled faults: (c) prices them
             view = w.ndarray(0, n * block, np.uint8)
             w.prefetch(0, n * block)
             faults = w.stats()["faults"]
@@ -221,6 +221,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="one trial, short sampler runs (smoke test)")
+    parser.add_argument("--sections", default="abc", help="which parts to run (default abc)")
     args = parser.parse_args()
     reason = probe()
     if reason:
@@ -232,14 +233,17 @@ def main() -> None:
     print(f"back end: {image} ({FILE_SIZE // MIB} MiB, random bytes, O_DIRECT)\n")
     bench = Bench(image, 1 if args.quick else args.trials)
     bench.window(64 * KIB, 2).close()  # compile (or load) the firmware before timing
-    print("(a) cold reads: one fault per block, SSD read + UFFDIO_COPY (median of trials)")
-    print("\n".join(bench.cold_reads()))
-    print("\n(b) reading a prefetched range (zero faults) vs resident memory (same reader, median of alternating passes;"
+    if "a" in args.sections:
+        print("(a) cold reads: one fault per block, SSD read + UFFDIO_COPY (median of trials)")
+        print("\n".join(bench.cold_reads()))
+    if "b" in args.sections:
+        print("\n(b) reading a prefetched range (zero faults) vs resident memory (same reader, median of alternating passes;"
           " the ratio is against the better resident)")
-    print("\n".join(bench.prefetch_vs_resident(3 if args.quick else 15)))
-    print("\n(c) recency sampler (64 KiB blocks, 64 MiB hot set re-read for "
-          f"{0.5 if args.quick else 2.0:.1f} s)")
-    print("\n".join(bench.sampler_cost(0.5 if args.quick else 2.0)))
+        print("\n".join(bench.prefetch_vs_resident(3 if args.quick else 15)))
+    if "c" in args.sections:
+        print("\n(c) recency sampler (64 KiB blocks, 64 MiB hot set re-read for "
+              f"{0.5 if args.quick else 2.0:.1f} s)")
+        print("\n".join(bench.sampler_cost(0.5 if args.quick else 2.0)))
 
 
 if __name__ == "__main__":
