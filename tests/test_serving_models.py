@@ -179,6 +179,8 @@ def test_ideal_below_another_configuration_is_flagged():
     assert any("beyond the search step" in n for n in beyond)
     fine = search_notes([_cell("ideal", 1.2, step), _cell("mooncake-dram", 1.1, step)], 64.0)
     assert not any("note" in n for n in fine) and "x1.189" in fine[0]
+    none = search_notes([_cell("ideal", 0.0, math.inf), _cell("mooncake-dram", 0.0, math.inf)], 64.0)
+    assert "out of reach" in none[0]
 
 
 # ---------------------------------------------------------------- disaggregated hand-over
