@@ -38,7 +38,8 @@ import numpy as np
 from cxlhm.mailbox.hints import HintKind
 from cxlhm.traces.mooncake import Request
 from cxlhm.traces.sessions import Turn
-from host_runtime.kvstore import KVStore, NullHints, PutStatus, StoreFull, _coalesce
+from host_runtime.kvstore import KVStore, NullHints, PutStatus, StoreFull
+from host_runtime.kvstore.hints import coalesce
 
 MS = 1_000_000
 ARRIVE, LOAD, IDLE = 0, 1, 2  # event kinds; at equal times the arrival (and its hints) goes first
@@ -114,7 +115,7 @@ class _MailboxHints:
     def send_appends(self) -> None:
         pending, self._appends = self._appends, {}
         for session, ranges in pending.items():
-            self._client.append(session, _coalesce(ranges))
+            self._client.append(session, coalesce(ranges))
 
     def __getattr__(self, name):
         return getattr(self._client, name)
