@@ -38,7 +38,8 @@ import numpy as np
 from cxlhm.mailbox.hints import HintKind
 from cxlhm.traces.mooncake import Request
 from cxlhm.traces.sessions import Turn
-from host_runtime.kvstore import KVStore, NullHints, PutStatus, StoreFull, _coalesce
+from host_runtime.kvstore import KVStore, NullHints, PutStatus, StoreFull
+from host_runtime.kvstore.hints import coalesce
 
 MS = 1_000_000
 ARRIVE, LOAD, IDLE = 0, 1, 2  # event kinds; at equal times the arrival (and its hints) goes first
@@ -114,7 +115,7 @@ class _MailboxHints:
     def send_appends(self) -> None:
         pending, self._appends = self._appends, {}
         for session, ranges in pending.items():
-            self._client.append(session, _coalesce(ranges))
+            self._client.append(session, coalesce(ranges))
 
     def __getattr__(self, name):
         return getattr(self._client, name)
@@ -223,7 +224,7 @@ def _announce(session, ids: np.ndarray, reuse: np.ndarray, lead_ns: int) -> None
 def _store_new(tenant, session, sink, new: np.ndarray, chunk_bytes: int, stored: set[int],
                result: MissionResult) -> None:
     """Reserve room for the request's new chunks (their APPEND hints go out together),
-    write them in one batch, then commit each."""
+    then write and commit each."""
     data = chunk_pattern(new, chunk_bytes)
     reservations = []
     for row, h in enumerate(new.tolist()):
@@ -237,16 +238,12 @@ def _store_new(tenant, session, sink, new: np.ndarray, chunk_bytes: int, stored:
         reservations.append((h, row, res))
     if sink is not None:
         sink.send_appends()
-    if not reservations:
-        return
-    try:  # one device pass for the whole batch, as an engine writes a request's KV
-        tenant.store.handle.writev([res.hpa for _, _, res in reservations], chunk_bytes,
-                                   data[[row for _, row, _ in reservations]], session=session.id)
-    except BaseException:
-        for _, _, res in reservations:
+    for h, row, res in reservations:
+        try:
+            res.write(data[row])
+        except BaseException:
             res.abort()
-        raise
-    for h, _, res in reservations:
+            raise
         res.commit()
         stored.add(h)
         result.chunks_written += 1
