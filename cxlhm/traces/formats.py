@@ -77,6 +77,8 @@ def format_names() -> list[str]:
 
 def guess_format(path: str | Path) -> str:
     name = Path(path).name.lower()
+    for compressed in (".xz", ".gz"):  # the Mooncake reader opens these directly
+        name = name.removesuffix(compressed)
     if name.endswith(".cbt"):
         return "cxlhm"
     if "oraclegeneral" in name or name.endswith(".bin"):
