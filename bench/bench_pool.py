@@ -57,11 +57,11 @@ def host_worker(sock, dir_path, me, hosts, sessions, turns, chunk_bytes, barrier
         q.put(kv.metrics)
 
 
-def hit_path(svc: PoolService, block: int, reps: int) -> tuple[float, float]:
+def hit_path(svc: PoolService, nbytes: int, reps: int) -> tuple[float, float]:
     with PoolHost.attach(svc.socket_path, "probe", ["probe"], authkey=KEY) as host:
         t = host.tenant("probe")
-        t.write_from(0, np.ones(block, np.uint8))
-        buf = np.empty(block, np.uint8)
+        t.write_from(0, np.ones(nbytes, np.uint8))
+        buf = np.empty(nbytes, np.uint8)
         t.read_into(0, buf)
         start = time.perf_counter_ns()
         for _ in range(reps):
@@ -70,7 +70,7 @@ def hit_path(svc: PoolService, block: int, reps: int) -> tuple[float, float]:
         assert t.direct_hits >= reps
         start = time.perf_counter_ns()
         for _ in range(reps):
-            host._call(P.Op.READ, t.id, 0, block)
+            host._call(P.Op.READ, t.id, 0, nbytes)
         service = (time.perf_counter_ns() - start) / reps
     return direct, service
 
@@ -87,15 +87,15 @@ def main() -> int:
     print(f"# command: {command()}")
     print(f"# machine: {machine()} (shared with other agents' jobs while measured: figures are noisy)")
     tmp = Path(tempfile.mkdtemp(prefix="cxlhm-bench-pool-"))
-    block = 64 << 10
+    block = 4 << 10
     chunk = args.chunk_kib << 10
-    part = -(-args.partition_chunks * (chunk + 64) // block) * block
-    handle = open_device({"capacity": 64 * part, "block_size": block, "dram_bytes": 64 * block,
+    part = args.partition_chunks * -(-(chunk + 64) // block) * block  # a chunk takes whole blocks
+    handle = open_device({"capacity": 64 * part, "block_size": block, "dram_bytes": 1024 * block,
                           "backend": {"path": str(tmp / "pool.img")}})
     with PoolService(handle, tmp / "pool.sock", state_dir=tmp / "state", partition_bytes=part,
                      mirror_bytes=part, authkey=KEY).start() as svc:
-        direct, service = hit_path(svc, block, args.reps)
-        print(f"hit path, one {block >> 10} KiB block: mirror {direct / 1000:.1f} us, through the service "
+        direct, service = hit_path(svc, chunk, args.reps)
+        print(f"hit path, one {args.chunk_kib} KiB read: mirror {direct / 1000:.1f} us, through the service "
               f"{service / 1000:.1f} us ({service / direct:.1f}x)")
         d = SharedMemoryDirectory.create(tmp / "dir.shm", entries=args.sessions * args.turns * 2)
         ctx = mp.get_context("spawn")

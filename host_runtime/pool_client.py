@@ -23,7 +23,7 @@ import numpy as np
 
 from cxlhm.pool import protocol as P
 from cxlhm.pool.mirror import MirrorReader
-from host_runtime.driver import _byte_view
+from host_runtime.buffers import byte_view
 from host_runtime.mailbox import HintClient, MailboxClient
 
 PoolError = P.PoolError
@@ -45,7 +45,7 @@ class PooledTenant:
         self.service_reads = 0
 
     def read_into(self, offset: int, buf: Any) -> int:
-        view = _byte_view(buf, writable=True)
+        view = byte_view(buf, writable=True)
         if self.mirror.read(offset, view):
             self.direct_hits += 1
             return view.shape[0]
@@ -65,7 +65,7 @@ class PooledTenant:
         return out.tobytes()
 
     def write_from(self, offset: int, buf: Any) -> int:
-        view = _byte_view(buf, writable=False)
+        view = byte_view(buf, writable=False)
         for start in range(0, max(1, view.shape[0]), P.MAX_MESSAGE):
             part = view[start:start + P.MAX_MESSAGE]
             self.host._call(P.Op.WRITE, self.id, offset + start, 0, part.data)

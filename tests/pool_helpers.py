@@ -122,17 +122,21 @@ def read_record(buf: np.ndarray) -> tuple[int, int, int] | None:
     return (version, owner, index) if np.array_equal(buf, block_record(owner, index, version, buf.shape[0])) else None
 
 
-def host_store(sock, authkey, name, tenant, dir_path, salt, n, skip, q):
+def host_store(sock, authkey, name, tenant, dir_path, salt, n, skip, stored, q):
     with attach(sock, name, [tenant], authkey) as host:
         kv = pooled_kv(host, tenant, dir_path)
         ks = keys(n, salt)
         for i, k in enumerate(ks):
             if i not in skip:
                 kv.put(k, chunk_data(k), tokens=16)
+        stored.set()
         q.put({"host_id": host.host_id})
 
 
-def host_lookup(sock, authkey, name, tenant, dir_path, salt, n, q):
+def host_lookup(sock, authkey, name, tenant, dir_path, salt, n, stored, q):
+    """Starts with the storing host (their start-ups overlap), looks up once it has stored."""
+    if not stored.wait(300):
+        raise TimeoutError("the storing host never finished")
     with attach(sock, name, [tenant], authkey) as host:
         kv = pooled_kv(host, tenant, dir_path)
         ks = keys(n, salt)

@@ -123,3 +123,20 @@ def test_metrics_arithmetic():
     assert s.metadata_ops_per_useful_token == 30 / 100 and s.prefetch_accuracy == 3 / 4
     assert "staleness rate" in s.table() and s.as_dict()["wasted_bytes"] == 4096
     assert DirectoryMetrics().metadata_ops_per_useful_token == 0.0
+
+
+def test_open_directory_by_url(tmp_path, redis_server):
+    from host_runtime.directory import DIRECTORIES, open_directory
+    from host_runtime.directory.redis import RedisDirectory
+    d = SharedMemoryDirectory.create(tmp_path / "dir.shm", entries=100)
+    d.publish(fp(1), loc(1))
+    with open_directory(f"shm://{tmp_path / 'dir.shm'}") as again:
+        assert again.lookup(fp(1)) == loc(1)
+    with open_directory(redis_server.url) as r:
+        assert isinstance(r, RedisDirectory)
+    assert {"redis", "shm"} <= set(DIRECTORIES.names())
+    with pytest.raises(LookupError, match="unknown content directory 'etcd'; available: redis, shm"):
+        open_directory("etcd://x")
+    with pytest.raises(ValueError, match="expected a URL"):
+        open_directory("/dev/shm/x")
+    d.close()

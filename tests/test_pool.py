@@ -54,8 +54,10 @@ def run_hosts(*targets, timeout: float = 240) -> list[dict]:
 def test_store_on_one_host_hit_on_another_prefix_and_sparse(service, directory):
     sock, key = service.socket_path, service.authkey
     skip = {4, 7}
-    run_hosts((host_store, (sock, key, "host-a", "t", directory.path, b"s", 10, skip)))
-    (seen,) = run_hosts((host_lookup, (sock, key, "host-b", "t", directory.path, b"s", 10)))
+    stored = CTX.Event()
+    results = run_hosts((host_store, (sock, key, "host-a", "t", directory.path, b"s", 10, skip, stored)),
+                        (host_lookup, (sock, key, "host-b", "t", directory.path, b"s", 10, stored)))
+    (seen,) = [r for r in results if "prefix" in r]
     assert seen["prefix"] == 4                                   # stops at the first gap
     assert seen["hit"] == [i not in skip for i in range(10)]     # sparse: every other hit, with gaps
     assert seen["right"]

@@ -38,6 +38,10 @@ class RedisDirectory(ContentDirectory):
         self.client = client if client is not None else redis.Redis.from_url(url)
         self._remove_if = self.client.register_script(_REMOVE_IF)
 
+    @classmethod
+    def from_url(cls, url: str) -> "RedisDirectory":
+        return cls(url)
+
     def _names(self, keys: np.ndarray) -> list[bytes]:
         raw = np.ascontiguousarray(keys, np.uint64).tobytes()
         ns = self.namespace

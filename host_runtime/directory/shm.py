@@ -102,6 +102,12 @@ class SharedMemoryDirectory(ContentDirectory):
             os.close(fd)
             raise
 
+    @classmethod
+    def from_url(cls, url: str) -> "SharedMemoryDirectory":
+        """shm:///path/of/the/table: attach an existing directory."""
+        from urllib.parse import urlsplit
+        return cls.attach(urlsplit(url).path)
+
     def close(self) -> None:
         if self._mm is None:
             return
