@@ -25,11 +25,25 @@ Replay a block trace through each policy's compiled firmware (timing-only, no da
 each DRAM size; print a table of miss ratios and write a PNG plot.
 
 Sizes: a bare number is a count of blocks, a number with a unit is bytes (64MiB), N% is
-a share of the trace's distinct blocks.
+a share of the trace's distinct blocks. A size above the trace's distinct blocks is
+simulated at that count (a cache that holds everything never evicts).
+
+With --timing PROFILE every access is also charged to the profile's timing model on the
+model clock. How trace records become device I/O: each record (one access to one block
+id) is one access to one device block of B bytes at HPA id x B - a write where the trace
+says write, else a read - where B is --block-size if given, else the profile's block size
+(cmm-h: 64 KiB); byte sizes in --sizes count B-byte blocks too. A Mooncake record is one
+hash id (512 tokens of KV). Closed loop (default): --queue-depth N accesses in flight,
+each issued when the one N before it completed (1: one after the other). --open-loop:
+each access issues at its trace timestamp (Mooncake, cxlhm and traces with a time column)
+and its latency includes the time it queued behind earlier ones. A second plot,
+NAME-latency.png beside --out, shows mean and p99 latency vs size.
+
+The Mooncake trace ships with cxlhm (cxlhm.traces.mooncake.DEFAULT_TRACE, .jsonl.xz).
 
 examples:
-  cxlhm mrc --trace ../shared/traces/mooncake_conversation_trace.jsonl --policies lru,arc,s3fifo,sieve,belady \\
-            --sizes 1000,5000,20000
+  cxlhm mrc --trace "$(python -c 'from cxlhm.traces.mooncake import DEFAULT_TRACE; print(DEFAULT_TRACE)')" \\
+            --policies lru,arc,s3fifo,sieve,belady --sizes 1000,5000,20000
   cxlhm mrc --trace w.oracleGeneral.bin --format oracle-general --block-size 4KiB --sizes 1%,5%,10% --json
   cxlhm mrc --trace w.csv --format csv --csv-spec "time-col=1, obj-id-col=2, op-col=3" --sizes 64MiB,256MiB
   cxlhm mrc --trace w.cbt --policies lru,s3fifo --sizes 1%,10% --timing cmm-h    # + mean and p99 latency
