@@ -18,7 +18,7 @@ $(ENGINES): $(STAMP) requirements-engines.txt
 	$(VENV)/bin/pip install -q --no-deps -r requirements-engines.txt
 	touch $(ENGINES)
 
-run: $(STAMP)  ## the main job on the built-in default: replay a Mooncake trace slice through a cmm-h device
+run: $(STAMP)  ## the main job: the Mooncake trace through the KV store, LRU vs hymcache with hints
 	$(VENV)/bin/cxlhm run $(ARGS)
 
 test: $(STAMP) $(ENGINES)  ## the test suite (fast default; slow cases: make test-all)
