@@ -35,7 +35,7 @@ from cxlhm.integrity import BlockChecksums, PoisonError, PoisonTable, checksum
 from cxlhm.media.dram import DeviceDram
 from cxlhm.media.faults import FaultInjector, FaultPlan
 from cxlhm.mailbox import Mailbox
-from cxlhm.mailbox.hints import HintKind
+from cxlhm.mailbox.hints import DeviceBusy, HintKind
 from cxlhm.media.ssd import SsdBackend
 from cxlhm.modelclock import ModelClock
 from cxlhm.timing import LatencyRecorder, TimingModel, charge_flush
@@ -55,7 +55,7 @@ class MediaError(OSError):
     """The SSD back end failed an I/O the device could not hide."""
 
 
-__all__ = ["AccessOutOfRange", "Device", "DeviceClosed", "DeviceFull", "MediaError", "PoisonError", "ReadTicket",
+__all__ = ["AccessOutOfRange", "Device", "DeviceBusy", "DeviceClosed", "DeviceFull", "MediaError", "PoisonError", "ReadTicket",
            "WOULD_BLOCK"]
 
 
@@ -445,6 +445,11 @@ class Device:
         Called with the lock held and returns with it held; on the wall clock it is
         released while the pass's fill reads and copy run (_fill_and_copy)."""
         self._wait_for_slots(hpas, lens)
+        if self.bt.scalars[btm.N_PINNED]:  # pins that landed while this pass waited may leave it too few slots
+            room = self.n_slots - int(self.bt.scalars[btm.N_PINNED])
+            firsts = hpas // self.block_size
+            if 0 < room < int(((hpas + np.maximum(lens, 1) - 1) // self.block_size - firsts + 1)[lens > 0].sum()):
+                return self._access_split(hpas, lens, user_addr, is_write, owner, t, room, s)
         self._sync_time()  # the policy's deadlines and ages read it
         if self.poison:  # again, in the hold that plans: a thread that ran meanwhile may have poisoned
             for hpa, n in zip(hpas.tolist(), lens.tolist()):
@@ -1008,18 +1013,24 @@ class Device:
         self.counters[C.SSD_WRITE_BYTES] += n * self.block_size
 
     # ------------------------------------------------------------ hints and background work
-    def hint(self, kind: int, session: int, first_block: int, n_blocks: int, arg: int = 0) -> bool:
+    def hint(self, kind: int, session: int, first_block: int, n_blocks: int, arg: int = 0, *,
+             lock_timeout: float = -1) -> bool:
         """Deliver a request-lifecycle hint. PIN/UNPIN are carried out by the runtime;
         every other kind goes to the policy's compiled on_hint hook. The caller (the
         mailbox) validates the range. Hints are advisory: returns False when one was
-        not followed (e.g. a pin that would leave no DRAM for misses), never raises."""
-        with self._lock:
+        not followed (e.g. a pin that would leave no DRAM for misses). `lock_timeout`
+        (seconds, -1: no limit): DeviceBusy if the data path holds the device longer."""
+        if not self._lock.acquire(timeout=lock_timeout):
+            raise DeviceBusy(f"the device was busy for {lock_timeout} s")
+        try:
             if self.closed:
                 return False
             self._sync_time()
             if kind in (HintKind.PIN, HintKind.UNPIN):
                 return self._pin(first_block, n_blocks, kind == HintKind.PIN)
             self.kernels.hint(self.bt, self.ps, self.clock, kind, session, first_block, n_blocks, arg)
+        finally:
+            self._lock.release()
         self._background_wake.set()
         return True
 
