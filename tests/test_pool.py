@@ -280,3 +280,17 @@ def test_eight_hosts_mixed_load_lose_no_update(service, directory):
     ok, out = kv.get_many(published)
     assert ok.all() and all(bytes(o) == chunk_data(k, 512) for o, k in zip(out, published))
     reader.close()
+
+
+def test_closing_the_service_with_hosts_attached_is_prompt(tmp_path):
+    import time
+    svc = in_process_service(tmp_path)
+    hosts = [attach(svc, f"h{i}", ["t"]) for i in range(3)]
+    hosts[0].tenant("t").store(0, b"x")
+    started = time.monotonic()
+    svc.close()
+    assert time.monotonic() - started < 8  # hosts' connections are shut, not waited out (10 s each)
+    with pytest.raises((PoolError, EOFError, OSError)):
+        hosts[1].tenant("t").load(0, 1)
+    for h in hosts:
+        h.close()
