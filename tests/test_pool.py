@@ -51,12 +51,26 @@ def run_hosts(*targets, timeout: float = 240) -> list[dict]:
 
 
 # ---------------------------------------------------------------- sharing across hosts
-def test_store_on_one_host_hit_on_another_prefix_and_sparse(service, directory):
+@pytest.fixture(scope="module")
+def redis_url():
+    from cxlhm.testing.redis_server import RedisServer, RedisUnavailable
+    pytest.importorskip("redis")
+    try:
+        server = RedisServer().start()
+    except RedisUnavailable as exc:
+        pytest.skip(str(exc))
+    yield server.url
+    server.stop()
+
+
+@pytest.mark.parametrize("where", ["shm", pytest.param("redis", marks=pytest.mark.slow)])
+def test_store_on_one_host_hit_on_another_prefix_and_sparse(service, directory, where, request):
     sock, key = service.socket_path, service.authkey
+    address = directory.path if where == "shm" else request.getfixturevalue("redis_url")
     skip = {4, 7}
     stored = CTX.Event()
-    results = run_hosts((host_store, (sock, key, "host-a", "t", directory.path, b"s", 10, skip, stored)),
-                        (host_lookup, (sock, key, "host-b", "t", directory.path, b"s", 10, stored)))
+    results = run_hosts((host_store, (sock, key, "host-a", "t", address, b"s", 10, skip, stored)),
+                        (host_lookup, (sock, key, "host-b", "t", address, b"s", 10, stored)))
     (seen,) = [r for r in results if "prefix" in r]
     assert seen["prefix"] == 4                                   # stops at the first gap
     assert seen["hit"] == [i not in skip for i in range(10)]     # sparse: every other hit, with gaps
@@ -64,6 +78,21 @@ def test_store_on_one_host_hit_on_another_prefix_and_sparse(service, directory):
     m = seen["metrics"]
     assert m["remote_hits"] == 16 and m["stale_entries"] == 0  # both passes verified host-a's 8 chunks
     assert seen["direct_hits"] > 0  # blocks host-a wrote were loaded from the mirror, no round trip
+
+
+def test_hosts_share_chunks_through_a_redis_directory(service, redis_url):
+    from host_runtime.directory.redis import RedisDirectory
+    a, b = attach(service, "a", ["t"]), attach(service, "b", ["t"])
+    ka = PooledKV(a.tenant("t"), RedisDirectory(redis_url, namespace="pool-test"))
+    kb = PooledKV(b.tenant("t"), RedisDirectory(redis_url, namespace="pool-test"))
+    ks = keys(6, b"redis")
+    for i in (0, 1, 3, 5):
+        ka.put(ks[i], chunk_data(ks[i]))
+    ok, out = kb.get_many(ks)
+    assert ok.tolist() == [True, True, False, True, False, True]
+    assert all(bytes(out[i]) == chunk_data(ks[i]) for i in (0, 1, 3, 5))
+    assert kb.metrics.remote_hits == 4 and kb.prefix_hits(ks) == 2
+    a.close(), b.close()
 
 
 def test_mirror_stays_coherent_with_writes(service):
