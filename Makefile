@@ -12,13 +12,19 @@ $(STAMP): pyproject.toml setup.py native/cxlhm_native.c native/cxlhm_native.h na
 	$(VENV)/bin/pip install -q -e '.[test,serving]'
 	touch $(STAMP)
 
+# The serving engines' wheels, without their GPU stacks (tests/test_engine_*.py load their real classes)
+ENGINES := $(VENV)/.engines
+$(ENGINES): $(STAMP) requirements-engines.txt
+	$(VENV)/bin/pip install -q --no-deps -r requirements-engines.txt
+	touch $(ENGINES)
+
 run: $(STAMP)  ## the main job on the built-in default: replay a Mooncake trace slice through a cmm-h device
 	$(VENV)/bin/cxlhm run $(ARGS)
 
-test: $(STAMP)  ## the test suite (fast default; slow cases: make test-all)
+test: $(STAMP) $(ENGINES)  ## the test suite (fast default; slow cases: make test-all)
 	$(VENV)/bin/pytest $(ARGS)
 
-test-all: $(STAMP)
+test-all: $(STAMP) $(ENGINES)
 	$(VENV)/bin/pytest -m '' $(ARGS)
 
 bench: $(STAMP)  ## every bench in bench/ (minutes; prints ratios against baselines measured in the same run)

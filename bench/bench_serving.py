@@ -68,10 +68,20 @@ def main() -> int:
                         help="MODEL@GPU,... that also run disaggregated (default all; the rest colocated only)")
     parser.add_argument("--pools", default="16GiB,48GiB",
                         help="extra GPU KV pool sizes for the sensitivity map (first pair, colocated)")
+    parser.add_argument("--pools-only", action="store_true",
+                        help="run only the pool-size cells of the first pair (to add them to an earlier run)")
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--ray", default=None)
     parser.add_argument("--out", default="out/bench-serving")
+    parser.add_argument("--map-from", nargs="+", metavar="SUMMARY_JSON",
+                        help="draw the sensitivity map from earlier runs' summary.json files, run nothing")
     args = parser.parse_args()
+    if args.map_from:
+        summary = [s for path in args.map_from for s in json.loads(Path(path).read_text())]
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        plot_sensitivity(summary, Path(args.out) / "sensitivity.png")
+        print(f"sensitivity map of {len(summary)} cells: {Path(args.out) / 'sensitivity.png'}")
+        return 0
 
     pairs = parse_pairs(args.pairs)
     refine = args.refine if args.refine is not None else (2 if args.quick else 4)
@@ -99,6 +109,8 @@ def main() -> int:
             runs.append((f"{first.model}@{first.gpu} pool {pool >> 30} GiB",
                          parse_comparison("mooncake,agent", args.configs, p, [], "colocated", refine=refine,
                                           sizes=sizes), p))
+        if args.pools_only:
+            runs = runs[len(runs) - len(pools):]
     print(f"command: {command()}")
     print(f"machine: {machine()} (model clock: the figures do not depend on it)")
     print(f"sizes: {sizes or 'bench defaults (Mooncake: whole trace prefix per workload file; agent 150)'}; "

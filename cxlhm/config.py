@@ -104,6 +104,11 @@ def _optional_path(value: Any) -> str | None:
     return str(path)
 
 
+def _backend_kind(value: Any) -> str:
+    from cxlhm.media.registry import backend_kinds  # names only: no back end is imported
+    return _choice(*backend_kinds())(value)
+
+
 def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"must be a string, got {value!r}")
@@ -150,11 +155,17 @@ SCHEMA: dict[str, Any] = {
     "mode": Field(_choice("explicit", "window"), "explicit", "explicit: load/store API; window: userfaultfd memory window"),
     "seed": Field(_int_range(0, 2**63 - 1), 0, "seed for every random choice the device makes"),
     "backend": {
+        "kind": Field(_backend_kind, "ssd", "back end: ssd (O_DIRECT io_uring on a file or block device) | memory "
+                                            "(an mmap of the file, or anonymous; for tests)"),
         "path": Field(_optional_path, None, "SSD image file or block device (O_DIRECT); null = temporary file"),
         "queue_depth": Field(_int_range(1, 4096), 128, "io_uring submission queue entries"),
         "retries": Field(_int_range(0, 100), 3, "resubmissions of a failed or short SSD op before the block is poisoned"),
         "faults": Field(_mapping, {}, "fault injection: read/write_error_rate, short_read/write_rate, "
                                       "spike_rate + spike_ns, capacity_bytes (see cxlhm/media/faults.py)"),
+        "lost_sidecar": Field(_choice("refuse", "poison", "trust"), "refuse",
+                              "a missing or corrupt checksum/metadata file beside the image: refuse to open | poison "
+                              "(every block holding data reads as poison until rewritten) | trust (checksum the "
+                              "image as it is)"),
     },
     "firmware": {
         "policy": Field(_text, "lru", "firmware policy name (`cxlhm policies` lists them)"),
@@ -175,6 +186,8 @@ class BackendConfig:
     queue_depth: int
     retries: int = 3
     faults: dict = dataclasses.field(default_factory=dict)
+    kind: str = "ssd"
+    lost_sidecar: str = "refuse"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -355,7 +368,7 @@ def load_config(spec: str | Path | Mapping | None = None, overrides: Mapping | N
         block_size=values["block_size"], dram_bytes=values["dram_bytes"], data=values["data"],
         clock=values["clock"], mode=values["mode"], seed=values["seed"],
         backend=BackendConfig(values["backend.path"], values["backend.queue_depth"], values["backend.retries"],
-                              values["backend.faults"]),
+                              values["backend.faults"], values["backend.kind"], values["backend.lost_sidecar"]),
         firmware=FirmwareConfig(values["firmware.policy"], values["firmware.params"], values["firmware.write_mode"],
                                 values["firmware.background"]),
         timing=values["timing"], sources=tuple(s for s, _ in layers), provenance=provenance,

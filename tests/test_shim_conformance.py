@@ -264,24 +264,6 @@ class TestSGLang(ShimConformance):
         assert adapter.batch_get_v2([NS(name="mamba", keys=["v2"], host_indices=np.arange(4))]) == {"mamba": [True]}
         assert (mamba.kv_buffer[:4] == 2).all()
 
-    def test_loads_through_the_dynamic_backend_contract(self, tmp_path):
-        class StorageConfig:  # the fields SGLang's factory passes (HiCacheStorageConfig)
-            tp_rank, tp_size, pp_rank, dp_rank, is_mla_model, model_name = 1, 2, 0, 0, False, "meta-llama/Llama-3-8B"
-            extra_config = {"backend_name": "cxlhm", "module_path": "host_runtime.shim.sglang",
-                            "class_name": "CxlhmHiCacheStorage", "hints": "none",
-                            "device": {"capacity": "4MiB", "block_size": "4KiB", "dram_bytes": "32KiB",
-                                       "backend": {"path": str(tmp_path / "rank{tp_rank}.img")}}}
-        import importlib
-        cls = getattr(importlib.import_module(StorageConfig.extra_config["module_path"]),
-                      StorageConfig.extra_config["class_name"])
-        backend = cls(StorageConfig(), {})  # exactly how the factory calls it
-        try:
-            assert backend.set("k", data(1)) and backend.exists("k")
-            assert backend.shim.tenant.name == "sglang:meta-llama-Llama-3-8B:tp1-2"
-            assert (tmp_path / "rank1.img").exists()
-        finally:
-            backend.close()
-
 
 # ---------------------------------------------------------------- LMCache RemoteConnector
 class TestLMCache(ShimConformance):

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cxlhm.registry import Registry
+from cxlhm.traces import check_trace_file
 from cxlhm.traces.blocktrace import BlockTrace, read_block_trace
 from cxlhm.traces.lcs_csv import read_csv
 from cxlhm.traces.mooncake_blocks import mooncake_block_trace
@@ -91,6 +92,7 @@ def load_trace(path: str | Path, fmt: str | None = None, *, limit: int | None = 
                block_size: int | None = None, csv_spec: str | None = None) -> BlockTrace:
     """Read `path` as `fmt` (guessed from the name when None). `limit` keeps the first
     accesses; `block_size` overrides the trace's bytes per block."""
+    check_trace_file(str(path))
     key = (fmt or guess_format(path)).lower()
     key = _ALIASES.get(key, key)
     if key not in FORMATS:

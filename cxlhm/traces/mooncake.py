@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cxlhm.traces import TraceError, text_lines
+from cxlhm.traces import TraceError, check_trace_file, text_lines
 
 BLOCK_TOKENS = 512
 # Shipped with the package (Apache-2.0, see data/README.md), so a pip install or a plain clone can run.
@@ -53,6 +53,7 @@ def read_requests(path: str | Path = DEFAULT_TRACE, limit: int | None = None) ->
     raises TraceError with the line number."""
     path = str(path)
     out: list[Request] = []
+    check_trace_file(path)
     try:
         handle = open_trace_binary(path)
     except OSError as exc:
@@ -67,6 +68,8 @@ def read_requests(path: str | Path = DEFAULT_TRACE, limit: int | None = None) ->
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise TraceError(path, str(lineno), f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+            except RecursionError:
+                raise TraceError(path, str(lineno), "JSON nested too deeply") from None
             if not isinstance(obj, dict):
                 raise TraceError(path, str(lineno), "expected a JSON object with timestamp, input_length, output_length, hash_ids")
             ids = obj.get("hash_ids")

@@ -20,20 +20,36 @@ calls ``cls(storage_config, kwargs)`` (storage/backend_factory.py)::
     --hicache-mem-layout page_first --hicache-storage-backend dynamic \\
     --hicache-storage-backend-extra-config '{"backend_name": "cxlhm",
       "module_path": "host_runtime.shim.sglang", "class_name": "CxlhmHiCacheStorage",
+      "interface_v1": 1,
       "device": {"capacity": "1TiB", "dram_bytes": "256MiB",
-                 "backend": {"path": "/mnt/nvme/cxlhm-{tp_rank}.img"}}}'
+                 "backend": {"path": "/mnt/nvme/cxlhm-{rank}.img"}}}'
 
-extra_config keys (besides SGLang's three): ``device`` (a profile name or a dict of
-device settings, as ``open_device``), ``tenant`` (default: derived from the model
-name and the TP rank, as SGLang's file backend suffixes its keys), ``index_path``,
-``hints`` ("mailbox" | "direct" | "none"). ``{tp_rank}``, ``{tp_size}``, ``{pp_rank}``
-and ``{dp_rank}`` in the image path give each rank its own device image: every rank is
-its own process, and one image must never be opened by two devices.
+``interface_v1: 1`` makes SGLang's controller move pages with batch_get_v1 /
+batch_set_v1 (zero-copy from its host pool); without it SGLang copies every page
+through get_data_page / batch_set.
+
+extra_config keys (besides SGLang's): ``device`` (a profile name or a dict of device
+settings, as ``open_device``), ``tenant`` (default: the model and this rank's shard),
+``index_path``, ``hints`` ("mailbox" | "direct" | "none"), ``mla_replicas`` (default
+true, see below).
+
+Topology. Every rank is its own process with its own device image: ``{rank}`` in the
+image path becomes this rank's full shard name (``tp0-pp0-dp0-cp0``; ``{tp_rank}``,
+``{tp_size}``, ``{pp_rank}``, ``{dp_rank}``, ``{cp_rank}`` also work), and a path that
+names no rank gets ``.{rank}`` appended whenever the engine runs more than one rank,
+so PP stages, DP-attention groups and CP ranks never open one image twice. For MLA
+models SGLang lets only one TP rank write (``backup_skip``) and takes the MIN of the
+ranks' hits, so a rank whose image never saw a write would veto every hit; with
+``mla_replicas`` every TP rank writes the (identical) pages to its own image, and all
+ranks report the same hits.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -47,23 +63,29 @@ try:  # subclass SGLang's real base class when SGLang is installed
 except Exception:  # noqa: BLE001 - any import failure means "no SGLang here"
     _Base = object
 
+ALL_PAGES, TRAILING_PAGES, BLOCK_GROUPS = "all_pages", "trailing_pages", "block_groups"
+
 
 class CxlhmHiCacheStorage(_Base):
     def __init__(self, storage_config: Any = None, kwargs: Any = None, *, shim: KVShim | None = None):
         extra = dict(getattr(storage_config, "extra_config", None) or {})
         self._owns_shim = shim is None
+        self.storage_config = storage_config
+        if storage_config is not None and extra.get("mla_replicas", True):
+            _every_mla_rank_writes(storage_config)
         if shim is None:
-            ranks = {name: getattr(storage_config, name, 0) or 0 for name in ("tp_rank", "pp_rank", "dp_rank")}
-            ranks["tp_size"] = getattr(storage_config, "tp_size", 1) or 1
+            ranks = rank_fields(storage_config)
             shim = KVShim.open(_device_settings(extra.get("device"), ranks), tenant=extra.get("tenant") or _tenant_name(storage_config),
                                index_path=extra.get("index_path"), hints=extra.get("hints", "mailbox"))
         self.shim = shim
         self.buffers = RegisteredBuffers()
         self.mem_pool_host = None
+        self.metrics = _PageMetrics(bool(getattr(storage_config, "enable_storage_metrics", False)))
 
     # ------------------------------------------------------------ host pool
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         self.mem_pool_host = mem_pool_host
+        self.metrics.page_bytes = int(getattr(mem_pool_host, "size_per_token", 0) or 0) * int(getattr(mem_pool_host, "page_size", 1) or 1)
         for name in ("kv_buffer", "k_buffer", "v_buffer"):
             buf = getattr(mem_pool_host, name, None)
             for tensor in (buf if isinstance(buf, (list, tuple)) else [buf]):
@@ -112,22 +134,31 @@ class CxlhmHiCacheStorage(_Base):
     def batch_get(self, keys: list[str], target_locations: Any = None, target_sizes: Any = None) -> list[Any]:
         locations = target_locations or [None] * len(keys)
         sizes = target_sizes or [None] * len(keys)
-        return [self.get(k, loc, size) for k, loc, size in zip(keys, locations, sizes)]
+        with self.metrics.timed(write=False) as results:
+            got = [self.get(k, loc, size) for k, loc, size in zip(keys, locations, sizes)]
+            results += [g is not None for g in got]
+        return got
 
     def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None, target_sizes: Any = None) -> bool:
         values = values if values is not None else [None] * len(keys)
         locations = target_locations or [None] * len(keys)
         sizes = target_sizes or [None] * len(keys)
-        return all([self.set(k, v, loc, size) for k, v, loc, size in zip(keys, values, locations, sizes)])
+        with self.metrics.timed(write=True) as results:
+            results += [self.set(k, v, loc, size) for k, v, loc, size in zip(keys, values, locations, sizes)]
+        return all(results)
 
     def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
         return self.shim.lookup_prefix(keys)
 
     def batch_get_v1(self, keys: list[str], host_indices: Any, extra_info: Any = None) -> list[bool]:
-        return self._pages(keys, host_indices, write=False)
+        with self.metrics.timed(write=False) as results:
+            results += self._pages(keys, host_indices, write=False)
+        return results
 
     def batch_set_v1(self, keys: list[str], host_indices: Any, extra_info: Any = None) -> list[bool]:
-        return self._pages(keys, host_indices, write=True)
+        with self.metrics.timed(write=True) as results:
+            results += self._pages(keys, host_indices, write=True)
+        return results
 
     # ------------------------------------------------------------ v2: several host pools
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
@@ -137,24 +168,51 @@ class CxlhmHiCacheStorage(_Base):
 
     def batch_exists_v2(self, keys: list[str], pool_transfers: Any = None, extra_info: Any = None) -> Any:
         """Longest usable prefix over the KV pages and every extra pool's pages (stored
-        under ``<key>.<pool>``), with SGLang's per-pool hit policies."""
+        under ``<key>.<pool>``), with SGLang's per-pool hit policies: ALL_PAGES (every
+        page of the prefix), TRAILING_PAGES (only the last len(keys) pages: Mamba / SWA
+        state, so 5 pages may be restorable while 4 are not), BLOCK_GROUPS (the pool
+        reports the pages its leading complete key groups cover; it never gates the KV
+        hit). ``restorable_prefix_pages`` lists every restorable prefix length."""
         kv_pages = self.shim.lookup_prefix(keys)
         hits = {"kv": kv_pages} if kv_pages else {}
-        final = kv_pages
+        restorable = set(range(1, kv_pages + 1))
         for transfer in pool_transfers or []:
-            if final == 0:
+            name, policy = str(transfer.name), hit_policy(transfer)
+            if policy == BLOCK_GROUPS:
+                covered = self._block_group_pages(transfer, kv_pages)
+                if covered:
+                    hits[name] = covered
+                continue
+            if not restorable:
                 break
-            name = str(transfer.name)
             present = self.shim.exists([_pool_key(k, name) for k in keys[:kv_pages]])
-            if str(getattr(transfer, "hit_policy", "all_pages")).endswith("trailing_pages"):
-                trailing = max(1, len(transfer.keys) if transfer.keys else 1)
-                boundary = next((n for n in range(kv_pages, 0, -1) if all(present[max(0, n - trailing):n])), 0)
-            else:
+            if policy == ALL_PAGES:
                 boundary = present.index(False) if False in present else kv_pages
+                pool_restorable = set(range(1, boundary + 1))
+            elif policy == TRAILING_PAGES:
+                trailing = max(1, len(transfer.keys) if transfer.keys else 1)
+                pool_restorable = {n for n in range(1, kv_pages + 1) if all(present[max(0, n - trailing):n])}
+                boundary = max(pool_restorable, default=0)
+            else:
+                raise ValueError(f"pool {name!r}: unsupported hit policy {policy!r} "
+                                 f"(accepted: {ALL_PAGES}, {TRAILING_PAGES}, {BLOCK_GROUPS})")
             if boundary:
                 hits[name] = boundary
-            final = min(final, boundary)
-        return _pool_result(final, hits)
+            restorable &= pool_restorable
+        ordered = sorted(restorable)
+        return _pool_result(ordered[-1] if ordered else 0, hits, ordered)
+
+    def _block_group_pages(self, transfer: Any, kv_pages: int) -> int:
+        """FULL pages covered by the leading complete key groups of a BLOCK_GROUPS pool."""
+        group, block = int(getattr(transfer, "group_pages", 0) or 0), int(getattr(transfer, "block_pages", 0) or 0)
+        pool_keys = list(transfer.keys or [])
+        if group <= 0 or block <= 0 or not pool_keys:
+            return 0
+        present = self.shim.exists([_pool_key(k, str(transfer.name)) for k in pool_keys])
+        groups = 0
+        while (groups + 1) * group <= len(present) and all(present[groups * group:(groups + 1) * group]):
+            groups += 1
+        return min(groups * block, kv_pages)
 
     def batch_get_v2(self, transfers: list, extra_info: Any = None) -> dict[str, list[bool]]:
         return {str(t.name): self._pool_pages(t, write=False) for t in transfers}
@@ -181,8 +239,10 @@ class CxlhmHiCacheStorage(_Base):
         self.shim.remove(self.shim.keys())
         return True
 
-    def get_stats(self) -> dict:
-        return self.shim.stats()
+    def get_stats(self) -> Any:
+        """SGLang's StorageMetrics (pages and bandwidth per prefetch / backup call since
+        the last call) when the engine runs with --enable-metrics, else None."""
+        return self.metrics.take()
 
     def close(self) -> None:
         if self._owns_shim:
@@ -206,7 +266,8 @@ class CxlhmHiCacheStorage(_Base):
     def _pages(self, keys: list[str], host_indices: Any, *, write: bool) -> list[bool]:
         pool = self.mem_pool_host
         if pool is None:
-            raise RuntimeError("batch_*_v1 needs a host KV pool: call register_mem_pool_host first")
+            raise RuntimeError("batch_get_v1 / batch_set_v1 move pages of the host KV pool, and none is "
+                               "registered: call register_mem_pool_host(pool) first")
         page_size = getattr(pool, "page_size", 1) or 1
         indices = np.asarray(host_indices.cpu() if hasattr(host_indices, "cpu") else host_indices).reshape(-1)
         if indices.shape[0] != len(keys) * page_size:
@@ -264,16 +325,77 @@ def _pool_key(key: str, pool: str) -> str:
     return key if pool in ("kv", "__default__") else f"{key}.{pool}"
 
 
-def _pool_result(final: int, hits: dict) -> Any:
+def _pool_result(final: int, hits: dict, restorable: list[int]) -> Any:
     try:
         from sglang.srt.mem_cache.hicache_storage import PoolTransferResult
-    except Exception:  # noqa: BLE001 - no SGLang: the same two fields
+    except Exception:  # noqa: BLE001 - no SGLang: the same fields
         from types import SimpleNamespace
-        return SimpleNamespace(kv_hit_pages=final, extra_pool_hit_pages=hits)
-    try:
-        return PoolTransferResult(final, hits)
-    except TypeError:  # versions that also list the restorable prefix lengths
-        return PoolTransferResult(final, hits, list(range(1, final + 1)))
+        return SimpleNamespace(kv_hit_pages=final, extra_pool_hit_pages=hits, restorable_prefix_pages=restorable)
+    return PoolTransferResult(final, hits, restorable)
+
+
+def hit_policy(transfer: Any) -> str:
+    """A PoolTransfer's hit policy as its value: SGLang's PoolHitPolicy is a str enum
+    (its str() is "PoolHitPolicy.TRAILING_PAGES"), so compare values, not str()."""
+    policy = getattr(transfer, "hit_policy", ALL_PAGES)
+    return str(getattr(policy, "value", policy))
+
+
+class _PageMetrics:
+    """Counts for SGLang's StorageMetrics: pages and bandwidth (GB/s) of each
+    batch_get_v1 (prefetch) and batch_set_v1 (backup) call."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self._lock = threading.Lock()
+        self._prefetch: list[tuple[int, float]] = []
+        self._backup: list[tuple[int, float]] = []
+        self.page_bytes = 0
+
+    @contextlib.contextmanager
+    def timed(self, *, write: bool):
+        results: list[bool] = []
+        start = time.perf_counter()
+        yield results
+        if not self.enabled:
+            return
+        pages = sum(results)
+        seconds = max(time.perf_counter() - start, 1e-9)
+        with self._lock:
+            (self._backup if write else self._prefetch).append((pages, pages * self.page_bytes / seconds / 1e9))
+
+    def take(self) -> Any:
+        if not self.enabled:
+            return None
+        from sglang.srt.observability.metrics_collector import StorageMetrics
+        with self._lock:
+            prefetch, self._prefetch = self._prefetch, []
+            backup, self._backup = self._backup, []
+        return StorageMetrics(prefetch_pgs=[p for p, _ in prefetch], backup_pgs=[p for p, _ in backup],
+                              prefetch_bandwidth=[b for _, b in prefetch], backup_bandwidth=[b for _, b in backup])
+
+
+def rank_fields(storage_config: Any) -> dict:
+    """This rank's place in the engine's topology, for image paths and tenant names."""
+    get = lambda name, default: getattr(storage_config, name, default) if storage_config is not None else default  # noqa: E731
+    ranks = {"tp_rank": get("tp_rank", 0) or 0, "tp_size": get("tp_size", 1) or 1,
+             "pp_rank": get("pp_rank", 0) or 0, "pp_size": get("pp_size", 1) or 1,
+             "dp_rank": get("dp_rank", 0) or 0, "cp_rank": get("attn_cp_rank", 0) or 0,
+             "cp_size": get("attn_cp_size", 1) or 1}
+    ranks["rank"] = "tp{tp_rank}-pp{pp_rank}-dp{dp_rank}-cp{cp_rank}".format(**ranks)
+    ranks["multi_rank"] = ranks["tp_size"] * ranks["pp_size"] * ranks["cp_size"] > 1 or ranks["dp_rank"] > 0
+    return ranks
+
+
+def _every_mla_rank_writes(storage_config: Any) -> None:
+    """MLA KV is the same on every TP rank and SGLang lets one rank write it, then
+    takes the MIN of all ranks' hits; with one image per rank the others would answer
+    0 forever. Make this rank a writer of its own replica (the controller reads
+    ``is_storage_writer`` through ``backup_skip`` only)."""
+    if not getattr(storage_config, "is_mla_model", False) or getattr(storage_config, "is_storage_writer", True):
+        return
+    base = type(storage_config)
+    storage_config.__class__ = type(f"CxlhmReplica{base.__name__}", (base,), {"is_storage_writer": property(lambda self: True)})
 
 
 def _empty_bytes(size: int) -> Any:
@@ -285,28 +407,36 @@ def _empty_bytes(size: int) -> Any:
 
 
 def _tenant_name(storage_config: Any) -> str:
-    """SGLang's file backend keys pages per model and, for non-MLA models, per TP rank
-    (each rank holds different heads); the tenant does the same here."""
+    """SGLang's file backend keys pages per model, pipeline stage and CP rank and, for
+    non-MLA models, per TP rank (each rank holds different heads); the tenant does the
+    same, and adds the DP-attention group (its TP ranks are group-local)."""
     model = (getattr(storage_config, "model_name", None) or "model").replace("/", "-")
+    r = rank_fields(storage_config)
+    shard = f":pp{r['pp_rank']}-{r['pp_size']}:dp{r['dp_rank']}:cp{r['cp_rank']}-{r['cp_size']}"
     if getattr(storage_config, "is_mla_model", False):
-        return f"sglang:{model}"
-    return f"sglang:{model}:tp{getattr(storage_config, 'tp_rank', 0)}-{getattr(storage_config, 'tp_size', 1)}"
+        return f"sglang:{model}{shard}"
+    return f"sglang:{model}:tp{r['tp_rank']}-{r['tp_size']}{shard}"
 
 
 def _device_settings(device: Any, ranks: dict) -> Any:
-    """The device settings with {tp_rank} etc. filled in (a JSON string is accepted too)."""
+    """The device settings with {rank}, {tp_rank}, ... filled in (a JSON string is
+    accepted too). An image path naming no rank gets ".{rank}" appended when the
+    engine runs more than one rank: two ranks must never open one image."""
     if isinstance(device, str) and device.lstrip().startswith("{"):
         device = json.loads(device)
-    if isinstance(device, str):
-        return device.format(**ranks)
-    if device is None:
-        return None
+    if isinstance(device, str) or device is None:
+        return device.format(**ranks) if isinstance(device, str) else None
 
     def fill(value):
         if isinstance(value, dict):
             return {k: fill(v) for k, v in value.items()}
         return value.format(**ranks) if isinstance(value, str) else value
-    return fill(dict(device))
+    settings = fill(dict(device))
+    backend = device.get("backend")
+    path = backend.get("path") if isinstance(backend, dict) else None
+    if isinstance(path, str) and ranks["multi_rank"] and "{" not in path:
+        settings["backend"]["path"] = f"{path}.{ranks['rank']}"
+    return settings
 
 
-__all__ = ["CxlhmHiCacheStorage"]
+__all__ = ["CxlhmHiCacheStorage", "hit_policy", "rank_fields"]
