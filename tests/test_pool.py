@@ -14,6 +14,7 @@ import pytest
 from cxlhm.mailbox.hints import HintKind
 from cxlhm.pool import protocol as P
 from cxlhm.pool.port import HostPort, device_session
+from cxlhm.testing.redis_server import server_or_skip
 from host_runtime.directory import Location, LocationKind, SharedMemoryDirectory
 from host_runtime.mailbox import MailboxCommandError
 from host_runtime.pool_client import AttachRefused, PoolError
@@ -53,12 +54,7 @@ def run_hosts(*targets, timeout: float = 240) -> list[dict]:
 # ---------------------------------------------------------------- sharing across hosts
 @pytest.fixture(scope="module")
 def redis_url():
-    from cxlhm.testing.redis_server import RedisServer, RedisUnavailable
-    pytest.importorskip("redis")
-    try:
-        server = RedisServer().start()
-    except RedisUnavailable as exc:
-        pytest.skip(str(exc))
+    server = server_or_skip()
     yield server.url
     server.stop()
 
