@@ -319,3 +319,18 @@ def test_closing_the_service_with_hosts_attached_is_prompt(tmp_path):
         hosts[1].tenant("t").load(0, 1)
     for h in hosts:
         h.close()
+
+
+def test_mirror_invalidates_a_range_wider_than_itself():
+    from cxlhm.pool.mirror import MirrorReader, MirrorWriter
+    w = MirrorWriter("t", 4, BLOCK)
+    r = MirrorReader(os.dup(w.fd), 4, BLOCK)
+    w.install(9, np.full(BLOCK, 7, np.uint8))  # block 9 lives in entry 1
+    out = np.empty(BLOCK, np.uint8)
+    assert r.read(9 * BLOCK, out) and (out == 7).all()
+    w.invalidate(0, 12)  # blocks 0..11: more blocks than entries
+    assert not r.read(9 * BLOCK, out)
+    w.install(20, np.full(2 * BLOCK, 3, np.uint8))
+    w.invalidate(0, 12)  # blocks 20, 21 are outside: kept
+    assert r.read(20 * BLOCK, np.empty(2 * BLOCK, np.uint8))
+    r.close(), w.close()

@@ -64,9 +64,13 @@ class MirrorWriter(_Segment):
     def invalidate(self, first_block: int, n_blocks: int) -> None:
         """Before the blocks change on the device: no host may hit their old copies."""
         h = self.headers
-        for b in range(first_block, first_block + min(n_blocks, self.entries)):
-            e = self.entry(b)
-            if h[e, TAG] == b + 1:
+        if n_blocks <= self.entries:
+            entries = [self.entry(b) for b in range(first_block, first_block + n_blocks)]
+        else:  # a range wider than the mirror: any entry may hold one of its blocks
+            entries = range(self.entries)
+        for e in entries:
+            tag = int(h[e, TAG])
+            if tag and first_block < tag <= first_block + n_blocks:
                 h[e, SEQ] += 1
                 h[e, TAG] = 0
                 h[e, SEQ] += 1
