@@ -324,7 +324,7 @@ def test_unread_prefetch_protection_times_out(open_dev, ttl_ns, kept):
 
 # ---------------------------------------------------------------- write absorption counters
 
-def test_write_buffer_counters_coalesced_bytes_buffer_reads_and_host_path_write_backs(open_dev):
+def test_write_buffer_counters_coalesced_bytes_buffer_reads_and_host_path_write_backs(open_dev, tmp_path):
     dev = open_dev(params={"idle_flush": 0})
     dev.store(0, b"a" * BLOCK)
     dev.store(100, b"b" * 50)  # onto a dirty block: absorbed
@@ -332,11 +332,11 @@ def test_write_buffer_counters_coalesced_bytes_buffer_reads_and_host_path_write_
     stats = dev.stats()
     assert stats["write_coalesced_bytes"] == 50 and stats["buffer_read_hits"] == 1
     assert stats["ssd_write_bytes"] == 0 and stats["fg_writebacks"] == 0
-    lru = open_dev("lru")
+    lru = open_dev("lru", backend={"path": str(tmp_path / "lru.img")})  # one device per image
     for i in range(SLOTS + 2):  # write-back LRU: misses evict dirty blocks on the host's path
         lru.store(i * BLOCK, b"x" * BLOCK)
     assert lru.stats()["fg_writebacks"] == 2
-    hym = open_dev()
+    hym = open_dev(backend={"path": str(tmp_path / "hym.img")})
     for i in range(SLOTS + 2):  # hymcache: flushed when idle, so misses find clean victims
         hym.store(i * BLOCK, b"x" * BLOCK)
         drain(hym)
