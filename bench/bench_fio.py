@@ -1,14 +1,19 @@
 """cxlhm-fio against real fio, on the same backing file, in one run.
 
-    .venv/bin/python bench/bench_fio.py [--dir out/bench-fio] [--runtime 5] [--rounds 3]
+    .venv/bin/python bench/bench_fio.py [--dir out/bench-fio] [--runtime 5] [--rounds 3] [--only NAME]
 
-Two workloads, each run by real fio (ioengine=io_uring, direct=1) and by cxlhm-fio with
-ioengine=cxlhm (device block = the I/O size, a device DRAM far smaller than the file,
-so every read misses; wall clock):
-  4k randread QD32   target: cxlhm IOPS >= 0.85 x fio's
-  1M seqread  QD16   target: cxlhm bandwidth >= 0.9 x fio's
-Runs alternate fio / cxlhm for --rounds rounds and report medians, because this
-machine is shared and noisy. The backing file must be on a disk (not tmpfs): O_DIRECT.
+Each workload runs under real fio (ioengine=io_uring, direct=1) and under cxlhm-fio with
+ioengine=cxlhm (device block = the I/O size, a device DRAM far smaller than the file;
+wall clock), on the same file:
+  4k randread QD32                 IOPS       (every read misses device DRAM)
+  1M seqread  QD16                 bandwidth
+  4k randrw 70/30 zipf:1.2 QD16    IOPS (read + write; hot blocks hit, writes are buffered)
+  4k randwrite QD32                IOPS       (each write evicts a dirty block: one SSD write)
+  1M seqwrite QD16                 bandwidth
+Target for each: >= 0.95 x fio. Runs alternate fio / cxlhm for --rounds rounds and report
+medians, because this machine is shared and noisy; each cxlhm row also shows where its
+time went (the effective depth by Little's law, fio's and ours, and the device's SSD
+traffic per host I/O). The backing file must be on a disk (not tmpfs): O_DIRECT.
 """
 from __future__ import annotations
 
@@ -28,28 +33,48 @@ from cxlhm.fio.jobfile import build_jobs, read_sections
 from cxlhm.fio.runner import lay_out, run_jobs
 
 WORKLOADS = (
-    # name, rw, bs, iodepth, device block, device DRAM, metric, target
-    ("4k randread QD32", "randread", "4k", 32, "4k", "16m", "iops", 0.85),
-    ("1M seqread QD16", "read", "1m", 16, "1m", "64m", "bw_bytes", 0.90),
+    # name, rw, bs, iodepth, extra options, device block, device DRAM, metric, target
+    ("4k randread QD32", "randread", "4k", 32, "", "4k", "16m", "iops", 0.95),
+    ("1M seqread QD16", "read", "1m", 16, "", "1m", "64m", "bw_bytes", 0.95),
+    ("4k randrw 70/30 QD16", "randrw", "4k", 16, "rwmixread=70\nrandom_distribution=zipf:1.2\n", "4k", "16m",
+     "iops", 0.95),
+    ("4k randwrite QD32", "randwrite", "4k", 32, "", "4k", "16m", "iops", 0.95),
+    ("1M seqwrite QD16", "write", "1m", 16, "", "1m", "64m", "bw_bytes", 0.95),
 )
 
 
-def job_text(name: str, rw: str, bs: str, iodepth: int, path: str, size: str, runtime: int, engine_lines: str) -> str:
-    return (f"[{name.replace(' ', '-')}]\nfilename={path}\nsize={size}\nrw={rw}\nbs={bs}\niodepth={iodepth}\n"
-            f"runtime={runtime}\ntime_based\n{engine_lines}\n")
+def job_text(name: str, rw: str, bs: str, iodepth: int, extra: str, path: str, size: str, runtime: int,
+             engine_lines: str) -> str:
+    return (f"[{name.replace(' ', '-').replace('/', '-')}]\nfilename={path}\nsize={size}\nrw={rw}\nbs={bs}\n"
+            f"iodepth={iodepth}\nruntime={runtime}\ntime_based\nrandseed=1\n{extra}{engine_lines}\n")
+
+
+def both_directions(job: dict) -> dict:
+    """One job's figures over reads and writes: IOPS and bandwidth add up; latency is
+    the I/O-weighted mean of fio's lat (submission + completion); Little's law gives the
+    depth the job really kept in flight."""
+    r, w = job["read"], job["write"]
+    ios = r["total_ios"] + w["total_ios"]
+    lat = (r["lat_ns"]["mean"] * r["total_ios"] + w["lat_ns"]["mean"] * w["total_ios"]) / max(ios, 1)
+    iops = r["iops"] + w["iops"]
+    return {"iops": iops, "bw_bytes": r["bw_bytes"] + w["bw_bytes"], "lat_us": lat / 1000,
+            "depth": iops * lat / 1e9, "cachehit": max(r.get("cachehit", 0.0), w.get("cachehit", 0.0))}
 
 
 def run_real_fio(text: str, fio: str) -> dict:
     proc = subprocess.run([fio, "--output-format=json", "-"], input=text, capture_output=True, text=True, check=True)
-    return json.loads(proc.stdout[proc.stdout.find("{"):])["jobs"][0]["read"]
+    return both_directions(json.loads(proc.stdout[proc.stdout.find("{"):])["jobs"][0])
 
 
 def run_cxlhm(text: str) -> dict:
     jobs, globals_ = build_jobs([read_sections(text, "<bench>")])
     result = run_jobs(jobs, log=lambda _: None)
-    out = report.to_json(result, globals_)["jobs"][0]["read"]
     if result.failed:
         raise RuntimeError(result.clones[0].stats.error_text)
+    out = both_directions(report.to_json(result, globals_)["jobs"][0])
+    counters = result.devices[0]["counters"]
+    ios = max(1, result.clones[0].stats.total_ios)
+    out["ssd_per_io"] = (counters.get("fill_reads", 0) + counters.get("writebacks", 0)) / ios
     return out
 
 
@@ -71,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", default="2g", help="backing file region (default 2g)")
     parser.add_argument("--runtime", type=int, default=5, help="seconds per run (default 5)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating fio/cxlhm rounds (default 3)")
+    parser.add_argument("--only", help="run only the workloads whose name contains this text")
     args = parser.parse_args(argv)
 
     fio = shutil.which("fio")
@@ -90,28 +116,35 @@ def main(argv: list[str] | None = None) -> int:
     lay_out(path, 0, parse_size(args.size), log=lambda text: print(f"(laying out {path})"))
 
     rows = []
-    for name, rw, bs, qd, block, dram, metric, target in WORKLOADS:
-        fio_text = job_text(name, rw, bs, qd, path, args.size, args.runtime, "ioengine=io_uring\ndirect=1")
-        cx_text = job_text(name, rw, bs, qd, path, args.size, args.runtime,
+    for name, rw, bs, qd, extra, block, dram, metric, target in WORKLOADS:
+        if args.only and args.only.lower() not in name.lower():
+            continue
+        fio_text = job_text(name, rw, bs, qd, extra, path, args.size, args.runtime, "ioengine=io_uring\ndirect=1")
+        cx_text = job_text(name, rw, bs, qd, extra, path, args.size, args.runtime,
                            f"ioengine=cxlhm\ncxlhm_block_size={block}\ncxlhm_dram={dram}\ncxlhm_clock=wall")
-        fio_runs, cx_runs, hits = [], [], []
+        fio_runs, cx_runs = [], []
         for _ in range(args.rounds):
             fio_runs.append(run_real_fio(fio_text, fio))
             cx_runs.append(run_cxlhm(cx_text))
-            hits.append(cx_runs[-1].get("cachehit", 0.0))
-        f_val = statistics.median(float(r[metric]) for r in fio_runs)
-        c_val = statistics.median(float(r[metric]) for r in cx_runs)
-        f_lat = statistics.median(r["clat_ns"]["mean"] for r in fio_runs) / 1000
-        c_lat = statistics.median(r["clat_ns"]["mean"] for r in cx_runs) / 1000
-        rows.append((name, metric, f_val, c_val, c_val / f_val, target, f_lat, c_lat, max(hits)))
 
-    print(f"{'workload':<18} {'metric':<9} {'fio':>12} {'cxlhm':>12} {'ratio':>7} {'target':>7}  "
-          f"{'clat fio':>9} {'clat cxlhm':>10}  cachehit")
-    for name, metric, f_val, c_val, ratio, target, f_lat, c_lat, hit in rows:
+        def med(runs, key):
+            return statistics.median(float(r[key]) for r in runs)
+        f_val, c_val = med(fio_runs, metric), med(cx_runs, metric)
+        rows.append((name, metric, f_val, c_val, c_val / f_val, target, med(fio_runs, "lat_us"),
+                     med(cx_runs, "lat_us"), med(fio_runs, "depth"), med(cx_runs, "depth"),
+                     med(cx_runs, "cachehit"), med(cx_runs, "ssd_per_io")))
+        print(f"  done: {name}", flush=True)
+
+    print(f"\n{'workload':<22} {'metric':<9} {'fio':>12} {'cxlhm':>12} {'ratio':>7} {'target':>7}  "
+          f"{'lat fio':>8} {'lat cxlhm':>9}  {'depth fio/cxlhm':>15}  {'hit%':>5} {'SSD I/O per I/O':>15}")
+    for name, metric, f_val, c_val, ratio, target, f_lat, c_lat, f_depth, c_depth, hit, ssd in rows:
         unit = (lambda v: f"{v:,.0f}") if metric == "iops" else (lambda v: f"{v / 2**20:,.0f} MiB/s")
         verdict = "ok" if ratio >= target else "BELOW"
-        print(f"{name:<18} {'IOPS' if metric == 'iops' else 'bandwidth':<9} {unit(f_val):>12} {unit(c_val):>12} "
-              f"{ratio:>6.2f}x {target:>6.2f}x  {f_lat:>7.0f}us {c_lat:>8.0f}us  {hit:.2f}%  {verdict}")
+        print(f"{name:<22} {'IOPS' if metric == 'iops' else 'bandwidth':<9} {unit(f_val):>12} {unit(c_val):>12} "
+              f"{ratio:>6.2f}x {target:>6.2f}x  {f_lat:>6.0f}us {c_lat:>7.0f}us  {f_depth:>7.1f}/{c_depth:<7.1f}  "
+              f"{hit:>5.1f} {ssd:>15.2f}  {verdict}")
+    print("\nlat: fio's mean total latency (submission + completion); depth: IOPS x lat, the I/Os really "
+          "in flight;\nSSD I/O per I/O: the device's fills and write-backs per host I/O (fio: 1.00).")
     return 0
 
 

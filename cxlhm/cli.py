@@ -1,20 +1,37 @@
-"""The `cxlhm` command line. Subcommands live in cxlhm/commands/, one module each."""
+"""The `cxlhm` command line. Subcommands live in cxlhm/commands/, one module each;
+packages add more through the ``cxlhm.commands`` entry-point group (a module with NAME,
+HELP, add_arguments(parser) and run(args)). A command that fails to load is reported on
+stderr by its entry point and the others still work."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import pkgutil
 import sys
 
 from cxlhm import commands
 from cxlhm.config import ConfigError
+from cxlhm.registry import Registry
+
+
+def _as_command(module):
+    missing = [a for a in ("NAME", "HELP", "add_arguments", "run") if not hasattr(module, a)]
+    if missing:
+        raise TypeError(f"{getattr(module, '__name__', module)!r} is not a cxlhm command (missing {', '.join(missing)})")
+    return module
+
+
+COMMANDS: Registry = Registry(
+    "command", "cxlhm.commands", check=_as_command,
+    builtins={info.name.replace("_", "-"): f"{commands.__name__}.{info.name}"
+              for info in pkgutil.iter_modules(commands.__path__) if not info.name.startswith("_")})
 
 
 def _command_modules():
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        if not info.name.startswith("_"):
-            yield importlib.import_module(f"{commands.__name__}.{info.name}")
+    loaded, broken = COMMANDS.load_all()
+    for exc in broken:
+        print(f"cxlhm: warning: {exc}", file=sys.stderr)
+    return [loaded[name] for name in sorted(loaded)]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,16 +55,33 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    prog = f"cxlhm {args.command}"
     try:
         return int(args._run(args) or 0)
-    except ConfigError as exc:
-        print(f"cxlhm: configuration error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `cxlhm ... | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except (ConfigError, LookupError, ValueError, OSError, OverflowError, MemoryError, RecursionError) as exc:
+        # bad input: the message names the input (a file, a key, an option) and what is accepted
+        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a bug: still one line for the user, the traceback on request
+        if os.environ.get("CXLHM_TRACEBACK"):
+            raise
+        print(f"{prog}: error: internal error {type(exc).__name__}: {_one_line(exc)} "
+              "(set CXLHM_TRACEBACK=1 to see where)", file=sys.stderr)
+        return 70
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        text = f"{exc.filename}: {exc.strerror}"
+    if isinstance(exc, MemoryError):
+        text = "out of memory" + (f" ({text})" if str(exc) else "")
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,16 @@ def _positive_size(value: Any) -> int:
     n = parse_size(value)
     if n <= 0:
         raise ValueError(f"must be a positive byte size, got {value!r}")
+    return n
+
+
+MAX_CAPACITY = 1 << 60  # file offsets are signed 64-bit; no back end holds more than an EiB
+
+
+def _capacity(value: Any) -> int:
+    n = _positive_size(value)
+    if n > MAX_CAPACITY:
+        raise ValueError(f"must be at most 1 EiB (2^60 bytes), got {value!r}")
     return n
 
 
@@ -93,6 +104,11 @@ def _optional_path(value: Any) -> str | None:
     return str(path)
 
 
+def _backend_kind(value: Any) -> str:
+    from cxlhm.media.registry import backend_kinds  # names only: no back end is imported
+    return _choice(*backend_kinds())(value)
+
+
 def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"must be a string, got {value!r}")
@@ -131,7 +147,7 @@ class Field:
 SCHEMA: dict[str, Any] = {
     "name": Field(_text, "custom", "profile name shown in reports"),
     "description": Field(_text, "", "one line on what this device models"),
-    "capacity": Field(_positive_size, 1 << 40, "bytes of the HDM window the host sees (sparse: costs nothing until written)"),
+    "capacity": Field(_capacity, 1 << 40, "bytes of the HDM window the host sees (sparse: costs nothing until written)"),
     "block_size": Field(_block_size, 64 << 10, "device block: unit of caching and SSD I/O (power of two, 4 KiB-2 MiB)"),
     "dram_bytes": Field(_positive_size, 256 << 20, "device DRAM in front of the SSD"),
     "data": Field(_choice("real", "none"), "real", "real: move real bytes; none: timing-only, no data"),
@@ -139,11 +155,17 @@ SCHEMA: dict[str, Any] = {
     "mode": Field(_choice("explicit", "window"), "explicit", "explicit: load/store API; window: userfaultfd memory window"),
     "seed": Field(_int_range(0, 2**63 - 1), 0, "seed for every random choice the device makes"),
     "backend": {
+        "kind": Field(_backend_kind, "ssd", "back end: ssd (O_DIRECT io_uring on a file or block device) | memory "
+                                            "(an mmap of the file, or anonymous; for tests)"),
         "path": Field(_optional_path, None, "SSD image file or block device (O_DIRECT); null = temporary file"),
         "queue_depth": Field(_int_range(1, 4096), 128, "io_uring submission queue entries"),
         "retries": Field(_int_range(0, 100), 3, "resubmissions of a failed or short SSD op before the block is poisoned"),
         "faults": Field(_mapping, {}, "fault injection: read/write_error_rate, short_read/write_rate, "
                                       "spike_rate + spike_ns, capacity_bytes (see cxlhm/media/faults.py)"),
+        "lost_sidecar": Field(_choice("refuse", "poison", "trust"), "refuse",
+                              "a missing or corrupt checksum/metadata file beside the image: refuse to open | poison "
+                              "(every block holding data reads as poison until rewritten) | trust (checksum the "
+                              "image as it is)"),
     },
     "firmware": {
         "policy": Field(_text, "lru", "firmware policy name (`cxlhm policies` lists them)"),
@@ -164,6 +186,8 @@ class BackendConfig:
     queue_depth: int
     retries: int = 3
     faults: dict = dataclasses.field(default_factory=dict)
+    kind: str = "ssd"
+    lost_sidecar: str = "refuse"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,17 +260,46 @@ def _check_layer(raw: Any, source: str, schema: dict = SCHEMA, prefix: str = "")
     return flat
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a device config is a few KiB; never read /dev/zero or a huge file
+
+
 def _read_yaml(path: Path) -> Any:
     try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(str(path), "<file>", "not a regular file; a device config is a YAML file")
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(str(path), "<file>", f"{st.st_size} bytes; a config is at most {MAX_CONFIG_BYTES}")
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(str(path), "<file>", f"cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), "<file>", f"not UTF-8 text (byte {exc.start})") from None
     try:
-        return yaml.safe_load(text)
+        return safe_load_yaml(text)
+    except RecursionError:
+        raise ConfigError(str(path), "<file>", "YAML nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "<file>"
         raise ConfigError(str(path), where, f"not valid YAML: {getattr(exc, 'problem', exc)}") from None
+
+
+def safe_load_yaml(text: str) -> Any:
+    """yaml.safe_load that refuses nesting deeper than MAX_YAML_DEPTH (RecursionError)
+    before building it: a hostile config must not exhaust the stack."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                raise RecursionError(f"nested deeper than {MAX_YAML_DEPTH}")
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+    return yaml.safe_load(text)
+
+
+MAX_YAML_DEPTH = 64
 
 
 def available_profiles() -> list[str]:
@@ -315,7 +368,7 @@ def load_config(spec: str | Path | Mapping | None = None, overrides: Mapping | N
         block_size=values["block_size"], dram_bytes=values["dram_bytes"], data=values["data"],
         clock=values["clock"], mode=values["mode"], seed=values["seed"],
         backend=BackendConfig(values["backend.path"], values["backend.queue_depth"], values["backend.retries"],
-                              values["backend.faults"]),
+                              values["backend.faults"], values["backend.kind"], values["backend.lost_sidecar"]),
         firmware=FirmwareConfig(values["firmware.policy"], values["firmware.params"], values["firmware.write_mode"],
                                 values["firmware.background"]),
         timing=values["timing"], sources=tuple(s for s, _ in layers), provenance=provenance,

@@ -12,7 +12,9 @@ per block.
 Poison: a block whose current bytes the device cannot produce (a failed read after
 retries, a checksum mismatch, a write-back that failed so its latest bytes are lost,
 bytes that were only in device DRAM when the power went). Reads of it fail with
-PoisonError until the host overwrites the whole block.
+PoisonError; a host write clears the poison of the bytes it covers, as a real
+device's write-clears-poison does: reads inside rewritten ranges succeed, and once
+every byte of the block was rewritten the block is whole again.
 
 Crash consistency (the integrity log, ``<image>.cxlhm.ilog``). A clean close saves the
 checksums (``<image>.cxlhm.sums``) and the poison list (the metadata file) whole. What
@@ -25,7 +27,11 @@ device goes on:
               on the SSD do not match s, and the read that meets them is poison)
   DIRTY b     before a host write to block b returns (and after a failed write-back):
               device DRAM holds bytes of b newer than anything on the SSD
-  POISON b r  block b poisoned, for reason r;  CLEAR b: a whole-block write repaired it
+  POISON b r  block b poisoned, for reason r (its checksum is dropped: the SSD's bytes
+              of it are not the ones last written)
+  REWRITTEN b lo hi   the host wrote bytes [lo, hi) of poisoned block b: they read
+              back again, the rest of the block stays poison
+  CLEAR b     every byte of poisoned block b was written again: it is whole
   RESET       (first record of a compacted log) forget the saved state: what follows
               is all of it
 
@@ -50,7 +56,7 @@ import os
 import struct
 import threading
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -74,7 +80,7 @@ LOST_AT_UNCLEAN_SHUTDOWN = "lost at an unclean shutdown: its latest bytes were o
 # ---------------------------------------------------------------- the integrity log
 _FRAME = struct.Struct("<II")   # payload length, crc32(payload)
 _REC = struct.Struct("<cQQ")    # kind, block, value (SUM: the checksum; POISON: the reason's length)
-SUM, DIRTY, POISON, CLEAR, RESET = b"S", b"D", b"P", b"C", b"R"
+SUM, DIRTY, POISON, CLEAR, RESET, REWRITTEN = b"S", b"D", b"P", b"C", b"R", b"W"
 COMPACT_MIN_RECORDS = 1 << 16
 
 
@@ -215,6 +221,33 @@ class _LoggedSums(dict):
         self.table.clear()
 
 
+class SidecarCorrupt(ValueError):
+    """A file the device keeps beside its image is unreadable or fails its checksum."""
+
+
+_SUMS_MAGIC = b"CXLHMSU2"
+_SUMS_HEADER = struct.Struct("<8sQQQ")  # magic, block size, entries, xxh3-64 of the entries
+
+
+def load_sums(path: Path, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(blocks, sums) saved at `path` by BlockChecksums.save; SidecarCorrupt says why not."""
+    data = path.read_bytes()
+    if len(data) < _SUMS_HEADER.size:
+        raise SidecarCorrupt(f"{path}: truncated ({len(data)} bytes, the header alone is {_SUMS_HEADER.size})")
+    magic, saved_block_size, count, digest = _SUMS_HEADER.unpack_from(data)
+    if magic != _SUMS_MAGIC:
+        raise SidecarCorrupt(f"{path}: not a cxlhm checksum file (bad magic)")
+    body = memoryview(data)[_SUMS_HEADER.size:]
+    if len(body) != 16 * count:
+        raise SidecarCorrupt(f"{path}: truncated or padded ({len(body)} bytes of entries, {16 * count} expected)")
+    if checksum(body) != digest:
+        raise SidecarCorrupt(f"{path}: its checksum does not match its contents (a flipped or overwritten byte)")
+    if saved_block_size != block_size:
+        raise SidecarCorrupt(f"{path}: made for block_size {saved_block_size}, not {block_size}")
+    blocks = np.frombuffer(body, np.int64, count)
+    return blocks.copy(), np.frombuffer(body, np.uint64, count, 8 * count).copy()
+
+
 class BlockChecksums:
     def __init__(self, path: Path | None, block_size: int = 0):
         self.path, self.block_size = path, block_size
@@ -223,27 +256,29 @@ class BlockChecksums:
         self.poison: PoisonTable | None = None  # linked by attach_log, for compaction
         self.dirty: set[int] = set()  # blocks whose last log record is DIRTY
         self.recovered = {"lost_dirty_blocks": 0, "log_records_replayed": 0}
-        if path is not None and path.exists():
-            try:
-                with np.load(path) as saved:
-                    # sums of another block size describe other byte ranges: unusable
-                    if int(saved["block_size"]) == block_size:
-                        self.sums.set_many(saved["blocks"].astype(np.int64), saved["sums"].astype(np.uint64))
-            except (OSError, ValueError, KeyError):
-                self.sums.clear()  # unreadable: verify nothing rather than refuse to open
+
+    def load(self) -> None:
+        """The sums saved at the last clean close (SidecarCorrupt if unreadable)."""
+        self.sums.set_many(*load_sums(self.path, self.block_size))
 
     def matches(self, block: int, data) -> bool:
         expected = self.sums.get(block)
         return expected is None or expected == checksum(data)
 
-    def save(self) -> None:
+    def save(self) -> int:
+        """Write every sum to `path` (atomically, checksummed); returns how many."""
         if self.path is None:
-            return
+            return 0
+        count = len(self.sums)
+        body = (np.fromiter(self.sums.keys(), np.int64, count).tobytes()
+                + np.fromiter(self.sums.values(), np.uint64, count).tobytes())
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "wb") as f:
-            np.savez(f, block_size=np.int64(self.block_size), blocks=np.fromiter(self.sums.keys(), np.int64, len(self.sums)),
-                     sums=np.fromiter(self.sums.values(), np.uint64, len(self.sums)))
+            f.write(_SUMS_HEADER.pack(_SUMS_MAGIC, self.block_size, count, checksum(body)) + body)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, self.path)
+        return count
 
     # ------------------------------------------------------------ the integrity log
     def attach_log(self, log_path: Path, poison: "PoisonTable", *, unclean: bool) -> None:
@@ -266,15 +301,22 @@ class BlockChecksums:
                     last_dirty.add(block)
                 elif kind == POISON:
                     poison.blocks[block] = value
+                    poison.valid.pop(block, None)
+                    self.sums.forget(block, None)  # the SSD's bytes of it are not the ones last written
                 elif kind == CLEAR:
                     poison.blocks.pop(block, None)
+                    poison.valid.pop(block, None)
+                elif kind == REWRITTEN and block in poison.blocks:
+                    poison.valid[block] = _merged(poison.valid.get(block, []) + [(value >> 32, value & 0xFFFFFFFF)])
                 elif kind == RESET:
                     self.sums.clear()
                     poison.blocks.clear()
+                    poison.valid.clear()
                     last_dirty.clear()
             for block in last_dirty:
                 self.sums.forget(block, None)  # whatever the SSD holds is older than what was written
                 poison.blocks[block] = LOST_AT_UNCLEAN_SHUTDOWN
+                poison.valid.pop(block, None)  # what was rewritten of it was in device DRAM only too
             self.recovered["lost_dirty_blocks"] = len(last_dirty)
             self._compact()  # the poison decided here goes into the log: it stands alone from now on
         self.sums.owner = self
@@ -312,6 +354,11 @@ class BlockChecksums:
         if self.log is not None:
             self.log.append(_poison_record(block, reason) if reason is not None else _REC.pack(CLEAR, block, 0))
 
+    def note_rewritten(self, block: int, lo: int, hi: int) -> None:
+        """Bytes [lo, hi) of poisoned block `block` were written by the host."""
+        if self.log is not None:
+            self.log.append(_REC.pack(REWRITTEN, block, lo << 32 | hi))
+
     def sync(self) -> None:
         if self.log is not None:
             self.log.sync()
@@ -335,15 +382,29 @@ class BlockChecksums:
         parts += [_REC.pack(SUM, b, s) for b, s in self.sums.items()]
         if self.poison is not None:
             parts += [_poison_record(b, r) for b, r in self.poison.blocks.items()]
+            parts += [_REC.pack(REWRITTEN, b, lo << 32 | hi) for b, ranges in self.poison.valid.items()
+                      for lo, hi in ranges]
         parts += [_REC.pack(DIRTY, b, 0) for b in self.dirty]
         self.log.rewrite(b"".join(parts))
 
 
 class PoisonTable:
-    """block -> why it is poisoned. Changes go to the integrity log once one is attached."""
+    """block -> why it is poisoned, and the byte ranges of each poisoned block that were
+    written since (a real device's write clears poison at the granularity it writes:
+    those bytes are right again, the rest of the block stays lost until written too).
+    Changes go to the integrity log once one is attached."""
 
     def __init__(self, saved: dict | None = None):
-        self.blocks: dict[int, str] = {int(k): str(v) for k, v in (saved or {}).items()}
+        self.blocks: dict[int, str] = {}
+        self.valid: dict[int, list[tuple[int, int]]] = {}  # block -> sorted, disjoint [lo, hi) written since
+        for key, value in (saved or {}).items():
+            if isinstance(value, Mapping):
+                self.blocks[int(key)] = str(value.get("reason", ""))
+                ranges = [(int(lo), int(hi)) for lo, hi in value.get("valid", ())]
+                if ranges:
+                    self.valid[int(key)] = ranges
+            else:
+                self.blocks[int(key)] = str(value)
         self.recorder: BlockChecksums | None = None
 
     def __bool__(self) -> bool:
@@ -351,6 +412,7 @@ class PoisonTable:
 
     def add(self, block: int, reason: str) -> None:
         self.blocks[block] = reason
+        self.valid.pop(block, None)
         if self.recorder is not None:
             self.recorder.note_poison(block, reason)
 
@@ -361,9 +423,57 @@ class PoisonTable:
         hits = [b for b in self.blocks if first_block <= b <= last_block]
         return min(hits) if hits else -1
 
+    def unreadable(self, hpa: int, n: int, block_size: int) -> int:
+        """The first block whose bytes in [hpa, hpa+n) include lost ones, or -1."""
+        if n <= 0:
+            return -1
+        first, last = hpa // block_size, (hpa + n - 1) // block_size
+        while (block := self.first_poisoned(first, last)) >= 0:
+            base = block * block_size
+            lo, hi = max(hpa, base) - base, min(hpa + n, base + block_size) - base
+            if not any(a <= lo and hi <= b for a, b in self.valid.get(block, ())):
+                return block
+            first = block + 1
+        return -1
+
+    def written(self, hpa: int, n: int, block_size: int) -> None:
+        """[hpa, hpa+n) now holds bytes the host wrote: those of poisoned blocks are
+        right again; a block whose every byte was rewritten is clear."""
+        if n <= 0 or not self.blocks:
+            return
+        first, last = hpa // block_size, (hpa + n - 1) // block_size
+        while (block := self.first_poisoned(first, last)) >= 0:
+            base = block * block_size
+            lo, hi = max(hpa, base) - base, min(hpa + n, base + block_size) - base
+            ranges = _merged(self.valid.get(block, []) + [(lo, hi)])
+            if ranges == [(0, block_size)]:
+                self.clear(block)
+            else:
+                self.valid[block] = ranges
+                if self.recorder is not None:
+                    self.recorder.note_rewritten(block, lo, hi)
+            first = block + 1
+
     def clear(self, block: int) -> None:
+        self.valid.pop(block, None)
         if self.blocks.pop(block, None) is not None and self.recorder is not None:
             self.recorder.note_poison(block, None)
 
+    def describe(self, block: int) -> str:
+        ranges = self.valid.get(block)
+        written = f" (bytes {', '.join(f'[{a}, {b})' for a, b in ranges)} of it were rewritten since)" if ranges else ""
+        return f"{self.blocks.get(block, 'media error')}{written}"
+
     def to_json(self) -> dict:
-        return {str(b): r for b, r in self.blocks.items()}
+        return {str(b): ({"reason": r, "valid": [list(x) for x in self.valid[b]]} if b in self.valid else r)
+                for b, r in self.blocks.items()}
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out

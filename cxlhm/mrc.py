@@ -51,11 +51,17 @@ def parse_cache_size(text: str, block_size: int, unique_blocks: int | None = Non
 
 
 def parse_cache_sizes(text: str, block_size: int, unique_blocks: int | None = None) -> list[int]:
-    """Comma-separated sizes as sorted, distinct slot counts."""
+    """Comma-separated sizes as sorted, distinct slot counts. With the trace's distinct
+    block count known, a size above it is simulated at it: a cache that holds every block
+    the trace touches never evicts, so any larger one behaves the same (and a 1 TiB size
+    on a small trace must not allocate a 1 TiB cache's metadata)."""
     items = [s for s in text.split(",") if s.strip()]
     if not items:
         raise ValueError("no cache sizes given")
-    return sorted({parse_cache_size(s, block_size, unique_blocks) for s in items})
+    slots = {parse_cache_size(s, block_size, unique_blocks) for s in items}
+    if unique_blocks:
+        slots = {min(s, max(1, unique_blocks)) for s in slots}
+    return sorted(slots)
 
 
 def simulate_curves(trace: BlockTrace, policies: Sequence[str], sizes: Sequence[int], *,

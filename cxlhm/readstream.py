@@ -52,6 +52,7 @@ DEVICE_FULL = 3  # the planner found no evictable slot for the next read (slots 
 VERIFY = 4  # reaped fills wait in `reaped`: verify those with a checksum, then complete()
 SLICE = 5  # the time slice is over: let the lock go, then run again
 WIDE = 7  # the next read touches more blocks than a stream read may hold (none of ours in flight)
+LOG_WRITES = 8  # blocks written since the last return wait in `wblocks`: log them dirty, then run again
 ISSUED = 6  # (internal) as many reads in flight as allowed: reap
 
 # Which reaped blocks the driver must verify (run's `verify`)
@@ -84,7 +85,13 @@ REAPED = 11  # fills in reaped_tags / reaped_res not yet completed
 ERRNO = 12  # a failed reap: -errno
 QUEUED = 13  # reads queued since the last reap (they go to the kernel in one submission)
 PEAK = 14  # the most reads in flight at once
-N_SCALARS = 15
+WRITTEN = 15  # blocks in wblocks (written, not yet logged dirty by the driver)
+W_HITS = 16  # device-block hits and misses of the stream's writes (HITS, MISSES count all)
+W_MISSES = 17
+N_SCALARS = 18
+
+# Written blocks a stream gathers before the driver logs them (LOG_WRITES)
+WBLOCKS = 4096
 
 _CLOCK_MONOTONIC = 1
 _libc = ctypes.CDLL(None)
@@ -113,6 +120,21 @@ def _copy_piece(base, block_size, slot, block, hpa, length, addr):
     start = max(hpa, block * block_size)
     end = min(hpa + length, (block + 1) * block_size)
     fw._memcpy(addr + (start - hpa), base + slot * block_size + (start - block * block_size), end - start)
+
+
+@numba.njit(nogil=True)
+def _copy_in_piece(base, block_size, slot, block, hpa, length, addr):
+    """memcpy the part of write [hpa, hpa+length) that lies in `block` into its slot."""
+    start = max(hpa, block * block_size)
+    end = min(hpa + length, (block + 1) * block_size)
+    fw._memcpy(base + slot * block_size + (start - block * block_size), addr + (start - hpa), end - start)
+
+
+@numba.njit(nogil=True)
+def _copy_write_in(base, block_size, slots, k, hpa, length, addr):
+    first = hpa // block_size
+    for q in range(k):
+        _copy_in_piece(base, block_size, slots[q], first + q, hpa, length, addr)
 
 
 @numba.njit(nogil=True)
@@ -153,26 +175,29 @@ class StreamState:
         self.bad = np.zeros(depth * max_blocks, np.uint8)  # per reaped fill: checksum mismatch
         self.blocks = np.zeros(depth * max_blocks, np.int64)  # per reaped fill: its block
         self.submits = np.zeros(7, np.int64)  # reads per submission, in fio's buckets (0, <=4, <=8, ... >64)
+        self.wblocks = np.zeros(WBLOCKS + max_blocks, np.int64)  # blocks written (see LOG_WRITES)
 
     def arrays(self) -> tuple:
         return (self.st, self.tag_read, self.tag_pending, self.tag_k, self.tag_failed, self.tag_issued,
                 self.tag_slots, self.tag_installed, self.row_pos, self.row_bad, self.free_tags, self.writebacks,
-                self.fills, self.fill_tags, self.ts, self.reaped_tags, self.reaped_res, self.bad, self.submits)
+                self.fills, self.fill_tags, self.ts, self.reaped_tags, self.reaped_res, self.bad, self.submits,
+                self.wblocks)
 
 
 def _build(plan, invalidate):
     finish, touches_busy = fw.finish, fw.touches_busy
 
     @njit_without_refcounts
-    def complete(bt, ps, clock, base, block_size, hpas, lens, addrs, clat, failed_out, arrays, tags, res, bad, n,
-                 sum_keys, sum_values):
+    def complete(bt, ps, clock, base, block_size, hpas, lens, addrs, kinds, clat, failed_out, arrays, tags, res,
+                 bad, n, sum_keys, sum_values):
         """Take `n` reaped fills (tag = read tag * max_blocks + row); bad[j]: fill j read
         the wrong bytes (its checksum did not match). A block with a record in the sum
-        table (empty: none) is hashed right after its copy, while its bytes are in the
-        CPU's cache; a mismatch fails its read like a failed fill (the driver reads it
-        again through the verifying path, which poisons it)."""
+        table (empty: none) is hashed right after its fill (a read: after its copy out,
+        while its bytes are in the CPU's cache); a mismatch fails its I/O like a failed
+        fill (the driver runs it again through the verifying path, which poisons it). A
+        write (kinds[i]) whose fills are all in copies its bytes into its slots."""
         (st, tag_read, tag_pending, tag_k, tag_failed, tag_issued, tag_slots, tag_installed, row_pos, row_bad,
-         free_tags, _wb, _fills, _ftags, ts, _rt, _rr, _bad, _sub) = arrays
+         free_tags, _wb, _fills, _ftags, ts, _rt, _rr, _bad, _sub, _wbl) = arrays
         max_blocks = tag_slots.shape[1]
         now = _now_ns(ts)
         for j in range(n):
@@ -183,12 +208,12 @@ def _build(plan, invalidate):
             good = res[j] == block_size and not bad[j]
             if good:
                 slot = tag_slots[tag, p]
-                block = hpas[i] // block_size + p
-                _copy_piece(base, block_size, slot, block, hpas[i], lens[i], addrs[i])
+                if not kinds[i]:
+                    _copy_piece(base, block_size, slot, hpas[i] // block_size + p, hpas[i], lens[i], addrs[i])
                 if sum_keys.shape[0]:
-                    b = sumtable.find(sum_keys, block)
+                    b = sumtable.find(sum_keys, hpas[i] // block_size + p)
                     good = b < 0 or sumtable.hash_block(base + slot * block_size, block_size) == sum_values[b]
-            if not good:  # failed, short or corrupt: the caller reads it again, verifying
+            if not good:  # failed, short or corrupt: the caller runs it again, verifying
                 tag_failed[tag] = 1
                 row_bad[tag, row] = 1
             st[FILLS] -= 1
@@ -200,7 +225,8 @@ def _build(plan, invalidate):
                 r = 0
                 for q in range(k):
                     if tag_installed[tag, q]:
-                        if row_bad[tag, r]:
+                        # a write's newly placed blocks hold nothing it wrote: all go
+                        if kinds[i] or row_bad[tag, r]:
                             invalidate(bt, ps, tag_slots[tag, q], clock[0])
                         row_bad[tag, r] = 0
                         r += 1
@@ -209,6 +235,8 @@ def _build(plan, invalidate):
                 tag_failed[tag] = 0
                 clat[i] = -1
             else:
+                if kinds[i]:
+                    _copy_write_in(base, block_size, tag_slots[tag], k, hpas[i], lens[i], addrs[i])
                 clat[i] = now - tag_issued[tag]
             finish(bt, tag_slots[tag], k)
             st[SLOTS] -= k
@@ -218,26 +246,36 @@ def _build(plan, invalidate):
             free_tags[tag_k.shape[0] - 1 - st[IN_FLIGHT]] = tag
 
     @njit_without_refcounts
-    def _issue(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, slat, clat,
+    def _issue(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, slat, clat,
                arrays, tag, n_fill, begin, ring, fd):
-        """Queue the planned read's fills, or - all its blocks in DRAM - complete it now."""
+        """Queue the planned I/O's fills, or - none needed - complete it now (a read
+        whose blocks are all in DRAM, a write that replaces whole blocks or hits)."""
         (st, tag_read, tag_pending, tag_k, tag_failed, tag_issued, tag_slots, tag_installed, row_pos, row_bad,
-         free_tags, _wb, fills, fill_tags, ts, _rt, _rr, _bad, _sub) = arrays
+         free_tags, _wb, fills, fill_tags, ts, _rt, _rr, _bad, _sub, _wbl) = arrays
         max_blocks = tag_slots.shape[1]
         i = tag_read[tag]
         k = tag_k[tag]
+        write = kinds[i] != 0
+        # Submitted once planned (fio's slat: taken -> submitted); the copies of blocks
+        # already in device DRAM are completion work, in clat like the fills' wait.
+        now = _now_ns(ts)
+        slat[i] = now - begin
+        first = hpas[i] // block_size
         r = 0
         for q in range(k):
             if tag_installed[tag, q]:
+                block = first + q
+                # plan() fills a newly placed block unless a write replaces all of it
+                if write and block * block_size >= hpas[i] and (block + 1) * block_size <= hpas[i] + lens[i]:
+                    continue
                 row_pos[tag, r] = q
                 fill_tags[r] = tag * max_blocks + r
                 r += 1
-            else:  # resident and not busy (checked before planning): its bytes are good
-                _copy_piece(base, block_size, tag_slots[tag, q], hpas[i] // block_size + q, hpas[i], lens[i],
-                            addrs[i])
-        now = _now_ns(ts)
-        slat[i] = now - begin
+            elif not write:  # resident and not busy (checked before planning): its bytes are good
+                _copy_piece(base, block_size, tag_slots[tag, q], first + q, hpas[i], lens[i], addrs[i])
         if n_fill == 0:
+            if write:
+                _copy_write_in(base, block_size, tag_slots[tag], k, hpas[i], lens[i], addrs[i])
             clat[i] = _now_ns(ts) - now
             finish(bt, tag_slots[tag], k)
             st[DONE] += 1
@@ -254,23 +292,24 @@ def _build(plan, invalidate):
         st[QUEUED] += 1
 
     @njit_without_refcounts
-    def step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, stop, deadline_ns,
+    def step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, stop, deadline_ns,
              slat, clat, arrays, ring, fd, ring_room, other_slots, n_slots, owner):
-        """Resume a read parked for its write-backs, then plan and issue reads until
-        `depth` are in flight (or the ring, the slots or the reads run out)."""
+        """Resume an I/O parked for its write-backs, then plan and issue I/Os until
+        `depth` are in flight (or the ring, the slots or the I/Os run out)."""
         (st, tag_read, tag_pending, tag_k, tag_failed, tag_issued, tag_slots, tag_installed, row_pos, row_bad,
-         free_tags, writebacks, fills, fill_tags, ts, reaped_tags, reaped_res, bad, _sub) = arrays
+         free_tags, writebacks, fills, fill_tags, ts, reaped_tags, reaped_res, bad, _sub, wblocks) = arrays
         depth = tag_k.shape[0]
         if st[PARKED] >= 0:
             tag = st[PARKED]
             st[PARKED] = -1
             st[SLOTS] -= tag_k[tag]  # counted while parked (its slots were BUSY); _issue counts them again
-            _issue(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, slat, clat,
+            _issue(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, slat, clat,
                    arrays, tag, st[PARKED_FILLS], tag_issued[tag], ring, fd)
         while st[NEXT] < stop and st[IN_FLIGHT] < depth:
             i = st[NEXT]
             one_hpa = hpas[i:i + 1]
             one_len = lens[i:i + 1]
+            write = kinds[i] != 0
             blocks, busy = touches_busy(bt, one_hpa, one_len, block_size)
             if blocks > tag_slots.shape[1]:
                 return ISSUED if st[IN_FLIGHT] else WIDE
@@ -279,6 +318,8 @@ def _build(plan, invalidate):
             room = n_slots - bt.scalars[btm.N_PINNED] - other_slots - st[SLOTS]
             if blocks > room or st[FILLS] + blocks > ring_room:
                 return ISSUED if st[IN_FLIGHT] else BLOCKED
+            if write and st[WRITTEN] + blocks > wblocks.shape[0]:
+                return LOG_WRITES
             begin = _now_ns(ts)
             if deadline_ns > 0 and begin >= deadline_ns:
                 return ISSUED
@@ -286,10 +327,13 @@ def _build(plan, invalidate):
             tag_read[tag] = i
             hits0 = counters[C.HITS]
             misses0 = counters[C.MISSES]
-            ok, k, n_wb, n_fill = plan(bt, ps, counters, clock, one_hpa, one_len, False, write_mode, owner, base,
+            ok, k, n_wb, n_fill = plan(bt, ps, counters, clock, one_hpa, one_len, write, write_mode, owner, base,
                                        block_size, tag_slots[tag], tag_installed[tag], writebacks, fills)
             st[HITS] += counters[C.HITS] - hits0
             st[MISSES] += counters[C.MISSES] - misses0
+            if write:
+                st[W_HITS] += counters[C.HITS] - hits0
+                st[W_MISSES] += counters[C.MISSES] - misses0
             st[NEXT] = i + 1
             tag_k[tag] = k
             if not ok:
@@ -302,6 +346,11 @@ def _build(plan, invalidate):
                 tag_read[tag] = -1
                 st[PARKED_WBS] = n_wb
                 return DEVICE_FULL
+            if write:  # dirty now: the driver logs them (after this I/O's victims are written back)
+                first = hpas[i] // block_size
+                for q in range(k):
+                    wblocks[st[WRITTEN]] = first + q
+                    st[WRITTEN] += 1
             if n_wb > 0:
                 tag_issued[tag] = begin
                 st[SLOTS] += k  # BUSY while the driver writes back (other threads plan around them)
@@ -309,12 +358,12 @@ def _build(plan, invalidate):
                 st[PARKED_FILLS] = n_fill
                 st[PARKED_WBS] = n_wb
                 return WRITE_BACK
-            _issue(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, slat, clat,
+            _issue(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, slat, clat,
                    arrays, tag, n_fill, begin, ring, fd)
         return ISSUED
 
     @njit_without_refcounts
-    def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, stop, deadline_ns,
+    def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, stop, deadline_ns,
             slat, clat, failed_out, arrays, ring, fd, ring_room, other_slots, n_slots, owner, verify, sum_keys,
             sum_values):
         """The stream's loop for one time slice (see the module docstring). A reap goes
@@ -324,7 +373,7 @@ def _build(plan, invalidate):
             arrays[18]
         slice_end = _now_ns(ts) + SLICE_NS
         while True:
-            status = step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, stop,
+            status = step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, stop,
                           deadline_ns, slat, clat, arrays, ring, fd, ring_room, other_slots, n_slots, owner)
             if status != ISSUED:
                 return status
@@ -342,8 +391,9 @@ def _build(plan, invalidate):
                 return VERIFY
             for j in range(got):
                 bad[j] = 0
-            complete(bt, ps, clock, base, block_size, hpas, lens, addrs, clat, failed_out, arrays,
-                     reaped_tags, reaped_res, bad, got, sum_keys if verify == VERIFY_HERE else sum_keys[:0], sum_values)
+            complete(bt, ps, clock, base, block_size, hpas, lens, addrs, kinds, clat, failed_out, arrays,
+                     reaped_tags, reaped_res, bad, got, sum_keys if verify == VERIFY_HERE else sum_keys[:0],
+                     sum_values)
             st[REAPED] = 0
             if _now_ns(ts) >= slice_end:
                 return SLICE

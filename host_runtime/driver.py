@@ -22,31 +22,8 @@ import numpy as np
 
 from cxlhm.config import DeviceConfig, load_config
 from cxlhm.device import Device
+from host_runtime.buffers import byte_view
 from host_runtime.mailbox import HintClient, MailboxClient
-
-
-def _byte_view(buf: Any, *, writable: bool) -> np.ndarray:
-    """A flat uint8 numpy view of `buf` without copying."""
-    if isinstance(buf, np.ndarray):
-        arr = buf
-    elif hasattr(buf, "untyped_storage") and hasattr(buf, "is_contiguous"):  # a torch tensor, any dtype
-        if not buf.is_contiguous():
-            raise ValueError("the buffer must be C-contiguous")
-        import torch  # only reached when the caller already uses torch
-        arr = buf.detach().reshape(-1).view(torch.uint8).numpy()  # bf16/fp8 have no numpy dtype: view bytes
-    else:
-        try:
-            arr = np.frombuffer(memoryview(buf), np.uint8) if not hasattr(buf, "__array_interface__") else np.asarray(buf)
-        except TypeError:
-            if hasattr(buf, "numpy"):  # torch.Tensor and friends
-                arr = buf.numpy()
-            else:
-                raise TypeError(f"expected a buffer (bytes, bytearray, memoryview, numpy array), got {type(buf).__name__}") from None
-    if not arr.flags.c_contiguous:
-        raise ValueError("the buffer must be C-contiguous")
-    if writable and not arr.flags.writeable:
-        raise ValueError("the buffer is read-only; read_into needs a writable buffer")
-    return arr.reshape(-1).view(np.uint8)
 
 
 class DeviceHandle:
@@ -74,7 +51,7 @@ class DeviceHandle:
 
     def read_into(self, hpa: int, buf: Any, *, session: int = 0) -> int:
         """Fill `buf` from the device at `hpa`; returns the byte count."""
-        view = _byte_view(buf, writable=True)
+        view = byte_view(buf, writable=True)
         self._access(hpa, view, False, session)
         return view.shape[0]
 
@@ -85,7 +62,7 @@ class DeviceHandle:
 
     def write_from(self, hpa: int, buf: Any, *, session: int = 0) -> int:
         """Write the bytes of `buf` at `hpa`; returns the byte count."""
-        view = _byte_view(buf, writable=False)
+        view = byte_view(buf, writable=False)
         self._access(hpa, view, True, session)
         return view.shape[0]
 
@@ -93,7 +70,7 @@ class DeviceHandle:
         """Read `len(hpas)` extents of `length` bytes, laid end to end in `out`, in one
         firmware pass and one SSD batch (the device sees them as concurrent: QD = len(hpas))."""
         hpas = np.asarray(hpas, np.int64).reshape(-1)
-        view = _byte_view(out, writable=True)
+        view = byte_view(out, writable=True)
         if view.shape[0] != hpas.shape[0] * length:
             raise ValueError(f"out holds {view.shape[0]} bytes, expected {hpas.shape[0]} x {length}")
         self.device.access(hpas, np.full(hpas.shape[0], length, np.int64), view.ctypes.data, False, session)
@@ -101,7 +78,7 @@ class DeviceHandle:
     def writev(self, hpas: Any, length: int, data: Any, *, session: int = 0) -> None:
         """Write `len(hpas)` extents of `length` bytes taken end to end from `data`."""
         hpas = np.asarray(hpas, np.int64).reshape(-1)
-        view = _byte_view(data, writable=False)
+        view = byte_view(data, writable=False)
         if view.shape[0] != hpas.shape[0] * length:
             raise ValueError(f"data holds {view.shape[0]} bytes, expected {hpas.shape[0]} x {length}")
         self.device.access(hpas, np.full(hpas.shape[0], length, np.int64), view.ctypes.data, True, session)

@@ -88,7 +88,7 @@ def test_verify_catches_a_flipped_bit_in_the_file(tmp_path):
         os.fsync(f.fileno())
     result, out = run(base + "[r]\nrw=read\n")
     assert out["jobs"][0]["error"] == 84
-    assert any("offset 131072" in m and "md5 checksum mismatch" in m for m in result.messages)
+    assert any("offset 131072" in m and "md5: verify failed" in m for m in result.messages)
 
 
 def test_numjobs_group_reporting_and_number_ios(tmp_path):

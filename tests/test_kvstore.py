@@ -242,8 +242,9 @@ def test_pinned_and_leased_chunks_are_never_evicted(dev_factory):
     for i in range(4):
         t.put_from(bytes([i]), chunk(i))
     assert t.pin([b"\0", b"\1", b"\2"]) == 2  # the third is over the pin budget
+    s.tenant("t", max_pinned_bytes=3 * CHUNK)  # room for a prefetch's protection too
     ticket = t.prefetch([b"\2"])
-    assert ticket.ready == 1
+    assert ticket.ready == 1 and ticket.protected == 1
     assert t.put_from(b"new", chunk(9)) is PutStatus.STORED  # evicts \3, the only candidate
     assert [t.contains(bytes([i])) for i in range(4)] == [True, True, True, False]
     assert t.put_from(b"new2", chunk(9)) is PutStatus.STORED  # evicts "new" (not \2: leased)
@@ -507,4 +508,131 @@ def test_device_hints_pin_the_extents_blocks(dev_factory):
     assert int(h.device.bt.scalars[btm.N_PINNED]) == CHUNK // BLOCK
     t.unpin([b"k"])
     assert int(h.device.bt.scalars[btm.N_PINNED]) == 0
+    s.close()
+
+
+# ---------------------------------------------------------------- regressions: wrong bytes, leaks, lost chunks
+def test_a_chunk_kept_by_a_reopen_after_a_device_only_open_survives_the_next_crash(dev_factory):
+    """crash -> the device opened (and cleanly closed) on its own -> the store reopens,
+    flushes, closes cleanly -> crash: every chunk the clean close kept is still kept."""
+    h = dev_factory()
+    s = KVStore(h)
+    t = s.tenant("t")
+    t.put_from(b"durable", chunk(1))
+    s.flush()
+    t.put_from(b"late", chunk(2))
+    h.flush()  # its bytes reached the SSD, but the store never recorded that
+    crash(s, h)
+    dev_factory().close()  # e.g. `cxlhm mailbox health --set backend.path=IMG`: clears the device's mark
+    s2 = KVStore(dev_factory())
+    out = np.empty(CHUNK, np.uint8)
+    kept = {k for k in (b"durable", b"late") if s2.tenant("t").get_into(k, out) == CHUNK}
+    assert b"durable" in kept
+    s2.flush()
+    s2.close()
+    s2.handle.close()
+    h3 = dev_factory()
+    s3 = KVStore(h3)
+    assert set(s3.tenant("t").keys()) == kept
+    crash(s3, h3)
+    s4 = KVStore(dev_factory())
+    t4 = s4.tenant("t")
+    assert set(t4.keys()) == kept and s4.stats()["failed_verification"] == 0
+    for k in kept:
+        assert t4.get_into(k, out) == CHUNK and (out == (1 if k == b"durable" else 2)).all()
+    s4.close()
+
+
+def test_a_reservation_never_reads_bytes_it_did_not_write(dev_factory):
+    s = small_store(dev_factory, 1)  # one extent: every chunk reuses it
+    bob, alice = s.tenant("bob"), s.tenant("alice")
+    bob.put_from(b"secret", np.full(CHUNK, 0xBB, np.uint8))
+    bob.remove(b"secret")
+    res = alice.reserve(b"k", CHUNK)
+    out = np.full(CHUNK, 1, np.uint8)
+    assert res.read_into(out) == CHUNK and (out == 0).all()  # not bob's bytes
+    res.write(np.full(BLOCK, 7, np.uint8), BLOCK)
+    res.read_into(out)
+    assert (out[:BLOCK] == 0).all() and (out[BLOCK:] == 7).all()
+    part = np.empty(BLOCK, np.uint8)
+    res.read_into(part, BLOCK // 2)
+    assert (part[:BLOCK // 2] == 0).all() and (part[BLOCK // 2:] == 7).all()
+    assert res.commit()
+    alice.get_into(b"k", out)  # the unwritten half of a committed chunk is zeros too
+    assert (out[:BLOCK] == 0).all() and (out[BLOCK:] == 7).all()
+    s.close()
+
+
+@pytest.mark.parametrize("finish", ["abort", "commit-then-remove"])
+def test_a_finished_reservation_cannot_read_the_extent_again(dev_factory, finish):
+    s = small_store(dev_factory, 1)
+    alice, bob = s.tenant("alice"), s.tenant("bob")
+    res = alice.reserve(b"k", CHUNK)
+    res.write(chunk(1))
+    if finish == "abort":
+        res.abort()
+    else:
+        res.commit()
+        alice.remove(b"k")
+    bob.put_from(b"bobs", np.full(CHUNK, 0xBB, np.uint8))  # lands in the same extent
+    with pytest.raises(ValueError, match="already committed or aborted"):
+        res.read_into(np.empty(CHUNK, np.uint8))
+    with pytest.raises(ValueError, match="already committed or aborted"):
+        res.write(chunk(3))
+    out = np.empty(CHUNK, np.uint8)
+    assert bob.get_into(b"bobs", out) == CHUNK and (out == 0xBB).all()
+    s.close()
+
+
+def test_a_tenant_with_a_secret_opens_only_with_it(dev_factory, image):
+    h = dev_factory()
+    s = KVStore(h)
+    secret = os.urandom(32)
+    alice = s.tenant("alice", secret=secret)
+    keys = alice.prefix_keys(np.arange(64), 16)
+    alice.put_from(keys[0], chunk(5))
+    for who in ({}, {"secret": os.urandom(32)}, {"salt": b"alice"}):
+        with pytest.raises(PermissionError):
+            s.tenant("alice", **who)
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        s.tenant("carol", secret=b"short")
+    assert s.tenant("alice", secret=secret) is alice
+    named = s.tenant("bob")
+    with pytest.raises(PermissionError):
+        s.tenant("bob", secret=os.urandom(32))  # a name-identified tenant is not taken over with a secret
+    assert named.prefix_keys(np.arange(64), 16) != keys
+    s.close()
+    h.close()
+    assert secret not in open(image + ".kvindex", "rb").read()  # only a keyed hash of it is stored
+    s2 = KVStore(dev_factory())
+    with pytest.raises(PermissionError):
+        s2.tenant("alice")
+    alice2 = s2.tenant("alice", secret=secret)
+    assert alice2.prefix_keys(np.arange(64), 16) == keys  # same secret, same keys across restarts
+    out = np.empty(CHUNK, np.uint8)
+    assert alice2.get_into(keys[0], out) == CHUNK and (out == 5).all()
+    s2.close()
+
+
+def test_a_prefetch_never_waited_for_stays_within_the_pin_budget_and_is_released(dev_factory):
+    import gc
+    s = small_store(dev_factory, 2)
+    t = s.tenant("t", max_pinned_bytes=0)
+    t.put_from(b"a", chunk(1)), t.put_from(b"b", chunk(2))
+    ticket = t.prefetch([b"a", b"b"])
+    assert ticket.ready == 2 and ticket.protected == 0  # hinted, but a zero budget protects nothing
+    assert t.put_from(b"c", chunk(3)) is PutStatus.STORED
+    s.tenant("t", max_pinned_bytes=CHUNK)
+    ticket = t.prefetch([b"b", b"c"])
+    assert ticket.protected == 1 and t.stats()["protected_bytes"] == CHUNK
+    assert t.put_from(b"d", chunk(4)) is PutStatus.STORED and t.contains(b"b")  # c went, b is protected
+    used = s.stats()["used_bytes"]
+    assert t.remove(b"b")  # removing a prefetched chunk frees its extent at once
+    assert s.stats()["used_bytes"] == used - CHUNK
+    del ticket
+    gc.collect()
+    assert t.stats()["protected_bytes"] == 0  # a dropped ticket ends its protection
+    t2 = t.prefetch([b"d"])
+    assert s.wait(t2) == 1 and t2.done and t.stats()["protected_bytes"] == 0
+    s.check()
     s.close()

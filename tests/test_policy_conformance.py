@@ -315,9 +315,9 @@ class TestDocsWorkedExample(PolicyConformance):
         folder = tmp_path_factory.mktemp("docs_policy")
         (folder / "docs_random.py").write_text(source.replace('name="random"', 'name="docs_random"'))
         sys.path.insert(0, str(folder))
-        firmware_policies.BUILTIN["docs_random"] = "docs_random"
+        firmware_policies.REGISTRY.register("docs_random", "docs_random")
         yield
-        del firmware_policies.BUILTIN["docs_random"]
+        firmware_policies.REGISTRY.unregister("docs_random")
         sys.path.remove(str(folder))
 
 

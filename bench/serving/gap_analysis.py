@@ -13,7 +13,11 @@ For each workload (Mooncake trace, agent) at its reference speed it prints
 2. per request class (by the stack distance of the request's reused prefix) and
    configuration: where the reusable tokens came from and the mean TTFT;
 3. the cost of one 512-token chunk: recomputing it vs loading it from each tier;
-4. GPU time (prefill / decode) and the device's NAND traffic against its bandwidth.
+4. GPU time (prefill / decode) and the device's NAND traffic against its bandwidth;
+
+and, first, for every (model, GPU) pair of the reproduction, the transfer-vs-recompute
+boundary: the device bandwidth above which loading a chunk beats recomputing it and the
+chunk size above which it does at each path's bandwidth (`--boundary` prints only that).
 
 It writes stack_distance.png (the capacity curve) to --out.
 """
@@ -31,7 +35,8 @@ from _common import command, machine  # noqa: E402
 
 from cxlhm.serving.comparison import REFERENCE_SPEED  # noqa: E402
 from cxlhm.serving.configs import CONFIG_ORDER, TierContext, make_system  # noqa: E402
-from cxlhm.serving.gpu import gpu_model  # noqa: E402
+from cxlhm.serving.boundary import boundary_lines  # noqa: E402
+from cxlhm.serving.gpu import PAIRS  # noqa: E402
 from cxlhm.serving.metrics import summarize  # noqa: E402
 from cxlhm.serving.params import ServingParams  # noqa: E402
 from cxlhm.serving.scheduler import replay  # noqa: E402
@@ -83,7 +88,7 @@ def stack_distances(w: Workload, order: np.ndarray, bpt: int) -> tuple[np.ndarra
 
 
 def capacity_lines(dist, toks, params: ServingParams) -> list[str]:
-    d, g = params.dram_bytes, params.gpu_kv_bytes
+    d, g = params.dram_bytes, params.kv_pool_bytes
     total = toks.sum() or 1.0
     out = []
     for label, cap in ((f"D = {d / GiB:g} GiB", d), (f"GPU pool {g / GiB:g} GiB", g),
@@ -96,7 +101,7 @@ def capacity_lines(dist, toks, params: ServingParams) -> list[str]:
 
 # ---------------------------------------------------------------- 3. chunk costs
 def chunk_costs(params: ServingParams) -> list[str]:
-    gpu = gpu_model(prefill=params.prefill_model, decode=params.decode_model)
+    gpu = params.gpu_cost_model()
     chunk = 512 * gpu.kv_bytes_per_token
     out = [f"  one 512-token chunk = {chunk / 2**20:.0f} MiB of KV"]
     for cached in (0, 8192, 32768):
@@ -126,7 +131,7 @@ def chunk_costs(params: ServingParams) -> list[str]:
 
 
 def cold_chunk_ms(params: ServingParams) -> float:
-    gpu = gpu_model(prefill=params.prefill_model, decode=params.decode_model)
+    gpu = params.gpu_cost_model()
     chunk = 512 * gpu.kv_bytes_per_token
     ctx = TierContext(params.replace(dram_bytes=256 << 20), 64, chunk, 1, gpu.h2d_bandwidth, gpu.h2d_latency_s * 1e9)
     tier = make_system("cxlhm-hymcache").make_tier(ctx)
@@ -194,15 +199,25 @@ def main() -> int:
     ap.add_argument("--configs", default=",".join(CONFIG_ORDER))
     ap.add_argument("--class-configs", default="recompute,lmcache-local,cxlhm-hymcache,mooncake-dram",
                     help="configurations in the per-class table")
+    ap.add_argument("--boundary", action="store_true", help="print the transfer-vs-recompute boundary only")
+    ap.add_argument("--model", default="llama3-8b")
+    ap.add_argument("--gpu", default="h200")
     ap.add_argument("--out", default="out/gap-analysis")
     args = ap.parse_args()
-    params = ServingParams()
+    params = ServingParams(model=args.model, gpu=args.gpu)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"command: {command()}")
     print(f"machine: {machine()} (model clock: the figures do not depend on it)")
-    print(f"GPU KV pool {params.gpu_kv_bytes / GiB:g} GiB, D = {params.dram_bytes / GiB:g} GiB, "
+    print(f"GPU KV pool {params.kv_pool_bytes / GiB:g} GiB, D = {params.dram_bytes / GiB:g} GiB, "
           f"pool {params.pool_factor:g} x D")
+    print("\n== transfer vs recompute: per model and GPU, the bandwidth above which loading a chunk beats "
+          "recomputing it, and the chunk size above which it does on each path")
+    for model, gpu in PAIRS:
+        p = params.replace(model=model, gpu=gpu)
+        print("\n".join(boundary_lines(p.gpu_cost_model(), p)))
+    if args.boundary:
+        return 0
     print("\n== cost of one chunk")
     print("\n".join(chunk_costs(params)))
     curves = {}
@@ -218,7 +233,7 @@ def main() -> int:
             summaries[config] = summarize(results[config], params.slo_ttft_s, params.slo_percentile,
                                           params.slo_tbt_ms)
         order = np.argsort(next(iter(results.values())).arrival, kind="stable")
-        bpt = gpu_model().kv_bytes_per_token
+        bpt = params.gpu_cost_model().kv_bytes_per_token
         dist, toks, reqs = stack_distances(w, order, bpt)
         curves[name] = (dist, toks)
         print(f"\n== {name} at speed {speed:g}: {w.description}; {w.summary()}")
@@ -239,8 +254,8 @@ def main() -> int:
         for name, (dist, toks) in curves.items():
             o = np.argsort(dist)
             ax.plot(dist[o] / GiB, np.cumsum(toks[o]) / toks.sum(), label=name)
-        for x, label in ((params.dram_bytes / GiB, "D"), (params.gpu_kv_bytes / GiB, "GPU pool"),
-                         ((params.gpu_kv_bytes + params.dram_bytes) / GiB, "GPU+D"),
+        for x, label in ((params.dram_bytes / GiB, "D"), (params.kv_pool_bytes / GiB, "GPU pool"),
+                         ((params.kv_pool_bytes + params.dram_bytes) / GiB, "GPU+D"),
                          (params.pool_factor * params.dram_bytes / GiB, "16 D")):
             ax.axvline(x, color="gray", linewidth=0.8, linestyle="--")
             ax.text(x, 0.02, label, rotation=90, fontsize=7)

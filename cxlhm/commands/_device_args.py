@@ -5,7 +5,7 @@ import argparse
 
 import yaml
 
-from cxlhm.config import ConfigError, DeviceConfig, available_profiles, load_config
+from cxlhm.config import ConfigError, DeviceConfig, available_profiles, load_config, safe_load_yaml
 
 
 def add_device_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,13 +37,33 @@ def _merge(a: dict, b: dict) -> dict:
     return a
 
 
-def config_from_args(args: argparse.Namespace) -> DeviceConfig:
+def parse_set_value(option: str, item: str):
+    """The YAML value of one KEY=VALUE option, or a ConfigError naming the option."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip() or any(not part for part in key.strip().split(".")):
+        raise ConfigError(option, item, "expected KEY=VALUE, e.g. dram_bytes=64MiB")
+    try:
+        return key.strip(), (safe_load_yaml(text) if text else None)
+    except RecursionError:
+        raise ConfigError(option, key.strip(), "value nested too deeply") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(option, key.strip(), f"not a valid YAML value: {getattr(exc, 'problem', None) or exc}") from None
+
+
+def config_overrides(args: argparse.Namespace) -> dict:
+    """The --set options (and --policy) as one nested dict of overrides."""
     overrides: dict = {}
     for item in args.overrides:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise ConfigError("--set", item, "expected KEY=VALUE, e.g. dram_bytes=64MiB")
-        _merge(overrides, _nest(key.strip(), yaml.safe_load(text) if text else None))
-    if args.policy:
+        key, value = parse_set_value("--set", item)
+        _merge(overrides, _nest(key, value))
+    if getattr(args, "policy", None):
         _merge(overrides, {"firmware": {"policy": args.policy}})
+    return overrides
+
+
+def load_device_config(args: argparse.Namespace, overrides: dict | None) -> DeviceConfig:
     return load_config(args.device, overrides or None)
+
+
+def config_from_args(args: argparse.Namespace) -> DeviceConfig:
+    return load_device_config(args, config_overrides(args))

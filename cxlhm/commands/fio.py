@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 NAME = "fio"
@@ -10,7 +11,8 @@ DESCRIPTION = """\
 Run fio job files ([global] and job sections, fio's option syntax) with ioengine=cxlhm
 (the emulated CXL-HM device) or ioengine=io_uring (O_DIRECT on a plain file, the raw
 baseline), and print fio's normal report or fio's JSON. `-` reads a job file from
-standard input. --compare-fio runs the same jobs through real fio on the same files.
+standard input. --compare-fio runs the same jobs through real fio (a device's image is
+replaced by a file of fio's own beside it) and prints IOPS, bandwidth and latency ratios.
 
 examples:
   cxlhm fio bench/jobs/randread-4k-qd32.fio
@@ -30,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="normal: fio's text report; json / json+: fio's JSON (json+ adds latency bins)")
     parser.add_argument("--output", metavar="FILE", help="write the report to FILE instead of standard output")
     parser.add_argument("--compare-fio", action="store_true",
-                        help="also run the jobs through real fio (io_uring, O_DIRECT) on the same files and print the ratios")
+                        help="also run the jobs through real fio (io_uring, O_DIRECT; never on a device's image) and print the ratios")
     parser.add_argument("--cmdhelp", nargs="?", const="", metavar="OPTION",
                         help="list the supported job options, or describe one")
     parser.add_argument("--eta", choices=("auto", "always", "never"), default="auto",
@@ -47,28 +49,31 @@ def run(args: argparse.Namespace) -> int:
         try:
             print(cmdhelp(args.cmdhelp or None), end="")
         except KeyError:
-            print(f"cxlhm fio: no option named {args.cmdhelp!r}; `cxlhm fio --cmdhelp` lists them", file=sys.stderr)
+            print(f"cxlhm fio: error: no option named {args.cmdhelp!r}; `cxlhm fio --cmdhelp` lists them", file=sys.stderr)
             return 2
         return 0
     if not args.jobfiles:
-        print("cxlhm fio: no job file given (use - for standard input, --cmdhelp for the options)", file=sys.stderr)
+        print("cxlhm fio: error: no job file given (use - for standard input, --cmdhelp for the options)", file=sys.stderr)
         return 2
     try:
         jobs, global_options = load_jobs(args.jobfiles)
     except JobFileError as exc:
-        print(f"cxlhm fio: {exc}", file=sys.stderr)
+        print(f"cxlhm fio: error: {exc}", file=sys.stderr)
         return 2
     fio = None
     if args.compare_fio:
         fio = compare.fio_binary()
         if fio is None:
-            print(f"cxlhm fio: {compare.INSTALL_HINT}", file=sys.stderr)
+            print(f"cxlhm fio: error: {compare.INSTALL_HINT}", file=sys.stderr)
             return 3
+    if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
+        print(f"cxlhm fio: error: --output {args.output}: its folder does not exist", file=sys.stderr)
+        return 2
     progress = args.eta == "always" or (args.eta == "auto" and sys.stderr.isatty())
     try:
         result = run_jobs(jobs, progress=progress)
     except JobFileError as exc:
-        print(f"cxlhm fio: {exc}", file=sys.stderr)
+        print(f"cxlhm fio: error: {exc}", file=sys.stderr)
         return 2
     for message in result.messages:
         print(message, file=sys.stderr)
@@ -80,9 +85,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             theirs = compare.run_fio(jobs, fio)
         except (RuntimeError, ValueError, OSError) as exc:
-            print(f"cxlhm fio: --compare-fio: {exc}", file=sys.stderr)
+            print(f"cxlhm fio: error: --compare-fio: {exc}", file=sys.stderr)
             return 3
-        side_by_side = compare.compare_text(report.to_json(result, global_options), theirs)
+        side_by_side = compare.compare_text(compare.ours_summary(result), theirs, report.VERSION)
         if args.output_format == "normal":
             text += side_by_side
         else:
@@ -92,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             with open(args.output, "w") as f:
                 f.write(text)
         except OSError as exc:
-            print(f"cxlhm fio: cannot write {args.output}: {exc.strerror}", file=sys.stderr)
+            print(f"cxlhm fio: error: cannot write {args.output}: {exc.strerror}", file=sys.stderr)
             return 2
     else:
         sys.stdout.write(text)

@@ -6,6 +6,9 @@ import contextlib
 import json
 import sys
 
+import math
+
+from cxlhm.cliutil import CommandError, positive_int
 from cxlhm.commands._device_args import add_device_arguments, config_from_args
 
 NAME = "mailbox"
@@ -35,10 +38,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("log_id", nargs="?", default="cel", help="for `log`: cel (default) or a log UUID")
     parser.add_argument("--regs", metavar="PATH", default=None,
                         help="register file of a running device (default: open one from --device/--set)")
-    parser.add_argument("--dpa", type=int, default=0, help="for `poison`: first device physical address")
-    parser.add_argument("--length", type=int, default=None, help="for `poison`: bytes to cover (default: to the end)")
-    parser.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for each command")
+    parser.add_argument("--dpa", type=_non_negative_int, default=0,
+                        help="for `poison`: first device physical address")
+    parser.add_argument("--length", type=positive_int, default=None,
+                        help="for `poison`: bytes to cover (default: to the end)")
+    parser.add_argument("--timeout", type=_seconds, default=2.0, help="seconds to wait for each command (0-3600)")
     add_device_arguments(parser)
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (0 < value <= 3600):
+        raise argparse.ArgumentTypeError(f"expected seconds in (0, 3600], got {text!r}")
+    return value
+
+
+def _check_poison_range(args: argparse.Namespace, capacity: int) -> None:
+    if args.dpa >= capacity:
+        raise CommandError(f"--dpa {args.dpa:#x} is past the device's capacity ({capacity:#x} bytes)")
+    if args.length is not None and args.dpa + args.length > capacity:
+        raise CommandError(f"--dpa {args.dpa:#x} --length {args.length:#x} runs past the device's capacity "
+                           f"({capacity:#x} bytes)")
 
 
 @contextlib.contextmanager
@@ -50,7 +83,10 @@ def _client(args: argparse.Namespace):
             yield client
         return
     from host_runtime.driver import open_device
-    with open_device(config_from_args(args)) as handle:
+    cfg = config_from_args(args)
+    if args.action == "poison":
+        _check_poison_range(args, cfg.capacity)  # before opening anything
+    with open_device(cfg) as handle:
         # a device that runs its own mailbox (and closes it) provides start_mailbox()
         start = getattr(handle.device, "start_mailbox", None)
         owned = start is None
@@ -112,8 +148,8 @@ def run(args: argparse.Namespace) -> int:
             else:
                 found = client.poison(args.dpa, args.length)
                 out = {"poison": {"nr_records": len(found["records"]), **found}}
-    except (MailboxError, OSError, ValueError) as exc:
-        print(f"cxlhm mailbox: {exc}", file=sys.stderr)
-        return 1
+    except (MailboxError, OSError) as exc:
+        print(f"cxlhm mailbox: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
     print(json.dumps(out, indent=2))
     return 0

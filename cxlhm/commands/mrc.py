@@ -5,10 +5,11 @@ import json
 import sys
 from pathlib import Path
 
-import yaml
 from tqdm import tqdm
 
 import firmware_policies
+from cxlhm.cliutil import CommandError, check_output_path, positive_int
+from cxlhm.commands._device_args import parse_set_value
 from cxlhm.config import ConfigError
 from cxlhm.mrc import format_table, format_timing_table, miss_ratios, parse_cache_sizes, plot_curves, simulate_curves
 from cxlhm.traces import TraceError
@@ -42,7 +43,7 @@ def add_arguments(parser):
     parser.add_argument("--sizes", default="1%,2%,5%,10%,20%,50%", help="comma-separated DRAM sizes")
     parser.add_argument("--param", action="append", default=[], metavar="POLICY.KEY=VALUE",
                         help="a policy parameter, e.g. s3fifo.small_ratio=0.2; repeatable")
-    parser.add_argument("--limit", type=int, default=None, help="replay only the first N accesses")
+    parser.add_argument("--limit", type=positive_int, default=None, help="replay only the first N accesses")
     parser.add_argument("--block-size", default=None, help="bytes per block, for byte sizes and the plot "
                         "(default: the trace's own; 4KiB for oracle-general and csv)")
     parser.add_argument("--csv-spec", default=None, help='libCacheSim-style CSV columns, e.g. "time-col=1, obj-id-col=2"')
@@ -58,11 +59,11 @@ def add_arguments(parser):
 def _parse_params(items: list[str]) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for item in items:
-        key, sep, value = item.partition("=")
+        key, sep, _ = item.partition("=")
         policy, dot, name = key.strip().partition(".")
         if not sep or not dot or not policy or not name:
             raise ValueError(f"--param {item!r}: expected POLICY.KEY=VALUE, e.g. s3fifo.small_ratio=0.2")
-        out.setdefault(policy, {})[name] = yaml.safe_load(value)
+        out.setdefault(policy, {})[name] = parse_set_value("--param", item)[1]
     return out
 
 
@@ -73,11 +74,15 @@ def _json_entry(result, timing: str | None):
 
 
 def run(args) -> int:
+    if not args.no_plot:
+        check_output_path(Path(args.out), "--out")  # before the work, not after it
     try:
         block_size = parse_size(args.block_size) if args.block_size else None
         if block_size is not None and block_size <= 0:
             raise ValueError("--block-size must be positive")
         trace = load_trace(args.trace, args.format, limit=args.limit, block_size=block_size, csv_spec=args.csv_spec)
+        if len(trace) == 0:
+            raise CommandError(f"--trace {args.trace}: no accesses in the trace")
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         if not policies:
             raise ValueError("--policies is empty")

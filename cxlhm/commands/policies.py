@@ -1,6 +1,8 @@
 """`cxlhm policies`: the firmware policies this installation knows, with their parameters."""
 from __future__ import annotations
 
+import sys
+
 import firmware_policies
 
 NAME = "policies"
@@ -9,6 +11,8 @@ DESCRIPTION = """\
 List every firmware policy: the built-ins in firmware_policies/ and those third-party
 packages register under the `cxlhm.firmware_policies` entry-point group. Select one with
 `firmware: {policy: NAME, params: {...}}` in a device config or `--policy NAME`.
+An entry point that fails to load is listed by name with its error; the rest are listed.
+Exit status 1 when any failed to load, 2 for an unknown name.
 """
 
 
@@ -18,14 +22,22 @@ def add_arguments(parser):
 
 def run(args) -> int:
     names = args.names or firmware_policies.available()
+    unknown = [n for n in names if n not in firmware_policies.REGISTRY]
+    if unknown:
+        print(f"cxlhm policies: error: unknown firmware policy {unknown[0]!r}; available: "
+              f"{', '.join(firmware_policies.available())}", file=sys.stderr)
+        return 2
+    broken = 0
     for name in names:
         try:
             policy = firmware_policies.get(name)
-        except firmware_policies.UnknownPolicy as exc:
-            print(f"cxlhm policies: {exc}")
-            return 2
+        except firmware_policies.BrokenPolicy as exc:
+            print(f"{name:<10} BROKEN: {exc}")
+            print(f"cxlhm policies: error: {exc}", file=sys.stderr)
+            broken += 1
+            continue
         tags = [policy.write_mode] + (["offline: trace-driven simulation only"] if policy.needs_future else [])
         print(f"{name:<10} {policy.description} [{'; '.join(tags)}]")
         for key, p in policy.params.items():
             print(f"{'':<10}   {key} ({p.type.__name__}, default {p.default!r}): {p.help}")
-    return 0
+    return 1 if broken else 0

@@ -20,6 +20,7 @@ block and the hot set has exactly the size the model says.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -27,6 +28,8 @@ from cxlhm.fio import values as V
 
 FIO_DEFAULT_ZIPF = 1.1
 FIO_DEFAULT_PARETO = 0.2
+# Beyond this every draw is rank 1 to the last bit of a double; larger values only risk overflow.
+MAX_ZIPF_THETA = 1000.0
 KINDS = ("random", "zipf", "pareto", "normal", "zoned", "zoned_abs")
 
 Zones = tuple[tuple[float, float], ...]  # (access percent, size: percent or bytes)
@@ -91,8 +94,10 @@ def parse_distribution(text: str, *, kb_base: int = 1024) -> DistSpec:
     default = {"zipf": FIO_DEFAULT_ZIPF, "pareto": FIO_DEFAULT_PARETO, "normal": 0.0}[kind]
     value = V.parse_float(parts[0]) if parts and parts[0] else default
     center = V.parse_float(parts[1]) if len(parts) == 2 else None
-    if kind == "zipf" and value <= 0:
-        raise ValueError(f"zipf theta must be positive, got {value:g}")
+    if not math.isfinite(value) or (center is not None and not math.isfinite(center)):
+        raise ValueError(f"{kind} takes finite numbers, got {text!r}")
+    if kind == "zipf" and not 0 < value <= MAX_ZIPF_THETA:
+        raise ValueError(f"zipf theta must be positive and at most {MAX_ZIPF_THETA:g}, got {value:g}")
     if kind == "pareto" and not 0 < value < 1:
         raise ValueError(f"pareto H must be between 0 and 1 (exclusive), got {value:g}")
     if kind == "normal" and not 0 <= value <= 100:

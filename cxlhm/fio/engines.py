@@ -222,28 +222,35 @@ class CxlhmEngine:
         tally.submits[submit_bucket(stop - start)] += 1
 
     def _split_loop(self, tally, depth, staging, chunk, arena, deadline_ns, keep_read_data, slat, clat) -> None:
-        """Runs of reads go to Device.read_stream (the compiled loop that keeps `depth` in
-        flight), writes run whole; what a stream leaves (it stops before poisoned
-        blocks) goes through the split-phase loop below."""
+        """The chunk goes to Device.read_stream (the compiled loop that keeps `depth` I/Os
+        in flight, reads and writes alike, each waiting only for an earlier one that
+        holds one of its blocks); on a write-through device only runs of reads do, and
+        writes run whole. What a stream leaves (it stops before poisoned blocks) goes
+        through the split-phase loop below."""
         device = self.share.handle.device
+        streams_writes = device.write_mode != "write-through"
         addrs = arena.base + chunk.slot * arena.slot_bytes
         while True:
             with self._take:
                 start = self._next
                 if self._stop or start >= len(chunk) or self.clock.now_ns() >= deadline_ns:
                     return
-                if chunk.direction[start]:
+                if streams_writes:
+                    stop = len(chunk)
+                elif chunk.direction[start]:
                     stop = start + _same_direction(chunk.direction, start, depth)
                 else:  # the whole run of reads: the stream keeps `depth` of them in flight
                     stop = start + _same_direction(chunk.direction, start, len(chunk) - start)
                 self._next = stop
-            if chunk.direction[start]:
+            if chunk.direction[start] and not streams_writes:
                 self._run_whole(tally, (start, stop), staging, chunk, arena, keep_read_data, slat, clat,
                                 time.monotonic_ns())
                 continue
             ran = device.read_stream(chunk.offset[start:stop], chunk.size[start:stop], addrs[start:stop], depth,
-                                     deadline_ns=deadline_ns, slat=slat[start:stop], clat=clat[start:stop])
-            tally.cache[0] += (ran.hits, ran.misses)
+                                     deadline_ns=deadline_ns, slat=slat[start:stop], clat=clat[start:stop],
+                                     writes=chunk.direction[start:stop] if streams_writes else None)
+            tally.cache[0] += (ran.hits - ran.write_hits, ran.misses - ran.write_misses)
+            tally.cache[1] += (ran.write_hits, ran.write_misses)
             if ran.submits is not None:
                 tally.submits += ran.submits
             with self._take:

@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -116,15 +117,27 @@ def _strip_comment(line: str) -> str:
     return line
 
 
+MAX_JOB_FILE_BYTES = 16 << 20  # a job file is text a person wrote; far larger input is a mistake
+
+
 def _read_text(path: Path) -> str:
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise JobFileError(str(path), 0, None, "is not a regular file; a job file is a text file")
+            data = f.read(MAX_JOB_FILE_BYTES + 1)
     except OSError as exc:
         raise JobFileError(str(path), 0, None, f"cannot read: {exc.strerror}") from None
+    return _decode(data, str(path))
+
+
+def _decode(data: bytes, where: str) -> str:
+    if len(data) > MAX_JOB_FILE_BYTES:
+        raise JobFileError(where, 0, None, f"is larger than {MAX_JOB_FILE_BYTES >> 20} MiB; is it a job file?")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise JobFileError(str(path), data[:exc.start].count(b"\n") + 1, None, "not UTF-8 text") from None
+        raise JobFileError(where, data[:exc.start].count(b"\n") + 1, None, "not UTF-8 text") from None
 
 
 class Sections(list):
@@ -166,8 +179,11 @@ def read_sections(text: str, path: str = "<stdin>", *, _depth: int = 0, _in_sect
             if _depth >= MAX_INCLUDE_DEPTH:
                 raise JobFileError(path, lineno, None, f"includes nested deeper than {MAX_INCLUDE_DEPTH} (a cycle?)")
             inc_path = Path(target) if Path(target).is_absolute() else base_dir / target
-            if not inc_path.is_file():
+            if not inc_path.exists():
                 raise JobFileError(path, lineno, None, f"include: no such file {str(inc_path)!r}")
+            if not inc_path.is_file():
+                raise JobFileError(path, lineno, None, f"include: {str(inc_path)!r} is not a regular file; "
+                                                       "include takes a job file")
             read_sections(_read_text(inc_path), str(inc_path), _depth=_depth + 1, _in_section=current, _include=True)
             continue
         key, sep, value = line.partition("=")
@@ -195,7 +211,9 @@ def read_job_file(path: str) -> Sections:
     """Sections of a job file; '-' reads standard input."""
     if path == "-":
         import sys
-        return read_sections(sys.stdin.read(), "<stdin>")
+        stream = getattr(sys.stdin, "buffer", None)  # (a text stream stands in for it in tests)
+        data = stream.read(MAX_JOB_FILE_BYTES + 1) if stream else sys.stdin.read(MAX_JOB_FILE_BYTES + 1).encode()
+        return read_sections(_decode(data, "<stdin>"), "<stdin>")
     return read_sections(_read_text(Path(path)), path)
 
 

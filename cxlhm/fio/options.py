@@ -39,6 +39,7 @@ _RW_MODES = {
     "randread": (True, True, False), "randwrite": (True, False, True),
     "rw": (False, True, True), "readwrite": (False, True, True), "randrw": (True, True, True),
 }
+MAX_RW_MODIFIER = 2**31 - 1
 _UNSUPPORTED_RW = ("trim", "randtrim", "trimwrite", "randtrimwrite")
 
 
@@ -56,6 +57,8 @@ def parse_rw(text: str, kb_base: int) -> RwMode:
         modifier = V.parse_int(modifier_text) if random else V.parse_size(modifier_text, kb_base=kb_base)
         if modifier < (1 if random else 0):
             raise ValueError(f"the :N suffix must be {'at least 1' if random else 'a non-negative size'}, got {modifier_text!r}")
+        if modifier > MAX_RW_MODIFIER:  # fio keeps it in a C int
+            raise ValueError(f"the :N suffix must be at most {MAX_RW_MODIFIER}, got {modifier_text!r}")
     return RwMode("rw" if mode == "readwrite" else mode, random, reads, writes, modifier)
 
 

@@ -70,13 +70,15 @@ class Chunk:
     offset: np.ndarray  # int64 bytes in the file
     size: np.ndarray  # int64 bytes
     slot: np.ndarray  # int64 arena slot holding the I/O's buffer
+    serial: np.ndarray | None = None  # int64 per write: its number among the job's writes (verify)
 
     def __len__(self) -> int:
         return self.offset.shape[0]
 
     def take(self, start: int, stop: int | None = None) -> "Chunk":
         s = slice(start, stop)
-        return Chunk(self.direction[s], self.offset[s], self.size[s], self.slot[s])
+        return Chunk(self.direction[s], self.offset[s], self.size[s], self.slot[s],
+                     None if self.serial is None else self.serial[s])
 
 
 class IoGenerator:

@@ -3,7 +3,8 @@
 Layout, key names and number formats follow fio 3.33's stat.c (read, not copied), so
 tools that read fio output (fio-plot, fio2gnuplot-style scripts, dashboards) read
 ours. Additions are marked: `cachehit` per direction (fio's own key, filled from the
-device's DRAM hits), and a top-level `cxlhm_devices` list.
+device's DRAM hits), `cxlhm_verify` per job (blocks checked, failures) and a top-level
+`cxlhm_devices` list.
 """
 from __future__ import annotations
 
@@ -95,25 +96,28 @@ def group_summaries(units: list[Unit]) -> dict[int, tuple[GroupSummary, GroupSum
 
 # ---------------------------------------------------------------- JSON
 
-def _lat_json(stat: LatencyStat, plist, *, bins: bool) -> dict:
+def _lat_json(stat: LatencyStat, plist, *, bins: bool, percentiles: bool) -> dict:
+    """fio's latency object; percentiles (and json+ bins) only where the job asked for
+    them (slat_percentiles, clat_percentiles - on by default - or lat_percentiles)."""
     out = {"min": stat.min if stat.n else 0, "max": stat.max if stat.n else 0,
            "mean": stat.mean if stat.n else 0.0, "stddev": stat.stddev, "N": stat.n}
-    if stat.n:
+    if percentiles and stat.n:
         out["percentile"] = {f"{p:f}": v for p, v in stat.percentiles(plist)}
         if bins:
             out["bins"] = stat.bins()
     return out
 
 
-def _dir_json(d: DirStats, group_agg: int, plist, *, bins: bool) -> dict:
+def _dir_json(d: DirStats, group_agg: int, plist, job, *, bins: bool) -> dict:
     runt = d.runtime_ms
     bw_bytes = 1000 * d.bytes // runt if runt else 0
     out = {
         "io_bytes": d.bytes, "io_kbytes": d.bytes >> 10, "bw_bytes": bw_bytes, "bw": bw_bytes // 1024,
         "iops": 1000.0 * d.ios / runt if runt else 0.0, "runtime": runt, "total_ios": d.ios,
         "short_ios": d.short_ios, "drop_ios": 0,
-        "slat_ns": _lat_json(d.slat, plist, bins=bins), "clat_ns": _lat_json(d.clat, plist, bins=bins),
-        "lat_ns": _lat_json(d.lat, plist, bins=bins),
+        "slat_ns": _lat_json(d.slat, plist, bins=bins, percentiles=job["slat_percentiles"]),
+        "clat_ns": _lat_json(d.clat, plist, bins=bins, percentiles=job["clat_percentiles"]),
+        "lat_ns": _lat_json(d.lat, plist, bins=bins, percentiles=job["lat_percentiles"]),
     }
     bmin, bmax, bmean, bdev, bn = d.bw.summary()
     agg_pct = min(100.0, bmean * 100.0 / (group_agg / 1024.0)) if group_agg > 1024 and bn else (100.0 if bn else 0.0)
@@ -167,14 +171,12 @@ def unit_json(unit: Unit, groups, *, bins: bool) -> dict:
     out = {"jobname": job.name, "groupid": s.groupid, "error": s.error, "eta": 0, "elapsed": s.elapsed_s,
            "job options": job_options(unit)}
     for d, name, g in ((READ, "read", read_g), (WRITE, "write", write_g)):
-        out[name] = _dir_json(s.dirs[d], g.agg, plist, bins=bins) if s.dirs[d].ios else _empty_dir_json()
+        out[name] = _dir_json(s.dirs[d], g.agg, plist, job, bins=bins) if s.dirs[d].ios else _empty_dir_json()
     out["trim"] = _empty_dir_json()
     out["sync"] = {"total_ios": 0, "lat_ns": {"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0}}
     total = s.total_ios
-    cpu_base = s.run_ms / 1000.0 if s.run_ms else 0.0
-    out.update({"job_runtime": s.run_ms,
-                "usr_cpu": 100.0 * s.usr_s / cpu_base if cpu_base else 0.0,
-                "sys_cpu": 100.0 * s.sys_s / cpu_base if cpu_base else 0.0,
+    usr, sys_ = s.cpu_percent()
+    out.update({"job_runtime": s.run_ms, "usr_cpu": usr, "sys_cpu": sys_,
                 "ctx": s.ctx, "majf": s.majf, "minf": s.minf,
                 "iodepth_level": _depth_json(s.depth_map, DEPTH_LABELS),
                 "iodepth_submit": _depth_json(s.submit_map, SUBMIT_LABELS),
@@ -186,6 +188,8 @@ def unit_json(unit: Unit, groups, *, bins: bool) -> dict:
                 "latency_window": 0})
     if job["description"]:
         out["desc"] = job["description"]
+    if job["verify"] not in ("0", "null"):
+        out["cxlhm_verify"] = {"blocks_checked": s.verified_blocks, "failures": s.verify_errors}
     return out
 
 
@@ -322,9 +326,7 @@ def unit_text(unit: Unit, groups) -> str:
     out.append(_lat_dist_text(s.lat_n, LAT_N_LABELS, "nsec", total))
     out.append(_lat_dist_text(s.lat_u, LAT_N_LABELS, "usec", total))
     out.append(_lat_dist_text(s.lat_m, LAT_M_LABELS, "msec", total))
-    cpu_base = s.run_ms / 1000.0 if s.run_ms else 0.0
-    usr = 100.0 * s.usr_s / cpu_base if cpu_base else 0.0
-    sys_ = 100.0 * s.sys_s / cpu_base if cpu_base else 0.0
+    usr, sys_ = s.cpu_percent()
     out.append(f"  cpu          : usr={usr:3.2f}%, sys={sys_:3.2f}%, ctx={s.ctx}, majf={s.majf}, minf={s.minf}\n")
     depth = percent_dist(s.depth_map, int(s.depth_map.sum()), 0.1)
     out.append("  IO depths    : " + ", ".join(f"{k}={v:3.1f}%" for k, v in zip(DEPTH_LABELS, depth)) + "\n")
@@ -334,6 +336,8 @@ def unit_text(unit: Unit, groups) -> str:
     out.append(f"     issued rwts: total={s.dirs[0].ios},{s.dirs[1].ios},0,0 short={s.dirs[0].short_ios},"
                f"{s.dirs[1].short_ios},0,0 dropped=0,0,0,0\n")
     out.append(f"     latency   : target=0, window=0, percentile=100.00%, depth={unit.job['iodepth']}\n")
+    if unit.job["verify"] not in ("0", "null"):
+        out.append(f"  verify       : {s.verified_blocks} blocks checked, {s.verify_errors} failed\n")
     if unit.device:
         out.append(_device_text(unit.device))
     return "".join(out)

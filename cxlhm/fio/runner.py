@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from cxlhm.config import ConfigError, load_config
-from cxlhm.fio import clocks
+from cxlhm.fio import clocks, files
 from cxlhm.fio import verify as VF
 from cxlhm.fio.engines import CxlhmEngine, DeviceShare, EngineError, IoArena, IoUringEngine, warm_split_reads
 from cxlhm.fio.jobfile import JobSpec
@@ -31,6 +31,7 @@ from cxlhm.fio.pattern import Chunk, IoGenerator, size_choices
 from cxlhm.fio.progress import Progress
 from cxlhm.fio.stats import SAMPLE_WINDOW_NS, JobStats
 from cxlhm.fio.values import Percent
+from firmware_policies.base import PolicyParamError
 
 # I/Os generated per chunk (bounded by memory when verifying). A chunk's reads are one
 # stream that drains at its end (~1.4 ms with no read in flight while the next chunk is
@@ -78,10 +79,6 @@ class RunResult:
 
 # ---------------------------------------------------------------- planning
 
-def _default_filename(job: JobSpec, clone: int) -> str:
-    return f"{job.name}.{clone}.0"  # fio's JOBNAME.CLONE.FILE naming
-
-
 def _resolve(value, total: int | None, job: JobSpec, name: str, align: int = 1) -> int:
     if isinstance(value, Percent):
         if not total:
@@ -101,11 +98,12 @@ def plan_clones(jobs: list[JobSpec]) -> list[ClonePlan]:
         sizes = size_choices(job.values)
         active = [sizes[d] for d in (READ, WRITE) if (job["rw"].reads, job["rw"].writes)[d]]
         min_bs, max_bs = min(c.min for c in active), max(c.max for c in active)
+        if job["ioengine"] == "cxlhm":
+            files.check_profile(job)
         for clone in range(job["numjobs"]):
-            filename = job["filename"] or _default_filename(job, clone)
+            filename = files.job_filename(job, clone)
+            files.check_target(job, filename)
             existing = os.path.getsize(filename) if os.path.isfile(filename) else 0
-            if os.path.exists(filename) and not os.path.isfile(filename):
-                raise job.error("filename", f"{filename} is not a regular file")
             offset = _resolve(job["offset"], existing, job, "offset", min_bs)
             if job["size"] is None:
                 if existing <= offset:
@@ -126,26 +124,31 @@ def lay_out(path: str, start: int, end: int, log=print) -> None:
     a read job: reads of sparse regions never touch the disk and would be far too fast."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        if os.fstat(fd).st_size < end:
-            os.ftruncate(fd, end)
-        holes = []
-        pos = start
-        while pos < end:
+        size = os.fstat(fd).st_size
+        holes = [(max(start, size), end)] if end > size else []  # past the end: all hole
+        pos, end_now = start, min(end, size)
+        while pos < end_now:
             try:
                 hole = os.lseek(fd, pos, os.SEEK_HOLE)
             except OSError:
                 hole = pos
-            if hole >= end:
+            if hole >= end_now:
                 break
             try:
                 data = os.lseek(fd, hole, os.SEEK_DATA)
             except OSError:  # no data after the hole
-                data = end
-            holes.append((hole, min(data, end)))
+                data = end_now
+            holes.append((hole, min(data, end_now)))
             pos = data
         if not holes:
             return
         total = sum(b - a for a, b in holes)
+        st = os.fstatvfs(fd)
+        free = st.f_bavail * st.f_frsize
+        if total > free:  # before writing anything: fio would fail the same way, only later
+            raise OSError(errno.ENOSPC, f"laying it out needs {total} bytes; its file system has {free} free")
+        if size < end:
+            os.ftruncate(fd, end)
         log(f"{os.path.basename(path)}: Laying out IO file (1 file / {total >> 20}MiB)")
         pattern = np.random.default_rng(0x1A1D).integers(0, 256, LAYOUT_CHUNK, dtype=np.uint8).tobytes()
         for a, b in holes:
@@ -162,6 +165,18 @@ def lay_out(path: str, start: int, end: int, log=print) -> None:
 
 _DEVICE_OPTION_FOR_KEY = {"dram_bytes": "cxlhm_dram", "block_size": "cxlhm_block_size",
                           "firmware.policy": "cxlhm_policy", "firmware.params": "cxlhm_policy", "clock": "cxlhm_clock"}
+
+
+def _option_for_key(job: JobSpec, key: str) -> str | None:
+    """The job option a device configuration error is about (None: the device's
+    configuration as a whole, when no option of the job set it)."""
+    if key in _DEVICE_OPTION_FOR_KEY:
+        return _DEVICE_OPTION_FOR_KEY[key]
+    if key.startswith("backend."):
+        return "filename"
+    if key == "capacity":
+        return "size"
+    return "cxlhm_profile" if job["cxlhm_profile"] else None
 
 
 def _device_settings(job: JobSpec) -> tuple:
@@ -212,7 +227,11 @@ def _open_device(job: JobSpec, path: str, needed: int, open_device) -> DeviceSha
         cfg = load_config(job["cxlhm_profile"], {**overrides, "capacity": capacity, "clock": clock_name})
         handle = open_device(cfg)
     except ConfigError as exc:
-        raise job.error(_DEVICE_OPTION_FOR_KEY.get(exc.key, "cxlhm_profile"), str(exc)) from None
+        raise job.error(_option_for_key(job, exc.key), str(exc)) from None
+    except PolicyParamError as exc:
+        raise job.error("cxlhm_policy", str(exc)) from None
+    except OSError as exc:
+        raise files.setup_error(job, path, exc, "cannot open the device's image") from None
     scratch = np.zeros(block, np.uint8)
     first = capacity - 2 * block
     if clock_name == "wall":  # a dirty block would cost the model clock a write-back later in the job
@@ -264,8 +283,14 @@ class Worker:
         self.state = "_"
         self.progress_bytes = [0, 0]
         self.progress_ios = [0, 0]
-        self.written: dict[int, tuple[int, int]] = {}  # offset -> (size, write seed), for verify
-        self.backlog: list[tuple[int, int, int]] = []
+        # fio's write history and which header fields its verify checks (see VF.VerifyLog)
+        uniform = job["random_distribution"] is None or job["random_distribution"].kind == "random"
+        self.vlog = VF.VerifyLog(ordered_by_offset=not (rw.random and uniform and not job["norandommap"]),
+                                 max_bs=self.gen.max_bs, align=self.gen.align)
+        self.check_seed = rw.reads and rw.writes and not job["verify_backlog"]
+        fixed_bs = min(c.min for c in sizes) == max(c.max for c in sizes)
+        self.check_numberio = rw.writes and fixed_bs and not job["time_based"]
+        self.backlog_due = 0  # writes logged since the last backlog verify
         self.writes_done = 0
         self.messages: list[str] = []
         self.engine = None
@@ -311,12 +336,14 @@ class Worker:
 
     def run(self) -> None:
         ru0 = resource.getrusage(resource.RUSAGE_THREAD)
+        wall0 = time.monotonic_ns()
         try:
             self._run()
-        except (EngineError, OSError, RuntimeError, IndexError) as exc:
+        except Exception as exc:  # noqa: BLE001 - a job that dies is an error of that job, never a silent end
             code = exc.errno if isinstance(exc, OSError) and exc.errno else errno.EIO
-            self.stats.error, self.stats.error_text = code, str(exc)
-            self.messages.append(f"fio: job {self.job.name!r}: {exc}")
+            text = str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+            self.stats.error, self.stats.error_text = code, text
+            self.messages.append(f"fio: job {self.job.name!r}: {text}")
             self.state = "E"
         finally:
             if self.engine is not None:
@@ -331,6 +358,7 @@ class Worker:
             self.stats.ctx = (ru1.ru_nvcsw + ru1.ru_nivcsw) - (ru0.ru_nvcsw + ru0.ru_nivcsw)
             self.stats.majf = ru1.ru_majflt - ru0.ru_majflt
             self.stats.minf = ru1.ru_minflt - ru0.ru_minflt
+            self.stats.cpu_wall_s = (time.monotonic_ns() - wall0) / 1e9  # what the CPU times are shares of
             if self.state != "E":
                 self.state = "D"
 
@@ -363,14 +391,13 @@ class Worker:
                 measuring = True
                 self._reset_stats(now)
             self._sample(now)
-            if self.verify_kind and job["verify_backlog"] and len(self.backlog) >= job["verify_backlog"]:
-                self._verify_pass(self.backlog, record=measuring)
-                self.backlog = []
-        if self.verify_kind and job["do_verify"] and self.written and not self._stop.is_set():
+            if self.verify_kind and job["verify_backlog"] and self.backlog_due >= job["verify_backlog"]:
+                self._verify_pass(self.vlog.take(self.backlog_due), record=measuring, seeds_from=None)
+                self.backlog_due = 0
+        if self.verify_kind and job["do_verify"] and len(self.vlog) and not self._stop.is_set():
             self.state = "V"
-            todo = self.backlog if job["verify_backlog"] else [(o, s, seed) for o, (s, seed) in self.written.items()]
-            self._verify_pass(sorted(todo), record=True)
-            self.backlog = []
+            # fio draws the writes' seeds again from the start for its verify phase
+            self._verify_pass(self.vlog.take(), record=True, seeds_from=0 if self.check_seed else None)
         end = engine.drain()  # the job's last I/O has completed
         self._sample(end, final=True)
         stats = self.stats  # a new object if ramp_time reset it
@@ -390,10 +417,12 @@ class Worker:
         slot = np.arange(n, dtype=np.int64) % self.arena.slots
         chunk = Chunk(direction, offset, size, slot)
         if self.verify_kind:
+            chunk.serial = np.full(n, -1, np.int64)
             for i in np.flatnonzero(direction == WRITE).tolist():
+                serial = chunk.serial[i] = self.writes_done
                 self.writes_done += 1
-                seed = (self.seed << 32) + self.writes_done
-                VF.stamp(self.arena.view(int(slot[i]), int(size[i])), self.verify_kind, int(offset[i]), seed)
+                VF.stamp(self.arena.view(int(slot[i]), int(size[i])), self.verify_kind, int(offset[i]),
+                         VF.seed_of(self.seed, serial), serial)
         return chunk
 
     def _account(self, chunk: Chunk, done, measuring: bool) -> None:
@@ -421,37 +450,21 @@ class Worker:
             self._after_verified_io(chunk)
 
     def _after_verified_io(self, chunk: Chunk) -> None:
-        job = self.job
-        writes_in_job = job["rw"].writes
+        """Log the chunk's writes (fio's history); check its reads where fio does: every
+        read of a job that only reads (the header names its own seed). A job that also
+        writes checks only what its verify phase or verify_backlog reads back."""
+        writes_in_job = self.job["rw"].writes
         for i in range(len(chunk)):
-            offset, size, slot = int(chunk.offset[i]), int(chunk.size[i]), int(chunk.slot[i])
+            offset, size = int(chunk.offset[i]), int(chunk.size[i])
             if chunk.direction[i] == WRITE:
-                seed = int(self.arena.view(slot, VF.HEADER_BYTES)[24:32].view(np.uint64)[0])
-                self._forget_overlaps(offset, size)
-                self.written[offset] = (size, seed)
-                if job["verify_backlog"]:
-                    self.backlog.append((offset, size, seed))
-                continue
-            if writes_in_job:  # mixed jobs check only blocks this job wrote, whole
-                known = self.written.get(offset)
-                if known is None or known[0] != size:
-                    continue
-                failure = VF.check(self.arena.view(slot, size), self.verify_kind, offset, known[1])
-            else:
-                failure = VF.check(self.arena.view(slot, size), self.verify_kind, offset)
-            if failure:
-                self._verify_failed(failure)
-
-    def _forget_overlaps(self, offset: int, size: int) -> None:
-        """A write over part of an earlier, larger block leaves that block neither old nor
-        new: stop expecting it (fio verifies only intact blocks too)."""
-        align, written = self.gen.align, self.written
-        for start in range(offset - self.gen.max_bs + align, offset + size, align):
-            known = written.get(start)
-            if known is not None and start + known[0] > offset:
-                del written[start]
-                if self.backlog:
-                    self.backlog = [b for b in self.backlog if b[0] != start]
+                serial = int(chunk.serial[i])
+                self.vlog.add(VF.Written(offset, size, VF.seed_of(self.seed, serial), serial))
+                self.backlog_due += 1
+            elif not writes_in_job:
+                self.stats.verified_blocks += 1
+                failure = VF.check(self.arena.view(int(chunk.slot[i]), size), self.verify_kind, offset)
+                if failure:
+                    self._verify_failed(failure)
 
     def _verify_failed(self, failure: VF.VerifyFailure) -> None:
         self.stats.verify_errors += 1
@@ -460,8 +473,10 @@ class Worker:
         if self.job["verify_fatal"]:
             self._stop.set()
 
-    def _verify_pass(self, blocks: list[tuple[int, int, int]], *, record: bool) -> None:
-        """Read back `blocks` (offset, size, seed) and check each one."""
+    def _verify_pass(self, blocks: list[VF.Written], *, record: bool, seeds_from: int | None) -> None:
+        """Read back `blocks` in order and check each one as fio does: the seed of the
+        j-th block checked is the (seeds_from + j)-th write's seed (None: the header's
+        own), its write number where fio checks it."""
         engine = self.engine
         if self.verify_arena is None:  # its own buffers: the main arena may hold stamped, unissued writes
             self.verify_arena = IoArena(self.arena.slots, self.arena.slot_bytes, self.seed + 1)
@@ -470,8 +485,8 @@ class Worker:
         for start in range(0, len(blocks), step):
             part = blocks[start:start + step]
             n = len(part)
-            chunk = Chunk(np.zeros(n, np.int8), np.array([b[0] for b in part], np.int64),
-                          np.array([b[1] for b in part], np.int64), np.arange(n, dtype=np.int64))
+            chunk = Chunk(np.zeros(n, np.int8), np.array([b.offset for b in part], np.int64),
+                          np.array([b.size for b in part], np.int64), np.arange(n, dtype=np.int64))
             pos = 0  # blocks of `part` already read back
             while len(chunk):
                 done = engine.execute(chunk, arena, NEVER, keep_read_data=True)
@@ -484,8 +499,13 @@ class Worker:
                 self.progress_bytes[READ] += int(executed.size.sum())
                 self.progress_ios[READ] += len(executed)
                 for i in range(len(executed)):
-                    offset, size, seed = part[pos + i]
-                    failure = VF.check(arena.view(int(executed.slot[i]), size), self.verify_kind, offset, seed)
+                    j = start + pos + i
+                    entry = blocks[j]
+                    seed = None if seeds_from is None else VF.seed_of(self.seed, seeds_from + j)
+                    numberio = entry.numberio if self.check_numberio else None
+                    self.stats.verified_blocks += 1
+                    failure = VF.check(arena.view(int(executed.slot[i]), entry.size), self.verify_kind,
+                                       entry.offset, seed, numberio)
                     if failure:
                         self._verify_failed(failure)
                         if self._stop.is_set():
@@ -532,7 +552,12 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None) -> RunRes
     plans = plan_clones(jobs)
     for plan in plans:
         if plan.job["rw"].reads:
-            lay_out(plan.filename, plan.region_start, plan.file_end, log)
+            try:
+                lay_out(plan.filename, plan.region_start, plan.file_end, log)
+            except OSError as exc:
+                raise files.setup_error(plan.job, plan.filename, exc, "cannot lay out") from None
+        else:
+            files.extend(plan.job, plan.filename, plan.file_end)
     shares = open_devices(plans)
     workers: list[Worker] = []
     started = time.time()
@@ -553,6 +578,11 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None) -> RunRes
                     t.start()
                 for t in threads:
                     t.join()
+                for w in workers:
+                    if w.plan.phase == phase and w.state not in ("D", "E"):  # its thread died past run()'s guard
+                        w.stats.error, w.stats.error_text = errno.EIO, "the job's thread ended without finishing"
+                        w.messages.append(f"fio: job {w.job.name!r}: {w.stats.error_text}")
+                        w.state = "E"
         finally:
             if meter:
                 meter.stop()

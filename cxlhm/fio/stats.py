@@ -228,6 +228,8 @@ class JobStats:
     majf: int = 0
     minf: int = 0
     verify_errors: int = 0
+    verified_blocks: int = 0  # blocks read back and checked (fio does not count them)
+    cpu_wall_s: float = 0.0  # wall seconds the CPU figures are shares of (0: run_ms)
     iodepth: int = 1
 
     def record(self, direction: int, nbytes: int, ios: int, slat_ns, clat_ns, depth: int) -> None:
@@ -265,6 +267,16 @@ class JobStats:
         self.majf += other.majf
         self.minf += other.minf
         self.verify_errors += other.verify_errors
+        self.verified_blocks += other.verified_blocks
+        self.cpu_wall_s = max(self.cpu_wall_s, other.cpu_wall_s)
+
+    def cpu_percent(self) -> tuple[float, float]:
+        """usr and sys CPU as percentages of the job's run time on the wall clock (a
+        model-clock run time is not time the CPU could have been busy in)."""
+        base = self.cpu_wall_s or self.run_ms / 1000.0
+        if not base:
+            return 0.0, 0.0
+        return 100.0 * self.usr_s / base, 100.0 * self.sys_s / base
 
     @property
     def total_ios(self) -> int:

@@ -1,29 +1,42 @@
-"""Data verification like fio's: every written block starts with a header that names
-it (magic, offset, length, a write seed) and carries a checksum of the rest of the
-block; a block read back is checked against what the job expects there.
+"""Data verification as fio 3.33 does it: every written block starts with fio's header,
+which names the block (offset, length), the write (its random seed and its number among
+the job's writes) and checks itself (crc32c of the header); a checksum of the rest of
+the block follows. A block read back is checked field by field in fio's order, and a
+failure is described in fio's words.
 
-Header (64 bytes, little endian):
-    0  u32 magic 0x4D48_4C43 ("CLHM")     4  u16 checksum type    6  u16 header version
-    8  u32 block length                   12 u32 reserved
-    16 u64 block offset in the file       24 u64 write seed (which write this was)
-    32 16 bytes checksum of bytes [64, length) (crc32c / xxhash32 use the first 4)
-    48 16 bytes reserved (zero)
-crc32c and xxhash32 are compiled here (numba) so no extra package is needed; md5 is
-hashlib's.
+Header (fio's struct verify_header, 40 bytes, little endian):
+    0  u16 magic 0xacca    2  u16 verify type (fio's numbering)    4  u32 block length
+    8  u64 rand_seed       16 u64 offset                           24 u32 time_sec
+    28 u32 time_nsec       32 u16 thread                           34 u16 numberio
+    36 u32 crc32c of bytes [0, 36)
+then the checksum (crc32c: 4 bytes, xxhash: 4 bytes - XXH32 with seed 1, md5: 16 bytes)
+of bytes [40 + checksum size, length). crc32c and xxhash32 are compiled here (numba) so
+no extra package is needed; md5 is hashlib's.
+
+What the job expects of a block (its seed, its write number) is the runner's business
+(VerifyLog below keeps fio's write history); `check` compares.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 
 import numba
 import numpy as np
 
-MAGIC = 0x4D484C43
-HEADER_VERSION = 1
-HEADER_BYTES = 64
-TYPES = {"crc32c": 1, "crc32c-intel": 1, "md5": 2, "xxhash": 3}
-NAMES = {1: "crc32c", 2: "md5", 3: "xxhash"}
+MAGIC = 0xACCA
+HEADER_BYTES = 40  # fio's struct verify_header
+CRC_AT = 36  # the header's own crc32c covers [0, CRC_AT)
+# fio 3.33's verify type numbers (verify.h)
+TYPES = {"crc32c": 5, "crc32c-intel": 5, "md5": 2, "xxhash": 15}
+NAMES = {5: "crc32c", 2: "md5", 15: "xxhash"}
+SUM_BYTES = {5: 4, 2: 16, 15: 4}
+
+
+def header_bytes(kind: int) -> int:
+    """Bytes before the checksummed payload: fio's header and the checksum."""
+    return HEADER_BYTES + SUM_BYTES[kind]
 
 
 def _crc32c_table() -> np.ndarray:
@@ -103,10 +116,20 @@ def xxhash32(data, seed: int = 0) -> int:
 
 
 def checksum(kind: int, data: np.ndarray) -> bytes:
+    """The payload checksum as fio stores it after the header."""
     if kind == 2:
         return hashlib.md5(memoryview(data)).digest()
-    value = crc32c(data) if kind == 1 else xxhash32(data)
-    return value.to_bytes(4, "little") + bytes(12)
+    value = crc32c(data) if kind == 5 else xxhash32(data, 1)  # fio's XXH32_init(1)
+    return value.to_bytes(4, "little")
+
+
+def seed_of(job_seed: int, n: int) -> int:
+    """The rand_seed of the job's n-th write (fio draws them from its verify_state in
+    write order; the verify phase draws the same sequence again, in its own order)."""
+    z = (job_seed * 0x9E3779B97F4A7C15 + n + 1) & 0xFFFFFFFFFFFFFFFF  # splitmix64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return z ^ (z >> 31)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,41 +139,141 @@ class VerifyFailure:
     what: str
 
     def message(self, filename: str) -> str:
-        return f"verify: {self.what} at file {filename} offset {self.offset}, length {self.length}"
+        return (f"verify: {self.what} at file {filename} offset {self.offset}, length {self.length} "
+                f"(requested block: offset={self.offset}, length={self.length})")
 
 
-def stamp(block: np.ndarray, kind: int, offset: int, seed: int) -> None:
-    """Write the header (and checksum of the payload already in `block`) in place."""
+def stamp(block: np.ndarray, kind: int, offset: int, seed: int, numberio: int, thread: int = 0) -> None:
+    """Write fio's header and the checksum of the payload already in `block`, in place."""
     header = block[:HEADER_BYTES]
     header[:] = 0
-    fields = header[:32].view(np.uint32)
-    fields[0] = MAGIC
-    header[4:6].view(np.uint16)[0] = kind
-    header[6:8].view(np.uint16)[0] = HEADER_VERSION
-    fields[2] = block.shape[0]
-    header[16:32].view(np.uint64)[:] = (offset, seed)
-    header[32:48] = np.frombuffer(checksum(kind, block[HEADER_BYTES:]), np.uint8)
+    header[0:2].view(np.uint16)[0] = MAGIC
+    header[2:4].view(np.uint16)[0] = kind
+    header[4:8].view(np.uint32)[0] = block.shape[0]
+    header[8:24].view(np.uint64)[:] = (seed, offset)
+    header[32:36].view(np.uint16)[:] = (thread & 0xFFFF, numberio & 0xFFFF)
+    header[36:40].view(np.uint32)[0] = crc32c(header[:CRC_AT])
+    start = header_bytes(kind)
+    block[HEADER_BYTES:start] = np.frombuffer(checksum(kind, block[start:]), np.uint8)
 
 
-def check(block: np.ndarray, kind: int, offset: int, seed: int | None = None) -> VerifyFailure | None:
-    """None if `block` is the intact block written at `offset` (by write `seed` if given)."""
+def header_seed(block: np.ndarray) -> int:
+    return int(block[8:16].view(np.uint64)[0])
+
+
+def check(block: np.ndarray, kind: int, offset: int, seed: int | None = None,
+          numberio: int | None = None) -> VerifyFailure | None:
+    """None if `block` is intact and is the block fio would expect at `offset`: written
+    with rand_seed `seed` and as write number `numberio` where those are given (fio checks
+    them only for some jobs). Fields are checked in fio's order; the first wrong one is
+    the failure."""
     length = block.shape[0]
-    fields = block[:32].view(np.uint32)
-    if int(fields[0]) != MAGIC:
-        return VerifyFailure(offset, length, f"bad magic header {int(fields[0]):#x}, wanted {MAGIC:#x}")
-    stored_kind = int(block[4:6].view(np.uint16)[0])
-    if stored_kind != kind:
-        return VerifyFailure(offset, length, f"checksum type {NAMES.get(stored_kind, stored_kind)}, wanted {NAMES[kind]}")
-    if int(fields[2]) != length:
-        return VerifyFailure(offset, length, f"bad header length {int(fields[2])}, wanted {length}")
-    hdr_offset, hdr_seed = (int(x) for x in block[16:32].view(np.uint64))
+    if length < header_bytes(kind):
+        return VerifyFailure(offset, length, f"block of {length} bytes is shorter than the verify header")
+    magic = int(block[0:2].view(np.uint16)[0])
+    if magic != MAGIC:
+        return VerifyFailure(offset, length, f"bad magic header {magic:x}, wanted {MAGIC:x}")
+    hdr_len = int(block[4:8].view(np.uint32)[0])
+    if hdr_len != length:
+        return VerifyFailure(offset, length, f"bad header length {hdr_len}, wanted {length}")
+    hdr_seed, hdr_offset = (int(x) for x in block[8:24].view(np.uint64))
+    if seed is not None and hdr_seed != seed:
+        return VerifyFailure(offset, length, f"bad header rand_seed {hdr_seed}, wanted {seed}")
     if hdr_offset != offset:
         return VerifyFailure(offset, length, f"bad header offset {hdr_offset}, wanted {offset}")
-    if seed is not None and hdr_seed != seed:
-        return VerifyFailure(offset, length, f"stale block: write seed {hdr_seed:#x}, wanted {seed:#x}")
-    expected = bytes(block[32:48])
-    actual = checksum(kind, block[HEADER_BYTES:])
+    hdr_numberio = int(block[34:36].view(np.uint16)[0])
+    if numberio is not None and hdr_numberio != numberio & 0xFFFF:
+        return VerifyFailure(offset, length, f"bad header numberio {hdr_numberio}, wanted {numberio & 0xFFFF}")
+    stored_crc, actual_crc = int(block[36:40].view(np.uint32)[0]), crc32c(block[:CRC_AT])
+    if stored_crc != actual_crc:
+        return VerifyFailure(offset, length, f"bad header crc {stored_crc:x}, calculated {actual_crc:x}")
+    stored_kind = int(block[2:4].view(np.uint16)[0])
+    if stored_kind != kind:
+        return VerifyFailure(offset, length, f"verify type {NAMES.get(stored_kind, stored_kind)}, wanted {NAMES[kind]}")
+    start = header_bytes(kind)
+    expected = bytes(block[HEADER_BYTES:start])
+    actual = checksum(kind, block[start:])
     if expected != actual:
-        n = 16 if kind == 2 else 4
-        return VerifyFailure(offset, length, f"{NAMES[kind]} checksum mismatch: expected {expected[:n].hex()}, received {actual[:n].hex()}")
+        return VerifyFailure(offset, length, f"{NAMES[kind]}: verify failed: expected {expected.hex()}, "
+                                             f"received {actual.hex()}")
     return None
+
+
+@dataclasses.dataclass
+class Written:
+    offset: int
+    size: int
+    seed: int
+    numberio: int
+    alive: bool = True
+
+
+class VerifyLog:
+    """fio's history of a job's writes, which its verify phase reads back.
+
+    fio keeps a plain list, in write order, where every block is written once per pass
+    (a random job with fio's random map); otherwise (sequential jobs, norandommap, and
+    every non-uniform random_distribution, which turns the map off) a tree sorted by
+    offset in which a write drops every earlier entry it overlaps. The verify phase
+    draws the writes' seeds again from the start of the same sequence, one per block in
+    the history's order, so when it checks the seed (mixed read/write jobs without
+    verify_backlog) a block passes only where its write's place in the write order is
+    its place in the history: a list with overwritten blocks, or a tree that is not in
+    write order, fails with "bad header rand_seed".
+
+    In the list, a write drops earlier entries it overlaps only partly or with another
+    size: fio's random map (kept per smallest block) never lets a pass do that, while
+    the map here, kept in cells of the largest size, can when sizes are mixed."""
+
+    def __init__(self, *, ordered_by_offset: bool, max_bs: int, align: int):
+        self.sorted = ordered_by_offset
+        self.max_bs, self.align = max_bs, align
+        self.entries: collections.deque[Written] = collections.deque()  # list mode, write order
+        self.by_offset: dict[int, list[Written]] = {}  # live entries by offset (a list: list mode repeats)
+        self.live = 0
+
+    def __len__(self) -> int:
+        return self.live
+
+    def add(self, entry: Written) -> None:
+        offset, size, index = entry.offset, entry.size, self.by_offset
+        for start in range(max(0, offset - self.max_bs + self.align), offset + size, self.align):
+            known = index.get(start)
+            if not known:
+                continue
+            keep = [e for e in known if not self.sorted and e.offset == offset and e.size == size]
+            if len(keep) == len(known):
+                continue
+            for e in known:
+                if e not in keep and start + e.size > offset:
+                    e.alive = False
+                    self.live -= 1
+            kept = keep + [e for e in known if e.alive and e not in keep]
+            if kept:
+                index[start] = kept
+            else:
+                del index[start]
+        index.setdefault(offset, []).append(entry)
+        self.live += 1
+        if not self.sorted:
+            self.entries.append(entry)
+
+    def take(self, most: int | None = None) -> list[Written]:
+        """The next live entries in the verify phase's order, removed from the history."""
+        limit = self.live if most is None else min(most, self.live)
+        out: list[Written] = []
+        if self.sorted:
+            for key in sorted(self.by_offset)[:limit]:
+                out.extend(self.by_offset.pop(key))
+        else:
+            while len(out) < limit:
+                e = self.entries.popleft()
+                if e.alive:
+                    out.append(e)
+                    rest = [x for x in self.by_offset[e.offset] if x is not e]
+                    if rest:
+                        self.by_offset[e.offset] = rest
+                    else:
+                        del self.by_offset[e.offset]
+        self.live -= len(out)
+        return out

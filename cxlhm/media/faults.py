@@ -111,7 +111,7 @@ def _uniform(seed: int, n: int, salt: int) -> float:
 
 
 class FaultInjector:
-    """Wraps an SsdBackend: same submit() contract, with the plan's faults injected."""
+    """Wraps a back end (cxlhm.media.backend): same submit() contract, with the plan's faults injected."""
 
     def __init__(self, backend, plan: FaultPlan):
         self.backend, self.plan = backend, plan
@@ -130,6 +130,11 @@ class FaultInjector:
 
     def __getattr__(self, name):  # everything else is the real back end's
         return getattr(self.backend, name)
+
+    @property
+    def caps(self):
+        """The wrapped back end's, without split-phase I/O (submit() is where faults go in)."""
+        return dataclasses.replace(self.backend.caps, async_io=False)
 
     def arm_power_loss(self, at_write: int | None = None, *, pages: int = -1, torn_bytes: int = -1,
                        action: str = "freeze") -> int:

@@ -14,6 +14,7 @@ import numpy as np
 
 from cxlhm.config import ConfigError
 from cxlhm.media import native
+from cxlhm.media.backend import Backend, BackendCaps, lock_image
 
 # One row per I/O, laid out exactly like `struct cxlhm_io` (native/cxlhm_native.h):
 # buf address, length, file offset, write flag (+4 bytes of padding) = 4 x int64.
@@ -21,13 +22,14 @@ IO_BUF, IO_LEN, IO_OFFSET, IO_WRITE = range(4)
 IO_FIELDS = 4
 
 
-class SsdBackend:
+class SsdBackend(Backend):
     """Byte-addressed back end of `capacity` bytes at `path` (None: an anonymous temp file)."""
+
+    caps = BackendCaps(async_io=True, persistent=True, direct=True)
 
     def __init__(self, path: str | None, capacity: int, queue_depth: int, *, source: str = "config"):
         self.capacity = capacity
         self.path = path
-        self.temporary = path is None
         self._ffi, self._lib = native.load()
         if self._ffi.sizeof("struct cxlhm_io") != IO_FIELDS * 8:
             raise native.NativeUnavailable("struct cxlhm_io layout changed; rebuild cxlhm")
@@ -94,6 +96,7 @@ class SsdBackend:
             except OSError as exc:
                 hint = " (the file system does not support O_DIRECT; use a disk-backed path)" if exc.errno == errno.EINVAL else ""
                 raise ConfigError(source, "backend.path", f"{path} cannot be opened with O_DIRECT: {exc.strerror}{hint}") from None
+            lock_image(fd, path, source)
         st = os.fstat(fd)
         if stat.S_ISBLK(st.st_mode):
             size = os.lseek(fd, 0, os.SEEK_END)

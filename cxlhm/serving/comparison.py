@@ -11,7 +11,8 @@ from tqdm import tqdm
 
 from cxlhm.serving.configs import CONFIG_ORDER, parse_configs
 from cxlhm.serving.params import ServingParams, params_from
-from cxlhm.serving.report import format_budget_table, format_table, plot_all, write_json
+from cxlhm.serving.report import (LEGEND, QUICK_CAVEAT, format_budget_table, format_table, plot_all, search_notes,
+                                   write_json)
 from cxlhm.serving.sweep import Task, run_grid
 from cxlhm.serving.workloads import WorkloadSpec, resolve
 
@@ -73,13 +74,20 @@ class Comparison:
         with tqdm(total=len(tasks), desc="serve-bench cells", unit="cell", file=sys.stderr,
                   disable=not progress) as bar:
             results = run_grid(tasks, workers=workers, ray=ray, progress=bar.update, status=bar.set_postfix_str)
-        table = format_table(results, self.params.dram_bytes / 2**30)
+        dram_gib = self.params.dram_bytes / 2**30
+        table = format_table(results, dram_gib)
+        notes = search_notes(results, dram_gib)
+        if notes:
+            table += "\n".join(notes) + "\n"
         sweep = format_budget_table(results)
         if sweep:
             table = f"{table}\n{sweep}"
+        table += f"\n{LEGEND}\n"
+        if self.quick:
+            table += f"\n{QUICK_CAVEAT}\n"
         if out is not None:
             write_json(results, out / "results.json")
-            plot_all(results, out, self.params.dram_bytes / 2**30)
+            plot_all(results, out, dram_gib, (self.params.slo_ttft_s, self.params.slo_percentile))
             (out / "table.txt").write_text(table)
         return results, table
 

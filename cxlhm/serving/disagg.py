@@ -57,9 +57,10 @@ class DisaggEngine(Engine):
         self.computed[ids] = True
         done = self.store(inst, i, now)  # prefix-cache stores (may be skipped under backlog)
         missing = ~self.handover.has_many(ids.tolist())
+        # pinned before storing: the store's own eviction must not drop the chunks it hands over
+        self.handover.pin(ids)
         if missing.any():  # the hand-over needs every chunk in the store
             done = max(done, self.handover.store(now, r.session, ids[missing], nbytes[missing], PREFILL))
-        self.handover.pin(ids)
         self.push(done, STORE_DONE, i)
 
     def on_store_done(self, now: float, i: int) -> None:

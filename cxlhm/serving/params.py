@@ -16,10 +16,15 @@ class ServingParams:
     # Paper: Mooncake on 1 TB of DRAM vs 16x less for HyMCache -> D = 1 TB / 16 ~ 64 GiB.
     dram_bytes: int = 64 * GiB
     pool_factor: float = 16.0
-    # The GPU's KV memory: H200 141 GB x 0.9 (vLLM's gpu_memory_utilization) - 16.1 GB of
-    # bf16 weights - ~8 GB activations/workspace ~ 103 GB ~ 96 GiB. Running requests pin
-    # their KV in it; the rest is the GPU prefix cache (present in every configuration).
-    gpu_kv_bytes: int = 96 * GiB
+    # The served model and GPU (cxlhm.serving.gpu: MODELS, GPUS): the cost model, and the
+    # KV bytes per token.
+    model: str = "llama3-8b"
+    gpu: str = "h200"
+    # The GPU's KV memory; 0: derived from the model and GPU as vLLM sizes it (HBM x 0.9 -
+    # weights - ~8 GB activations/workspace per GPU: 95 GiB for Llama-3-8B on an H200).
+    # Running requests pin their KV in it; the rest is the GPU prefix cache (present in
+    # every configuration).
+    gpu_kv_bytes: int = 0
     max_batched_tokens: int = 16384   # new tokens per prefill iteration (assumed, vLLM-like)
     max_running: int = 256            # vLLM's max_num_seqs default
     # SLO for "max QPS": p90 TTFT <= 2 s (assumed: interactive chat; a parameter).
@@ -29,8 +34,8 @@ class ServingParams:
     # be a throughput the service can deliver.
     slo_tbt_ms: float = 100.0
     slo_percentile: float = 90.0
-    prefill_model: str = "measured"   # gpu.py: measured | measured-cached | analytic
-    decode_model: str = "analytic"    # gpu.py: analytic (CUDA-graph engine) | measured (eager)
+    prefill_model: str = "measured"   # gpu.py: measured (engine-like calibration) | analytic (roofline)
+    decode_model: str = "measured"    # gpu.py: measured (CUDA-graph steps) | analytic (roofline)
     # Hints: agent tool calls have an expected duration; the store announces the next
     # prefix this long before the tool is expected back (NEXT_PREFIX with a deadline).
     prefetch_lead_s: float = 1.0
@@ -57,6 +62,18 @@ class ServingParams:
 
     def replace(self, **changes) -> ServingParams:
         return dataclasses.replace(self, **changes)
+
+    @property
+    def kv_pool_bytes(self) -> int:
+        """The GPU KV pool in effect: gpu_kv_bytes, or the model and GPU's derived size."""
+        if self.gpu_kv_bytes:
+            return self.gpu_kv_bytes
+        from cxlhm.serving.gpu import kv_pool_bytes, shape_named, spec_named
+        return kv_pool_bytes(shape_named(self.model), spec_named(self.gpu))
+
+    def gpu_cost_model(self):
+        from cxlhm.serving.gpu import gpu_model
+        return gpu_model(self.model, self.gpu, prefill=self.prefill_model, decode=self.decode_model)
 
 
 SIZE_KEYS = ("dram_bytes", "gpu_kv_bytes")
@@ -86,6 +103,12 @@ def params_from(spec_items: tuple, base: ServingParams | None = None, spec: Spec
                     raise ValueError(f"must be an integer, got {value!r}")
             elif isinstance(getattr(base, key), str) and not isinstance(value, str):
                 raise ValueError(f"must be a string, got {value!r}")
+            if key == "model":
+                from cxlhm.serving.gpu import shape_named
+                shape_named(value)
+            if key == "gpu":
+                from cxlhm.serving.gpu import spec_named
+                spec_named(value)
             if key == "device_write_mode" and value not in WRITE_MODES:
                 raise ValueError(f"must be one of {', '.join(repr(m) for m in WRITE_MODES)}, got {value!r}")
         except (ValueError, TypeError) as exc:

@@ -3,6 +3,7 @@ TTFT CDF per configuration, max QPS vs DRAM budget, hit ratio per tier."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from cxlhm.serving.configs import CONFIG_ORDER
@@ -50,6 +51,48 @@ def format_table(results: list[dict], dram_gib: float) -> str:
     return "\n".join(lines)
 
 
+LEGEND = """\
+columns: TTFT mean/p50/p90/p99 - time to first token (s) at the reference speed, the same offered load for every
+  configuration; TBT ms - mean time between output tokens; maxQPS - the highest request rate (req/s) whose p-th
+  percentile TTFT and TBT meet the SLO, found by a search over replay speeds (the truth lies between maxQPS and the
+  next probe, maxQPS x step: see 'search step'); x lmc / x moon - maxQPS over lmcache-local's / mooncake-dram's in
+  the same block; GPU / DRAM / SSD / miss - share of reusable context tokens (KV an earlier request computed) found
+  in the GPU KV pool, in the tier's DRAM (host, device or pool), on the device's SSD, or recomputed; pf acc -
+  prefetch accuracy (prefetched device blocks later read / prefetched); pf cov - prefetch coverage (reads served by
+  a prefetch / (those + device DRAM misses)); pf late - share of useful prefetches that finished after the read
+  asked for them; SSDw/reuse - bytes written to the device SSD per byte of KV loaded back from the tier."""
+
+QUICK_CAVEAT = ("--quick: small workloads and a coarse max-QPS search (step ~19%): a smoke test of the pipeline, "
+                "not a result; run without --quick for the figures docs/serving.md quotes.")
+
+
+def search_notes(results: list[dict], dram_gib: float) -> list[str]:
+    """The search step per block, and orderings the step cannot resolve (ideal below
+    another configuration, which no real run can be: ideal finds every reusable chunk)."""
+    notes = []
+    cells = main_cells(results, dram_gib)
+    for workload, topology in dict.fromkeys((r["workload"], r["topology"]) for r in cells):
+        block = {r["config"]: r for r in cells if r["workload"] == workload and r["topology"] == topology}
+        steps = [r.get("search_step", math.inf) for r in block.values() if "max_qps" in r]
+        if not steps:
+            continue
+        finite = [x for x in steps if math.isfinite(x)]
+        step = max(finite) if finite else math.inf
+        notes.append(f"{workload}, {topology}: search step x{step:.3f} (maxQPS is resolved to "
+                     f"{(step - 1) * 100:.0f}%)" if math.isfinite(step) else
+                     f"{workload}, {topology}: no SLO failure found above maxQPS (upper end of the search)")
+        ideal = block.get("ideal", {}).get("max_qps")
+        for config, r in block.items():
+            q = r.get("max_qps")
+            if ideal is None or q is None or config == "ideal" or q <= ideal:
+                continue
+            within = q <= ideal * max(r.get("search_step", math.inf), block["ideal"].get("search_step", math.inf))
+            notes.append(f"  note: ideal ({ideal:.3f}) below {config} ({q:.3f}): "
+                         + ("within the search step, a resolution artefact, not a result" if within else
+                            "beyond the search step: look at this cell (ideal should bound every configuration)"))
+    return notes
+
+
 def format_budget_table(results: list[dict]) -> str:
     """Max QPS per DRAM budget D (the cells the sweep ran), with each configuration's ratio
     to lmcache-local at the same D; recompute and ideal do not depend on D."""
@@ -80,7 +123,17 @@ def ref_p(summary: dict) -> str:
     return f"{summary.get('slo_percentile', 90):g}"
 
 
-def plot_all(results: list[dict], out: Path, dram_gib: float) -> list[Path]:
+def _style(k: int) -> dict:
+    """Colour, dash and marker all change per line, so overlapping CDFs stay apart."""
+    dashes = ("-", "--", "-.", ":")
+    markers = ("o", "s", "^", "v", "D", "x", "+", "*")
+    # markers at staggered points, so that coinciding lines still show each marker
+    return {"color": f"C{k % 10}", "linestyle": dashes[k % len(dashes)], "marker": markers[k % len(markers)],
+            "markevery": (2 * k % 10, 10), "markersize": 4, "linewidth": 1.4}
+
+
+def plot_all(results: list[dict], out: Path, dram_gib: float, slo: tuple | None = None) -> list[Path]:
+    """The plots; `slo` = (TTFT seconds, percentile) marks the SLO on the CDFs."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -92,10 +145,19 @@ def plot_all(results: list[dict], out: Path, dram_gib: float) -> list[Path]:
         main = {r["config"]: r for r in main_cells(cells, dram_gib)}
         tag = f"{workload}_{topology}"
         # TTFT CDF at the reference speed
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for config, r in main.items():
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        drawn: dict[tuple, str] = {}
+        for k, (config, r) in enumerate(main.items()):
             q = r["reference"]["ttft_quantiles"]
-            ax.plot(q, [i / 100 for i in range(len(q))], label=config)
+            same = drawn.setdefault(tuple(q), config)  # a curve that coincides with one drawn already says so
+            label = config if same == config else f"{config} (= {same})"
+            ax.plot(q, [i / 100 for i in range(len(q))], label=label, **_style(k))
+        if slo is not None:
+            ttft_slo, pct = slo
+            ax.axvline(ttft_slo, color="red", linewidth=1, linestyle=":")
+            ax.axhline(pct / 100, color="red", linewidth=0.6, linestyle=":")
+            ax.annotate(f"SLO: p{pct:g} TTFT <= {ttft_slo:g} s", (ttft_slo, pct / 100), fontsize=7, color="red",
+                        xytext=(4, -12), textcoords="offset points")
         ax.set_xscale("log")
         ax.set_xlabel("TTFT (s)")
         ax.set_ylabel("share of requests")
@@ -103,6 +165,23 @@ def plot_all(results: list[dict], out: Path, dram_gib: float) -> list[Path]:
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
         written.append(_save(fig, out / f"ttft_cdf_{tag}.png"))
+        # max QPS (the headline) with the search step as the upper whisker
+        searched = [(c, r) for c, r in main.items() if "max_qps" in r]
+        if searched:
+            fig, ax = plt.subplots(figsize=(6.5, 4.2))
+            names = [c for c, _ in searched]
+            vals = [r["max_qps"] for _, r in searched]
+            ups = [v * (r.get("search_step", math.inf) - 1) if math.isfinite(r.get("search_step", math.inf)) else 0.0
+                   for v, (_, r) in zip(vals, searched)]
+            ax.bar(names, vals, yerr=[[0] * len(vals), ups], capsize=4, color=[f"C{k % 10}" for k in range(len(vals))])
+            for k, v in enumerate(vals):
+                ax.text(k, v, f"{v:.3g}", ha="center", va="bottom", fontsize=7)
+            ax.set_ylabel("max QPS under the SLO (req/s)")
+            ax.set_title(f"max QPS: {workload}, {topology}, D = {dram_gib:g} GiB\n"
+                         f"(whisker: up to the next probe, which missed the SLO)", fontsize=9)
+            ax.tick_params(axis="x", rotation=30, labelsize=8)
+            ax.grid(alpha=0.3, axis="y")
+            written.append(_save(fig, out / f"max_qps_{tag}.png"))
         # max QPS vs DRAM budget
         budgets = sorted({r["dram_gib"] for r in cells})
         if len(budgets) > 1:
@@ -113,7 +192,7 @@ def plot_all(results: list[dict], out: Path, dram_gib: float) -> list[Path]:
                     ax.axhline(pts[0][1], linestyle="--", linewidth=1, label=config,
                                color="gray" if config == "recompute" else "black")
                 else:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=config)
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], label=config, **_style(len(ax.lines)))
             ax.set_xscale("log", base=2)
             ax.set_xlabel("DRAM budget D (GiB)")
             ax.set_ylabel("max QPS under the SLO (req/s)")

@@ -40,7 +40,7 @@ from collections import deque
 import numpy as np
 
 from cxlhm.serving.configs import TierContext, make_system
-from cxlhm.serving.gpu import GpuModel, gpu_model
+from cxlhm.serving.gpu import GpuModel
 from cxlhm.serving.params import ServingParams
 from cxlhm.serving.tiers import GpuKvPool, Tier
 from cxlhm.serving.workloads import Workload
@@ -105,14 +105,14 @@ class Engine:
             raise ValueError(f"speed must be > 0, got {speed}")
         self.w, self.params, self.speed, self.config = workload, params, speed, config
         self.reqs = workload.requests
-        self.gpu = gpu or gpu_model(prefill=params.prefill_model, decode=params.decode_model)
+        self.gpu = gpu or params.gpu_cost_model()
         self.bpt = self.gpu.kv_bytes_per_token
         n_chunks = workload.max_chunk_id + 1
         ctx = TierContext(params, n_chunks, workload.chunk_tokens * self.bpt, self.n_gpus,
                           self.gpu.h2d_bandwidth, self.gpu.h2d_latency_s * 1e9)
         self.system = make_system(config)
         self.tier: Tier = self.system.make_tier(ctx)
-        self.gpus = [GpuInstance(i, params.gpu_kv_bytes) for i in range(self.n_gpus)]
+        self.gpus = [GpuInstance(i, params.kv_pool_bytes) for i in range(self.n_gpus)]
         n = len(self.reqs)
         self.arrival = np.full(n, np.nan)
         self.first_token = np.full(n, np.nan)
@@ -135,9 +135,9 @@ class Engine:
         self.late = 0
         self.late_limit = n - math.floor(params.slo_percentile / 100 * (n - 1)) if fail_fast else None
         biggest = max((r.input_tokens + r.output_tokens) * self.bpt for r in self.reqs)
-        if biggest > params.gpu_kv_bytes:
+        if biggest > params.kv_pool_bytes:
             raise ValueError(f"a request needs {biggest / 2**30:.1f} GiB of KV, more than the GPU KV pool "
-                             f"({params.gpu_kv_bytes / 2**30:.1f} GiB)")
+                             f"({params.kv_pool_bytes / 2**30:.1f} GiB)")
 
     # ------------------------------------------------------------ events
     def push(self, t: float, kind: int, payload) -> None:

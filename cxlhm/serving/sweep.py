@@ -71,6 +71,9 @@ def run_task(task: Task) -> dict:
         out["max_qps"] = search.best["throughput_rps"] if search.best else 0.0
         out["at_max"] = search.best
         out["probes"] = [(s["speed"], s["ttft_slo_s"], s["tbt_slo_ms"], s["throughput_rps"]) for s in search.probes]
+        # the search's resolution: the lowest failing probe above the answer bounds the truth
+        above = [s["speed"] for s in search.probes if not s["slo_met"] and s["speed"] > search.max_speed]
+        out["search_step"] = min(above) / search.max_speed if above and search.max_speed > 0 else math.inf
     return out
 
 

@@ -8,6 +8,19 @@ class TraceError(ValueError):
         super().__init__(f"{path}:{where}: {message}")
 
 
+def check_trace_file(path: str) -> None:
+    """A trace must be a regular file: a device (/dev/zero), a FIFO or a folder would be
+    read forever or fail somewhere deep in a reader."""
+    import os
+    import stat
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise TraceError(path, "0", f"cannot open trace: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise TraceError(path, "0", "not a regular file; a trace is a file")
+
+
 def text_lines(handle, path: str):
     """The lines of a trace opened in binary, decoded as UTF-8: a line that is not UTF-8
     raises TraceError naming it (a text-mode file would raise UnicodeDecodeError from

@@ -1,6 +1,10 @@
 """Trace formats by name: one loader per format, and a guess from the file name.
 
     trace = load_trace("w.oracleGeneral.bin", "oracle-general", block_size=4096)
+
+Formats live in a `cxlhm.registry.Registry`; a package adds one through the
+``cxlhm.trace_formats`` entry-point group, naming a `TraceFormat` (or a module whose
+``TRACE_FORMAT`` is one).
 """
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
+from cxlhm.registry import Registry
+from cxlhm.traces import check_trace_file
 from cxlhm.traces.blocktrace import BlockTrace, read_block_trace
 from cxlhm.traces.lcs_csv import read_csv
 from cxlhm.traces.mooncake_blocks import mooncake_block_trace
@@ -40,18 +46,33 @@ def _with_block_size(trace: BlockTrace, block_size: int) -> BlockTrace:
     return dataclasses.replace(trace, block_size=block_size)
 
 
-FORMATS: dict[str, tuple[Callable, str]] = {
-    "cxlhm": (_cxlhm, "cxlhm block trace (.cbt; see cxlhm/traces/blocktrace.py)"),
-    "oracle-general": (_oracle, "libCacheSim oracleGeneral binary, 24-byte records"),
-    "csv": (_csv, "libCacheSim-style CSV; columns from --csv-spec"),
-    "mooncake": (_mooncake, "Mooncake JSONL requests; each hash id is one block"),
-}
+@dataclasses.dataclass(frozen=True)
+class TraceFormat:
+    """load(path, *, limit, block_size, csv_spec) -> BlockTrace, and a one-line description."""
+    load: Callable[..., BlockTrace]
+    description: str
+
+
+def _as_trace_format(obj) -> TraceFormat:
+    fmt = getattr(obj, "TRACE_FORMAT", obj)
+    if not isinstance(fmt, TraceFormat):
+        raise TypeError(f"{type(fmt).__name__} is not a cxlhm TraceFormat")
+    return fmt
+
+
+FORMATS: Registry[TraceFormat] = Registry("trace format", "cxlhm.trace_formats", check=_as_trace_format)
+for _name, _load, _text in (
+        ("cxlhm", _cxlhm, "cxlhm block trace (.cbt; see cxlhm/traces/blocktrace.py)"),
+        ("oracle-general", _oracle, "libCacheSim oracleGeneral binary, 24-byte records"),
+        ("csv", _csv, "libCacheSim-style CSV; columns from --csv-spec"),
+        ("mooncake", _mooncake, "Mooncake JSONL requests; each hash id is one block")):
+    FORMATS.add(_name, TraceFormat(_load, _text))
 _ALIASES = {"cbt": "cxlhm", "oraclegeneral": "oracle-general", "oracle_general": "oracle-general",
             "jsonl": "mooncake", "lcs-csv": "csv"}
 
 
 def format_names() -> list[str]:
-    return list(FORMATS)
+    return FORMATS.names()
 
 
 def guess_format(path: str | Path) -> str:
@@ -64,15 +85,20 @@ def guess_format(path: str | Path) -> str:
         return "csv"
     if name.endswith((".jsonl", ".json")):
         return "mooncake"
-    raise ValueError(f"cannot tell the format of {path} from its name; give one of: {', '.join(FORMATS)}")
+    raise ValueError(f"cannot tell the format of {path} from its name; give one of: {', '.join(format_names())}")
 
 
 def load_trace(path: str | Path, fmt: str | None = None, *, limit: int | None = None,
                block_size: int | None = None, csv_spec: str | None = None) -> BlockTrace:
     """Read `path` as `fmt` (guessed from the name when None). `limit` keeps the first
     accesses; `block_size` overrides the trace's bytes per block."""
+    check_trace_file(str(path))
     key = (fmt or guess_format(path)).lower()
     key = _ALIASES.get(key, key)
     if key not in FORMATS:
-        raise ValueError(f"unknown trace format {fmt!r}; known: {', '.join(FORMATS)}")
-    return FORMATS[key][0](str(path), limit=limit, block_size=block_size, csv_spec=csv_spec)
+        raise ValueError(f"unknown trace format {fmt!r}; known: {', '.join(format_names())}")
+    try:
+        trace_format = FORMATS.get(key)
+    except LookupError as exc:  # a broken third-party format, named by the registry
+        raise ValueError(str(exc)) from None
+    return trace_format.load(str(path), limit=limit, block_size=block_size, csv_spec=csv_spec)

@@ -9,15 +9,28 @@ KV blocks and a request that extends an earlier id chain is that conversation's 
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
+import lzma
 from pathlib import Path
 
 import numpy as np
 
-from cxlhm.traces import TraceError, text_lines
+from cxlhm.traces import TraceError, check_trace_file, text_lines
 
 BLOCK_TOKENS = 512
-DEFAULT_TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+# Shipped with the package (Apache-2.0, see data/README.md), so a pip install or a plain clone can run.
+DEFAULT_TRACE = Path(__file__).resolve().parent / "data" / "mooncake_conversation_trace.jsonl.xz"
+MAX_HASH_ID = (1 << 63) - 1  # ids are stored as int64
+
+
+def open_trace_binary(path: str):
+    """`path` opened for reading bytes; .xz and .gz traces are decompressed on the fly."""
+    if path.endswith(".xz"):
+        return lzma.open(path, "rb")
+    if path.endswith(".gz"):
+        return gzip.open(path, "rb")
+    return open(path, "rb")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,12 +53,13 @@ def read_requests(path: str | Path = DEFAULT_TRACE, limit: int | None = None) ->
     raises TraceError with the line number."""
     path = str(path)
     out: list[Request] = []
+    check_trace_file(path)
     try:
-        handle = open(path, "rb")
+        handle = open_trace_binary(path)
     except OSError as exc:
         raise TraceError(path, "0", f"cannot open trace: {exc.strerror}") from None
     with handle:
-        for lineno, line in enumerate(text_lines(handle, path), 1):
+        for lineno, line in enumerate(_lines(handle, path), 1):
             if limit is not None and len(out) >= limit:
                 break
             if not line.strip():
@@ -54,11 +68,14 @@ def read_requests(path: str | Path = DEFAULT_TRACE, limit: int | None = None) ->
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise TraceError(path, str(lineno), f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+            except RecursionError:
+                raise TraceError(path, str(lineno), "JSON nested too deeply") from None
             if not isinstance(obj, dict):
                 raise TraceError(path, str(lineno), "expected a JSON object with timestamp, input_length, output_length, hash_ids")
             ids = obj.get("hash_ids")
-            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
-                raise TraceError(path, str(lineno), "'hash_ids' must be a list of non-negative integers")
+            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and
+                                                    0 <= i <= MAX_HASH_ID for i in ids):
+                raise TraceError(path, str(lineno), "'hash_ids' must be a list of integers in [0, 2^63)")
             out.append(Request(
                 timestamp_ms=_field(obj, "timestamp", path, lineno),
                 input_length=_field(obj, "input_length", path, lineno),
@@ -66,3 +83,11 @@ def read_requests(path: str | Path = DEFAULT_TRACE, limit: int | None = None) ->
                 hash_ids=np.asarray(ids, np.int64),
             ))
     return out
+
+
+def _lines(handle, path: str):
+    """text_lines, with a damaged compressed file reported as a TraceError naming it."""
+    try:
+        yield from text_lines(handle, path)
+    except (OSError, EOFError, lzma.LZMAError) as exc:
+        raise TraceError(path, "0", f"cannot read trace: {exc}") from None

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import atexit
 import gc
-import json
 import os
 import threading
 import warnings
@@ -28,7 +27,8 @@ import firmware_policies
 from cxlhm import blocktable as btm
 from cxlhm import counters as C
 from cxlhm.config import ConfigError, DeviceConfig
-from cxlhm.device import METADATA_FORMAT, AccessOutOfRange, DeviceClosed, MediaError, metadata_path
+from cxlhm.device import AccessOutOfRange, DeviceClosed, MediaError, Sidecars
+from cxlhm.integrity import SidecarCorrupt
 from cxlhm.mailbox.hints import HintKind
 from cxlhm.media import native
 from cxlhm.media.dram import DeviceDram
@@ -169,22 +169,17 @@ class Window:
     def _open_metadata(self) -> None:
         if self.ssd.temporary:
             return
-        path = metadata_path(self.ssd.path)
-        if path.exists():
-            try:
-                self.unclean_shutdown_detected = not json.loads(path.read_text()).get("clean", False)
-            except (OSError, ValueError):
-                self.unclean_shutdown_detected = True
+        self._sidecars = Sidecars(self.ssd.path, self.capacity, self.block_size, self.cfg.source_of)
+        try:
+            meta = self._sidecars.read()
+            self.unclean_shutdown_detected = meta is not None and not meta.get("clean", False)
+        except SidecarCorrupt:
+            self.unclean_shutdown_detected = True
         self._write_metadata(clean=False)
 
     def _write_metadata(self, *, clean: bool) -> None:
-        if self.ssd.temporary:
-            return
-        path = metadata_path(self.ssd.path)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"format": METADATA_FORMAT, "capacity": self.capacity,
-                                   "block_size": self.block_size, "clean": clean}))
-        os.replace(tmp, path)
+        if not self.ssd.temporary:
+            self._sidecars.write(clean=clean)  # keeps the explicit mode's poison list and checksum count
 
     # ------------------------------------------------------------ memory
     def check_extent(self, hpa: int, n: int) -> None:

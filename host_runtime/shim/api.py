@@ -28,15 +28,10 @@ from typing import Any
 import numpy as np
 
 from host_runtime import kvkeys
+from host_runtime.buffers import byte_view
 from host_runtime.kvstore import KVStore, PrefetchTicket, PutStatus, Reservation, Session, Tenant, hints_for
 
 log = logging.getLogger("cxlhm.shim")
-
-
-def byte_view(buf: Any, *, writable: bool) -> np.ndarray:
-    """A flat uint8 numpy view of `buf` without copying (torch tensors of any dtype)."""
-    from host_runtime.kvstore import _flat_bytes
-    return _flat_bytes(buf, writable=writable)
 
 
 class RegisteredBuffers:

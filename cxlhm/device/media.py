@@ -1,0 +1,196 @@
+"""The device's media path: every I/O between device-DRAM slots and the back end, with
+retries, checksum verification and poison.
+
+`MediaPath` owns the back end, the checksum table and the poison table. Reads are
+retried (`backend.retries`), checked against the checksum recorded when the block was
+written back, and a block that cannot be read right is poisoned - never served.
+Write-backs record the checksum of what they write (write-ahead in the integrity log).
+The device calls it under its lock, except `read_verified`, which the access path runs
+with the lock released (see its docstring).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from cxlhm import blocktable as btm
+from cxlhm import counters as C
+from cxlhm import firmware as fw
+from cxlhm import sumtable
+from cxlhm.device.errors import MediaError, PoisonError
+from cxlhm.integrity import BlockChecksums, PoisonTable, checksum
+
+
+class MediaPath:
+    def __init__(self, ssd, block_size: int, retries: int, counters: np.ndarray, dram,
+                 checksums: BlockChecksums | None = None, poison: PoisonTable | None = None):
+        self.ssd = ssd  # None: a device without data
+        self.block_size, self.retries = block_size, retries
+        self.counters, self.dram = counters, dram
+        self.checksums = checksums if checksums is not None else BlockChecksums(None)
+        self.poison = poison if poison is not None else PoisonTable()
+
+    # ------------------------------------------------------------ poison
+    def check_readable(self, hpas, lens) -> None:
+        """Raise PoisonError if a byte of the extents is lost (a poisoned block's bytes
+        not written since). Writes need no check: they replace what was lost."""
+        if not self.poison:
+            return
+        bs = self.block_size
+        for hpa, n in zip(np.atleast_1d(hpas).tolist(), np.atleast_1d(lens).tolist()):
+            block = self.poison.unreadable(hpa, n, bs)
+            if block >= 0:
+                raise PoisonError(5, f"block {block} (HPA {block * bs:#x}, {bs} bytes) is poisoned: "
+                                     f"{self.poison.describe(block)}")
+
+    def note_written(self, hpas, lens) -> None:
+        """After a write landed in device DRAM (under the lock that planned it, so no
+        thread reads the bytes in between): the poison of the bytes it covered is gone."""
+        if self.poison:
+            for hpa, n in zip(np.atleast_1d(hpas).tolist(), np.atleast_1d(lens).tolist()):
+                self.poison.written(hpa, n, self.block_size)
+
+    def poison_block(self, block: int, reason: str) -> None:
+        """The device cannot produce the block's bytes: reads fail until it is written.
+        Its checksum goes (the back end's bytes of it are not the ones last written), so
+        a later write that fills it from the back end first is not refused."""
+        if block not in self.poison.blocks:
+            self.counters[C.POISONED_BLOCKS] += 1
+        self.checksums.sums.forget(block, None)
+        self.poison.add(block, reason)
+
+    # ------------------------------------------------------------ reads
+    def submit_retrying(self, ops: np.ndarray, retries: int | None = None) -> tuple[np.ndarray, int]:
+        """Submit, then resubmit failed or short ops up to `retries` (`backend.retries`)
+        times. Returns the ops' final results (bytes, or -errno) and the number of
+        retries (the caller counts them under the lock)."""
+        res = self.ssd.submit(ops)
+        if (res == ops[:, 1]).all():
+            return res, 0
+        res = res.copy()  # the back end reuses its result array
+        retried = 0
+        for _ in range(self.retries if retries is None else retries):
+            failed = np.flatnonzero(res != ops[:, 1])
+            if failed.size == 0:
+                break
+            retried += failed.size
+            res[failed] = self.ssd.submit(ops[failed])
+        return res, retried
+
+    def read_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Back end -> slot reads with retries and verification, under the lock. A block
+        that cannot be read correctly is poisoned; returns the mask of such rows."""
+        return self.settle_reads(rows, *self.read_verified(rows))
+
+    def read_verified(self, rows: np.ndarray) -> tuple[np.ndarray, int, np.ndarray | None]:
+        """Back end -> slot reads with retries, each read block checked against its
+        recorded checksum: (results, retries, mask of checksum mismatches or None). Needs
+        no lock: it touches only the rows' slots (BUSY, this thread's) and reads the
+        checksum table, whose entries for these blocks cannot change meanwhile (only a
+        write-back of a block records its sum, and a BUSY block is never written back)."""
+        res, retries = self.submit_retrying(rows)
+        check = self.rows_with_sums(rows)
+        if not check:
+            return res, retries, None  # the common case: nothing to verify
+        mismatch = np.zeros(rows.shape[0], bool)
+        for i in check:
+            mismatch[i] = res[i] == rows[i, 1] and not self.fill_matches(rows[i])
+        return res, retries, mismatch
+
+    def rows_with_sums(self, rows: np.ndarray) -> list[int]:
+        """Indices of the I/O rows whose blocks have a recorded checksum (a set
+        intersection: most reads are of blocks the device never wrote back)."""
+        sums = self.checksums.sums
+        if not sums:
+            return []
+        blocks = (rows[:, 2] // self.block_size).tolist()
+        known = sums.keys() & set(blocks)
+        return [i for i, block in enumerate(blocks) if block in known] if known else []
+
+    def fill_matches(self, row: np.ndarray) -> bool:
+        expected = self.checksums.sums.get(int(row[2] // self.block_size))
+        return expected is None or expected == int(self.hash_slots(row[0:1])[0])
+
+    def settle_reads(self, rows: np.ndarray, res: np.ndarray, retries: int, mismatch) -> np.ndarray:
+        """Under the lock: count the retries, poison each block that could not be read
+        correctly; returns the mask of such rows."""
+        self.counters[C.MEDIA_RETRIES] += retries
+        bad = res != rows[:, 1]
+        if mismatch is None and not bad.any():
+            return bad
+        for i in np.flatnonzero(bad if mismatch is None else bad | mismatch).tolist():
+            block = int(rows[i, 2] // self.block_size)
+            if bad[i]:
+                self.poison_block(block, f"SSD read failed: {_why(res[i], 'short read')}")
+            else:
+                self.counters[C.CHECKSUM_MISMATCHES] += 1
+                self.poison_block(block, "checksum mismatch on SSD read")
+        return bad if mismatch is None else bad | mismatch
+
+    def verify_slot(self, block: int, slot_bytes) -> bool:
+        """A block just read into a slot: True if it matches its recorded checksum (or has
+        none); a mismatch is counted and poisons the block."""
+        if self.checksums.matches(block, slot_bytes):
+            return True
+        self.counters[C.CHECKSUM_MISMATCHES] += 1
+        self.poison_block(block, "checksum mismatch on SSD read")
+        return False
+
+    # ------------------------------------------------------------ writes
+    def write_rows(self, rows: np.ndarray, *, victims: bool) -> np.ndarray:
+        """Slot -> back end writes with retries, recording each block's checksum (under
+        the lock). Returns the mask of rows that failed. A failed victim's bytes are
+        gone: it is poisoned."""
+        sums = self.hash_slots(rows[:, 0])
+        blocks = rows[:, 2] // self.block_size
+        self.checksums.intend(blocks.tolist(), sums.tolist())  # write-ahead
+        res, retries = self.submit_retrying(rows)
+        self.counters[C.MEDIA_RETRIES] += retries
+        failed = res != rows[:, 1]
+        self.checksums.sums.set_many(blocks[~failed], sums[~failed])
+        for i in np.flatnonzero(failed).tolist():
+            block = int(blocks[i])
+            self.checksums.sums.pop(block, None)  # the back end holds neither the old nor the new bytes
+            if victims:
+                self.poison_block(block, f"write-back failed: {_why(res[i], 'short write')}")
+        return failed
+
+    def write_through(self, bt, slots: np.ndarray) -> None:
+        """Write the slots' blocks to the back end now (write-through mode)."""
+        unique = np.unique(slots)
+        ops = fw.new_io_rows(unique.shape[0])
+        ops[:, 0] = self.dram.base_address + unique * self.block_size
+        ops[:, 1] = self.block_size
+        ops[:, 2] = bt.block[unique] * self.block_size
+        ops[:, 3] = 1
+        failed = self.write_rows(ops, victims=False)
+        if failed.any():
+            bt.flags[unique[failed]] |= btm.DIRTY  # the DRAM copy is right: keep it for a later write-back
+            block = int(ops[np.flatnonzero(failed)[0], 2] // self.block_size)
+            raise MediaError(5, f"write-through of block {block} to the SSD failed; the data stays in device DRAM")
+        self.count_writes(unique.shape[0])
+
+    def count_writes(self, n: int) -> None:
+        self.counters[C.WRITEBACKS] += n
+        self.counters[C.SSD_WRITES] += n
+        self.counters[C.SSD_WRITE_BYTES] += n * self.block_size
+
+    def hash_slots(self, addrs: np.ndarray) -> np.ndarray:
+        """xxh3-64 of the whole slot at each address (compiled when xxhash allows)."""
+        if sumtable.COMPILED_HASH:
+            sums = np.empty(addrs.shape[0], np.uint64)
+            sumtable.hash_blocks(np.ascontiguousarray(addrs), self.block_size, sums)
+            return sums
+        slots = self.dram.slots
+        return np.fromiter((checksum(slots[(a - self.dram.base_address) // self.block_size]) for a in addrs.tolist()),
+                           np.uint64, addrs.shape[0])
+
+    def sync(self) -> None:
+        """Make what was written durable: the back end, then the integrity log."""
+        self.ssd.sync()
+        self.checksums.sync()
+
+
+def _why(result: int, short: str) -> str:
+    return os.strerror(-int(result)) if result < 0 else short

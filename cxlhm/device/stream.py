@@ -1,0 +1,253 @@
+"""Streamed reads: many reads in flight in one compiled loop (cxlhm/readstream.py) that
+plans, queues, reaps and copies out block by block, with the device lock taken once
+per time slice. Used by the fio engine and by multi-block reads of the access path
+(`_read_streamed`). Needs a back end with `caps.async_io`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+
+from cxlhm import counters as C
+from cxlhm import firmware as fw
+from cxlhm import readstream as rs
+from cxlhm import sumtable
+from cxlhm.device.errors import DeviceClosed, DeviceFull, MediaError
+from cxlhm.timing.recorder import record as record_latency
+
+STREAM_PASSES = 4  # passes of a wide streamed read in flight at once (_read_streamed)
+_NO_BLOCKS, _NO_SUMS = np.zeros(0, np.int64), np.zeros(0, np.uint64)  # an empty sum table: verify nothing
+
+
+class _StreamJob(NamedTuple):
+    """One read_stream call: its compiled kernels and state, its reads and their
+    outputs, the thread's ring, and the owner its blocks are placed for."""
+    run: Callable
+    complete: Callable
+    state: rs.StreamState
+    hpas: np.ndarray
+    lens: np.ndarray
+    addrs: np.ndarray
+    kinds: np.ndarray  # uint8 per extent: 1 = a write
+    slat: np.ndarray
+    clat: np.ndarray
+    failed: np.ndarray
+    ring: int
+    fd: int
+    owner: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamResult:
+    """What Device.read_stream ran: reads[:count] (complete), and their device-block
+    hits and misses."""
+    count: int
+    hits: int
+    misses: int
+    submits: np.ndarray | None = None  # reads per submission, in fio's 7 buckets (cxlhm.fio.stats.submit_bucket)
+    peak_in_flight: int = 0  # the most reads it had at the SSD at once
+    write_hits: int = 0  # of hits and misses, those of its writes
+    write_misses: int = 0
+
+
+class StreamReads:
+    """Device part: read_stream (mixed into Device, which it reads the state of)."""
+
+    def _read_streamed(self, hpa: int, n: int, user_addr: int, owner: int) -> float:
+        """One multi-block read through read_stream, counted as one host read. Up to a
+        quarter of the SSD queue of blocks it is one stream read: planned as one firmware
+        pass, like access(), its blocks copied out as they land. A wider read is cut in
+        such passes (like _access_split), four in flight: a pass's blocks tend to land
+        together (the block layer merges adjacent reads into one request), and while
+        one pass is copied out the other three keep the SSD's queue full."""
+        started = time.perf_counter_ns()
+        bs = self.block_size
+        with self._lock:
+            piece = max(1, min(self._batch_limit(), self.ssd.queue_depth // STREAM_PASSES))
+        first, last = hpa // bs, (hpa + n - 1) // bs
+        cuts = np.arange(first + piece, last + 1, piece, dtype=np.int64) * bs
+        starts = np.concatenate(([hpa], cuts))
+        lens = np.diff(np.concatenate((starts, [hpa + n])))
+        ran = self.read_stream(starts, lens, user_addr + (starts - hpa), STREAM_PASSES, owner=owner)
+        extra = ran.count - (ran.count == starts.shape[0])  # the pieces' host reads beyond this one
+        if extra:
+            with self._lock:
+                self.counters[C.HOST_READS] -= extra
+        if ran.count < starts.shape[0]:  # it stopped before a poisoned block: the erroring path
+            rest = int(starts[ran.count])
+            self.access_one(rest, hpa + n - rest, user_addr + rest - hpa, False, owner, stream=False)
+        latency = time.perf_counter_ns() - started
+        if self.latency is not None:
+            with self._lock:
+                record_latency(self.latency.values, self.latency.meta, float(latency))
+        return latency
+
+    def read_stream(self, ext_hpa, ext_len, addrs, depth: int, *, deadline_ns: int = 0, slat=None, clat=None,
+                    owner: int = 0, writes=None) -> StreamResult:
+        """Read extent i into the host buffer at addrs[i], in order, keeping up to `depth`
+        of them in flight, the per-read work compiled (cxlhm/readstream.py). Stops early
+        at CLOCK_MONOTONIC `deadline_ns` (if > 0), and before the first read touching a
+        poisoned block (those take the erroring
+        path): the result says how many ran. Their submission and
+        completion latencies (ns) go to `slat` and `clat` when given. Every read that
+        ran is complete on return, its bytes in its buffer, or raised: a read whose
+        fill failed is read again through access(), which retries and poisons.
+        `writes` (uint8 per extent, 1 = write the buffer to the extent; not on a
+        write-through device) makes it a stream of reads and writes in issue order, an
+        I/O waiting while an earlier one in flight holds one of its blocks."""
+        ext_hpa, ext_len, addrs, _ = self._extents(ext_hpa, ext_len, addrs)
+        n = ext_hpa.shape[0]
+        slat = np.zeros(n, np.int64) if slat is None else slat
+        clat = np.zeros(n, np.int64) if clat is None else clat
+        kinds = np.zeros(n, np.uint8) if writes is None else np.ascontiguousarray(writes, np.uint8)
+        if writes is not None and self._write_mode_code == fw.WRITE_THROUGH and kinds.any():
+            raise ValueError("a write-through device runs writes through access(), not a stream")
+        if not self.splits_reads or n == 0 or depth < 1 or self.reads_in_flight():
+            return StreamResult(0, 0, 0)
+        # the most blocks a stream read holds; wider reads run through access(), which splits them
+        max_blocks = min(max(1, int(rs.blocks_per_read(ext_hpa, ext_len, self.block_size))), self._batch,
+                         self.ssd.queue_depth)
+        complete, run = rs.kernels_for(self.policy)
+        state = self._stream_state(min(depth, self.ssd.queue_depth), max_blocks, complete)
+        st = state.st
+        st[:] = 0
+        st[rs.PARKED] = -1
+        state.submits[:] = 0
+        failed = np.zeros(n, np.int64)
+        job = _StreamJob(run, complete, state, ext_hpa, ext_len, addrs, kinds, slat, clat, failed,
+                         *self.ssd.stream_ring(), owner)
+        stop, version = self._stream_stop(ext_hpa, ext_len, n)
+        hits0, misses0 = self.thread_hits_misses()
+        counted = held = 0  # fills the back end was told of, slots the device was told of
+        try:
+            while True:
+                with self._lock:
+                    if self.closed:
+                        raise DeviceClosed("the device is closed")
+                    if len(self.media.poison.blocks) != version:  # new poison records: stop here
+                        stop = min(stop, int(st[rs.NEXT]))
+                    self._sync_time()  # once per time slice: the policy's deadlines and ages read it
+                    status = self._stream_run(job, stop, deadline_ns, counted, held)
+                    if status == rs.WRITE_BACK or status == rs.DEVICE_FULL:  # before any thread misses on them
+                        self.media.write_rows(state.writebacks[:int(st[rs.PARKED_WBS])], victims=True)
+                    self._stream_log_writes(state)
+                    if status == rs.VERIFY:
+                        self._stream_verify(state, complete, ext_hpa, ext_len, addrs, kinds, clat, failed)
+                    counted, held = self._stream_account(st, counted, held)
+                    self._idle.notify_all()  # reads of this stream may have ended: threads waiting for their slots
+                    if status == rs.DEVICE_FULL:
+                        raise DeviceFull("no evictable device-DRAM slot: every slot is pinned or in use")
+                    alone = not self._inflight
+                    if status == rs.BLOCKED and not alone:  # another thread's access holds what it needs
+                        i = int(st[rs.NEXT])
+                        self._wait_for_slots(ext_hpa[i:i + 1], ext_len[i:i + 1])
+                    elif status == rs.FINISHED:
+                        break
+                if status == rs.WIDE or (status == rs.BLOCKED and alone):  # access() splits it over passes
+                    i = int(st[rs.NEXT])
+                    begin = time.monotonic_ns()
+                    self.access_one(int(ext_hpa[i]), int(ext_len[i]), int(addrs[i]), bool(kinds[i]), owner,
+                                    stream=False)
+                    clat[i], slat[i] = time.monotonic_ns() - begin, 0
+                    st[rs.NEXT] = i + 1
+        finally:
+            if st[rs.IN_FLIGHT]:  # an error: collect what is in flight, or its slots stay BUSY
+                self._stream_drain(job, counted, held)
+        s = self._scratch()
+        s.hits += int(st[rs.HITS])
+        s.misses += int(st[rs.MISSES])
+        for i in failed[:int(st[rs.FAILED])].tolist():  # again, through the path that retries and poisons
+            self.access_one(int(ext_hpa[i]), int(ext_len[i]), int(addrs[i]), bool(kinds[i]), owner, stream=False)
+        return StreamResult(int(st[rs.NEXT]), s.hits - hits0, s.misses - misses0, state.submits.copy(),
+                            int(st[rs.PEAK]), int(st[rs.W_HITS]), int(st[rs.W_MISSES]))
+
+    def _stream_log_writes(self, state: rs.StreamState) -> None:
+        """Under the lock, after the stream's victims are written back: its written
+        blocks hold newer bytes than the SSD (reliability: logged before the stream
+        returns their completion)."""
+        n = int(state.st[rs.WRITTEN])
+        if n:
+            self.checksums.note_dirty_array(state.wblocks[:n])
+            state.st[rs.WRITTEN] = 0
+
+    def _stream_state(self, depth: int, max_blocks: int, complete) -> rs.StreamState:
+        state = self._local.stream
+        if state is None or state.depth != depth or state.max_blocks < max_blocks:
+            state = self._local.stream = rs.StreamState(depth, max_blocks)
+            # compile the verifying completion now, not in the middle of a timed stream
+            empty = np.zeros(0, np.int64)
+            complete(self.bt, self.ps, self.clock, self.dram.base_address, self.block_size, empty, empty, empty,
+                     state.bad[:0], empty, empty, state.arrays(), empty, empty, state.bad[:0], 0, empty, _NO_SUMS)
+        return state
+
+    def _stream_stop(self, hpas, lens, n: int) -> tuple[int, int]:
+        """Where the stream must stop (the reads before it touch no poisoned block), and
+        the poison table's size it was computed for."""
+        with self._lock:
+            poisoned = np.array(sorted(self.media.poison.blocks), np.int64)
+        return rs.clean_prefix(hpas, lens, self.block_size, poisoned), poisoned.shape[0]
+
+    def _stream_verify_mode(self) -> tuple[int, np.ndarray, np.ndarray]:
+        """Under the lock: how a stream verifies its reaped blocks (readstream's VERIFY_*),
+        and the sum table it reads (its arrays change when it grows)."""
+        table = self.media.checksums.sums.table
+        if table.count == 0:
+            return rs.VERIFY_NONE, table.keys, table.values
+        return (rs.VERIFY_HERE if sumtable.COMPILED_HASH else rs.VERIFY_ALL), table.keys, table.values
+
+    def _stream_verify(self, state, complete, hpas, lens, addrs, kinds, clat, failed) -> None:
+        """Under the lock: the stream's last reap, checked against the blocks' checksum
+        records (a mismatch poisons the block; its read fails over to access()), then
+        completed."""
+        st = state.st
+        if st[rs.ERRNO]:
+            err, st[rs.ERRNO] = int(-st[rs.ERRNO]), 0
+            raise MediaError(err, f"io_uring reap failed: {os.strerror(err)}")
+        n = int(st[rs.REAPED])
+        tags, res, bad, blocks = state.reaped_tags[:n], state.reaped_res[:n], state.bad[:n], state.blocks[:n]
+        bad[:] = 0
+        rs.reaped_blocks(state.arrays(), self.block_size, hpas, tags, n, blocks)
+        sums = self.media.checksums.sums
+        for j, block in enumerate(blocks.tolist()):
+            if block in sums and res[j] == self.block_size:
+                if not self.media.verify_slot(block, self.dram.slots[rs.slot_of_reaped(state.arrays(), tags[j])]):
+                    bad[j] = 1
+        complete(self.bt, self.ps, self.clock, self.dram.base_address, self.block_size, hpas, lens, addrs, kinds,
+                 clat, failed, state.arrays(), tags, res, bad, n, _NO_BLOCKS, _NO_SUMS)
+        st[rs.REAPED] = 0
+
+    def _stream_account(self, st, counted: int, held: int) -> tuple[int, int]:
+        """Under the lock: tell the back end how many fills the stream has out on its ring,
+        and the device how many slots it holds BUSY (other threads plan around them, and
+        count it as an access in flight while it holds any). Returns both for next time."""
+        fills, slots = int(st[rs.FILLS]), int(st[rs.SLOTS])
+        self.ssd.note_queued(fills - counted)
+        self._inflight_slots += slots - held
+        self._inflight += (slots > 0) - (held > 0)
+        return fills, slots
+
+    def _stream_run(self, job: "_StreamJob", stop: int, deadline_ns: int, counted: int, held: int) -> int:
+        """Under the lock: one time slice of the stream's compiled loop (readstream.run)."""
+        return job.run(self.bt, self.ps, self.counters, self.clock, self._write_mode_code, self.dram.base_address,
+                       self.block_size, job.hpas, job.lens, job.addrs, job.kinds, stop, deadline_ns, job.slat, job.clat,
+                       job.failed, job.state.arrays(), job.ring, job.fd, self.ssd.async_room() + counted,
+                       self._inflight_slots - held, self.n_slots, job.owner, *self._stream_verify_mode())
+
+    def _stream_drain(self, job: "_StreamJob", counted: int, held: int) -> None:
+        """After an error: issue nothing more, wait for the stream's fills in flight and
+        complete them (their slots must not stay BUSY)."""
+        st = job.state.st
+        while st[rs.IN_FLIGHT]:
+            with self._lock:
+                status = self._stream_run(job, int(st[rs.NEXT]), 0, counted, held)
+                self._stream_log_writes(job.state)
+                if status == rs.VERIFY:
+                    self._stream_verify(job.state, job.complete, job.hpas, job.lens, job.addrs, job.kinds, job.clat,
+                                        job.failed)
+                counted, held = self._stream_account(st, counted, held)
+                self._idle.notify_all()

@@ -1,0 +1,75 @@
+"""What the device needs from a back end (the media behind device DRAM), declared.
+
+A back end is byte-addressed storage of `capacity` bytes that runs batches of I/O
+rows laid out like `struct cxlhm_io` (buffer address, length, offset, write flag; see
+cxlhm/media/ssd.py) between host memory and itself. Everything else is optional and
+announced by `caps`:
+
+    async_io     queue() / reap() / stream_ring() / note_queued() / queued() /
+                 async_room(): I/O kept in flight across calls on the calling thread's
+                 io_uring ring (the device's streamed and split-phase reads)
+    persistent   bytes survive close() and a reopen of the same path
+    direct       I/O bypasses the page cache (O_DIRECT)
+
+A back end opened on a path holds an exclusive lock on it until close(): one device
+per image (`lock_image`). Adding one: a module with a `Backend` subclass, listed in
+cxlhm/media/registry.py, and a subclass of cxlhm.testing.backends.BackendTests.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import errno
+import fcntl
+import os
+
+import numpy as np
+
+from cxlhm.config import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendCaps:
+    async_io: bool = False
+    persistent: bool = False
+    direct: bool = False
+
+
+class Backend(abc.ABC):
+    """A back end as the device sees it (see the module docstring)."""
+
+    caps: BackendCaps = BackendCaps()
+    capacity: int
+    path: str | None  # None: temporary, gone at close
+    queue_depth: int  # ops one submit() should carry at most to keep the media busy
+    fd: int  # the image's descriptor (power-loss emulation lands torn writes through it); -1 if none
+
+    @property
+    def temporary(self) -> bool:
+        return self.path is None
+
+    @abc.abstractmethod
+    def submit(self, ops: np.ndarray) -> np.ndarray:
+        """Run the I/O rows in `ops` and wait for all; returns bytes transferred per op,
+        or -errno for a failed one. The array may be reused by the next submit()."""
+
+    @abc.abstractmethod
+    def sync(self) -> None:
+        """Make every completed write durable."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release everything (the image lock too). No I/O may be running."""
+
+
+def lock_image(fd: int, path: str, source: str) -> None:
+    """Take the one-owner lock of the image at `path` (open as `fd`) or raise
+    ConfigError: a second device on the same image would serve its own stale copy."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise ConfigError(source, "backend.path", f"{path} is already open by another device (in this or another "
+                              "process); one device owns an image at a time: close that one first") from None
+        raise ConfigError(source, "backend.path", f"cannot lock {path}: {exc.strerror}") from None

@@ -1,0 +1,134 @@
+"""The host-loadable part of the pooled device's DRAM: one segment per tenant that the
+service writes and every host granted the tenant maps read-only.
+
+Why a segment of its own: the emulated device's DRAM arena and block table are private
+to the service process (the firmware moves slots at will), so a host cannot safely load
+from them without asking. The service therefore keeps, per tenant, a direct-mapped set
+of whole blocks it has just read or written - what a host may load without a round trip
+- and invalidates an entry before it changes the block on the device.
+
+Entry layout: 64-byte header (seq, tag = partition block + 1, xxh3-64 of the block),
+then the block. A host's read (`MirrorReader.read`):
+  seq even, tag matches  ->  copy the block  ->  xxh3 of the copy matches the header
+  and seq unchanged      ->  a hit; anything else is a miss (ask the service).
+The hash check makes a torn copy (a writer racing the reader) a miss, never wrong bytes.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+
+import numpy as np
+import xxhash
+
+HEADER = 64
+SEQ, TAG, SUM = 0, 1, 2
+
+
+def segment_bytes(entries: int, block_size: int) -> int:
+    return entries * (HEADER + block_size)
+
+
+class _Segment:
+    def __init__(self, mm: mmap.mmap, entries: int, block_size: int):
+        self._mm = mm
+        self.entries, self.block_size = entries, block_size
+        stride = HEADER + block_size
+        raw = np.frombuffer(mm, np.uint8).reshape(entries, stride)
+        self.headers = raw[:, :HEADER].view(np.uint64)  # (entries, 8)
+        self.blocks = raw[:, HEADER:]
+
+    def entry(self, block: int) -> int:
+        return block % self.entries
+
+    def close(self) -> None:
+        self.headers = self.blocks = None
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:
+                pass
+            self._mm = None
+
+
+class MirrorWriter(_Segment):
+    """The service's side: owns the memfd; hosts get the fd (and map it read-only)."""
+
+    def __init__(self, name: str, entries: int, block_size: int):
+        self.fd = os.memfd_create(f"cxlhm-mirror-{name}", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, segment_bytes(entries, block_size))
+        mm = mmap.mmap(self.fd, segment_bytes(entries, block_size), mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        super().__init__(mm, entries, block_size)
+        self.installs = self.invalidations = 0
+
+    def invalidate(self, first_block: int, n_blocks: int) -> None:
+        """Before the blocks change on the device: no host may hit their old copies."""
+        h = self.headers
+        for b in range(first_block, first_block + min(n_blocks, self.entries)):
+            e = self.entry(b)
+            if h[e, TAG] == b + 1:
+                h[e, SEQ] += 1
+                h[e, TAG] = 0
+                h[e, SEQ] += 1
+                self.invalidations += 1
+
+    def install(self, first_block: int, data: np.ndarray) -> None:
+        """Whole blocks just read from or written to the device, in block order."""
+        bs = self.block_size
+        n = data.shape[0] // bs
+        h = self.headers
+        for i in range(max(0, n - self.entries), n):  # more blocks than entries: the last ones win
+            b = first_block + i
+            e = self.entry(b)
+            h[e, SEQ] += 1  # odd: readers treat the entry as missing
+            h[e, TAG] = 0
+            block = data[i * bs:(i + 1) * bs]
+            self.blocks[e] = block
+            h[e, SUM] = xxhash.xxh3_64_intdigest(block)
+            h[e, TAG] = b + 1
+            h[e, SEQ] += 1
+            self.installs += 1
+
+    def close(self) -> None:
+        super().close()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class MirrorReader(_Segment):
+    """A host's read-only mapping of a tenant's mirror."""
+
+    def __init__(self, fd: int, entries: int, block_size: int):
+        mm = mmap.mmap(fd, segment_bytes(entries, block_size), mmap.MAP_SHARED, mmap.PROT_READ)
+        os.close(fd)
+        super().__init__(mm, entries, block_size)
+        self._scratch = np.empty(block_size, np.uint8)
+
+    def read(self, offset: int, out: np.ndarray) -> bool:
+        """Fill `out` with the bytes at partition `offset` if every block is mirrored
+        and verifies; False (out partly written) otherwise."""
+        bs = self.block_size
+        n = out.shape[0]
+        if n == 0:
+            return True
+        first, last = offset // bs, (offset + n - 1) // bs
+        if last - first + 1 > self.entries:
+            return False
+        h, blocks = self.headers, self.blocks
+        for b in range(first, last + 1):
+            e = b % self.entries
+            seq = int(h[e, SEQ])
+            if seq & 1 or int(h[e, TAG]) != b + 1:
+                return False
+            want = int(h[e, SUM])
+            lo = max(offset, b * bs)
+            hi = min(offset + n, (b + 1) * bs)
+            whole = hi - lo == bs
+            dst = out[lo - offset:hi - offset] if whole else self._scratch
+            np.copyto(dst, blocks[e])
+            if int(h[e, SEQ]) != seq or xxhash.xxh3_64_intdigest(dst) != want:
+                return False
+            if not whole:
+                out[lo - offset:hi - offset] = self._scratch[lo - b * bs:hi - b * bs]
+        return True

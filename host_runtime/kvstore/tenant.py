@@ -1,0 +1,341 @@
+"""A tenant's view of the store and the objects it hands out: Tenant, Session,
+Reservation (write in place, then commit) and PrefetchTicket."""
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from host_runtime import kvkeys
+from host_runtime.buffers import byte_view, byte_views
+from host_runtime.kvstore.entries import Entry, PutStatus
+
+if TYPE_CHECKING:
+    from host_runtime.kvstore.store import KVStore
+
+
+class Reservation:
+    """An extent reserved for `key`: write it in place, then `commit()` to publish it
+    (or `abort()`). Until committed, lookups do not see the key and nothing evicts it.
+    `evicted`: keys of this tenant evicted to make room for it.
+
+    The extent may have held another chunk (another tenant's included): `read_into`
+    serves only bytes this reservation wrote (the rest reads as zeros), and only until
+    it is committed or aborted - after that the extent belongs to the index (read the
+    key through the tenant) or to whoever allocates it next."""
+
+    def __init__(self, tenant: "Tenant", key: bytes, hpa: int, nbytes: int, session: "Session | None", evicted: list[bytes]):
+        self.tenant, self.key, self.hpa, self.nbytes = tenant, key, hpa, nbytes
+        self.session, self.evicted = session, evicted
+        self.done = False
+        self._written: list[list[int]] = []  # [start, end) ranges written so far, sorted, disjoint
+        self._lock = threading.Lock()  # a write or read never overlaps the commit/abort that ends it
+
+    def write(self, data: Any, offset: int = 0) -> int:
+        """Write `data` (any buffer) at `offset` inside the extent; returns bytes written."""
+        view = byte_view(data, writable=False)
+        n = view.shape[0]
+        if offset < 0 or offset + n > self.nbytes:
+            raise ValueError(f"write of {n} bytes at offset {offset} leaves the {self.nbytes}-byte reservation")
+        with self._lock:
+            self._check_open()
+            self.tenant.store.handle.write_from(self.hpa + offset, view, session=self._session_id())
+            if n:
+                self._mark_written(offset, offset + n)
+        return n
+
+    def read_into(self, buf: Any, offset: int = 0) -> int:
+        """Read back [offset, +len(buf)) of what this reservation wrote; bytes it did not
+        write read as zeros (the extent's earlier contents are never exposed)."""
+        view = byte_view(buf, writable=True)
+        n = view.shape[0]
+        if offset < 0 or offset + n > self.nbytes:
+            raise ValueError(f"read of {n} bytes at offset {offset} leaves the {self.nbytes}-byte reservation")
+        with self._lock:
+            self._check_open()
+            cursor = offset
+            for start, end in self._written:
+                lo, hi = max(start, offset), min(end, offset + n)
+                if lo >= hi:
+                    continue
+                view[cursor - offset:lo - offset] = 0
+                self.tenant.store.handle.read_view(self.hpa + lo, view[lo - offset:hi - offset], self._session_id())
+                cursor = hi
+            view[cursor - offset:] = 0
+        return n
+
+    def _check_open(self) -> None:
+        if self.done:
+            raise ValueError("this reservation is already committed or aborted (read a committed key through the tenant)")
+
+    def _mark_written(self, start: int, end: int) -> None:
+        merged = []
+        for s, e in self._written:
+            if e < start or s > end:
+                merged.append([s, e])
+            else:
+                start, end = min(s, start), max(e, end)
+        merged.append([start, end])
+        merged.sort()
+        self._written = merged
+
+    def _finish(self, *, fill_gaps: bool) -> bool:
+        """Mark the reservation done (under its lock, so no write is still landing);
+        False if it already was. `fill_gaps` (a commit): zero the bytes never written,
+        so the published chunk holds nothing of the extent's earlier contents."""
+        with self._lock:
+            if self.done:
+                return False
+            if fill_gaps:
+                cursor = 0
+                for start, end in self._written + [[self.nbytes, self.nbytes]]:
+                    if start > cursor:
+                        self.tenant.store.handle.write_from(self.hpa + cursor, bytes(start - cursor),
+                                                            session=self._session_id())
+                    cursor = end
+            self.done = True
+            return True
+
+    def commit(self) -> bool:
+        """Publish the key (lookups see it now; it survives a crash once a later
+        KVStore.flush() or close() returned). Bytes never written are zeros. False if
+        already finished."""
+        return self._finish(fill_gaps=True) and self.tenant.store._commit(self)
+
+    def abort(self) -> None:
+        if self._finish(fill_gaps=False):
+            self.tenant.store._abort(self)
+
+    def _session_id(self) -> int:
+        return self.session.id if self.session is not None else 0
+
+    def __enter__(self) -> "Reservation":
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if self.done:
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+
+class Session:
+    """A serving session of one tenant. Its lifecycle emits hints; its reads and writes
+    are tagged with its device session id. States: active -> paused -> active ... -> ended."""
+
+    ACTIVE, PAUSED, ENDED = "active", "paused", "ended"
+
+    def __init__(self, tenant: "Tenant", name: str, sid: int):
+        self.tenant, self.name, self.id = tenant, name, sid
+        self.state = Session.ACTIVE
+        self._entries: dict[bytes, Entry] = {}  # chunks this session reads or wrote
+
+    # -------- lifecycle
+    def resume(self, keys: Sequence[Any]) -> int:
+        """The session is back and will re-read `keys` (its prefix, in order): emits
+        SESSION_RESUME with the extents of the leading keys that are stored, and
+        returns how many that is (the usable prefix)."""
+        return self.tenant.store._session_resume(self, [kvkeys.normalize_key(k) for k in keys])
+
+    def next_prefix(self, keys: Sequence[Any], deadline_ns: int = 0) -> int:
+        """The session will read `keys` soon (before `deadline_ns`, relative): NEXT_PREFIX
+        for those stored. Returns how many are stored."""
+        return self.tenant.store._session_next_prefix(self, [kvkeys.normalize_key(k) for k in keys], deadline_ns)
+
+    def append(self, key: Any, data: Any) -> PutStatus:
+        """Store a new chunk of this session: APPEND hint for its extent, then the write."""
+        return self.tenant.put_from(key, data, session=self)
+
+    def get_into(self, key: Any, buf: Any) -> int | None:
+        return self.tenant.get_into(key, buf, session=self)
+
+    def pause(self, expected_pause_ns: int = 0) -> None:
+        """The session stops for a while (a tool call, user think time): SESSION_PAUSE."""
+        self.tenant.store._session_pause(self, expected_pause_ns)
+
+    def end(self) -> None:
+        """The session is over: SESSION_END; its chunks become first eviction candidates."""
+        self.tenant.store._session_end(self)
+
+    @property
+    def keys(self) -> list[bytes]:
+        return list(self._entries)
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.state != Session.ENDED:
+            self.end()
+
+
+# ====================================================================== tenants
+class Tenant:
+    """One tenant's view of the store. Everything a tenant can do goes through here,
+    and every call resolves keys and sessions in this tenant's namespace only."""
+
+    def __init__(self, store: "KVStore", tid: int, name: str, salt: bytes):
+        self.store, self.id, self.name, self.salt = store, tid, name, salt
+        self.verifier = b""  # set for a secret-identified tenant (a keyed hash of its secret)
+        self.quota_bytes = store.capacity
+        self.reserved_bytes = 0
+        self.max_pinned_bytes = store.capacity
+        self.chunk_bytes: int | None = None  # if set, every chunk must be this size
+        self._index: dict[bytes, Entry] = {}
+        self._pending: dict[bytes, Reservation] = {}
+        self._lru = [OrderedDict(), OrderedDict(), OrderedDict()]  # per eviction class
+        self._sessions: dict[str, Session] = {}
+        self.used_bytes = 0      # extent bytes of committed + reserved chunks
+        self.pinned_bytes = 0
+        self.protected_bytes = 0  # extent bytes protected by prefetches not yet waited for
+        self.evicted_keys: deque[bytes] = deque(maxlen=1 << 16)  # drained by adapters
+        self.counters = {"puts": 0, "gets": 0, "hits": 0, "misses": 0, "evicted": 0, "removed": 0}
+
+    # -------- keys
+    def prefix_keys(self, tokens: Any, tokens_per_chunk: int, **kw) -> list[bytes]:
+        """Chained prefix keys of `tokens` with this tenant's salt."""
+        return kvkeys.prefix_keys(tokens, tokens_per_chunk, salt=self.salt, **kw)
+
+    def segment_keys(self, segments: Sequence[Any]) -> list[bytes]:
+        """Position-independent keys of `segments` with this tenant's salt."""
+        return kvkeys.segment_keys(segments, salt=self.salt)
+
+    # -------- lookups (probes never change recency)
+    def contains(self, key: Any) -> bool:
+        return kvkeys.normalize_key(key) in self._index
+
+    def lookup_prefix(self, keys: Sequence[Any]) -> int:
+        """How many leading keys are stored (consecutive hits from the start)."""
+        index = self._index
+        n = 0
+        for key in keys:
+            if (key if type(key) is bytes else kvkeys.normalize_key(key)) not in index:
+                break
+            n += 1
+        return n
+
+    def lookup_sparse(self, keys: Sequence[Any]) -> np.ndarray:
+        """Hit bitmap: which of `keys` are stored, anywhere in the list."""
+        index = self._index
+        return np.fromiter(((k if type(k) is bytes else kvkeys.normalize_key(k)) in index for k in keys),
+                           dtype=bool, count=len(keys))
+
+    def size_of(self, key: Any) -> int | None:
+        entry = self._index.get(kvkeys.normalize_key(key))
+        return None if entry is None else entry.nbytes
+
+    def extent_of(self, key: Any) -> tuple[int, int] | None:
+        """(hpa, nbytes) of a stored key (for engines that move the bytes themselves)."""
+        entry = self._index.get(kvkeys.normalize_key(key))
+        return None if entry is None else (entry.hpa, entry.nbytes)
+
+    def keys(self) -> list[bytes]:
+        return list(self._index)
+
+    # -------- data
+    def reserve(self, key: Any, nbytes: int, *, session: Session | None = None) -> Reservation | PutStatus:
+        """Reserve an extent for a new chunk (allocate + write in place + commit).
+        Returns a Reservation, or EXISTS / IN_FLIGHT / NO_SPACE."""
+        return self.store._reserve(self, kvkeys.normalize_key(key), nbytes, self._own(session))
+
+    def put_from(self, key: Any, data: Any, *, session: Session | None = None) -> PutStatus:
+        """Store `data` (a buffer, or a list of buffers laid end to end) under `key`."""
+        views = byte_views(data, writable=False)
+        nbytes = sum(v.shape[0] for v in views)
+        res = self.reserve(key, nbytes, session=session)
+        if isinstance(res, PutStatus):
+            return res
+        try:
+            offset = 0
+            for view in views:
+                offset += res.write(view, offset)
+        except BaseException:
+            res.abort()
+            raise
+        res.commit()
+        return PutStatus.STORED
+
+    def get_into(self, key: Any, buf: Any, *, session: Session | None = None, exact: bool = True) -> int | None:
+        """Read the chunk into `buf` (a buffer, or a list of buffers filled in order).
+        Returns the bytes read, or None on a miss. `exact`: the buffers must hold
+        exactly the chunk (else ValueError); otherwise at least the chunk."""
+        return self.store._get_into(self, kvkeys.normalize_key(key), byte_views(buf, writable=True),
+                                    self._own(session), exact)
+
+    def get_many_into(self, keys: Sequence[Any], out: Any, *, session: Session | None = None) -> int:
+        """Read equal-sized chunks, laid end to end in `out`, in one device pass (one
+        SSD batch for all their misses). Reads the leading run of stored keys and
+        returns its length (the rest of `out` is untouched)."""
+        return self.store._get_many(self, [kvkeys.normalize_key(k) for k in keys], byte_view(out, writable=True),
+                                    self._own(session))
+
+    def touch(self, keys: Sequence[Any]) -> None:
+        """Mark stored keys as recently used."""
+        self.store._touch(self, [kvkeys.normalize_key(k) for k in keys])
+
+    def remove(self, key: Any) -> bool:
+        """Delete a key of this tenant. False if it is not stored."""
+        return self.store._remove(self, kvkeys.normalize_key(key))
+
+    # -------- pins, prefetch
+    def pin(self, keys: Sequence[Any]) -> int:
+        """Keep these chunks in the store (never evicted) and ask the device to keep
+        them resident. Returns how many were pinned (stored ones, within the tenant's
+        pin budget). Pins nest: unpin as many times."""
+        return self.store._pin(self, [kvkeys.normalize_key(k) for k in keys], True)
+
+    def unpin(self, keys: Sequence[Any]) -> int:
+        return self.store._pin(self, [kvkeys.normalize_key(k) for k in keys], False)
+
+    def prefetch(self, keys: Sequence[Any], *, session: Session | None = None, deadline_ns: int = 0) -> "PrefetchTicket":
+        """Hint (NEXT_PREFIX) that the leading stored keys will be read soon, and protect
+        them from eviction within the tenant's pin budget (pinned plus protected bytes
+        stay within max_pinned_bytes). `wait(ticket)` ends the protection."""
+        return self.store._prefetch(self, [kvkeys.normalize_key(k) for k in keys], self._own(session), deadline_ns)
+
+    # -------- sessions
+    def open_session(self, name: str | None = None, *, prefix: Sequence[Any] | None = None) -> Session:
+        """A new session (its device session id is random, so ids never collide across
+        tenants or restarts). With `prefix`, it resumes on those keys at once."""
+        return self.store._open_session(self, name, prefix)
+
+    def session(self, name: str) -> Session | None:
+        """This tenant's session called `name` (None if it has none by that name)."""
+        return self._sessions.get(name)
+
+    def sessions(self) -> list[Session]:
+        return list(self._sessions.values())
+
+    def stats(self) -> dict:
+        return {"tenant": self.name, "entries": len(self._index), "used_bytes": self.used_bytes,
+                "pinned_bytes": self.pinned_bytes, "protected_bytes": self.protected_bytes, "sessions": len(self._sessions),
+                "quota_bytes": self.quota_bytes, "reserved_bytes": self.reserved_bytes, **self.counters}
+
+    def _own(self, session: Session | None) -> Session | None:
+        if session is not None and (not isinstance(session, Session) or session.tenant is not self):
+            raise PermissionError("that session belongs to another tenant")
+        if session is not None and session.state == Session.ENDED:
+            raise ValueError(f"session {session.name!r} has ended")
+        return session
+
+
+class PrefetchTicket:
+    """What a prefetch did: `ready` leading keys are stored (and were hinted); those the
+    tenant's pin budget allowed are protected from eviction until `KVStore.wait(ticket)`
+    - or until the ticket is dropped, so a forgotten ticket never protects forever."""
+
+    def __init__(self, tenant: Tenant, ready: int, protected: list[Entry], protected_bytes: int):
+        self.tenant, self.ready = tenant, ready
+        self.protected = len(protected)
+        self._release = weakref.finalize(self, tenant.store._unprotect, tenant, protected, protected_bytes)
+
+    @property
+    def done(self) -> bool:
+        return not self._release.alive

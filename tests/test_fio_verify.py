@@ -1,0 +1,101 @@
+"""Verification means what it means in fio 3.33: the same header, the same history of
+writes, the same checks in the same order - so a job fails under cxlhm exactly when it
+fails under fio, for the same reason - and the report counts the blocks it checked."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from cxlhm.fio import report
+from cxlhm.fio import verify as VF
+from cxlhm.fio.jobfile import build_jobs, read_sections
+from cxlhm.fio.runner import run_jobs
+
+DEVICE = "ioengine=cxlhm\ncxlhm_dram=1m\ncxlhm_block_size=4k\ncxlhm_clock=wall\n"
+RAW = "ioengine=io_uring\n"
+
+
+def run(text: str):
+    jobs, globals_ = build_jobs([read_sections(text, "t.fio")])
+    result = run_jobs(jobs, log=lambda _: None)
+    return result, report.to_json(result, globals_)["jobs"][0]
+
+
+def job(path, rw, extra=""):
+    return (f"[v]\nfilename={path}\nsize=1m\nio_size=512k\nrw={rw}\nbs=4k\niodepth=8\nverify=crc32c\n"
+            f"randseed=7\n{extra}")
+
+
+# (rw, options, fails, reason) - as fio 3.33 decides (checked against it below)
+CASES = [
+    ("randrw", "random_distribution=zipf:1.2\n", True, "bad header rand_seed"),  # history by offset, not write order
+    ("randrw", "norandommap=1\n", True, "bad header rand_seed"),
+    ("randrw", "", False, None),  # random map: history in write order, no block twice
+    ("randwrite", "random_distribution=zipf:1.2\n", False, None),  # write-only: seeds come from the headers
+    ("write", "", False, None),
+]
+
+
+@pytest.mark.parametrize("engine", ["cxlhm", "io_uring"])
+@pytest.mark.parametrize("rw,extra,fails,reason", CASES)
+def test_verify_fails_where_fio_fails_for_the_same_reason(tmp_path, engine, rw, extra, fails, reason):
+    result, out = run(job(tmp_path / "f.img", rw, extra) + (DEVICE if engine == "cxlhm" else RAW))
+    assert (out["error"] == 84) == fails, result.messages[:3]
+    if fails:
+        assert result.messages and all(reason in m for m in result.messages), result.messages[:3]
+    assert out["cxlhm_verify"]["blocks_checked"] > 0
+    assert (out["cxlhm_verify"]["failures"] > 0) == fails
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="real fio is not installed")
+@pytest.mark.parametrize("rw,extra,fails,reason", CASES)
+def test_real_fio_agrees(tmp_path, rw, extra, fails, reason):
+    text = job(tmp_path / "fio.img", rw, extra) + "ioengine=io_uring\ndirect=1\n"
+    proc = subprocess.run(["fio", "--output-format=json", "-"], input=text, capture_output=True, text=True)
+    assert (proc.returncode != 0) == fails, proc.stderr[:500]
+    if fails:
+        assert reason in proc.stderr
+        assert json.loads(proc.stdout[proc.stdout.find("{"):])["jobs"][0]["error"] == 84
+
+
+def test_blocks_checked_counts_each_block_read_back(tmp_path):
+    """A sequential write of 128 blocks verifies 128 blocks; a read job over them checks
+    every block it reads."""
+    path = tmp_path / "f.img"
+    _, out = run(f"[w]\nfilename={path}\nsize=512k\nrw=write\nbs=4k\nverify=md5\n{RAW}")
+    assert out["cxlhm_verify"] == {"blocks_checked": 128, "failures": 0}
+    _, out = run(f"[r]\nfilename={path}\nsize=512k\nrw=read\nbs=4k\nverify=md5\n{RAW}")
+    assert out["cxlhm_verify"] == {"blocks_checked": 128, "failures": 0} and out["error"] == 0
+
+
+def test_header_is_fios():
+    block = np.random.default_rng(1).integers(0, 256, 4096, dtype=np.uint8)
+    VF.stamp(block, VF.TYPES["crc32c"], 8192, seed=12345, numberio=7)
+    assert block[0:2].view(np.uint16)[0] == 0xACCA and block[4:8].view(np.uint32)[0] == 4096
+    assert tuple(block[8:24].view(np.uint64)) == (12345, 8192)
+    assert block[36:40].view(np.uint32)[0] == VF.crc32c(block[:36])  # the header checks itself
+    assert VF.check(block, 5, 8192, 12345, 7) is None
+    assert "rand_seed" in VF.check(block, 5, 8192, 12346, 7).what
+    assert "numberio" in VF.check(block, 5, 8192, 12345, 8).what
+    assert "offset" in VF.check(block, 5, 4096).what
+    block[100] ^= 1
+    assert "crc32c: verify failed" in VF.check(block, 5, 8192).what
+    block[100] ^= 1
+    block[30] ^= 1  # a header field no other check reads: the header's own crc catches it
+    assert "bad header crc" in VF.check(block, 5, 8192).what
+
+
+def test_history_orders_like_fio():
+    """List: write order, repeats kept; tree: by offset, a write drops what it overlaps."""
+    def entries(log, *writes):
+        for n, (offset, size) in enumerate(writes):
+            log.add(VF.Written(offset, size, n, n))
+        return [(e.offset, e.numberio) for e in log.take()]
+    listed = VF.VerifyLog(ordered_by_offset=False, max_bs=8192, align=4096)
+    assert entries(listed, (8192, 4096), (0, 4096), (8192, 4096)) == [(8192, 0), (0, 1), (8192, 2)]
+    tree = VF.VerifyLog(ordered_by_offset=True, max_bs=8192, align=4096)
+    assert entries(tree, (8192, 4096), (0, 8192), (4096, 8192), (0, 4096)) == [(0, 3), (4096, 2)]
