@@ -151,7 +151,6 @@ CLI = [
 
 _SERVE = ["device", "serve", "--socket", "/nonexistent/pool.sock", "--state"]
 DEVICE += [
-    ("no action", ["device"]),
     ("grant without tenant", _SERVE + ["/nonexistent/state", "--grant", "host="]),
     ("mirror bytes text", _SERVE + ["/nonexistent/state", "--mirror-bytes", "lots"]),
     ("state is a file", _SERVE + [f"{H}/tiny.jsonl"]),
