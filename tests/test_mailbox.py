@@ -471,7 +471,7 @@ def test_cli_talks_to_a_running_device_through_its_register_file(open_mailbox, c
     _, mb, _ = open_mailbox()
     assert main(["mailbox", "identify", "--regs", mb.path]) == 0
     assert json.loads(capsys.readouterr().out)["hybrid"]["capacity"] == 1 << 20
-    assert main(["mailbox", "log", "not-a-log", "--regs", mb.path]) == 1
+    assert main(["mailbox", "log", "not-a-log", "--regs", mb.path]) == 2  # a bad argument: one error line, exit 2
 
 
 def test_docs_cover_every_opcode_and_entry_format():
