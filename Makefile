@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all bench clean
+.PHONY: run test test-all bench clean fuzz
 
 $(STAMP): pyproject.toml setup.py native/cxlhm_native.c native/cxlhm_native.h native/cxlhm_uffd.c native/cxlhm_uffd.h native/build_native.py
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,9 @@ test-all: $(STAMP) $(ENGINES)
 
 bench: $(STAMP)  ## every bench in bench/ (minutes; prints ratios against baselines measured in the same run)
 	for b in bench/bench_*.py; do $(VENV)/bin/python $$b || exit 1; done
+
+fuzz: $(STAMP)  ## fuzz the mailbox at volume (FUZZ_CASES, default 100000), count printed
+	CXLHM_FUZZ_CASES=$${FUZZ_CASES:-100000} $(VENV)/bin/pytest -m '' -s tests/test_mailbox_fuzz.py -k at_volume $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info cxlhm/_native*.so

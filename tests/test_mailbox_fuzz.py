@@ -1,6 +1,7 @@
 """Untrusted input: random opcodes, lengths, payloads and doorbell abuse thrown at the
 mailbox. Every command must end with a spec return code, the firmware must never
 crash or hang, and the bytes stored on the device must not change."""
+import os
 import time
 
 import numpy as np
@@ -164,3 +165,11 @@ def test_fuzz_mailbox_lru(tmp_path):
 @pytest.mark.slow
 def test_fuzz_mailbox_every_policy(policy, tmp_path):
     _run_fuzz(policy, tmp_path, max_examples=1500)
+
+
+@pytest.mark.skipif(not os.environ.get("CXLHM_FUZZ_CASES"), reason="the volume run: make fuzz")
+def test_fuzz_mailbox_at_volume(tmp_path):
+    """`make fuzz`: CXLHM_FUZZ_CASES mailbox cases (commands and raw register abuse)."""
+    cases = int(os.environ["CXLHM_FUZZ_CASES"])
+    _run_fuzz("lru", tmp_path, max_examples=cases)
+    print(f"mailbox payload fuzz: {cases} cases, 0 failures")

@@ -15,7 +15,7 @@ import numpy as np
 from cxlhm import blocktable as btm
 from cxlhm import counters as C
 from cxlhm import firmware as fw
-from cxlhm.mailbox.hints import HintKind
+from cxlhm.mailbox.hints import DeviceBusy, HintKind
 from firmware_policies.base import JOB_FLUSH, JOB_PREFETCH, no_background
 
 JOB_SLOTS = 256  # background jobs the policy may hand out per round
@@ -41,18 +41,24 @@ class BackgroundWork:
                                                        daemon=True)
             self._background_thread.start()
 
-    def hint(self, kind: int, session: int, first_block: int, n_blocks: int, arg: int = 0) -> bool:
+    def hint(self, kind: int, session: int, first_block: int, n_blocks: int, arg: int = 0, *,
+             lock_timeout: float = -1) -> bool:
         """Deliver a request-lifecycle hint. PIN/UNPIN are carried out by the runtime;
         every other kind goes to the policy's compiled on_hint hook. The caller (the
         mailbox) validates the range. Hints are advisory: returns False when one was
-        not followed (e.g. a pin that would leave no DRAM for misses), never raises."""
-        with self._lock:
+        not followed (e.g. a pin that would leave no DRAM for misses). `lock_timeout`
+        (seconds, -1: no limit): DeviceBusy if the data path holds the device longer."""
+        if not self._lock.acquire(timeout=lock_timeout):
+            raise DeviceBusy(f"the device was busy for {lock_timeout} s")
+        try:
             if self.closed:
                 return False
             self._sync_time()
             if kind in (HintKind.PIN, HintKind.UNPIN):
                 return self._pin(first_block, n_blocks, kind == HintKind.PIN)
             self.kernels.hint(self.bt, self.ps, self.clock, kind, session, first_block, n_blocks, arg)
+        finally:
+            self._lock.release()
         self._background_wake.set()
         return True
 

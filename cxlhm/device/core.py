@@ -329,6 +329,11 @@ class Device(StreamReads, SplitReads, BackgroundWork, PowerLoss):
         Called with the lock held and returns with it held; on the wall clock it is
         released while the pass's fill reads and copy run (_fill_and_copy)."""
         self._wait_for_slots(hpas, lens)
+        if self.bt.scalars[btm.N_PINNED]:  # pins that landed while this pass waited may leave it too few slots
+            room = self.n_slots - int(self.bt.scalars[btm.N_PINNED])
+            firsts = hpas // self.block_size
+            if 0 < room < int(((hpas + np.maximum(lens, 1) - 1) // self.block_size - firsts + 1)[lens > 0].sum()):
+                return self._access_split(hpas, lens, user_addr, is_write, owner, t, room, s)
         self._sync_time()  # the policy's deadlines and ages read it
         if not is_write:  # in the hold that plans: a thread that ran meanwhile may have poisoned
             self.media.check_readable(hpas, lens)
