@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test test-all bench clean
 
-$(STAMP): pyproject.toml setup.py native/cxlhm_native.c native/cxlhm_native.h native/build_native.py
+$(STAMP): pyproject.toml setup.py native/cxlhm_native.c native/cxlhm_native.h native/cxlhm_uffd.c native/cxlhm_uffd.h native/build_native.py
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[test,serving]'
@@ -18,7 +18,7 @@ $(ENGINES): $(STAMP) requirements-engines.txt
 	$(VENV)/bin/pip install -q --no-deps -r requirements-engines.txt
 	touch $(ENGINES)
 
-run: $(STAMP)  ## the main job on the built-in default: replay a Mooncake trace slice through a cmm-h device
+run: $(STAMP)  ## the main job: the Mooncake trace through the KV store, LRU vs hymcache with hints
 	$(VENV)/bin/cxlhm run $(ARGS)
 
 test: $(STAMP) $(ENGINES)  ## the test suite (fast default; slow cases: make test-all)

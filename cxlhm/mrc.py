@@ -66,12 +66,19 @@ def parse_cache_sizes(text: str, block_size: int, unique_blocks: int | None = No
 
 def simulate_curves(trace: BlockTrace, policies: Sequence[str], sizes: Sequence[int], *,
                     params: Mapping[str, Mapping] | None = None, progress: Callable[[int], None] | None = None,
-                    timing: str | Mapping | None = None) -> Results:
+                    timing: str | Mapping | None = None, queue_depth: int = 1, open_loop: bool = False) -> Results:
     """{policy: {slots: SimResult}} for every policy at every size. `params` maps a
     policy name to its parameters; `progress(n)` is told of every n accesses replayed;
     `timing` (a profile name such as "cmm-h", or a mapping of `timing:` keys) also
-    charges every access to that timing model on the model clock, one access after the
-    other (SimResult.timing), each moving one trace block."""
+    charges every access to that timing model on the model clock (SimResult.timing).
+
+    How a trace becomes device I/O under `timing`: every trace record (one access to one
+    block id) is one access to one device block of `trace.block_size` bytes at HPA
+    ``id * trace.block_size`` - a write for the trace's writes, else a read - so give the
+    trace the device's block size (`cxlhm mrc --timing` uses the profile's unless
+    --block-size says otherwise). Closed loop: `queue_depth` accesses in flight, each
+    issued when the one `queue_depth` before it completed (1: one after the other). Open
+    loop: each access issues at its trace timestamp (`trace.timestamps_ns`)."""
     params = params or {}
     unknown = set(params) - set(policies)
     if unknown:
@@ -80,7 +87,11 @@ def simulate_curves(trace: BlockTrace, policies: Sequence[str], sizes: Sequence[
     for policy in resolved:
         policy.resolve_params(params.get(policy.name))
     future = trace.next_use() if any(p.needs_future for p in resolved) else None
-    timed = {} if timing is None else {"timing": timing, "block_size": trace.block_size}
+    timed = {} if timing is None else {"timing": timing, "block_size": trace.block_size, "queue_depth": queue_depth}
+    if open_loop:
+        if timing is None or trace.timestamps_ns is None:
+            raise ValueError("an open loop needs a timing model and a trace with timestamps")
+        timed["issue_ns"] = trace.timestamps_ns
     results: Results = {}
     for policy in resolved:
         curve = results.setdefault(policy.name, {})
@@ -125,6 +136,34 @@ def format_timing_table(results: Results, block_size: int) -> str:
             row += [f"{r.miss_ratio:.4f}", f"{r.timing['mean_ns'] / 1e3:.1f}", f"{r.timing['p99_ns'] / 1e3:.1f}"]
         rows.append(row)
     return _aligned([header] + rows)
+
+
+def plot_latency(results: Results, path: str, *, block_size: int, title: str) -> None:
+    """Mean (solid) and p99 (dashed) access latency on the model clock vs DRAM size."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for k, (name, curve) in enumerate(results.items()):
+        sizes = sorted(curve)
+        x = np.array(sizes) * block_size
+        color = f"C{k % 10}"
+        ax.plot(x, [curve[s].timing["mean_ns"] / 1e3 for s in sizes], marker="o", color=color, label=f"{name} mean")
+        ax.plot(x, [curve[s].timing["p99_ns"] / 1e3 for s in sizes], marker="^", linestyle="--", color=color,
+                label=f"{name} p99")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: format_size(int(x))))
+    ax.set_xlabel(f"device DRAM (bytes, {format_size(block_size)} blocks)")
+    ax.set_ylabel("access latency, model clock (us)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _aligned(table: list[list[str]]) -> str:

@@ -224,7 +224,7 @@ def _announce(session, ids: np.ndarray, reuse: np.ndarray, lead_ns: int) -> None
 def _store_new(tenant, session, sink, new: np.ndarray, chunk_bytes: int, stored: set[int],
                result: MissionResult) -> None:
     """Reserve room for the request's new chunks (their APPEND hints go out together),
-    write them in one batch, then commit each."""
+    then write and commit each."""
     data = chunk_pattern(new, chunk_bytes)
     reservations = []
     for row, h in enumerate(new.tolist()):
@@ -238,16 +238,12 @@ def _store_new(tenant, session, sink, new: np.ndarray, chunk_bytes: int, stored:
         reservations.append((h, row, res))
     if sink is not None:
         sink.send_appends()
-    if not reservations:
-        return
-    try:  # one device pass for the whole batch, as an engine writes a request's KV
-        tenant.store.handle.writev([res.hpa for _, _, res in reservations], chunk_bytes,
-                                   data[[row for _, row, _ in reservations]], session=session.id)
-    except BaseException:
-        for _, _, res in reservations:
+    for h, row, res in reservations:
+        try:
+            res.write(data[row])
+        except BaseException:
             res.abort()
-        raise
-    for h, _, res in reservations:
+            raise
         res.commit()
         stored.add(h)
         result.chunks_written += 1

@@ -49,6 +49,7 @@ from firmware_policies.base import Policy
 
 CHUNK = 1 << 20  # accesses per compiled call
 LATENCY_SAMPLES = 1 << 20  # latency records kept by default (an evenly spaced sample beyond that)
+MAX_QUEUE_DEPTH = 4096  # closed-loop accesses in flight (NVMe queues hold at most 64Ki; fio's limit is 65536)
 PERCENTILES = {"p50_ns": 50.0, "p90_ns": 90.0, "p99_ns": 99.0, "p999_ns": 99.9}
 
 # The timed loop's clock array: the model clock (when the next closed-loop access issues,
@@ -120,7 +121,7 @@ def _build_timed_replay(kernels: fw.Kernels):
 
     @njit_without_refcounts
     def replay_timed(bt, ps, counters, clock, blocks, writes, write_mode, start, stop, scratch, block_size,
-                     params, tstate, tclock, issue_ns, open_loop, rec_values, rec_meta):
+                     params, tstate, tclock, issue_ns, open_loop, ring, ring_base, rec_values, rec_meta):
         """replay() plus the timing model, charged exactly as Device._access_batch does on
         the model clock for a one-block access of `block_size` bytes: the planner's fill and
         write-back rows (byte offsets, block_size long) go to charge_access; closed loop
@@ -151,7 +152,13 @@ def _build_timed_replay(kernels: fw.Kernels):
             if done > end:
                 end = done
             if not open_loop:
-                now = done
+                # this access holds its queue slot until `done`; the next access takes the
+                # slot freed longest ago, and issues once that one completed
+                qd = ring.shape[0]
+                ring[(ring_base + i) % qd] = done
+                nxt = ring[(ring_base + i + 1) % qd]
+                if nxt > now:
+                    now = nxt
         tclock[T_NOW] = now
         tclock[T_END] = end
         return stop
@@ -198,7 +205,9 @@ class Simulator:
     `timing` (a profile name such as "cmm-h", a mapping of `timing:` keys over the
     default profile's, or a TimingModel, charged in place) charges every access to the
     timing model in the compiled loop; `block_size` (default: the profile's, or the
-    TimingModel's) is the bytes per block. `latency_samples` bounds the latency records
+    TimingModel's) is the bytes per block. `queue_depth` (closed loop only): accesses in
+    flight - access i issues when access i - queue_depth completed, so QD1 is one after the
+    other. `latency_samples` bounds the latency records
     kept for percentiles (beyond it an evenly spaced, deterministic sample is kept; see
     cxlhm/timing/recorder.py). The model clock, the model's timelines and the records
     persist across `replay` calls like the rest of the state."""
@@ -206,7 +215,7 @@ class Simulator:
     def __init__(self, policy: str | Policy, n_slots: int, *, params: Mapping[str, Any] | None = None,
                  write_mode: str | None = None, next_use: np.ndarray | None = None,
                  timing: str | TimingModel | Mapping[str, Any] | None = None, block_size: int | None = None,
-                 latency_samples: int = LATENCY_SAMPLES):
+                 latency_samples: int = LATENCY_SAMPLES, queue_depth: int = 1):
         self.policy = firmware_policies.get(policy) if isinstance(policy, str) else policy
         self.params = self.policy.resolve_params(params)
         if isinstance(n_slots, bool) or not isinstance(n_slots, (int, np.integer)) or n_slots < 1:
@@ -243,6 +252,11 @@ class Simulator:
         self.block_size = int(bs)
         self.latency = LatencyRecorder(latency_samples)
         self._tclock = np.zeros(N_TCLOCK, np.float64)
+        if isinstance(queue_depth, bool) or not isinstance(queue_depth, (int, np.integer)) or \
+                not 1 <= queue_depth <= MAX_QUEUE_DEPTH:
+            raise ValueError(f"queue_depth must be an integer from 1 to {MAX_QUEUE_DEPTH}, got {queue_depth!r}")
+        self.queue_depth = int(queue_depth)
+        self._ring = np.zeros(self.queue_depth, np.float64)  # completion times of the accesses in flight
         self._replay = _replay_for(self.policy, timed=True)
 
     def replay(self, blocks: Any, writes: Any = None, progress: Callable[[int], None] | None = None,
@@ -284,8 +298,8 @@ class Simulator:
         t = self.timing
         self._run(blocks, progress, lambda start, stop: self._replay(
             self.bt, self.ps, self.counters, self.clock, blocks, writes, self._write_mode, start, stop,
-            self._scratch, self.block_size, t.params, t.state, self._tclock, issue_ns, open_loop,
-            self.latency.values, self.latency.meta))
+            self._scratch, self.block_size, t.params, t.state, self._tclock, issue_ns, open_loop, self._ring,
+            self.accesses - start, self.latency.values, self.latency.meta))
 
     def _run(self, blocks: np.ndarray, progress, run_chunk) -> None:
         started = time.perf_counter()
@@ -330,7 +344,8 @@ class Simulator:
                "max_ns": summary["max"]}
         out.update({name: pct[p] for name, p in PERCENTILES.items()})
         out.update(latencies=rec.count, sampled=int(rec.samples.size), sample_every=rec.every,
-                   block_size=self.block_size, loop="open" if self._open_loop else "closed")
+                   block_size=self.block_size, loop="open" if self._open_loop else "closed",
+                   queue_depth=None if self._open_loop else self.queue_depth)
         out.update(self.timing.stats())
         return out
 
@@ -346,13 +361,13 @@ def simulate(policy: str | Policy, blocks: Any, n_slots: int, *, writes: Any = N
              params: Mapping[str, Any] | None = None, write_mode: str | None = None,
              next_use: np.ndarray | None = None, progress: Callable[[int], None] | None = None,
              timing: str | TimingModel | Mapping[str, Any] | None = None, block_size: int | None = None,
-             issue_ns: Any = None, latency_samples: int = LATENCY_SAMPLES) -> SimResult:
+             issue_ns: Any = None, latency_samples: int = LATENCY_SAMPLES, queue_depth: int = 1) -> SimResult:
     """Replay `blocks` (block ids, one access each) through `policy` with `n_slots` DRAM slots.
 
     `writes` marks write accesses (default: all reads). `next_use` is only read by
     offline policies and is computed from `blocks` when not given. `progress(n)` is
     called after every chunk with the number of accesses it ran. `timing`, `block_size`,
-    `latency_samples`: see Simulator; `issue_ns`: see Simulator.replay."""
+    `latency_samples`, `queue_depth`: see Simulator; `issue_ns`: see Simulator.replay."""
     policy = firmware_policies.get(policy) if isinstance(policy, str) else policy
     blocks = np.ascontiguousarray(blocks, np.int64)
     if policy.needs_future and next_use is None:
@@ -360,6 +375,6 @@ def simulate(policy: str | Policy, blocks: Any, n_slots: int, *, writes: Any = N
     elif next_use is not None and len(next_use) != len(blocks):
         raise ValueError(f"next_use has {len(next_use)} entries for {len(blocks)} accesses")
     sim = Simulator(policy, n_slots, params=params, write_mode=write_mode, next_use=next_use, timing=timing,
-                    block_size=block_size, latency_samples=latency_samples)
+                    block_size=block_size, latency_samples=latency_samples, queue_depth=queue_depth)
     sim.replay(blocks, writes, progress, issue_ns=issue_ns)
     return sim.result()

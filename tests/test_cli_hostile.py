@@ -131,6 +131,15 @@ MAILBOX = [
     ("set capacity 2^80", ["mailbox", "identify", "--set", f"capacity={2**80}"]),
 ]
 
+DEVICE = [
+    ("no action", ["device"]),
+    ("serve without socket", ["device", "serve"]),
+    ("serve negative partition", ["device", "serve", "--socket", "/nonexistent/p.sock", "--state",
+                                  "/nonexistent/state", "--partition-bytes", "-1"]),
+    ("serve capacity 2^80", ["device", "serve", "--socket", "/nonexistent/p.sock", "--state", "/nonexistent/state",
+                             "--set", f"capacity={2**80}"]),
+]
+
 POLICIES = [
     ("unknown name", ["policies", "nosuch"]),
 ]
@@ -140,7 +149,14 @@ CLI = [
     ("no command", []),
 ]
 
-CASES = [(f"{args[0] if args else 'cxlhm'}: {name}", args) for group in (RUN, MRC, MAILBOX, POLICIES, CLI)
+_SERVE = ["device", "serve", "--socket", "/nonexistent/pool.sock", "--state"]
+DEVICE += [
+    ("grant without tenant", _SERVE + ["/nonexistent/state", "--grant", "host="]),
+    ("mirror bytes text", _SERVE + ["/nonexistent/state", "--mirror-bytes", "lots"]),
+    ("state is a file", _SERVE + [f"{H}/tiny.jsonl"]),
+    ("state not creatable", _SERVE + [f"{H}/tiny.jsonl/state"]),
+]
+CASES = [(f"{args[0] if args else 'cxlhm'}: {name}", args) for group in (RUN, MRC, MAILBOX, DEVICE, POLICIES, CLI)
          for name, args in group]
 
 

@@ -158,3 +158,25 @@ def test_policies_command_lists_every_policy_with_its_parameters(capsys):
         assert firmware_policies.get(name).description in line
     assert "small_ratio (float, default 0.1)" in out and "n_bit_counter (int, default 1)" in out
     assert main(["policies", "nosuch"]) == 2
+
+
+def test_sizes_above_the_trace_footprint_simulate_at_it():
+    from cxlhm.mrc import parse_cache_sizes
+    assert parse_cache_sizes("1TiB,5", 4096, unique_blocks=20) == [5, 20]
+    assert parse_cache_sizes("1TiB", 4096, unique_blocks=None) == [(1 << 40) // 4096]
+
+
+def test_timing_uses_the_profile_block_size_and_writes_a_latency_plot(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(f'{{"timestamp": {i}, "input_length": 512, "output_length": 1, '
+                             f'"hash_ids": [{i % 5}, {i % 17 + 5}]}}\n' for i in range(300)))
+    out = tmp_path / "m.png"
+    assert main(["mrc", "--trace", str(trace), "--policies", "lru", "--sizes", "4,16", "--timing", "cmm-h",
+                 "--queue-depth", "4", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "64 KiB device block access, closed loop, queue depth 4" in text
+    assert out.stat().st_size > 0 and (tmp_path / "m-latency.png").stat().st_size > 0
+    assert main(["mrc", "--trace", str(trace), "--policies", "lru", "--sizes", "4", "--timing", "cmm-h",
+                 "--open-loop", "--json", "--no-plot"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["lru"]["4"]["mean_ns"] > 0

@@ -184,3 +184,25 @@ def test_bad_arguments_are_rejected():
     from cxlhm.config import ConfigError
     with pytest.raises(ConfigError, match=r"timing\.nand_channels"):
         Simulator("lru", 4, timing={"nand_channels": 0})
+
+
+def test_queue_depth_overlaps_accesses_without_changing_decisions():
+    """Closed loop at QD N: the same hits and misses as QD1 (the policy sees the same
+    order), the model finishes no later, and QD1 is the default."""
+    from cxlhm.sim import simulate
+    from cxlhm.traces.synthetic import zipf_trace
+    trace = zipf_trace(5_000, 800, 0.8, write_fraction=0.2, seed=5)
+    runs = {qd: simulate("lru", trace.blocks, 100, writes=trace.writes, timing="cmm-h", queue_depth=qd)
+            for qd in (1, 8)}
+    default = simulate("lru", trace.blocks, 100, writes=trace.writes, timing="cmm-h")
+    assert runs[1].counters == runs[8].counters == default.counters
+    assert default.timing["model_ns"] == runs[1].timing["model_ns"]
+    assert runs[8].timing["model_ns"] < runs[1].timing["model_ns"]
+    assert runs[8].timing["queue_depth"] == 8
+
+
+def test_queue_depth_is_checked():
+    from cxlhm.sim import Simulator
+    for bad in (0, -1, 10**9, True):
+        with pytest.raises(ValueError, match="queue_depth"):
+            Simulator("lru", 10, timing="cmm-h", queue_depth=bad)

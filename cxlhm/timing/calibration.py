@@ -145,11 +145,14 @@ def _run_for(ssd: SsdBackend, make_ops, qd: int, runtime_s: float) -> tuple[int,
     done, lat_sum = 0, 0.0
     start = time.monotonic_ns()
     deadline = start + int(runtime_s * 1e9)
-    while time.monotonic_ns() < deadline:
+    while True:
+        now = time.monotonic_ns()
+        if now >= deadline and done:  # at least one I/O per point, however short the runtime or slow the disk
+            break
         ops = make_ops(done)
         if ops is None:
             break
-        res, lat = ssd.run_closed_loop(ops, qd, deadline)
+        res, lat = ssd.run_closed_loop(ops, qd, deadline if done else max(deadline, now + 10_000_000))
         bad = np.flatnonzero(res != ops[:res.shape[0], 1])
         if bad.size:
             r = int(res[bad[0]])

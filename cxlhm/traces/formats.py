@@ -77,6 +77,8 @@ def format_names() -> list[str]:
 
 def guess_format(path: str | Path) -> str:
     name = Path(path).name.lower()
+    for compressed in (".xz", ".gz"):  # the Mooncake reader opens these directly
+        name = name.removesuffix(compressed)
     if name.endswith(".cbt"):
         return "cxlhm"
     if "oraclegeneral" in name or name.endswith(".bin"):
@@ -92,8 +94,8 @@ def load_trace(path: str | Path, fmt: str | None = None, *, limit: int | None = 
                block_size: int | None = None, csv_spec: str | None = None) -> BlockTrace:
     """Read `path` as `fmt` (guessed from the name when None). `limit` keeps the first
     accesses; `block_size` overrides the trace's bytes per block."""
-    check_trace_file(str(path))
     key = (fmt or guess_format(path)).lower()
+    check_trace_file(str(path))
     key = _ALIASES.get(key, key)
     if key not in FORMATS:
         raise ValueError(f"unknown trace format {fmt!r}; known: {', '.join(format_names())}")
