@@ -226,6 +226,29 @@ class KVShim:
         self.close()
 
 
+def device_settings(device: Any, fields: Mapping[str, Any], suffix: str | None) -> Any:
+    """An adapter's device settings (a profile name, a YAML path, a dict, or a JSON object
+    as a string) with ``{field}`` placeholders filled in. When `suffix` is given (the
+    engine runs several ranks, each its own process) an image path naming no field gets
+    ``.<suffix>`` appended: two ranks must never open one image."""
+    import json
+    if isinstance(device, str) and device.lstrip().startswith("{"):
+        device = json.loads(device)
+    if device is None or isinstance(device, str):
+        return device.format(**fields) if isinstance(device, str) else None
+
+    def fill(value):
+        if isinstance(value, dict):
+            return {k: fill(v) for k, v in value.items()}
+        return value.format(**fields) if isinstance(value, str) else value
+    settings = fill(dict(device))
+    backend = device.get("backend")
+    path = backend.get("path") if isinstance(backend, dict) else None
+    if isinstance(path, str) and suffix is not None and "{" not in path:
+        settings["backend"]["path"] = f"{path}.{suffix}"
+    return settings
+
+
 def _close(thing: Any) -> None:
     try:
         thing.close()
@@ -255,4 +278,4 @@ def _hint_sink(handle, hints) -> tuple[Any, list]:
     return client.hints, [client, mailbox]
 
 
-__all__ = ["KVShim", "PutStatus", "RegisteredBuffers", "byte_view", "hints_for"]
+__all__ = ["KVShim", "PutStatus", "RegisteredBuffers", "byte_view", "device_settings", "hints_for"]

@@ -42,7 +42,7 @@ from typing import Any, Callable
 import numpy as np
 
 from host_runtime import kvkeys
-from host_runtime.shim.api import KVShim, byte_view
+from host_runtime.shim.api import KVShim, byte_view, device_settings
 
 log = logging.getLogger("cxlhm.shim.lmcache")
 
@@ -91,7 +91,9 @@ class CxlhmRemoteConnector(_Base):
         self._owns_shim = shim is None
         if shim is None:
             settings = plugin_settings(config)
-            shim = KVShim.open(_device_settings(settings.get("device"), metadata), tenant=settings.get("tenant", "lmcache"),
+            worker, world = getattr(metadata, "worker_id", 0), getattr(metadata, "world_size", 1)
+            shim = KVShim.open(device_settings(settings.get("device"), {"worker_id": worker, "world_size": world},
+                                               str(worker) if world > 1 else None), tenant=settings.get("tenant", "lmcache"),
                                index_path=settings.get("index_path"), hints=settings.get("hints", "mailbox"))
         self.shim = shim
         self.local_cpu_backend = local_cpu_backend
@@ -250,27 +252,6 @@ def plugin_settings(config: Any) -> dict:
     if "device" not in settings:
         raise ValueError(f"LMCache extra_config has no {prefix}device: give the cxlhm device "
                          "(a profile name or settings with backend.path)")
-    return settings
-
-
-def _device_settings(device: Any, metadata: Any) -> Any:
-    """{worker_id} / {world_size} filled in; a path naming neither is made per worker."""
-    import json
-    worker, world = getattr(metadata, "worker_id", 0), getattr(metadata, "world_size", 1)
-    if isinstance(device, str) and device.lstrip().startswith("{"):
-        device = json.loads(device)
-    if isinstance(device, str):
-        return device.format(worker_id=worker, world_size=world)
-
-    def fill(value):
-        if isinstance(value, dict):
-            return {k: fill(v) for k, v in value.items()}
-        return value.format(worker_id=worker, world_size=world) if isinstance(value, str) else value
-    settings = fill(dict(device))
-    backend = device.get("backend")
-    path = backend.get("path") if isinstance(backend, dict) else None
-    if isinstance(path, str) and world > 1 and "{" not in path:
-        settings["backend"]["path"] = f"{path}.{worker}"
     return settings
 
 

@@ -46,7 +46,6 @@ ranks report the same hits.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -54,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from host_runtime.shim.api import KVShim, RegisteredBuffers
+from host_runtime.shim.api import KVShim, RegisteredBuffers, device_settings
 
 log = logging.getLogger("cxlhm.shim.sglang")
 
@@ -75,7 +74,7 @@ class CxlhmHiCacheStorage(_Base):
             _every_mla_rank_writes(storage_config)
         if shim is None:
             ranks = rank_fields(storage_config)
-            shim = KVShim.open(_device_settings(extra.get("device"), ranks), tenant=extra.get("tenant") or _tenant_name(storage_config),
+            shim = KVShim.open(device_settings(extra.get("device"), ranks, ranks["rank"] if ranks["multi_rank"] else None), tenant=extra.get("tenant") or _tenant_name(storage_config),
                                index_path=extra.get("index_path"), hints=extra.get("hints", "mailbox"))
         self.shim = shim
         self.buffers = RegisteredBuffers()
@@ -416,27 +415,6 @@ def _tenant_name(storage_config: Any) -> str:
     if getattr(storage_config, "is_mla_model", False):
         return f"sglang:{model}{shard}"
     return f"sglang:{model}:tp{r['tp_rank']}-{r['tp_size']}{shard}"
-
-
-def _device_settings(device: Any, ranks: dict) -> Any:
-    """The device settings with {rank}, {tp_rank}, ... filled in (a JSON string is
-    accepted too). An image path naming no rank gets ".{rank}" appended when the
-    engine runs more than one rank: two ranks must never open one image."""
-    if isinstance(device, str) and device.lstrip().startswith("{"):
-        device = json.loads(device)
-    if isinstance(device, str) or device is None:
-        return device.format(**ranks) if isinstance(device, str) else None
-
-    def fill(value):
-        if isinstance(value, dict):
-            return {k: fill(v) for k, v in value.items()}
-        return value.format(**ranks) if isinstance(value, str) else value
-    settings = fill(dict(device))
-    backend = device.get("backend")
-    path = backend.get("path") if isinstance(backend, dict) else None
-    if isinstance(path, str) and ranks["multi_rank"] and "{" not in path:
-        settings["backend"]["path"] = f"{path}.{ranks['rank']}"
-    return settings
 
 
 __all__ = ["CxlhmHiCacheStorage", "hit_policy", "rank_fields"]

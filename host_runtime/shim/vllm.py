@@ -35,7 +35,6 @@ appended when there is more than one replica.
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -46,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from host_runtime.kvkeys import normalize_key as _key
-from host_runtime.shim.api import KVShim
+from host_runtime.shim.api import KVShim, device_settings
 
 log = logging.getLogger("cxlhm.shim.vllm")
 
@@ -76,7 +75,9 @@ class CxlhmTier(_Base):
             if device is None:
                 raise ValueError("CxlhmTier needs 'device' in its tier config: a profile name or "
                                  "device settings with backend.path")
-            shim = KVShim.open(_device_settings(device, offloading_spec), tenant=tenant or _tenant_name(offloading_spec),
+            engine = str(offloading_spec.config.engine_id)
+            several = offloading_spec.config.parallel.data_parallel_size > 1
+            shim = KVShim.open(device_settings(device, {"engine": engine}, engine if several else None), tenant=tenant or _tenant_name(offloading_spec),
                                index_path=index_path, hints=hints)
         self.shim = shim
         rows = np.asarray(primary_kv_view).view(np.uint8)
@@ -123,7 +124,9 @@ class CxlhmTier(_Base):
         return done
 
     def drain_jobs(self) -> None:
-        for future in list(self._jobs.values()):
+        with self._lock:
+            futures = list(self._jobs.values())
+        for future in futures:
             future.result()
 
     def has_pending_work(self) -> bool:
@@ -155,8 +158,8 @@ class CxlhmTier(_Base):
         if bad:
             raise ValueError(f"job {job_id}: chunk ids {bad[:4]} outside the primary tier's "
                              f"{self._primary.shape[0]} chunks")
-        future = self._pool.submit(work, job_id, pairs, row_bytes)
-        self._jobs[job_id] = future
+        with self._lock:  # registered before the job can finish and unregister itself
+            self._jobs[job_id] = self._pool.submit(work, job_id, pairs, row_bytes)
 
     def _store(self, job_id: int, pairs: list, row_bytes: int) -> None:
         start, ok = time.perf_counter(), True
@@ -191,8 +194,9 @@ class CxlhmTier(_Base):
                                transfer_time=time.perf_counter() - start, transfer_bytes=len(loaded) * row_bytes))
 
     def _finish(self, result: Any) -> None:
-        self._jobs.pop(result.job_id, None)
-        self._finished.append(result)
+        with self._lock:
+            self._jobs.pop(result.job_id, None)
+            self._finished.append(result)
 
 
 def _tenant_name(spec: Any) -> str:
@@ -201,26 +205,6 @@ def _tenant_name(spec: Any) -> str:
     layout = ("any" if p.is_parallelism_agnostic else
               f"tp{p.tp_size}-pp{p.pp_size}-pcp{p.pcp_size}-dcp{p.dcp_size}")
     return f"vllm:{config.model.name}:{config.model.dtype}:{layout}"
-
-
-def _device_settings(device: Any, spec: Any) -> Any:
-    engine = str(spec.config.engine_id)
-    replicas = spec.config.parallel.data_parallel_size
-    if isinstance(device, str) and device.lstrip().startswith("{"):
-        device = json.loads(device)
-    if isinstance(device, str):
-        return device.format(engine=engine)
-
-    def fill(value):
-        if isinstance(value, dict):
-            return {k: fill(v) for k, v in value.items()}
-        return value.format(engine=engine) if isinstance(value, str) else value
-    settings = fill(dict(device))
-    backend = device.get("backend")
-    path = backend.get("path") if isinstance(backend, dict) else None
-    if isinstance(path, str) and replicas > 1 and "{" not in path:
-        settings["backend"]["path"] = f"{path}.{engine}"
-    return settings
 
 
 __all__ = ["CxlhmTier"]
