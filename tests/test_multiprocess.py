@@ -214,12 +214,20 @@ def test_background_batches_of_one_process_make_another_resend_not_fail(served):
          "for r in range(6):\n"
          "    c.hints.session_resume(900 + r, [(i * 4096, 4096) for i in range(40)])\n", mb.path], cwd=REPO)
     client = MailboxClient(mb.path, timeout=30, busy_timeout=30)
-    busy_seen = 0
-    for i in range(40):
-        reply = client.execute(Opcode.HINT_SESSION_END, P.encode_hint_batch(np.array([(5000 + i,)], P.SESSION_ENTRY)))
+    busy_seen = sent = 0
+    deadline = time.monotonic() + 120
+    # raw commands for as long as the other process runs (its start-up takes seconds on a
+    # loaded machine), so they meet its background batches whatever the machine's speed
+    while big.poll() is None and time.monotonic() < deadline:
+        reply = client.execute(Opcode.HINT_SESSION_END,
+                               P.encode_hint_batch(np.array([(5000 + sent % 1000,)], P.SESSION_ENTRY)))
         busy_seen += reply.rc == ReturnCode.BUSY
-        client.hints.session_end(6000 + i)  # the helper: never fails with BUSY
-        time.sleep(0.005)
+        if sent < 40:
+            client.hints.session_end(6000 + sent)  # the helper: never fails with BUSY
+        sent += 1
+        time.sleep(0.002)
+    for i in range(sent, 40):
+        client.hints.session_end(6000 + i)
     assert big.wait(120) == 0
     client.wait_background()
     ends = [s for k, s in log.calls if k == HintKind.SESSION_END]
