@@ -66,12 +66,41 @@ def run_real_fio(text: str, fio: str) -> dict:
     return both_directions(json.loads(proc.stdout[proc.stdout.find("{"):])["jobs"][0])
 
 
+class WriteBackTimer:
+    """Wall time the job spent in the device's synchronous victim write-backs (the
+    stream waits for them before the I/Os that evicted the victims go on)."""
+
+    def __init__(self):
+        from cxlhm.device.media import MediaPath
+        self.media_class, self.original, self.ns = MediaPath, MediaPath.write_rows, 0
+
+    def __enter__(self):
+        timer = self
+
+        def timed(media, rows, *, victims):
+            start = time.perf_counter_ns()
+            try:
+                return timer.original(media, rows, victims=victims)
+            finally:
+                timer.ns += time.perf_counter_ns() - start
+        self.media_class.write_rows = timed
+        return self
+
+    def __exit__(self, *exc):
+        self.media_class.write_rows = self.original
+
+
 def run_cxlhm(text: str) -> dict:
     jobs, globals_ = build_jobs([read_sections(text, "<bench>")])
-    result = run_jobs(jobs, log=lambda _: None)
+    with WriteBackTimer() as timer:
+        result = run_jobs(jobs, log=lambda _: None)
     if result.failed:
         raise RuntimeError(result.clones[0].stats.error_text)
-    out = both_directions(report.to_json(result, globals_)["jobs"][0])
+    job = report.to_json(result, globals_)["jobs"][0]
+    out = both_directions(job)
+    wall_s = max(result.clones[0].stats.cpu_wall_s, 1e-9)
+    out["cpu_pct"] = job["usr_cpu"] + job["sys_cpu"]  # the job's threads, of wall time
+    out["wb_pct"] = 100.0 * timer.ns / 1e9 / wall_s
     counters = result.devices[0]["counters"]
     ios = max(1, result.clones[0].stats.total_ios)
     out["ssd_per_io"] = (counters.get("fill_reads", 0) + counters.get("writebacks", 0)) / ios
@@ -125,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         fio_runs, cx_runs = [], []
         for _ in range(args.rounds):
             fio_runs.append(run_real_fio(fio_text, fio))
+            # fio wrote the file as a plain file: the device starts over on its bytes (its
+            # sidecars' checksums describe the bytes it last wrote back, not fio's)
+            for sidecar in Path(path).parent.glob(Path(path).name + ".cxlhm.*"):
+                sidecar.unlink()
             cx_runs.append(run_cxlhm(cx_text))
 
         def med(runs, key):
@@ -132,19 +165,23 @@ def main(argv: list[str] | None = None) -> int:
         f_val, c_val = med(fio_runs, metric), med(cx_runs, metric)
         rows.append((name, metric, f_val, c_val, c_val / f_val, target, med(fio_runs, "lat_us"),
                      med(cx_runs, "lat_us"), med(fio_runs, "depth"), med(cx_runs, "depth"),
-                     med(cx_runs, "cachehit"), med(cx_runs, "ssd_per_io")))
+                     med(cx_runs, "cachehit"), med(cx_runs, "ssd_per_io"), med(cx_runs, "cpu_pct"),
+                     med(cx_runs, "wb_pct")))
         print(f"  done: {name}", flush=True)
 
     print(f"\n{'workload':<22} {'metric':<9} {'fio':>12} {'cxlhm':>12} {'ratio':>7} {'target':>7}  "
-          f"{'lat fio':>8} {'lat cxlhm':>9}  {'depth fio/cxlhm':>15}  {'hit%':>5} {'SSD I/O per I/O':>15}")
-    for name, metric, f_val, c_val, ratio, target, f_lat, c_lat, f_depth, c_depth, hit, ssd in rows:
+          f"{'lat fio':>8} {'lat cxlhm':>9}  {'depth fio/cxlhm':>15}  {'hit%':>5} {'SSD/IO':>6} {'cpu%':>5} "
+          f"{'wb wait%':>8}")
+    for name, metric, f_val, c_val, ratio, target, f_lat, c_lat, f_depth, c_depth, hit, ssd, cpu, wb in rows:
         unit = (lambda v: f"{v:,.0f}") if metric == "iops" else (lambda v: f"{v / 2**20:,.0f} MiB/s")
         verdict = "ok" if ratio >= target else "BELOW"
         print(f"{name:<22} {'IOPS' if metric == 'iops' else 'bandwidth':<9} {unit(f_val):>12} {unit(c_val):>12} "
               f"{ratio:>6.2f}x {target:>6.2f}x  {f_lat:>6.0f}us {c_lat:>7.0f}us  {f_depth:>7.1f}/{c_depth:<7.1f}  "
-              f"{hit:>5.1f} {ssd:>15.2f}  {verdict}")
-    print("\nlat: fio's mean total latency (submission + completion); depth: IOPS x lat, the I/Os really "
-          "in flight;\nSSD I/O per I/O: the device's fills and write-backs per host I/O (fio: 1.00).")
+              f"{hit:>5.1f} {ssd:>6.2f} {cpu:>5.0f} {wb:>8.0f}  {verdict}")
+    print("\nwhere the time goes (cxlhm columns): lat = fio's mean total latency (submission + completion);"
+          "\ndepth = IOPS x lat, the I/Os really in flight; SSD/IO = the device's fills and write-backs per"
+          "\nhost I/O (fio: 1.00); cpu% = the job's threads' CPU over its wall time (near 100: CPU-bound);"
+          "\nwb wait% = share of the run spent in synchronous victim write-backs (no new I/O starts meanwhile).")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""HyMCache firmware bench (issue 5): multi-turn replay of the Mooncake conversation trace on
+"""HyMCache firmware bench: multi-turn replay of the Mooncake conversation trace on
 the model clock, at equal device DRAM, for
 
   lru            generic firmware: LRU, write-back, hints ignored

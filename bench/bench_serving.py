@@ -181,9 +181,11 @@ def plot_sensitivity(summary: list[dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5.6))
     markers = {("mooncake", "colocated"): "o", ("mooncake", "disagg"): "s", ("agent", "colocated"): "^",
                ("agent", "disagg"): "D"}
+    offsets = {("mooncake", "colocated"): (6, 8), ("mooncake", "disagg"): (6, 16), ("agent", "colocated"): (6, -4),
+               ("agent", "disagg"): (6, -12)}
     for ax, key, title, paper in ((axes[0], "hym_over_lmc", "hymcache / lmcache-local", "paper 3.0x col., 1.45x disagg."),
                                   (axes[1], "hym_over_moon", "hymcache / mooncake-dram", "paper ~0.7x")):
         sc = None
@@ -194,16 +196,18 @@ def plot_sensitivity(summary: list[dict], path: Path) -> None:
             sc = ax.scatter([p["gpu_pool_gib"] for p in pts], [p["ssd_load_over_recompute"] for p in pts],
                             c=[p[key] for p in pts], cmap="viridis", vmin=0.5, vmax=2.0, marker=m, s=70,
                             edgecolors="k", label=f"{workload}, {topology}")
+            offset = offsets[(workload, topology)]  # cells of one pair sit on one point: spread the labels
             for p in pts:
-                ax.annotate(f"{p[key]:.2f}x\n{p['pair'].split(' ')[0].split('@')[0]}, GPU {p['gpu_hit_share']:.0%}",
-                            (p["gpu_pool_gib"], p["ssd_load_over_recompute"]), fontsize=6, xytext=(5, 2),
-                            textcoords="offset points")
+                ax.annotate(f"{workload[:4]} {topology[:4]}: {p[key]:.2f}x ({p['pair'].split('@')[0]}, "
+                            f"GPU {p['gpu_hit_share']:.0%})", (p["gpu_pool_gib"], p["ssd_load_over_recompute"]),
+                            fontsize=6, xytext=offset, textcoords="offset points")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("GPU KV pool (GiB)")
         ax.set_ylabel("cold SSD load / recompute of a 512-token chunk (after 8k)")
         ax.set_title(f"{title} ({paper})", fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper right")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=4)
+        ax.margins(x=0.35, y=0.15)
         if sc is not None:
             fig.colorbar(sc, ax=ax, label="max-QPS ratio")
     fig.suptitle("label: ratio, model, share of reusable tokens the GPU pool alone served", fontsize=8)

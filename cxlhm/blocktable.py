@@ -2,7 +2,7 @@
 
 Everything is a numpy array sized by DRAM slots (never by capacity), updated by
 numba-compiled, GIL-free functions so the same code serves the trace simulator,
-the real-I/O device and (later) a native fault handler.
+the real-I/O device and the window's native fault handler (cxlhm/window).
 
 Columns, one entry per DRAM slot:
   block   device block number held by the slot, or -1 when free
@@ -25,8 +25,9 @@ from __future__ import annotations
 
 from collections import namedtuple
 
-import numba
 import numpy as np
+
+from cxlhm.jit import njit
 
 RESIDENT = np.uint8(1)
 DIRTY = np.uint8(2)
@@ -69,18 +70,18 @@ def new_block_table(n_slots: int) -> BlockTable:
     )
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def _home(index_keys, block):
     mask = np.uint64(index_keys.shape[0] - 1)
     return np.int64((np.uint64(block) * _GOLDEN >> np.uint64(17)) & mask)
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def _bucket(bt, block):
     return _home(bt.index_keys, block)
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def lookup_index(index_keys, index_slots, block):
     """Slot holding `block`, or -1, from the index arrays alone (callers from Python
     pass two arrays, not the whole table: numba's dispatch types every argument)."""
@@ -95,13 +96,13 @@ def lookup_index(index_keys, index_slots, block):
         i = (i + 1) & mask
 
 
-@numba.njit(nogil=True)
+@njit
 def lookup(bt, block):
     """Slot holding `block`, or -1."""
     return lookup_index(bt.index_keys, bt.index_slots, block)
 
 
-@numba.njit(nogil=True)
+@njit
 def _index_put(bt, block, slot):
     mask = bt.index_keys.shape[0] - 1
     i = _bucket(bt, block)
@@ -111,7 +112,7 @@ def _index_put(bt, block, slot):
     bt.index_slots[i] = slot
 
 
-@numba.njit(nogil=True)
+@njit
 def _index_delete(bt, block):
     mask = bt.index_keys.shape[0] - 1
     i = _bucket(bt, block)
@@ -136,7 +137,7 @@ def _index_delete(bt, block):
     bt.index_slots[i] = -1
 
 
-@numba.njit(nogil=True)
+@njit
 def take_free_slot(bt):
     """Pop a free slot, or -1 when DRAM is full."""
     n = bt.scalars[N_FREE]
@@ -146,7 +147,7 @@ def take_free_slot(bt):
     return bt.free[n - 1]
 
 
-@numba.njit(nogil=True)
+@njit
 def install(bt, slot, block, owner, now):
     """Map `block` into the (free or just-evicted) `slot`."""
     _index_put(bt, block, slot)
@@ -156,7 +157,7 @@ def install(bt, slot, block, owner, now):
     bt.stamp[slot] = now
 
 
-@numba.njit(nogil=True)
+@njit
 def unmap(bt, slot):
     """Forget the slot's block (after eviction or invalidation); the slot stays taken."""
     block = bt.block[slot]
@@ -168,7 +169,7 @@ def unmap(bt, slot):
     bt.flags[slot] = 0
 
 
-@numba.njit(nogil=True)
+@njit
 def release_slot(bt, slot):
     """Return an unmapped slot to the free list."""
     n = bt.scalars[N_FREE]
@@ -176,7 +177,7 @@ def release_slot(bt, slot):
     bt.scalars[N_FREE] = n + 1
 
 
-@numba.njit(nogil=True)
+@njit
 def set_pinned(bt, first_block, n_blocks, pinned):
     """Pin (or unpin) the resident blocks of a range; returns how many of its blocks
     are not resident (a pin request must bring those in first)."""
@@ -196,7 +197,7 @@ def set_pinned(bt, first_block, n_blocks, pinned):
     return n_blocks - resident
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def _set_pin_flag(bt, slot, pinned):
     if pinned and not bt.flags[slot] & PINNED:
         bt.flags[slot] |= PINNED
@@ -206,18 +207,18 @@ def _set_pin_flag(bt, slot, pinned):
         bt.scalars[N_PINNED] -= 1
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def evictable(bt, slot):
     return (bt.flags[slot] & UNEVICTABLE) == 0
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def _ghost_set(bt, block):
     mask = np.uint64(bt.ghost_next.shape[0] - 1)
     return np.int64((np.uint64(block) * _GOLDEN >> np.uint64(23)) & mask)
 
 
-@numba.njit(nogil=True)
+@njit
 def ghost_add(bt, block):
     """Remember that `block` was evicted to make room for a prefetch."""
     s = _ghost_set(bt, block)
@@ -235,7 +236,7 @@ def ghost_add(bt, block):
     bt.ghost_next[s] = (w + 1) % GHOST_WAYS
 
 
-@numba.njit(nogil=True)
+@njit
 def ghost_take(bt, block):
     """Forget `block` (it is being placed in DRAM again); True if it was a ghost."""
     if bt.scalars[N_GHOSTS] == 0:

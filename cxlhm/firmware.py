@@ -19,37 +19,64 @@ I/O and copy steps are skipped, so timing-only results follow the same code path
 """
 from __future__ import annotations
 
-import ctypes
+import hashlib
+import sys
+import types
 from collections import namedtuple
+from pathlib import Path
 
 import numba
 import numpy as np
+from numba.core import cgutils
+from numba.extending import intrinsic
 
+import firmware_policies
 from cxlhm import blocktable as btm
+from cxlhm import jit
+from cxlhm.jit import njit
 from cxlhm import counters as C
+from cxlhm._native import lib as _abi
 from cxlhm.media.ssd import IO_FIELDS
 from firmware_policies.base import Policy
 
 WRITE_BACK, WRITE_THROUGH, WRITE_BUFFER = 0, 1, 2
+
+# The firmware's C ABI - the operations of the window's fault service, the answers of a
+# placement and its modes - is declared once, in native/cxlhm_uffd.h, and read here
+# through cffi.
+OPS = {name[len("CXLHM_OP_"):]: getattr(_abi, name) for name in dir(_abi) if name.startswith("CXLHM_OP_")}
+PLACE_NO_SLOT, PLACE_RESIDENT, PLACE_PLACED = _abi.CXLHM_PLACE_NO_SLOT, _abi.CXLHM_PLACE_RESIDENT, _abi.CXLHM_PLACE_PLACED
+MODE_WRITE, MODE_PREFETCH = _abi.CXLHM_MODE_WRITE, _abi.CXLHM_MODE_PREFETCH
 WRITE_MODE_CODES = {"write-back": WRITE_BACK, "write-through": WRITE_THROUGH, "write-buffer": WRITE_BUFFER}
 
-Kernels = namedtuple("Kernels", "plan access invalidate hint plan_prefetch background")
-
-_libc = ctypes.CDLL(None)
-_memcpy = _libc.memcpy
-_memcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-_memcpy.restype = ctypes.c_void_p
+Kernels = namedtuple("Kernels", "plan access invalidate hint hints plan_prefetch background fault_place fault_hit")
 
 
-@numba.njit(nogil=True, inline="always")
-def _emit(ops, i, base, block_size, slot, block, write):
+@intrinsic
+def _memcpy(typingctx, dst, src, n):
+    """memcpy(dst, src, n) between integer addresses. An LLVM memcpy (a call to libc's
+    for a size known only at run time), not a ctypes pointer: compiled code that holds
+    a ctypes function's address cannot be cached on disk."""
+    if not all(isinstance(t, numba.types.Integer) for t in (dst, src, n)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        d = builder.inttoptr(args[0], cgutils.voidptr_t)
+        s = builder.inttoptr(args[1], cgutils.voidptr_t)
+        cgutils.raw_memcpy(builder, d, s, args[2], 1)
+        return context.get_dummy_value()
+    return numba.types.void(dst, src, n), codegen
+
+
+@njit(inline="always")
+def emit_row(ops, i, base, block_size, slot, block, write):
     ops[i, 0] = base + slot * block_size
     ops[i, 1] = block_size
     ops[i, 2] = block * block_size
     ops[i, 3] = write
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def _copy_extent(base, block_size, slots, k, hpa, left, addr, to_user):
     """memcpy one extent between the buffer at `addr` and its slots, which start at
     slots[k]; returns the index after its last slot. A run of blocks that sit in
@@ -74,7 +101,7 @@ def _copy_extent(base, block_size, slots, k, hpa, left, addr, to_user):
     return k
 
 
-@numba.njit(nogil=True)
+@njit
 def copy_extents(base, block_size, slots, ext_hpa, ext_len, user_addr, to_user):
     """memcpy each extent between the flat user buffer and its slots, in order."""
     k = 0
@@ -84,7 +111,7 @@ def copy_extents(base, block_size, slots, ext_hpa, ext_len, user_addr, to_user):
         pos += ext_len[e]
 
 
-@numba.njit(nogil=True)
+@njit
 def copy_extents_each(base, block_size, slots, ext_first, ext_hpa, ext_len, addrs, which, to_user):
     """copy_extents for the extents listed in `which`, each between its own buffer at
     addrs[e] and its slots, which start at slots[ext_first[e]] (split-phase reads)."""
@@ -93,7 +120,7 @@ def copy_extents_each(base, block_size, slots, ext_first, ext_hpa, ext_len, addr
         _copy_extent(base, block_size, slots, ext_first[e], ext_hpa[e], ext_len[e], addrs[e], to_user)
 
 
-@numba.njit(nogil=True)
+@njit
 def link_read(slots, installed, k, ext_hpa, ext_len, block_size, ext_first, pending, row_ext, row_ptr):
     """After planning a split-phase read (Device.read_start): which fill rows each
     extent waits for. A read plans one fill per newly placed block, in slot order, so
@@ -149,7 +176,7 @@ def link_read(slots, installed, k, ext_hpa, ext_len, block_size, ext_first, pend
     return n_links
 
 
-@numba.njit(nogil=True)
+@njit
 def rows_read(rows, good, row_ext, row_ptr, pending, failed, ready):
     """Fill rows `rows` of a split-phase read are in (good[i]: right bytes): marks their
     extents failed where not good and puts the extents they complete in `ready`.
@@ -168,7 +195,7 @@ def rows_read(rows, good, row_ext, row_ptr, pending, failed, ready):
     return n
 
 
-@numba.njit(nogil=True)
+@njit
 def check_extents(ext_hpa, ext_len, capacity, block_size):
     """(index of the first extent outside [0, capacity) or -1, blocks the extents touch)."""
     blocks = 0
@@ -182,7 +209,7 @@ def check_extents(ext_hpa, ext_len, capacity, block_size):
     return -1, blocks
 
 
-@numba.njit(nogil=True)
+@njit
 def touches_busy(bt, ext_hpa, ext_len, block_size):
     """(blocks the access touches, whether one of them is resident and BUSY). Read-only:
     the device calls it before planning while other host threads have accesses in
@@ -202,14 +229,29 @@ def touches_busy(bt, ext_hpa, ext_len, block_size):
     return blocks, False
 
 
-@numba.njit(nogil=True)
+@njit
 def finish(bt, slots, n):
     """The access is complete: its slots may be victims again."""
     for k in range(n):
         bt.flags[slots[k]] &= ~btm.BUSY
 
 
-@numba.njit(nogil=True)
+@njit
+def fault_finish(bt, slot):
+    """A slot the fault service placed is installed (or given up): no longer BUSY."""
+    bt.flags[slot] &= ~btm.BUSY
+
+
+@njit
+def set_dirty(bt, slot, dirty):
+    """The fault service saw a first store to the slot's block (or wrote it back)."""
+    if dirty:
+        bt.flags[slot] |= btm.DIRTY
+    else:
+        bt.flags[slot] &= ~btm.DIRTY
+
+
+@njit
 def collect_dirty(bt, base, block_size, ops, limit):
     """Write-back jobs for up to `limit` dirty, idle slots (clean close, flush)."""
     n = 0
@@ -217,215 +259,77 @@ def collect_dirty(bt, base, block_size, ops, limit):
         if n == limit:
             break
         if bt.flags[slot] & btm.DIRTY and not bt.flags[slot] & btm.BUSY:
-            _emit(ops, n, base, block_size, slot, bt.block[slot], 1)
+            emit_row(ops, n, base, block_size, slot, bt.block[slot], 1)
             n += 1
     return n
 
 
-@numba.njit(nogil=True)
+@njit
 def plan_flush(bt, blocks, base, block_size, ops):
     """Write-back rows for those of `blocks` that are resident, dirty and idle."""
     n = 0
     for i in range(blocks.shape[0]):
         slot = btm.lookup(bt, blocks[i])
         if slot >= 0 and bt.flags[slot] & btm.DIRTY and not bt.flags[slot] & btm.BUSY:
-            _emit(ops, n, base, block_size, slot, blocks[i], 1)
+            emit_row(ops, n, base, block_size, slot, blocks[i], 1)
             n += 1
     return n
 
 
-@numba.njit(nogil=True)
+@njit
 def mark_clean(bt, base, block_size, ops, n):
     for i in range(n):
         bt.flags[(ops[i, 0] - base) // block_size] &= ~btm.DIRTY
 
 
-def _build(policy: Policy):
-    on_hit, on_insert, victim, on_evict = policy.on_hit, policy.on_insert, policy.victim, policy.on_evict
-
-    @numba.njit(nogil=True)
-    def place(bt, ps, counters, block, owner, now, base, block_size, writebacks, n_wb, for_prefetch):
-        """Find a slot for a missing block - a free one, else the policy's victim (whose
-        dirty bytes get a write-back row) - and map the block there. A victim evicted
-        for a prefetch goes into the ghost table (a later host miss on it is pollution).
-        Returns (slot or -1 when nothing is evictable, n_wb)."""
-        slot = btm.take_free_slot(bt)
-        if slot < 0:
-            slot = victim(ps, bt, now)
-            if slot < 0 or not btm.evictable(bt, slot):
-                return -1, n_wb
-            on_evict(ps, bt, slot, now)
-            counters[C.EVICTIONS] += 1
-            if bt.flags[slot] & btm.PREFETCHED:
-                counters[C.PREFETCH_UNUSED] += 1
-            if bt.flags[slot] & btm.DIRTY:
-                _emit(writebacks, n_wb, base, block_size, slot, bt.block[slot], 1)
-                n_wb += 1
-            if for_prefetch:
-                btm.ghost_add(bt, bt.block[slot])
-            btm.unmap(bt, slot)
-        if btm.ghost_take(bt, block) and not for_prefetch:
-            counters[C.PREFETCH_POLLUTION] += 1  # a host miss on a block a prefetch pushed out
-        btm.install(bt, slot, block, owner, now)
-        return slot, n_wb
-
-    @numba.njit(nogil=True)
-    def plan(bt, ps, counters, clock, ext_hpa, ext_len, is_write, write_mode, owner,
-             base, block_size, slots_out, installed_out, writebacks, fills):
-        """Plan one host access over extents [ext_hpa[e], +ext_len[e]).
-        Fills slots_out (one per block touched, in order), installed_out (1 where the
-        block was newly placed, so its slot holds no valid bytes until I/O and copy
-        finish), writebacks and fills
-        (struct cxlhm_io rows). Returns (ok, n_slots_used, n_writebacks, n_fills);
-        ok is False when DRAM had no evictable slot: the caller must still run the
-        I/O planned so far (victims already unmapped) and release the busy slots."""
-        k = 0
-        n_wb = 0
-        n_fill = 0
-        ok = True
-        for e in range(ext_hpa.shape[0]):
-            if not ok:
-                break
-            hpa = ext_hpa[e]
-            length = ext_len[e]
-            if length <= 0:
-                continue
-            if is_write:
-                counters[C.HOST_WRITES] += 1
-                counters[C.HOST_WRITE_BYTES] += length
-            else:
-                counters[C.HOST_READS] += 1
-                counters[C.HOST_READ_BYTES] += length
-            first = hpa // block_size
-            last = (hpa + length - 1) // block_size
-            for block in range(first, last + 1):
-                if not ok:
-                    break
-                now = clock[0]
-                clock[0] = now + 1
-                slot = btm.lookup(bt, block)
-                installed_out[k] = slot < 0
-                if slot >= 0:
-                    counters[C.HITS] += 1
-                    if bt.flags[slot] & btm.DIRTY:  # the write buffer absorbs this access
-                        if is_write:  # the block's earlier bytes will never reach the SSD
-                            counters[C.WRITE_COALESCED_BYTES] += (min(hpa + length, (block + 1) * block_size)
-                                                                  - max(hpa, block * block_size))
-                        else:
-                            counters[C.BUFFER_READ_HITS] += 1
-                    on_hit(ps, bt, slot, is_write, now)  # sees PREFETCHED still set
-                    if bt.flags[slot] & btm.PREFETCHED:
-                        counters[C.PREFETCH_USEFUL] += 1
-                        bt.flags[slot] &= ~btm.PREFETCHED
-                    if owner != 0:
-                        bt.owner[slot] = owner  # shared blocks belong to their latest user
-                else:
-                    counters[C.MISSES] += 1
-                    slot, n_wb = place(bt, ps, counters, block, owner, now, base, block_size, writebacks, n_wb,
-                                       False)
-                    if slot < 0:
-                        ok = False
-                        break
-                    covers_block = is_write and block * block_size >= hpa and (block + 1) * block_size <= hpa + length
-                    if not covers_block:  # partial writes need the old bytes around them
-                        _emit(fills, n_fill, base, block_size, slot, block, 0)
-                        n_fill += 1
-                    on_insert(ps, bt, slot, is_write, now)
-                bt.flags[slot] |= btm.BUSY
-                bt.stamp[slot] = now
-                if is_write and write_mode != WRITE_THROUGH:
-                    bt.flags[slot] |= btm.DIRTY
-                slots_out[k] = slot
-                k += 1
-        counters[C.FILL_READS] += n_fill
-        counters[C.WRITEBACKS] += n_wb
-        counters[C.FG_WRITEBACKS] += n_wb
-        counters[C.SSD_READS] += n_fill
-        counters[C.SSD_WRITES] += n_wb
-        counters[C.SSD_READ_BYTES] += n_fill * block_size
-        counters[C.SSD_WRITE_BYTES] += n_wb * block_size
-        return ok, k, n_wb, n_fill
-
-    @numba.njit(nogil=True)
-    def invalidate(bt, ps, slot, now):
-        """Drop a slot's block without writing it back (its bytes are not trustworthy)."""
-        on_evict(ps, bt, slot, now)
-        btm.unmap(bt, slot)
-        btm.release_slot(bt, slot)
-
-    @numba.njit(nogil=True)
-    def access(bt, ps, counters, clock, ext_hpa, ext_len, is_write, write_mode, owner,
-               base, block_size, slots_out, installed_out, writebacks, fills, user_addr, moves_data):
-        """plan(), and when the plan needs no SSD I/O (all hits, or misses on a
-        timing-only device) also the copy and finish - so a DRAM hit costs one call.
-        Returns plan()'s tuple plus `done`; if not done the caller runs the I/O, then
-        copy_extents() and finish()."""
-        ok, k, n_wb, n_fill = plan(bt, ps, counters, clock, ext_hpa, ext_len, is_write, write_mode, owner,
-                                   base, block_size, slots_out, installed_out, writebacks, fills)
-        needs_io = moves_data and (n_wb > 0 or n_fill > 0 or (is_write and write_mode == WRITE_THROUGH))
-        if not ok or needs_io:
-            return ok, k, n_wb, n_fill, False
-        if moves_data:
-            copy_extents(base, block_size, slots_out, ext_hpa, ext_len, user_addr, not is_write)
-        finish(bt, slots_out, k)
-        return ok, k, n_wb, n_fill, True
-
-    @numba.njit(nogil=True)
-    def plan_prefetch(bt, ps, counters, clock, blocks, owners, base, block_size,
-                      slots_out, writebacks, fills):
-        """Bring `blocks` into DRAM ahead of use (background work). Resident blocks are
-        skipped; each placed block is PREFETCHED (so a later host hit counts as useful)
-        and BUSY until finish(). Stops at the first block with no slot to take.
-        Returns (n_slots_used, n_writebacks, n_fills)."""
-        k = 0
-        n_wb = 0
-        for i in range(blocks.shape[0]):
-            block = blocks[i]
-            if btm.lookup(bt, block) >= 0:
-                counters[C.PREFETCH_REDUNDANT] += 1
-                continue
-            now = clock[0]
-            slot, n_wb = place(bt, ps, counters, block, owners[i], now, base, block_size, writebacks, n_wb, True)
-            if slot < 0:
-                counters[C.PREFETCH_DROPPED] += blocks.shape[0] - i
-                break
-            bt.flags[slot] |= btm.PREFETCHED | btm.BUSY
-            _emit(fills, k, base, block_size, slot, block, 0)
-            on_insert(ps, bt, slot, False, now)
-            slots_out[k] = slot
-            k += 1
-        counters[C.PREFETCH_ISSUED] += k
-        counters[C.SSD_READS] += k
-        counters[C.SSD_READ_BYTES] += k * block_size
-        counters[C.WRITEBACKS] += n_wb
-        counters[C.SSD_WRITES] += n_wb
-        counters[C.SSD_WRITE_BYTES] += n_wb * block_size
-        return k, n_wb, k
-
-    background_hook = policy.background
-
-    @numba.njit(nogil=True)
-    def background(bt, ps, clock, budget, jobs):
-        return background_hook(ps, bt, clock[0], budget, jobs)
-
-    on_hint = policy.on_hint
-
-    @numba.njit(nogil=True)
-    def hint(bt, ps, clock, kind, session, first_block, n_blocks, arg):
-        on_hint(ps, bt, kind, session, first_block, n_blocks, arg, clock[0])
-
-    return Kernels(plan, access, invalidate, hint, plan_prefetch, background)
-
-
 _KERNELS: dict[int, Kernels] = {}
+_TEMPLATE = Path(__file__).with_name("firmware_kernels.py")
+_POLICY_LINE = '_policy = firmware_policies.get("lru")  # the policy of this copy'
 
 
 def kernels_for(policy: Policy) -> Kernels:
-    """The compiled planner for `policy` (compiled once per process)."""
+    """The firmware kernels of `policy`: compiled once per install and cached on disk
+    for a registered policy (cxlhm/jit.py), once per process for any other."""
     key = id(policy)
     if key not in _KERNELS:
-        _KERNELS[key] = _build(policy)
+        _KERNELS[key] = _load_kernels(policy)
     return _KERNELS[key]
+
+
+def registered(policy: Policy) -> bool:
+    """Is `policy` the object the registry hands out under its name (so a generated
+    module can name it)?"""
+    try:
+        return firmware_policies.get(policy.name) is policy
+    except firmware_policies.UnknownPolicy:
+        return False
+
+
+def policy_tag(policy: Policy) -> str:
+    """A hash of the policy's own source files outside firmware_policies (whose files
+    the cache stamp covers already): a third-party policy's edit compiles afresh."""
+    digest = hashlib.sha256(policy.name.encode())
+    for hook in (policy.on_hit, policy.on_insert, policy.victim, policy.on_evict, policy.on_hint, policy.background):
+        module = sys.modules.get(getattr(getattr(hook, "py_func", hook), "__module__", ""), None)
+        if getattr(module, "__file__", None):
+            digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()[:8]
+
+
+def _load_kernels(policy: Policy) -> Kernels:
+    source = _TEMPLATE.read_text()
+    assert _POLICY_LINE in source, "firmware_kernels.py must bind its policy on one line"
+    module = None
+    if registered(policy):
+        name = f"firmware_{policy.name}_{policy_tag(policy)}"
+        jit.compiling_notice(f"the {policy.name} firmware", jit.cache_dir() / "numba" / jit.STAMP / f"{name}_{jit.STAMP}")
+        module = jit.generated_module(name, source.replace(_POLICY_LINE, f"_policy = firmware_policies.get({policy.name!r})"))
+    if module is None:  # an unregistered policy object, or no cache folder: compiled in memory, every process
+        namespace = {"__name__": f"cxlhm_firmware_{policy.name}", "_given_policy": policy}
+        exec(compile(source.replace(_POLICY_LINE, "_policy = _given_policy"), f"<cxlhm firmware for {policy.name}>",
+                     "exec"), namespace)
+        module = types.SimpleNamespace(**namespace)
+    return Kernels(*(getattr(module, name) for name in Kernels._fields))
 
 
 def new_io_rows(n: int) -> np.ndarray:

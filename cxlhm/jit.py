@@ -1,7 +1,129 @@
-"""Compile flags shared by cxlhm's compiled loops."""
+"""Compile flags and the on-disk compile cache shared by cxlhm's compiled code.
+
+Compiling the firmware takes tens of seconds, so every compiled function of the firmware
+(cxlhm's block table and firmware runtime, the policies in firmware_policies) is built
+with numba's ``cache=True`` and lands in one cache folder,
+``$CXLHM_CACHE_DIR/numba/<stamp>`` (default ``~/.cache/cxlhm``). numba checks only the
+timestamp of the file a cached function is defined in, but a function compiled here has
+its callees from other files inlined; so the stamp is a hash of every source file those
+functions may call (and of numba's version), and a change to any of them starts a fresh
+folder.
+
+A policy's hooks reach the firmware kernels as module globals of a module generated per
+policy (`generated_module`), not as closure cells: numba's cache keys a closure by its
+pickled cells, and a pickled dispatcher carries a random id, so a closure is never found
+again in another process.
+"""
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
 import numba
+from numba.core import caching
+
+_PACKAGE = Path(__file__).resolve().parent
+_POLICIES = _PACKAGE.parent / "firmware_policies"
+# the sources whose functions the firmware's compiled code may call
+_SOURCES = [*sorted(_PACKAGE.glob("*.py")), _PACKAGE / "mailbox" / "hints.py", _PACKAGE / "window" / "firmware_cfuncs.py",
+            *sorted(_POLICIES.glob("*.py"))]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("CXLHM_CACHE_DIR", Path.home() / ".cache" / "cxlhm"))
+
+
+def _stamp() -> str:
+    digest = hashlib.sha256(numba.__version__.encode())
+    for path in _SOURCES:
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+STAMP = _stamp()
+
+
+def _numba_cache_dir() -> Path:
+    return cache_dir() / "numba" / STAMP
+
+
+UNUSED_DAYS = 7
+
+
+def _drop_unused_stamps() -> None:
+    """Folders of other source stamps untouched for UNUSED_DAYS: an older install's
+    (another checkout sharing the cache folder may still use a recent one)."""
+    cutoff = time.time() - UNUSED_DAYS * 86400
+    for folder in [*_numba_cache_dir().parent.iterdir(), *(cache_dir() / "generated").glob("*.py")]:
+        try:
+            if STAMP not in folder.name and folder.stat().st_mtime < cutoff:
+                if folder.is_dir():
+                    shutil.rmtree(folder, ignore_errors=True)
+                else:
+                    folder.unlink()
+        except OSError:
+            pass
+
+
+class _SourceTreeLocator(caching._CacheLocator):
+    """Where numba caches a function of cxlhm's firmware (see the module docstring):
+    the folder of the current source stamp, which is also the cache's source stamp."""
+
+    def __init__(self, py_func, py_file):
+        self._py_file = py_file
+        self._lineno = py_func.__code__.co_firstlineno
+        self._cache_path = str(_numba_cache_dir() / Path(py_file).stem)
+
+    def ensure_cache_path(self):
+        fresh = not Path(self._cache_path).exists()
+        super().ensure_cache_path()
+        if fresh:
+            _drop_unused_stamps()
+
+    def get_cache_path(self):
+        return self._cache_path
+
+    def get_source_stamp(self):
+        return STAMP
+
+    def get_disambiguator(self):
+        return str(self._lineno)
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        path = Path(py_file).resolve()
+        ours = path.parent in (_PACKAGE, _POLICIES) or path.parent == (cache_dir() / "generated").resolve()
+        if not ours:
+            return None
+        self = cls(py_func, py_file)
+        try:
+            self.ensure_cache_path()
+        except OSError:
+            return None  # no writable cache folder: numba's own locators decide (or nothing is cached)
+        return self
+
+
+_IMPL = getattr(caching, "CacheImpl", None) or caching._CacheImpl  # public from numba 0.61
+if _SourceTreeLocator not in _IMPL._locator_classes:
+    _IMPL._locator_classes.insert(0, _SourceTreeLocator)
+
+
+def njit(fn=None, **options):
+    """numba.njit(nogil=True, cache=True): a firmware function, compiled once per
+    install (see the module docstring)."""
+    def decorate(f):
+        # code compiled from a string (an unregistered policy's kernels) has no file to cache beside
+        cache = Path(f.__code__.co_filename).is_file()
+        return numba.njit(**{"nogil": True, "cache": cache, **options})(f)
+    return decorate if fn is None else decorate(fn)
 
 
 def njit_without_refcounts(fn):
@@ -14,3 +136,35 @@ def njit_without_refcounts(fn):
         return numba.njit(nogil=True, _nrt=False)(fn)
     except (KeyError, TypeError):  # a numba without the private flag: correct, just slower
         return numba.njit(nogil=True)(fn)
+
+
+def generated_module(name: str, source: str) -> types.ModuleType | None:
+    """Import `source` as module `name` from a file in the cache folder, so numba can
+    cache what it compiles (the file name carries the source stamp). None when no cache
+    folder is writable: the caller compiles in memory."""
+    folder = cache_dir() / "generated"
+    path = folder / f"{name}_{STAMP}.py"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not path.exists() or path.read_text() != source:
+            fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                f.write(source)
+            os.replace(tmp, path)
+    except OSError:
+        return None
+    module_name = f"cxlhm_generated_{name}_{STAMP}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # numba's cache re-imports the module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def compiling_notice(what: str, folder: Path) -> None:
+    """Print, before a compile whose cache `folder` holds nothing yet, that it is
+    happening (the first run after an install or a source change waits for it)."""
+    if not any(Path(folder).glob("*.nbi")):
+        print(f"cxlhm: compiling {what} (once per install; cached in {cache_dir()}) ...", file=sys.stderr, flush=True)

@@ -88,7 +88,8 @@ PEAK = 14  # the most reads in flight at once
 WRITTEN = 15  # blocks in wblocks (written, not yet logged dirty by the driver)
 W_HITS = 16  # device-block hits and misses of the stream's writes (HITS, MISSES count all)
 W_MISSES = 17
-N_SCALARS = 18
+N_PARKED = 18  # I/Os planned and waiting for their victims' write-back (their tags in `parked`)
+N_SCALARS = 19
 
 # Written blocks a stream gathers before the driver logs them (LOG_WRITES)
 WBLOCKS = 4096
@@ -138,6 +139,18 @@ def _copy_write_in(base, block_size, slots, k, hpa, length, addr):
 
 
 @numba.njit(nogil=True)
+def _touches_rows(rows, n, hpa, length, block_size):
+    """Whether [hpa, hpa+length) touches the block of one of the first `n` I/O rows."""
+    first = hpa // block_size
+    last = (hpa + length - 1) // block_size
+    for r in range(n):
+        block = rows[r, 2] // block_size
+        if first <= block <= last:
+            return True
+    return False
+
+
+@numba.njit(nogil=True)
 def _submit_bucket(n):
     """fio's submit rows (cxlhm.fio.stats.submit_bucket): 1-4 -> 1, 5-8 -> 2, ... >64 -> 6."""
     bucket = 1
@@ -166,7 +179,7 @@ class StreamState:
         self.row_pos = np.zeros((depth, max_blocks), np.int64)  # fill row -> position in the read's slots
         self.row_bad = np.zeros((depth, max_blocks), np.uint8)
         self.free_tags = np.arange(depth, dtype=np.int64)[::-1].copy()  # a stack; st[..] counts the used
-        self.writebacks = fw.new_io_rows(max_blocks)
+        self.writebacks = fw.new_io_rows(depth * max_blocks)  # the parked I/Os' victims, together
         self.fills = fw.new_io_rows(max_blocks)
         self.fill_tags = np.zeros(max_blocks, np.int64)
         self.ts = np.zeros(2, np.int64)  # struct timespec
@@ -176,12 +189,13 @@ class StreamState:
         self.blocks = np.zeros(depth * max_blocks, np.int64)  # per reaped fill: its block
         self.submits = np.zeros(7, np.int64)  # reads per submission, in fio's buckets (0, <=4, <=8, ... >64)
         self.wblocks = np.zeros(WBLOCKS + max_blocks, np.int64)  # blocks written (see LOG_WRITES)
+        self.parked = np.zeros(depth, np.int64)
 
     def arrays(self) -> tuple:
         return (self.st, self.tag_read, self.tag_pending, self.tag_k, self.tag_failed, self.tag_issued,
                 self.tag_slots, self.tag_installed, self.row_pos, self.row_bad, self.free_tags, self.writebacks,
                 self.fills, self.fill_tags, self.ts, self.reaped_tags, self.reaped_res, self.bad, self.submits,
-                self.wblocks)
+                self.wblocks, self.parked)
 
 
 def _build(plan, invalidate):
@@ -197,7 +211,7 @@ def _build(plan, invalidate):
         fill (the driver runs it again through the verifying path, which poisons it). A
         write (kinds[i]) whose fills are all in copies its bytes into its slots."""
         (st, tag_read, tag_pending, tag_k, tag_failed, tag_issued, tag_slots, tag_installed, row_pos, row_bad,
-         free_tags, _wb, _fills, _ftags, ts, _rt, _rr, _bad, _sub, _wbl) = arrays
+         free_tags, _wb, _fills, _ftags, ts, _rt, _rr, _bad, _sub, _wbl, _pk) = arrays
         max_blocks = tag_slots.shape[1]
         now = _now_ns(ts)
         for j in range(n):
@@ -243,7 +257,7 @@ def _build(plan, invalidate):
             st[IN_FLIGHT] -= 1
             st[DONE] += 1
             tag_read[tag] = -1
-            free_tags[tag_k.shape[0] - 1 - st[IN_FLIGHT]] = tag
+            free_tags[tag_k.shape[0] - 1 - st[IN_FLIGHT] - st[N_PARKED]] = tag  # a stack over the tags in use
 
     @njit_without_refcounts
     def _issue(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, slat, clat,
@@ -251,7 +265,7 @@ def _build(plan, invalidate):
         """Queue the planned I/O's fills, or - none needed - complete it now (a read
         whose blocks are all in DRAM, a write that replaces whole blocks or hits)."""
         (st, tag_read, tag_pending, tag_k, tag_failed, tag_issued, tag_slots, tag_installed, row_pos, row_bad,
-         free_tags, _wb, fills, fill_tags, ts, _rt, _rr, _bad, _sub, _wbl) = arrays
+         free_tags, _wb, fills, fill_tags, ts, _rt, _rr, _bad, _sub, _wbl, _pk) = arrays
         max_blocks = tag_slots.shape[1]
         i = tag_read[tag]
         k = tag_k[tag]
@@ -280,7 +294,7 @@ def _build(plan, invalidate):
             finish(bt, tag_slots[tag], k)
             st[DONE] += 1
             tag_read[tag] = -1
-            free_tags[tag_k.shape[0] - 1 - st[IN_FLIGHT]] = tag
+            free_tags[tag_k.shape[0] - 1 - st[IN_FLIGHT] - st[N_PARKED]] = tag  # a stack over the tags in use
             return
         _queue(ring, fd, fills.ctypes.data, n_fill, fill_tags.ctypes.data)  # room was checked
         tag_pending[tag] = n_fill
@@ -297,38 +311,50 @@ def _build(plan, invalidate):
         """Resume an I/O parked for its write-backs, then plan and issue I/Os until
         `depth` are in flight (or the ring, the slots or the I/Os run out)."""
         (st, tag_read, tag_pending, tag_k, tag_failed, tag_issued, tag_slots, tag_installed, row_pos, row_bad,
-         free_tags, writebacks, fills, fill_tags, ts, reaped_tags, reaped_res, bad, _sub, wblocks) = arrays
+         free_tags, writebacks, fills, fill_tags, ts, reaped_tags, reaped_res, bad, _sub, wblocks, parked) = arrays
         depth = tag_k.shape[0]
-        if st[PARKED] >= 0:
-            tag = st[PARKED]
-            st[PARKED] = -1
+        while st[N_PARKED] > 0:  # their victims are on the SSD now
+            st[N_PARKED] -= 1  # (before _issue: the tag stack counts in-flight and parked tags)
+            tag = parked[st[N_PARKED]]
             st[SLOTS] -= tag_k[tag]  # counted while parked (its slots were BUSY); _issue counts them again
             _issue(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, slat, clat,
-                   arrays, tag, st[PARKED_FILLS], tag_issued[tag], ring, fd)
-        while st[NEXT] < stop and st[IN_FLIGHT] < depth:
+                   arrays, tag, tag_pending[tag], tag_issued[tag], ring, fd)
+        st[PARKED_WBS] = 0
+        while True:
+            # Every way out with I/Os parked writes their victims back first (one batch at
+            # the SSD's depth): no I/O may miss on a victim's block before its bytes are there.
+            if st[NEXT] >= stop or st[IN_FLIGHT] + st[N_PARKED] >= depth:
+                return WRITE_BACK if st[N_PARKED] else ISSUED
             i = st[NEXT]
             one_hpa = hpas[i:i + 1]
             one_len = lens[i:i + 1]
             write = kinds[i] != 0
             blocks, busy = touches_busy(bt, one_hpa, one_len, block_size)
+            if st[N_PARKED] and (blocks > tag_slots.shape[1] or busy
+                                 or st[PARKED_WBS] + blocks > writebacks.shape[0]
+                                 or _touches_rows(writebacks, st[PARKED_WBS], hpas[i], lens[i], block_size)):
+                return WRITE_BACK
             if blocks > tag_slots.shape[1]:
                 return ISSUED if st[IN_FLIGHT] else WIDE
             if busy:
                 return ISSUED if st[IN_FLIGHT] else BLOCKED
             room = n_slots - bt.scalars[btm.N_PINNED] - other_slots - st[SLOTS]
             if blocks > room or st[FILLS] + blocks > ring_room:
+                if st[N_PARKED]:
+                    return WRITE_BACK
                 return ISSUED if st[IN_FLIGHT] else BLOCKED
             if write and st[WRITTEN] + blocks > wblocks.shape[0]:
-                return LOG_WRITES
+                return WRITE_BACK if st[N_PARKED] else LOG_WRITES
             begin = _now_ns(ts)
             if deadline_ns > 0 and begin >= deadline_ns:
-                return ISSUED
-            tag = free_tags[depth - 1 - st[IN_FLIGHT]]
+                return WRITE_BACK if st[N_PARKED] else ISSUED
+            tag = free_tags[depth - 1 - st[IN_FLIGHT] - st[N_PARKED]]
             tag_read[tag] = i
             hits0 = counters[C.HITS]
             misses0 = counters[C.MISSES]
             ok, k, n_wb, n_fill = plan(bt, ps, counters, clock, one_hpa, one_len, write, write_mode, owner, base,
-                                       block_size, tag_slots[tag], tag_installed[tag], writebacks, fills)
+                                       block_size, tag_slots[tag], tag_installed[tag],
+                                       writebacks[st[PARKED_WBS]:], fills)
             st[HITS] += counters[C.HITS] - hits0
             st[MISSES] += counters[C.MISSES] - misses0
             if write:
@@ -344,23 +370,23 @@ def _build(plan, invalidate):
                         invalidate(bt, ps, tag_slots[tag, q], clock[0])
                 finish(bt, tag_slots[tag], k)
                 tag_read[tag] = -1
-                st[PARKED_WBS] = n_wb
+                st[PARKED_WBS] += n_wb
                 return DEVICE_FULL
             if write:  # dirty now: the driver logs them (after this I/O's victims are written back)
                 first = hpas[i] // block_size
                 for q in range(k):
                     wblocks[st[WRITTEN]] = first + q
                     st[WRITTEN] += 1
-            if n_wb > 0:
+            if n_wb > 0:  # parked until the driver writes its victims back, with the others'
                 tag_issued[tag] = begin
+                tag_pending[tag] = n_fill
                 st[SLOTS] += k  # BUSY while the driver writes back (other threads plan around them)
-                st[PARKED] = tag
-                st[PARKED_FILLS] = n_fill
-                st[PARKED_WBS] = n_wb
-                return WRITE_BACK
+                parked[st[N_PARKED]] = tag
+                st[N_PARKED] += 1
+                st[PARKED_WBS] += n_wb
+                continue
             _issue(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, slat, clat,
                    arrays, tag, n_fill, begin, ring, fd)
-        return ISSUED
 
     @njit_without_refcounts
     def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, stop, deadline_ns,

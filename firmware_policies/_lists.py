@@ -17,8 +17,8 @@ tuple of arrays, and passing it through real calls costs more than the work.
 """
 from collections import namedtuple
 
-import numba
 import numpy as np
+from cxlhm.jit import njit
 
 HEAD, TAIL, LEN = 0, 1, 2
 EMPTY = -1
@@ -37,7 +37,7 @@ def new_list() -> np.ndarray:
     return np.array([-1, -1, 0], np.int64)
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def push_head(prev, nxt, ends, node):
     prev[node] = -1
     nxt[node] = ends[HEAD]
@@ -49,7 +49,7 @@ def push_head(prev, nxt, ends, node):
     ends[LEN] += 1
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def unlink(prev, nxt, ends, node):
     p, n = prev[node], nxt[node]
     if p >= 0:
@@ -65,7 +65,7 @@ def unlink(prev, nxt, ends, node):
     ends[LEN] -= 1
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def move_to_head(prev, nxt, ends, node):
     if ends[HEAD] != node:
         unlink(prev, nxt, ends, node)
@@ -79,12 +79,12 @@ def new_ghosts(capacity: int) -> Ghosts:
                   n_free=np.array([capacity], np.int64), table=np.full((buckets, 2), EMPTY, np.int64))
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def _home(table, block):
     return np.int64((np.uint64(block) * _GOLDEN >> np.uint64(17)) & np.uint64(table.shape[0] - 1))
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def ghost_find(g, block):
     """The ghost entry remembering `block`, or -1."""
     table = g.table
@@ -97,7 +97,7 @@ def ghost_find(g, block):
     return table[i, 1]
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def _index_put(table, block, node):
     mask = table.shape[0] - 1
     i = _home(table, block)
@@ -107,7 +107,7 @@ def _index_put(table, block, node):
     table[i, 1] = node
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def _index_delete(table, block):
     mask = table.shape[0] - 1
     i = _home(table, block)
@@ -127,12 +127,12 @@ def _index_delete(table, block):
     table[i, 1] = EMPTY
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def ghost_owner(g, node):
     return g.entry[node, OWNER]
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def ghost_add(g, ends, owner, block):
     """Remember `block` at the head of the ghost list `ends` (tagged `owner`).
     Returns False when the pool is exhausted (the caller trims before adding)."""
@@ -148,7 +148,7 @@ def ghost_add(g, ends, owner, block):
     return True
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def ghost_drop(g, ends, node):
     """Forget the ghost entry `node` (a ghost hit, or trimming the list's tail)."""
     unlink(g.entry[:, PREV], g.entry[:, NEXT], ends, node)

@@ -9,10 +9,10 @@ block is missing, so the victim is chosen with the current `p`, and a ghost hit 
 depends on whether the missing block was a ghost, is also settled in `on_insert`, from
 the list sizes `victim` saw.
 """
-import numba
 import numpy as np
 
 from cxlhm.blocktable import evictable
+from cxlhm.jit import njit
 from firmware_policies import _lists as L
 from firmware_policies.base import Policy
 
@@ -29,7 +29,7 @@ def make_state(n_slots, params):
             L.new_ghosts(n_slots + 2), L.new_list(), L.new_list(), meta, p)
 
 
-@numba.njit(nogil=True)
+@njit
 def on_hit(ps, bt, slot, is_write, now):
     prev, nxt, where, t1, t2, ghosts, b1, b2, meta, p = ps
     if where[slot] == T1:
@@ -40,7 +40,7 @@ def on_hit(ps, bt, slot, is_write, now):
         L.move_to_head(prev, nxt, t2, slot)
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def _evictable_from_tail(prev, ends, bt):
     slot = ends[L.TAIL]
     while slot >= 0 and not evictable(bt, slot):
@@ -48,7 +48,7 @@ def _evictable_from_tail(prev, ends, bt):
     return slot
 
 
-@numba.njit(nogil=True)
+@njit
 def victim(ps, bt, now):
     """REPLACE: the LRU end of T1 if T1 exceeds its target p, else of T2; the victim's
     id joins the head of the matching ghost list."""
@@ -65,13 +65,13 @@ def victim(ps, bt, now):
     return slot
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def _drop(ghosts, ends, node):
     if node >= 0:
         L.ghost_drop(ghosts, ends, node)
 
 
-@numba.njit(nogil=True)
+@njit
 def on_insert(ps, bt, slot, is_write, now):
     prev, nxt, where, t1, t2, ghosts, b1, b2, meta, p = ps
     evicted = meta[VICTIM_AT] == now
@@ -100,7 +100,7 @@ def on_insert(ps, bt, slot, is_write, now):
     where[slot] = T1
 
 
-@numba.njit(nogil=True)
+@njit
 def on_evict(ps, bt, slot, now):
     prev, nxt, where, t1, t2, ghosts, b1, b2, meta, p = ps
     L.unlink(prev, nxt, t1 if where[slot] == T1 else t2, slot)

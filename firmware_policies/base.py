@@ -32,8 +32,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
+from cxlhm.jit import njit
 
-import numba
 
 # next_use[] value for "never accessed again"
 NO_NEXT_USE = (1 << 62)
@@ -43,12 +43,12 @@ JOB_PREFETCH = 1
 JOB_FLUSH = 2
 
 
-@numba.njit(nogil=True)
+@njit
 def no_hint(ps, bt, kind, session, first_block, n_blocks, arg, now):
     return
 
 
-@numba.njit(nogil=True)
+@njit
 def no_background(ps, bt, now, budget, out):
     return 0
 

@@ -6,10 +6,10 @@ every cxlhm policy, places each missing block in DRAM (optimal for unit-size blo
 State: a binary max-heap of resident slots keyed by their next use, with each slot's
 heap position so a hit re-keys its slot in O(log n).
 """
-import numba
 import numpy as np
 
 from cxlhm.blocktable import evictable
+from cxlhm.jit import njit
 from firmware_policies.base import NO_NEXT_USE, Policy, PolicyParamError
 
 
@@ -23,18 +23,18 @@ def make_state(n_slots, params, next_use=None):
     return (np.asarray(next_use, np.int64), heap, pos, key, np.zeros(1, np.int64))
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def _next_use(next_use, now):
     return next_use[now] if now < next_use.shape[0] else NO_NEXT_USE
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def _place(heap, pos, i, slot):
     heap[i] = slot
     pos[slot] = i
 
 
-@numba.njit(nogil=True)
+@njit
 def _sift(heap, pos, key, size, i):
     """Restore the heap order around index i (its key may have moved either way)."""
     slot = heap[i]
@@ -54,14 +54,14 @@ def _sift(heap, pos, key, size, i):
     _place(heap, pos, i, slot)
 
 
-@numba.njit(nogil=True)
+@njit
 def on_hit(ps, bt, slot, is_write, now):
     next_use, heap, pos, key, size = ps
     key[slot] = _next_use(next_use, now)
     _sift(heap, pos, key, size[0], pos[slot])
 
 
-@numba.njit(nogil=True)
+@njit
 def on_insert(ps, bt, slot, is_write, now):
     next_use, heap, pos, key, size = ps
     key[slot] = _next_use(next_use, now)
@@ -70,7 +70,7 @@ def on_insert(ps, bt, slot, is_write, now):
     _sift(heap, pos, key, size[0], size[0] - 1)
 
 
-@numba.njit(nogil=True)
+@njit
 def victim(ps, bt, now):
     next_use, heap, pos, key, size = ps
     if size[0] > 0 and evictable(bt, heap[0]):
@@ -83,7 +83,7 @@ def victim(ps, bt, now):
     return best
 
 
-@numba.njit(nogil=True)
+@njit
 def on_evict(ps, bt, slot, now):
     next_use, heap, pos, key, size = ps
     i = pos[slot]

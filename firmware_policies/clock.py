@@ -8,10 +8,10 @@ over, the first block at zero is the victim, and the new block joins the ring ju
 behind the hand, i.e. as the newest. With ``n_bit_counter: 1`` this is classic
 second chance; more bits remember up to 2^n - 1 references (libCacheSim's Clock-n).
 """
-import numba
 import numpy as np
 
 from cxlhm.blocktable import evictable
+from cxlhm.jit import njit
 from firmware_policies import _lists as L
 from firmware_policies.base import Param, Policy
 
@@ -25,14 +25,14 @@ def make_state(n_slots, params):
     return (prev, nxt, freq, meta)
 
 
-@numba.njit(nogil=True)
+@njit
 def on_hit(ps, bt, slot, is_write, now):
     prev, nxt, freq, meta = ps
     if freq[slot] < meta[MAX_FREQ]:
         freq[slot] += 1
 
 
-@numba.njit(nogil=True)
+@njit
 def on_insert(ps, bt, slot, is_write, now):
     prev, nxt, freq, meta = ps
     freq[slot] = 0
@@ -49,7 +49,7 @@ def on_insert(ps, bt, slot, is_write, now):
     meta[COUNT] += 1
 
 
-@numba.njit(nogil=True)
+@njit
 def victim(ps, bt, now):
     prev, nxt, freq, meta = ps
     slot = meta[HAND]
@@ -66,7 +66,7 @@ def victim(ps, bt, now):
     return -1
 
 
-@numba.njit(nogil=True)
+@njit
 def on_evict(ps, bt, slot, now):
     prev, nxt, freq, meta = ps
     p, n = prev[slot], nxt[slot]

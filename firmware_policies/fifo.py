@@ -3,9 +3,9 @@
 The cheapest possible firmware (no work on a hit) and the usual lower baseline.
 State: one intrusive list over DRAM slots in arrival order (newest at the head).
 """
-import numba
 
 from cxlhm.blocktable import evictable
+from cxlhm.jit import njit
 from firmware_policies import _lists as L
 from firmware_policies.base import Policy
 
@@ -15,18 +15,18 @@ def make_state(n_slots, params):
     return (prev, nxt, L.new_list())
 
 
-@numba.njit(nogil=True)
+@njit
 def on_hit(ps, bt, slot, is_write, now):
     return
 
 
-@numba.njit(nogil=True)
+@njit
 def on_insert(ps, bt, slot, is_write, now):
     prev, nxt, queue = ps
     L.push_head(prev, nxt, queue, slot)
 
 
-@numba.njit(nogil=True)
+@njit
 def victim(ps, bt, now):
     prev, nxt, queue = ps
     slot = queue[L.TAIL]
@@ -35,7 +35,7 @@ def victim(ps, bt, now):
     return slot
 
 
-@numba.njit(nogil=True)
+@njit
 def on_evict(ps, bt, slot, now):
     prev, nxt, queue = ps
     L.unlink(prev, nxt, queue, slot)

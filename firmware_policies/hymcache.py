@@ -26,20 +26,22 @@ long-paused sessions, and stale prefetches: always the first victims). On top of
 Work per hook is proportional to the blocks it acts on: protected blocks are threaded
 on a per-session list (a pause walks only that session's) and on one list in
 protection order (the time sweep stops at the first live one); written blocks on a
-write-order list that background() walks from its oldest end. Only SESSION_END and a
-long pause, which demote every block of the session, walk all DRAM slots.
+write-order list that background() walks from its oldest end; resident blocks on their
+owner session's list, so SESSION_END and a long pause, which demote every block of the
+session, walk that session's blocks only.
 """
 from collections import namedtuple
 
-import numba
 import numpy as np
 
 from cxlhm import blocktable as btm
+from cxlhm.jit import njit
 from cxlhm.mailbox import hints as H
 from firmware_policies import _lists as L
 from firmware_policies.base import JOB_FLUSH, JOB_PREFETCH, Param, Policy
 
 MAIN, DEMOTED = 0, 1
+MAX_PROBES = 64  # session-table probes before a session counts as untracked
 ACTIVE, PAUSED, ENDED = 1, 2, 3
 NONE = -1
 # meta[] indices
@@ -53,6 +55,7 @@ State = namedtuple("State", [
     "p_prev", "p_next", "p_sess", "p_expiry",         # protection: per-session list, its session row, expiry (ns)
     "t_prev", "t_next", "t_ends",                     # protected blocks in protection order
     "w_prev", "w_next", "w_in", "w_ends",             # written blocks, least recently written at the tail
+    "o_prev", "o_next", "o_row", "o_ends",            # resident blocks by owner session: links, row, list ends
     "meta",
 ])
 
@@ -85,17 +88,18 @@ def make_state(n_slots, params):
         links(), links(), links(), np.zeros(n_slots, np.int64),
         links(), links(), L.new_list(),
         links(), links(), np.zeros(n_slots, np.int8), L.new_list(),
+        links(), links(), links(), s_ends.copy(),
         meta)
 
 
 # ---------------------------------------------------------------- sessions
 
-@numba.njit(nogil=True)
+@njit
 def _session_bucket(ps, session, insert):
     keys = ps.s_keys
     mask = keys.shape[0] - 1
     i = (session * 0x9E3779B97F4A7C15 >> 17) & mask
-    for _ in range(keys.shape[0]):
+    for _ in range(min(keys.shape[0], MAX_PROBES)):  # bounded: a full table costs no more than a busy one
         if keys[i] == session:
             return i
         if keys[i] == -1:
@@ -107,19 +111,19 @@ def _session_bucket(ps, session, insert):
     return -1  # table full: the hint is dropped (hints are advisory)
 
 
-@numba.njit(nogil=True)
+@njit
 def _session_state(ps, session):
     i = _session_bucket(ps, session, False)
     return ps.s_state[i] if i >= 0 else 0
 
 
-@numba.njit(nogil=True)
+@njit
 def _session_gen(ps, session):
     i = _session_bucket(ps, session, False)
     return ps.s_gen[i] if i >= 0 else 0
 
 
-@numba.njit(nogil=True)
+@njit
 def _set_state(ps, session, state):
     i = _session_bucket(ps, session, True)
     if i >= 0:
@@ -127,7 +131,7 @@ def _set_state(ps, session, state):
     return i
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def _row_of(ps, session):
     """The protection-list row of a session: its bucket, or the anonymous last row
     (session 0, or a full session table)."""
@@ -137,7 +141,7 @@ def _row_of(ps, session):
 
 # ---------------------------------------------------------------- recency segments
 
-@numba.njit(nogil=True)
+@njit
 def _move(ps, slot, segment):
     L.unlink(ps.prev, ps.nxt, ps.demoted if ps.seg[slot] == DEMOTED else ps.main, slot)
     ps.seg[slot] = segment
@@ -146,7 +150,7 @@ def _move(ps, slot, segment):
 
 # ---------------------------------------------------------------- protection
 
-@numba.njit(nogil=True)
+@njit
 def _protect(ps, bt, slot, row):
     """Protect `slot` for the session of `row` (re-protecting moves it there)."""
     if ps.p_sess[slot] >= 0:
@@ -162,7 +166,7 @@ def _protect(ps, bt, slot, row):
     ps.meta[N_PROTECTED] += 1
 
 
-@numba.njit(nogil=True)
+@njit
 def _unprotect(ps, slot):
     row = ps.p_sess[slot]
     L.unlink(ps.p_prev, ps.p_next, ps.s_ends[row], slot)
@@ -171,7 +175,7 @@ def _unprotect(ps, slot):
     ps.meta[N_PROTECTED] -= 1
 
 
-@numba.njit(nogil=True)
+@njit
 def _serve(ps, bt, session):
     """The session paused or ended: its request was served. Whatever was hinted for it
     and not read is stale: unprotected and demoted (first victims); its queued
@@ -192,7 +196,7 @@ def _serve(ps, bt, session):
         slot = before
 
 
-@numba.njit(nogil=True)
+@njit
 def _sweep_expired(ps, now_ns):
     """Unprotect blocks whose protection timed out, oldest protection first (stops at the
     first live one: a later-protected block with an earlier expiry waits a little)."""
@@ -204,9 +208,30 @@ def _sweep_expired(ps, now_ns):
         slot = before
 
 
+# ---------------------------------------------------------------- owners
+
+@njit(inline="always")
+def _own(ps, bt, slot):
+    """Thread `slot` on its owner session's list (moving it from an earlier owner's)."""
+    row = _row_of(ps, bt.owner[slot])
+    if ps.o_row[slot] == row:
+        return
+    if ps.o_row[slot] >= 0:
+        L.unlink(ps.o_prev, ps.o_next, ps.o_ends[ps.o_row[slot]], slot)
+    ps.o_row[slot] = row
+    L.push_head(ps.o_prev, ps.o_next, ps.o_ends[row], slot)
+
+
+@njit(inline="always")
+def _disown(ps, slot):
+    if ps.o_row[slot] >= 0:
+        L.unlink(ps.o_prev, ps.o_next, ps.o_ends[ps.o_row[slot]], slot)
+        ps.o_row[slot] = NONE
+
+
 # ---------------------------------------------------------------- write buffer
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def _mark_written(ps, slot):
     if ps.w_in[slot]:
         L.move_to_head(ps.w_prev, ps.w_next, ps.w_ends, slot)
@@ -215,14 +240,14 @@ def _mark_written(ps, slot):
         L.push_head(ps.w_prev, ps.w_next, ps.w_ends, slot)
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def _unmark_written(ps, slot):
     if ps.w_in[slot]:
         ps.w_in[slot] = 0
         L.unlink(ps.w_prev, ps.w_next, ps.w_ends, slot)
 
 
-@numba.njit(nogil=True)
+@njit
 def _flush_oldest(ps, bt, out, n, budget, keep):
     """Append FLUSH jobs for the least recently written dirty idle blocks until at most
     `keep` written blocks are left listed (or the budget is used). The list holds blocks
@@ -244,34 +269,37 @@ def _flush_oldest(ps, bt, out, n, budget, keep):
 
 # ---------------------------------------------------------------- hooks
 
-@numba.njit(nogil=True)
+@njit
 def on_hit(ps, bt, slot, is_write, now):
     if ps.p_sess[slot] >= 0:
         _unprotect(ps, slot)  # read: what the protection was for
     _move(ps, slot, MAIN)
+    _own(ps, bt, slot)  # the firmware has set its latest user
     if is_write:
         _mark_written(ps, slot)
 
 
-@numba.njit(nogil=True)
+@njit
 def on_insert(ps, bt, slot, is_write, now):
     ps.seg[slot] = MAIN
     L.push_head(ps.prev, ps.nxt, ps.main, slot)
+    _own(ps, bt, slot)
     if bt.flags[slot] & btm.PREFETCHED:
         _protect(ps, bt, slot, _row_of(ps, bt.owner[slot]))
     if is_write:
         _mark_written(ps, slot)
 
 
-@numba.njit(nogil=True)
+@njit
 def on_evict(ps, bt, slot, now):
     if ps.p_sess[slot] >= 0:
         _unprotect(ps, slot)
     _unmark_written(ps, slot)
+    _disown(ps, slot)
     L.unlink(ps.prev, ps.nxt, ps.demoted if ps.seg[slot] == DEMOTED else ps.main, slot)
 
 
-@numba.njit(nogil=True)
+@njit
 def victim(ps, bt, now):
     meta = ps.meta
     slot = ps.demoted[L.TAIL]
@@ -307,16 +335,22 @@ def victim(ps, bt, now):
     return slot
 
 
-@numba.njit(nogil=True)
+@njit
 def _demote_session(ps, bt, session):
-    """Move the session's resident blocks to the demoted segment (O(DRAM slots)); blocks
-    another session's hint protects stay."""
-    for slot in range(bt.block.shape[0]):
-        if bt.block[slot] >= 0 and bt.owner[slot] == session and ps.seg[slot] == MAIN and ps.p_sess[slot] < 0:
+    """Move the session's resident blocks to the demoted segment (O(its blocks): its
+    owner list); blocks another session's hint protects stay."""
+    row = _session_bucket(ps, session, False) if session != 0 else -1
+    if row < 0:
+        row = ps.o_ends.shape[0] - 1  # untracked (session 0, or the table was full): the shared row
+    slot = ps.o_ends[row][L.TAIL]
+    while slot >= 0:
+        before = ps.o_prev[slot]
+        if bt.owner[slot] == session and ps.seg[slot] == MAIN and ps.p_sess[slot] < 0:
             _move(ps, slot, DEMOTED)
+        slot = before
 
 
-@numba.njit(nogil=True)
+@njit
 def _enqueue(ps, session, first_block, n_blocks, deadline, gen):
     meta = ps.meta
     cap = ps.qb.shape[0]
@@ -328,7 +362,7 @@ def _enqueue(ps, session, first_block, n_blocks, deadline, gen):
         meta[Q_TAIL] += 1
 
 
-@numba.njit(nogil=True)
+@njit
 def on_hint(ps, bt, kind, session, first_block, n_blocks, arg, now):
     meta = ps.meta
     now_ns = bt.scalars[btm.NOW_NS]
@@ -364,7 +398,7 @@ def on_hint(ps, bt, kind, session, first_block, n_blocks, arg, now):
         _demote_session(ps, bt, session)
 
 
-@numba.njit(nogil=True)
+@njit
 def background(ps, bt, now, budget, out):
     meta, qb, qs, qd, qg = ps.meta, ps.qb, ps.qs, ps.qd, ps.qg
     now_ns = bt.scalars[btm.NOW_NS]

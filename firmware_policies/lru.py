@@ -3,9 +3,9 @@
 State: an intrusive doubly linked list over DRAM slots (most recent at the head),
 so hit, insert and evict are O(1); the victim walk skips pinned/busy slots.
 """
-import numba
 
 from cxlhm.blocktable import evictable
+from cxlhm.jit import njit
 from firmware_policies import _lists as L
 from firmware_policies.base import Policy
 
@@ -15,19 +15,19 @@ def make_state(n_slots, params):
     return (prev, nxt, L.new_list())
 
 
-@numba.njit(nogil=True)
+@njit
 def on_hit(ps, bt, slot, is_write, now):
     prev, nxt, recency = ps
     L.move_to_head(prev, nxt, recency, slot)
 
 
-@numba.njit(nogil=True)
+@njit
 def on_insert(ps, bt, slot, is_write, now):
     prev, nxt, recency = ps
     L.push_head(prev, nxt, recency, slot)
 
 
-@numba.njit(nogil=True)
+@njit
 def victim(ps, bt, now):
     prev, nxt, recency = ps
     slot = recency[L.TAIL]
@@ -36,7 +36,7 @@ def victim(ps, bt, now):
     return slot
 
 
-@numba.njit(nogil=True)
+@njit
 def on_evict(ps, bt, slot, now):
     prev, nxt, recency = ps
     L.unlink(prev, nxt, recency, slot)

@@ -8,10 +8,10 @@ Small is evicted from while main is within its share. Follows libCacheSim's S3FI
 including its warm-up rule: before the first eviction, blocks arriving while small is
 full go straight to main.
 """
-import numba
 import numpy as np
 
 from cxlhm.blocktable import evictable
+from cxlhm.jit import njit
 from firmware_policies import _lists as L
 from firmware_policies.base import Param, Policy
 
@@ -29,13 +29,13 @@ def make_state(n_slots, params):
             L.new_list(), L.new_list(), L.new_ghosts(ghost_size + 1), L.new_list(), meta)
 
 
-@numba.njit(nogil=True)
+@njit
 def on_hit(ps, bt, slot, is_write, now):
     freq = ps[2]
     freq[slot] += 1
 
 
-@numba.njit(nogil=True)
+@njit
 def on_insert(ps, bt, slot, is_write, now):
     prev, nxt, freq, where, small, main, ghosts, ghost, meta = ps
     freq[slot] = 0
@@ -52,7 +52,7 @@ def on_insert(ps, bt, slot, is_write, now):
         L.ghost_drop(ghosts, ghost, ghost[L.TAIL])
 
 
-@numba.njit(nogil=True)
+@njit
 def _evict_small(ps, bt):
     """Walk small from its tail: promote blocks hit often enough, evict the first other
     one (its id goes to the ghost). Pinned/busy blocks keep their place. -1: none left."""
@@ -72,7 +72,7 @@ def _evict_small(ps, bt):
     return -1
 
 
-@numba.njit(nogil=True)
+@njit
 def _evict_main(ps, bt):
     """CLOCK over main: a block hit since it was last passed is reinserted at the head
     with its count decremented (capped at 3 first); the first at zero is evicted."""
@@ -89,7 +89,7 @@ def _evict_main(ps, bt):
     return -1
 
 
-@numba.njit(nogil=True)
+@njit
 def victim(ps, bt, now):
     small, main, meta = ps[4], ps[5], ps[8]
     meta[HAS_EVICTED] = 1
@@ -100,7 +100,7 @@ def victim(ps, bt, now):
     return slot if slot >= 0 else _evict_main(ps, bt)
 
 
-@numba.njit(nogil=True)
+@njit
 def on_evict(ps, bt, slot, now):
     prev, nxt, freq, where, small, main, ghosts, ghost, meta = ps
     L.unlink(prev, nxt, main if where[slot] == MAIN else small, slot)

@@ -6,10 +6,10 @@ moves from where it last stopped toward the head (wrapping to the tail), clearin
 visited bits, and evicts the first unvisited block. Unlike CLOCK, survivors are not
 moved, so new blocks stay near the head and one-hit wonders leave quickly.
 """
-import numba
 import numpy as np
 
 from cxlhm.blocktable import evictable
+from cxlhm.jit import njit
 from firmware_policies import _lists as L
 from firmware_policies.base import Policy
 
@@ -21,20 +21,20 @@ def make_state(n_slots, params):
     return (prev, nxt, L.new_list(), visited, hand)
 
 
-@numba.njit(nogil=True)
+@njit
 def on_hit(ps, bt, slot, is_write, now):
     prev, nxt, queue, visited, hand = ps
     visited[slot] = 1
 
 
-@numba.njit(nogil=True)
+@njit
 def on_insert(ps, bt, slot, is_write, now):
     prev, nxt, queue, visited, hand = ps
     visited[slot] = 0
     L.push_head(prev, nxt, queue, slot)
 
 
-@numba.njit(nogil=True)
+@njit
 def victim(ps, bt, now):
     prev, nxt, queue, visited, hand = ps
     slot = hand[0]
@@ -52,7 +52,7 @@ def victim(ps, bt, now):
     return -1
 
 
-@numba.njit(nogil=True)
+@njit
 def on_evict(ps, bt, slot, now):
     prev, nxt, queue, visited, hand = ps
     if hand[0] == slot:  # the hand continues toward the head from here

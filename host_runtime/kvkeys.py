@@ -103,6 +103,23 @@ def sglang_hash_str(token_ids: Sequence[int], prior_hash: str | None = None) -> 
     return h.hexdigest()
 
 
+def sglang_namespace_seed(extra_key: str | None, cache_salt: str | None) -> bytes | None:
+    """The digest SGLang starts a request's storage chain from when the request carries
+    an ``extra_key`` (e.g. a LoRA id) or a ``cache_salt`` (``storage_namespace_seed`` in
+    sglang/srt/mem_cache/utils.py); None when it has neither (the chain is unseeded).
+    ``prefix_keys(tokens, page, prior=seed)`` then gives SGLang's keys for that request."""
+    if extra_key is None and cache_salt is None:
+        return None
+    h = hashlib.sha256(b"sglang-cache-namespace-v1")
+    for part in (extra_key, cache_salt):  # presence and byte length keep absent, empty and joined parts apart
+        if part is None:
+            h.update(b"\x00")
+            continue
+        encoded = part.encode("utf-8")
+        h.update(b"\x01" + len(encoded).to_bytes(8, "little") + encoded)
+    return h.digest()
+
+
 def segment_key(tokens: Any, *, salt: bytes | str | None = None) -> bytes:
     """Position-independent key of one segment (its tokens only, plus the salt)."""
     h = hashlib.sha256(_SEGMENT_DOMAIN)

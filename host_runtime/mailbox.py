@@ -41,6 +41,7 @@ from cxlhm.mailbox.returncodes import ReturnCode
 COMMAND_TIMEOUT_S = 2.0        # cxl_pci's mailbox timeout
 READY_TIMEOUT_S = 60.0         # cxl_pci waits this long for "mailbox interface ready"
 BACKGROUND_TIMEOUT_S = 60.0
+LOCK_TIMEOUT_S = 10.0          # another host's command: its own timeouts end it well before this
 
 
 class MailboxError(RuntimeError):
@@ -96,7 +97,8 @@ class BackgroundStatus:
 
 class MailboxClient:
     def __init__(self, target: Any, *, timeout: float = COMMAND_TIMEOUT_S, ready_timeout: float = READY_TIMEOUT_S,
-                 background_timeout: float = BACKGROUND_TIMEOUT_S, busy_timeout: float = 0.0):
+                 background_timeout: float = BACKGROUND_TIMEOUT_S, busy_timeout: float = 0.0,
+                 lock_timeout: float = LOCK_TIMEOUT_S):
         """`target`: a register-file path, or an in-process cxlhm.mailbox.Mailbox
         (then the client also nudges its firmware thread instead of being polled).
 
@@ -111,6 +113,7 @@ class MailboxClient:
         self.payload_size = self.regs.payload_size
         self.timeout, self.ready_timeout, self.background_timeout = timeout, ready_timeout, background_timeout
         self.busy_timeout = busy_timeout
+        self.lock_timeout = lock_timeout  # the longest wait for another process's command (its flock)
         self.busy_waits = 0  # commands that found the doorbell set and waited for it (busy_timeout > 0)
         self._lock = threading.Lock()
         self.hints = HintClient(self)
@@ -131,7 +134,7 @@ class MailboxClient:
         regs = self.regs
         with self._lock:
             self._check_open()
-            fcntl.flock(regs.fileno(), fcntl.LOCK_EX)  # one command at a time across processes
+            self._lock_across_processes(opcode)  # one command at a time across processes
             try:
                 self._wait_ready()
                 if regs.doorbell:
@@ -156,6 +159,23 @@ class MailboxClient:
         if reply.rc not in (ReturnCode.SUCCESS, ReturnCode.BACKGROUND_STARTED):
             raise MailboxCommandError(opcode, reply.rc, reply.ext_status)
         return reply.output
+
+    def _lock_across_processes(self, opcode: int) -> None:
+        """flock the register file, waiting at most lock_timeout: a host that holds it
+        longer is stuck (or stopped), and this host says so instead of hanging."""
+        fd = self.regs.fileno()
+        deadline = time.monotonic() + self.lock_timeout
+        pause = 1e-4
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise MailboxTimeout(f"{Opcode.name_of(opcode)}: another process has held the mailbox lock of "
+                                         f"{self.regs.path} for over {self.lock_timeout} s (is it stopped?)") from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.005)
 
     def _check_open(self) -> None:
         if self.regs.closed:

@@ -81,8 +81,9 @@ class PooledTenant:
 
 
 class PoolHost:
-    def __init__(self, conn, name: str, reply: dict, mirrors: list[MirrorReader]):
+    def __init__(self, conn, name: str, reply: dict, mirrors: list[MirrorReader], mailbox_timeout: float = 10.0):
         self._conn, self.name = conn, name
+        self.mailbox_timeout = mailbox_timeout
         self.host_id = reply["host_id"]
         self.block_size = reply["block_size"]
         self.partition_bytes = reply["partition_bytes"]
@@ -93,7 +94,10 @@ class PoolHost:
         self.closed = False
 
     @classmethod
-    def attach(cls, address: str | os.PathLike, name: str, tenants: list[str], *, authkey: bytes) -> "PoolHost":
+    def attach(cls, address: str | os.PathLike, name: str, tenants: list[str], *, authkey: bytes,
+               mailbox_timeout: float = 10.0) -> "PoolHost":
+        """`mailbox_timeout`: seconds a mailbox command may take (every host's commands
+        share one firmware, so more than a single host's default)."""
         conn = connection.Client(str(address), family="AF_UNIX", authkey=authkey)
         try:
             conn.send_bytes(json.dumps({"host": name, "tenants": list(tenants), "pid": os.getpid()}).encode())
@@ -105,7 +109,7 @@ class PoolHost:
         except BaseException:
             conn.close()
             raise
-        return cls(conn, name, reply, mirrors)
+        return cls(conn, name, reply, mirrors, mailbox_timeout)
 
     def tenant(self, name: str) -> PooledTenant:
         try:
@@ -129,7 +133,7 @@ class PoolHost:
     @functools.cached_property
     def mailbox(self) -> MailboxClient:
         """This host's own register block on the pooled device."""
-        return MailboxClient(self.regs_path)
+        return MailboxClient(self.regs_path, timeout=self.mailbox_timeout)
 
     @property
     def hints(self) -> HintClient:

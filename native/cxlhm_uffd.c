@@ -106,10 +106,7 @@ struct pm_scan_arg {
 #endif
 
 /* ------------------------------------------------------------------ firmware ABI
- * Must match cxlhm/window/firmware_cfuncs.py. */
-enum { OP_PLACE, OP_HIT, OP_INVALIDATE, OP_LOOKUP, OP_HINT, OP_BACKGROUND, OP_PIN, OP_FINISH, OP_DIRTY };
-enum { PLACE_NO_SLOT = -1, PLACE_RESIDENT = 0, PLACE_PLACED = 1 };
-enum { MODE_WRITE = 1, MODE_PREFETCH = 2 };
+ * The operations and answers are declared in cxlhm_uffd.h. */
 typedef int64_t (*firmware_fn)(int64_t *ctx, int64_t op, int64_t *args, int64_t *out);
 
 /* ------------------------------------------------------------------ counters */
@@ -141,6 +138,97 @@ enum { WINDOW_STATS(AS_ENUM) STAT_COUNT };
 static const char *const stat_names[] = {WINDOW_STATS(AS_NAME)};
 
 #define STAT_ADD(w, name, v) __atomic_fetch_add(&(w)->stats[STAT_##name], (int64_t)(v), __ATOMIC_RELAXED)
+
+/* ------------------------------------------------------------------ block maps
+ * block -> uint64, open addressing with linear probing; removal leaves a tombstone.
+ * Used by the service thread only. */
+#define MAP_EMPTY (-1)
+#define MAP_GONE (-2)
+
+struct blockmap {
+    int64_t *keys;
+    uint64_t *values;
+    int64_t cap, used; /* used: live entries and tombstones */
+};
+
+static inline int64_t map_home(const struct blockmap *m, int64_t block)
+{
+    return (int64_t)(((uint64_t)block * 0x9E3779B97F4A7C15ULL >> 17) & (uint64_t)(m->cap - 1));
+}
+
+static int64_t map_find(const struct blockmap *m, int64_t block)
+{
+    if (m->cap == 0)
+        return -1;
+    for (int64_t i = map_home(m, block);; i = (i + 1) & (m->cap - 1)) {
+        if (m->keys[i] == block)
+            return i;
+        if (m->keys[i] == MAP_EMPTY)
+            return -1;
+    }
+}
+
+static int map_grow(struct blockmap *m, int64_t cap)
+{
+    struct blockmap n = {calloc((size_t)cap, 8), calloc((size_t)cap, 8), cap, 0};
+    if (!n.keys || !n.values) {
+        free(n.keys);
+        free(n.values);
+        return -ENOMEM;
+    }
+    for (int64_t i = 0; i < cap; i++)
+        n.keys[i] = MAP_EMPTY;
+    for (int64_t i = 0; i < m->cap; i++) {
+        if (m->keys[i] < 0)
+            continue;
+        int64_t j = map_home(&n, m->keys[i]);
+        while (n.keys[j] != MAP_EMPTY)
+            j = (j + 1) & (cap - 1);
+        n.keys[j] = m->keys[i];
+        n.values[j] = m->values[i];
+        n.used++;
+    }
+    free(m->keys);
+    free(m->values);
+    *m = n;
+    return 0;
+}
+
+static int map_put(struct blockmap *m, int64_t block, uint64_t value)
+{
+    int64_t i = map_find(m, block);
+    if (i >= 0) {
+        m->values[i] = value;
+        return 0;
+    }
+    if (2 * (m->used + 1) > m->cap) {
+        int64_t cap = 64;
+        while (cap < 4 * (m->used + 1))
+            cap *= 2;
+        if (map_grow(m, cap) < 0)
+            return -ENOMEM;
+    }
+    for (i = map_home(m, block); m->keys[i] >= 0; i = (i + 1) & (m->cap - 1))
+        ;
+    if (m->keys[i] == MAP_EMPTY)
+        m->used++;
+    m->keys[i] = block;
+    m->values[i] = value;
+    return 0;
+}
+
+static void map_drop(struct blockmap *m, int64_t block)
+{
+    int64_t i = map_find(m, block);
+    if (i >= 0)
+        m->keys[i] = MAP_GONE;
+}
+
+static void map_free(struct blockmap *m)
+{
+    free(m->keys);
+    free(m->values);
+}
 
 /* ------------------------------------------------------------------ state */
 enum { WHERE_NONE, WHERE_WINDOW, WHERE_SIDE };
@@ -202,6 +290,12 @@ struct cxlhm_window {
     int64_t *stranded;     /* blocks kept in memory because their write-back failed */
     int64_t n_stranded, stranded_cap;
 
+    /* crash consistency, service thread only (see "integrity log" below) */
+    struct blockmap sums;    /* block -> xxh3-64 of its bytes on the SSD */
+    struct blockmap poisoned; /* blocks whose bytes are lost (value unused) */
+    uint8_t *log_buf;        /* frame header + records of the batch being logged */
+    size_t log_len, log_cap;
+
     /* shared with Python threads: guarded by lock */
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -234,6 +328,119 @@ static void set_error(struct cxlhm_window *w, int err, const char *fmt, ...)
     pthread_mutex_lock(&w->lock);
     snprintf(w->last_error, sizeof w->last_error, "%s: %s", text, strerror(err));
     pthread_mutex_unlock(&w->lock);
+}
+
+/* ------------------------------------------------------------------ integrity log
+ * The window keeps the explicit mode's crash guarantee by writing the same log
+ * (cxlhm/integrity.py has the format and the replay): a frame is a uint32 payload
+ * length, the payload's CRC-32 and records of (kind, block, value), little-endian,
+ * written with one write(2) - durable across a kill -9 once it returned.
+ *   DIRTY b    before a store to a clean block b can land (WP fault or write miss):
+ *              device DRAM is about to hold bytes of b newer than the SSD's
+ *   SUM b s    before a write-back of b is submitted: the SSD is about to hold s
+ *   POISON b r a fill of b did not match its checksum
+ * After a crash, the replay poisons every block whose last record is DIRTY. */
+typedef uint64_t (*hash_fn)(const void *data, size_t len);
+
+static uint32_t crc_table[256];
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+
+static void crc_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[i] = c;
+    }
+}
+
+static uint32_t crc32_of(const uint8_t *p, size_t n)
+{
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++)
+        c = crc_table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+#define LOG_HEADER 8
+#define LOG_RECORD 17
+
+static inline int logging(struct cxlhm_window *w) { return w->p.log_fd > 0; }
+
+/* Add one record to the frame being built; log_commit() writes it. */
+static void log_add(struct cxlhm_window *w, char kind, int64_t block, uint64_t value, const char *text)
+{
+    if (!logging(w))
+        return;
+    size_t text_len = text ? strlen(text) : 0, need = w->log_len + LOG_RECORD + text_len;
+    if (need > w->log_cap) {
+        size_t cap = w->log_cap ? w->log_cap : 4096;
+        while (cap < need)
+            cap *= 2;
+        uint8_t *b = realloc(w->log_buf, cap);
+        if (!b)
+            return; /* log_commit reports the record as lost */
+        w->log_buf = b;
+        w->log_cap = cap;
+    }
+    uint8_t *r = w->log_buf + w->log_len;
+    r[0] = (uint8_t)kind;
+    if (text)
+        value = text_len;
+    memcpy(r + 1, &block, 8);
+    memcpy(r + 9, &value, 8);
+    memcpy(r + LOG_RECORD, text, text_len);
+    w->log_len = need;
+}
+
+/* Write the frame built so far, before the caller lets the event it records happen. A
+ * log that cannot be written means the crash guarantee is gone: the window stops
+ * evicting, like after a lost write-back. */
+static void log_commit(struct cxlhm_window *w)
+{
+    if (!logging(w) || w->log_len <= LOG_HEADER)
+        return;
+    uint32_t len = (uint32_t)(w->log_len - LOG_HEADER), crc = crc32_of(w->log_buf + LOG_HEADER, len);
+    memcpy(w->log_buf, &len, 4);
+    memcpy(w->log_buf + 4, &crc, 4);
+    ssize_t done = write(w->p.log_fd, w->log_buf, w->log_len);
+    if (done != (ssize_t)w->log_len) {
+        int err = done < 0 ? errno : ENOSPC;
+        set_error(w, err, "appending to the integrity log failed; the window stops evicting");
+        pthread_mutex_lock(&w->lock);
+        w->failed_errno = err;
+        pthread_mutex_unlock(&w->lock);
+    }
+    w->log_len = LOG_HEADER;
+}
+
+static void log_dirty_now(struct cxlhm_window *w, int64_t block)
+{
+    log_add(w, 'D', block, 0, NULL);
+    log_commit(w);
+}
+
+/* Before a write-back of `block`, whose whole bytes are present (and write-protected)
+ * at `addr`: a SUM record, and the checksum explicit mode and later fills verify. */
+static void log_sum(struct cxlhm_window *w, int64_t block, uint64_t addr)
+{
+    if (!w->p.hash) {
+        map_drop(&w->sums, block); /* no checksum: the block is not verified from now on */
+        return;
+    }
+    uint64_t sum = ((hash_fn)w->p.hash)((const void *)addr, w->p.block_size);
+    log_add(w, 'S', block, sum, NULL);
+    if (map_put(&w->sums, block, sum) < 0)
+        map_drop(&w->sums, block);
+}
+
+/* A write-back that did not complete: the SSD holds neither the old nor the new bytes,
+ * and the newest are in memory only. */
+static void log_lost_writeback(struct cxlhm_window *w, int64_t block)
+{
+    map_drop(&w->sums, block);
+    log_dirty_now(w, block);
 }
 
 static inline uint64_t block_addr(struct cxlhm_window *w, int64_t block)
@@ -455,6 +662,21 @@ static void strand(struct cxlhm_window *w, int64_t block)
     w->stranded[w->n_stranded++] = block;
 }
 
+/* Do the bytes a fill read for `block` (at `addr`) match the checksum of its last
+ * write-back? A mismatch poisons the block for good (logged, like explicit mode's). */
+static int verified(struct cxlhm_window *w, int64_t block, uint64_t addr)
+{
+    int64_t i = map_find(&w->sums, block);
+    if (i < 0 || !w->p.hash)
+        return 1;
+    if (((hash_fn)w->p.hash)((const void *)addr, w->p.block_size) == w->sums.values[i])
+        return 1;
+    map_put(&w->poisoned, block, 0);
+    log_add(w, 'P', block, 0, "checksum mismatch on SSD read");
+    log_commit(w);
+    return 0;
+}
+
 /*
  * Install the blocks of w->batch[0, n), already placed by the firmware (their
  * slots are BUSY, victims unmapped from the block table):
@@ -491,9 +713,11 @@ static void install_batch(struct cxlhm_window *w, int n)
             in->protect_errno = -rc;
             continue;
         }
+        log_sum(w, in->victim, src);
         n_ops = add_writeback_ops(w, n_ops, src, in->victim, in->victim_dirty);
         in->op_count = n_ops - in->op_first;
     }
+    log_commit(w);
     run_io(w, 0, n_ops);
     for (int i = 0; i < n; i++) {
         struct install *in = &w->batch[i];
@@ -508,6 +732,7 @@ static void install_batch(struct cxlhm_window *w, int n)
              * every later eviction - the device has failed, no data is dropped. */
             set_error(w, err, "write-back of block %lld failed; it stays in memory, the window stops evicting",
                       (long long)in->victim);
+            log_lost_writeback(w, in->victim);
             pthread_mutex_lock(&w->lock);
             w->failed_errno = err;
             pthread_mutex_unlock(&w->lock);
@@ -537,12 +762,20 @@ static void install_batch(struct cxlhm_window *w, int n)
     }
     run_io(w, 0, n_ops);
 
-    /* 3. install */
+    /* 3. install; a store that faulted on a missing block lands right after: log it first */
+    for (int i = 0; i < n; i++)
+        if (w->batch[i].write_granules)
+            log_add(w, 'D', w->batch[i].block, 0, NULL);
+    log_commit(w);
     for (int i = 0; i < n; i++) {
         struct install *in = &w->batch[i];
         int err = 0;
         in->fill_ok = ops_ok(w, i, 1, &err);
         uint64_t dst = block_addr(w, in->block);
+        if (in->fill_ok && !verified(w, in->block, (uint64_t)w->p.staging + (uint64_t)i * bs)) {
+            in->fill_ok = 0;
+            err = EIO;
+        }
         if (!in->fill_ok) {
             set_error(w, err, "SSD read of block %lld failed; the block is poisoned", (long long)in->block);
             if (!in->prefetch)
@@ -590,8 +823,8 @@ static void install_batch(struct cxlhm_window *w, int n)
     for (int i = 0; i < n; i++) {
         struct install *in = &w->batch[i];
         if (!in->fill_ok) {
-            fw(w, OP_FINISH, in->slot, 0, 0, NULL);
-            fw(w, OP_INVALIDATE, in->slot, 0, 0, NULL);
+            fw(w, CXLHM_OP_FINISH, in->slot, 0, 0, NULL);
+            fw(w, CXLHM_OP_INVALIDATE, in->slot, 0, 0, NULL);
             w->where[in->slot] = WHERE_NONE;
             continue;
         }
@@ -599,9 +832,9 @@ static void install_batch(struct cxlhm_window *w, int n)
         w->block_of[in->slot] = in->block;
         w->dirty[in->slot] = in->write_granules;
         w->signal_ns[in->slot] = w->installed_ns[in->slot] = t;
-        fw(w, OP_FINISH, in->slot, 0, 0, NULL);
+        fw(w, CXLHM_OP_FINISH, in->slot, 0, 0, NULL);
         if (in->write_granules)
-            fw(w, OP_DIRTY, in->slot, 1, 0, NULL);
+            fw(w, CXLHM_OP_DIRTY, in->slot, 1, 0, NULL);
     }
     pthread_mutex_unlock(&w->lock);
     for (int i = 0; i < n; i++)
@@ -615,9 +848,9 @@ static int64_t place(struct cxlhm_window *w, int64_t block, int64_t owner, uint6
                      int prefetch, int *n)
 {
     int64_t out[8];
-    int64_t mode = (write_granules ? MODE_WRITE : 0) | (prefetch ? MODE_PREFETCH : 0);
-    int64_t st = fw(w, OP_PLACE, block, mode, owner, out);
-    if (st != PLACE_PLACED)
+    int64_t mode = (write_granules ? CXLHM_MODE_WRITE : 0) | (prefetch ? CXLHM_MODE_PREFETCH : 0);
+    int64_t st = fw(w, CXLHM_OP_PLACE, block, mode, owner, out);
+    if (st != CXLHM_PLACE_PLACED)
         return st;
     struct install *in = &w->batch[(*n)++];
     in->block = block;
@@ -656,7 +889,7 @@ static void add_pending(struct cxlhm_window *w, int64_t block, uint64_t write_gr
 /* Slot of `block` if its pages are where the service thread put them, else -1. */
 static int64_t slot_of(struct cxlhm_window *w, int64_t block)
 {
-    int64_t slot = fw_locked(w, OP_LOOKUP, block, 0, 0);
+    int64_t slot = fw_locked(w, CXLHM_OP_LOOKUP, block, 0, 0);
     if (slot >= 0 && (w->where[slot] == WHERE_NONE || w->block_of[slot] != block))
         return -1;
     return slot;
@@ -680,13 +913,15 @@ static void serve_wp_fault(struct cxlhm_window *w, uint64_t addr)
     int g = (int)((off % w->p.block_size) / w->p.granule);
     uint64_t start = block_addr(w, block) + (uint64_t)g * w->p.granule;
     int was_clean = w->dirty[slot] == 0;
+    if (was_clean)
+        log_dirty_now(w, block); /* before the store can land */
     w->dirty[slot] |= 1ULL << g;
     w->signal_ns[slot] = now_ns();
     if (was_clean) {
         pthread_mutex_lock(&w->lock);
         set_device_time(w);
-        fw(w, OP_DIRTY, slot, 1, 0, NULL);
-        fw(w, OP_HIT, slot, 1, 0, NULL); /* a store is an access the policy should see */
+        fw(w, CXLHM_OP_DIRTY, slot, 1, 0, NULL);
+        fw(w, CXLHM_OP_HIT, slot, 1, 0, NULL); /* a store is an access the policy should see */
         pthread_mutex_unlock(&w->lock);
     }
     /* Unprotect (and wake) even if the bitmap already had the granule: a second
@@ -704,7 +939,7 @@ static void serve_missing_fault(struct cxlhm_window *w, uint64_t addr, int is_wr
         STAT_ADD(w, sample_faults, 1);
         unpark(w, slot);
         w->signal_ns[slot] = now_ns();
-        fw_locked(w, OP_HIT, slot, is_write, 0);
+        fw_locked(w, CXLHM_OP_HIT, slot, is_write, 0);
         return;
     }
     if (slot >= 0) { /* installed since this fault was raised: UFFDIO_COPY woke it already */
@@ -771,12 +1006,17 @@ static int serve_misses(struct cxlhm_window *w)
         set_device_time(w);
         while (taken < w->n_pending && n < w->p.n_staging) {
             struct pending_miss *pm = &w->pending[taken];
+            if (map_find(&w->poisoned, pm->block) >= 0) { /* its bytes are lost: an error, not old bytes */
+                poison(w, pm->block);
+                taken++;
+                continue;
+            }
             int64_t st = place(w, pm->block, 0, pm->write_granules, 0, &n);
-            if (st == PLACE_NO_SLOT) {
+            if (st == CXLHM_PLACE_NO_SLOT) {
                 no_slot = 1;
                 break;
             }
-            taken++; /* PLACE_RESIDENT cannot happen: slot_of() said absent, and only we install */
+            taken++; /* CXLHM_PLACE_RESIDENT cannot happen: slot_of() said absent, and only we install */
         }
         pthread_mutex_unlock(&w->lock);
         if (n)
@@ -804,8 +1044,10 @@ static int serve_prefetch_queue(struct cxlhm_window *w)
     set_device_time(w);
     while (w->q_head < w->q_tail && n < w->p.n_staging) {
         int64_t i = w->q_head % w->q_cap;
-        int64_t st = failed(w) ? PLACE_NO_SLOT : place(w, w->q_block[i], w->q_owner[i], 0, 1, &n);
-        if (st == PLACE_NO_SLOT)
+        int64_t st = failed(w) || map_find(&w->poisoned, w->q_block[i]) >= 0
+                         ? CXLHM_PLACE_NO_SLOT
+                         : place(w, w->q_block[i], w->q_owner[i], 0, 1, &n);
+        if (st == CXLHM_PLACE_NO_SLOT)
             STAT_ADD(w, prefetch_dropped, 1); /* prefetches are advisory */
         if (w->q_ticket[i] > last_ticket)
             last_ticket = w->q_ticket[i];
@@ -850,8 +1092,10 @@ static int64_t flush_slots(struct cxlhm_window *w, const int64_t *slots, int64_t
                 continue;
             }
             flushing[i - 1] = 1;
+            log_sum(w, w->block_of[s], src);
             n_ops = add_writeback_ops(w, n_ops, src, w->block_of[s], w->dirty[s]);
         }
+        log_commit(w);
         run_io(w, 0, n_ops);
         int64_t k = 0;
         for (int64_t j = start; j < i; j++) {
@@ -867,6 +1111,7 @@ static int64_t flush_slots(struct cxlhm_window *w, const int64_t *slots, int64_t
             int err = 0;
             if (!ops_ok(w, k, count, &err)) {
                 set_error(w, err, "write-back of block %lld failed", (long long)w->block_of[s]);
+                log_lost_writeback(w, w->block_of[s]);
                 if (!first_err)
                     first_err = -err;
             } else {
@@ -874,7 +1119,7 @@ static int64_t flush_slots(struct cxlhm_window *w, const int64_t *slots, int64_t
                     STAT_ADD(w, writeback_bytes, w->ops[q].len);
                 STAT_ADD(w, writebacks, 1);
                 w->dirty[s] = 0;
-                fw_locked(w, OP_DIRTY, s, 0, 0);
+                fw_locked(w, CXLHM_OP_DIRTY, s, 0, 0);
                 written++;
             }
             k += count;
@@ -896,9 +1141,12 @@ static int64_t flush_all(struct cxlhm_window *w)
             int64_t b = w->stranded[i];
             w->ops[0] = (struct cxlhm_io){(void *)block_addr(w, b), w->p.block_size,
                                           (uint64_t)b * w->p.block_size, 1};
+            log_sum(w, b, block_addr(w, b));
+            log_commit(w);
             run_io(w, 0, 1);
             int err;
             if (!ops_ok(w, 0, 1, &err)) {
+                log_lost_writeback(w, b);
                 w->stranded[still++] = b;
                 r = -err;
             }
@@ -919,16 +1167,16 @@ static int run_background(struct cxlhm_window *w)
     set_device_time(w);
     int64_t args[8] = {budget, (int64_t)w->p.jobs};
     int64_t out[8];
-    int64_t n = w->firmware(w->p.firmware_ctx, OP_BACKGROUND, args, out);
+    int64_t n = w->firmware(w->p.firmware_ctx, CXLHM_OP_BACKGROUND, args, out);
     int placed = 0;
     int64_t flushes = 0;
     for (int64_t j = 0; j < n; j++) {
         int64_t kind = w->p.jobs[3 * j], block = w->p.jobs[3 * j + 1], session = w->p.jobs[3 * j + 2];
-        if (kind == w->p.job_prefetch && !failed(w)) {
-            if (place(w, block, session, 0, 1, &placed) == PLACE_NO_SLOT)
+        if (kind == w->p.job_prefetch && !failed(w) && map_find(&w->poisoned, block) < 0) {
+            if (place(w, block, session, 0, 1, &placed) == CXLHM_PLACE_NO_SLOT)
                 STAT_ADD(w, prefetch_dropped, 1);
         } else if (kind == w->p.job_flush) {
-            int64_t s = fw(w, OP_LOOKUP, block, 0, 0, NULL);
+            int64_t s = fw(w, CXLHM_OP_LOOKUP, block, 0, 0, NULL);
             if (s >= 0 && w->where[s] != WHERE_NONE && w->dirty[s] && !(w->p.bt_flags[s] & w->p.flag_busy))
                 w->sample_slots[flushes++] = s;
         }
@@ -1129,6 +1377,9 @@ static void free_window(struct cxlhm_window *w)
     free(w->sample_slots);
     free(w->flushing);
     free(w->stranded);
+    map_free(&w->sums);
+    map_free(&w->poisoned);
+    free(w->log_buf);
     free(w->q_block);
     free(w->q_owner);
     free(w->q_ticket);
@@ -1262,6 +1513,18 @@ struct cxlhm_window *cxlhm_window_open(const struct cxlhm_window_params *p, int 
         FAIL(4, ENOMEM, "out of memory for the window's tables");
     for (size_t i = 0; i < n; i++)
         w->block_of[i] = -1;
+    pthread_once(&crc_once, crc_init);
+    w->log_len = LOG_HEADER;
+    w->log_cap = 4096;
+    w->log_buf = malloc(w->log_cap);
+    if (!w->log_buf)
+        FAIL(4, ENOMEM, "out of memory for the integrity log's buffer");
+    for (int64_t i = 0; i < p->n_sums; i++)
+        if (map_put(&w->sums, p->sum_blocks[i], p->sum_values[i]) < 0)
+            FAIL(4, ENOMEM, "out of memory for the block checksums");
+    for (int64_t i = 0; i < p->n_poison; i++)
+        if (map_put(&w->poisoned, p->poison_blocks[i], 0) < 0)
+            FAIL(4, ENOMEM, "out of memory for the poison list");
     return w;
 #undef FAIL
 
@@ -1291,12 +1554,12 @@ int64_t cxlhm_window_firmware(struct cxlhm_window *w, int64_t op, int64_t *args,
     pthread_mutex_lock(&w->lock);
     set_device_time(w);
     int64_t r = w->firmware(w->p.firmware_ctx, op, args, out);
-    if (op == OP_HINT) {
+    if (op == CXLHM_OP_HINT) {
         w->background_pending = 1;
         w->idle = 0;
     }
     pthread_mutex_unlock(&w->lock);
-    if (op == OP_HINT)
+    if (op == CXLHM_OP_HINT)
         wake_service(w);
     return r;
 }

@@ -4,7 +4,21 @@ struct cxlhm_window;
 
 /* The compiled firmware, one numba @cfunc per policy (cxlhm/window/firmware_cfuncs.py):
  *   int64_t firmware(int64_t *ctx, int64_t op, int64_t *args, int64_t *out)
- * Every call is made with the window's mutex held. */
+ * Every call is made with the window's mutex held. Python reads these enums through
+ * cffi (cxlhm/firmware.py): this is their only definition. */
+enum cxlhm_op {
+    CXLHM_OP_PLACE = 0,       /* (block, mode, owner) -> cxlhm_place; out: slot, victim block, victim flags */
+    CXLHM_OP_HIT = 1,         /* (slot, is_write) -> 1, or 0 when the slot holds no block */
+    CXLHM_OP_INVALIDATE = 2,  /* (slot): forget its block without a write-back */
+    CXLHM_OP_LOOKUP = 3,      /* (block) -> slot or -1 */
+    CXLHM_OP_HINT = 4,        /* (kind, session, first block, n blocks, arg) */
+    CXLHM_OP_BACKGROUND = 5,  /* (budget, jobs address) -> jobs written */
+    CXLHM_OP_PIN = 6,         /* (first block, n blocks, pin) -> blocks of the range not resident */
+    CXLHM_OP_FINISH = 7,      /* (slot): placed block installed, no longer busy */
+    CXLHM_OP_DIRTY = 8        /* (slot, dirty) */
+};
+enum cxlhm_place { CXLHM_PLACE_NO_SLOT = -1, CXLHM_PLACE_RESIDENT = 0, CXLHM_PLACE_PLACED = 1 };
+enum cxlhm_place_mode { CXLHM_MODE_WRITE = 1, CXLHM_MODE_PREFETCH = 2 };
 struct cxlhm_window_params {
     uint64_t capacity;        /* bytes of the window (multiple of block_size) */
     uint64_t block_size;      /* device block: unit of fill, eviction and sampling */
@@ -29,6 +43,14 @@ struct cxlhm_window_params {
     uint64_t sample_bytes;        /* bytes of a sampled block parked (a rotating part of it) */
     int64_t sample_min_age_ns;    /* blocks with an access signal this recent are left alone */
     int64_t prefetch_grace_ns;    /* prefetched blocks are left alone this long after install */
+    /* Crash consistency, in the explicit mode's integrity-log format (cxlhm/integrity.py) */
+    int32_t log_fd;               /* the integrity log, opened O_APPEND; 0 or less: record nothing */
+    void *hash;                   /* uint64_t (*)(const void *, size_t): xxh3-64; NULL: no checksums */
+    const int64_t *sum_blocks;    /* checksums of the blocks on the SSD at open: verified on fill */
+    const uint64_t *sum_values;
+    int64_t n_sums;
+    const int64_t *poison_blocks; /* blocks whose bytes are lost: a load from them raises SIGBUS */
+    int64_t n_poison;
 };
 
 /* Opening: 0, or -errno with a message in err. `stage` says which step failed:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from cxlhm.pool import PoolService
-from host_runtime.directory import SharedMemoryDirectory
+from host_runtime.directory import SharedMemoryDirectory, open_directory
 from host_runtime.driver import open_device
 from host_runtime.pool_client import PoolHost
 from host_runtime.pooled_kv import PooledKV
@@ -45,8 +45,10 @@ def attach(service_or_socket, name: str, tenants: list[str], authkey: bytes = b"
     return PoolHost.attach(sock, name, tenants, authkey=authkey)
 
 
-def pooled_kv(host: PoolHost, tenant: str, directory_path: str) -> PooledKV:
-    return PooledKV(host.tenant(tenant), SharedMemoryDirectory.attach(directory_path))
+def pooled_kv(host: PoolHost, tenant: str, directory: str) -> PooledKV:
+    """`directory`: a shared-memory table's path, or any directory URL (redis://...)."""
+    return PooledKV(host.tenant(tenant), open_directory(directory) if "://" in directory
+                    else SharedMemoryDirectory.attach(directory))
 
 
 class ServeProcess:

@@ -149,6 +149,13 @@ CLI = [
     ("no command", []),
 ]
 
+_SERVE = ["device", "serve", "--socket", "/nonexistent/pool.sock", "--state"]
+DEVICE += [
+    ("grant without tenant", _SERVE + ["/nonexistent/state", "--grant", "host="]),
+    ("mirror bytes text", _SERVE + ["/nonexistent/state", "--mirror-bytes", "lots"]),
+    ("state is a file", _SERVE + [f"{H}/tiny.jsonl"]),
+    ("state not creatable", _SERVE + [f"{H}/tiny.jsonl/state"]),
+]
 CASES = [(f"{args[0] if args else 'cxlhm'}: {name}", args) for group in (RUN, MRC, MAILBOX, DEVICE, POLICIES, CLI)
          for name, args in group]
 

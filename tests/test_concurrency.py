@@ -42,7 +42,8 @@ def test_threads_writing_reading_and_hinting_lose_no_update(tmp_path, policy):
                 errors.append(exc)
 
         run_all([threading.Thread(target=worker, args=(t,)) for t in range(threads)])
-        assert errors == []
+        client.close()
+    assert errors == []
         stats = dev.stats()
         assert stats["host_reads"] == stats["host_writes"] == threads * rounds
         assert stats["host_read_bytes"] == threads * rounds * region
@@ -319,3 +320,46 @@ def test_a_split_read_of_a_corrupted_block_fails_and_poisons_it(tmp_path):
         assert not (device.bt.flags & btm.BUSY).any() and dev.stats()["resident_blocks"] == 2
         with pytest.raises(PoisonError):
             dev.load(5 * BLOCK, 1)
+
+
+@pytest.mark.slow  # compiles the pin and prefetch kernels of two policies
+@pytest.mark.parametrize("policy", ["lru", "hymcache"])
+def test_four_threads_and_pin_hints_on_a_four_slot_dram_never_fail(tmp_path, policy):
+    """Plain stores and loads of 1-3 blocks while another host pins and unpins through
+    the mailbox: a pin that lands while a pass waits must not leave it DeviceFull, and
+    the hints are answered (BUSY and resent, not timed out) while the data path is busy
+    - the first accesses compile kernels under the device lock."""
+    cfg = {"capacity": 1 << 22, "block_size": BLOCK, "dram_bytes": 4 * BLOCK,
+           "backend": {"path": str(tmp_path / "p.img")}, "firmware": {"policy": policy}}
+    errors, rounds = [], 300
+    with open_device(cfg) as dev:
+        from host_runtime.mailbox import MailboxClient
+        client = MailboxClient(dev.device.start_mailbox(), ready_timeout=600)  # a loaded machine compiles slowly
+        client.identify()  # the host waits for the mailbox to be ready, as cxl_pci does
+
+        def worker(tid):
+            rng = np.random.default_rng(tid)
+            data = np.full(BLOCK * (1 + tid % 3), tid, np.uint8)
+            try:
+                for _ in range(rounds):
+                    hpa = int(rng.integers(0, 64)) * BLOCK
+                    if rng.random() < 0.5:
+                        dev.store(hpa, data)
+                    else:
+                        dev.load(hpa, data.shape[0])
+            except Exception as exc:
+                errors.append(repr(exc))
+
+        def hinter():
+            rng = np.random.default_rng(99)
+            try:
+                for _ in range(rounds):
+                    ranges = [(int(rng.integers(0, 64)) * BLOCK, BLOCK * int(rng.integers(1, 3)))]
+                    client.hints.pin(ranges)
+                    client.hints.unpin(ranges)
+            except Exception as exc:
+                errors.append(repr(exc))
+
+        run_all([threading.Thread(target=worker, args=(i,)) for i in range(4)] + [threading.Thread(target=hinter)])
+    client.close()
+    assert errors == []

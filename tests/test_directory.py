@@ -9,6 +9,7 @@ import signal
 import pytest
 
 from cxlhm.testing.directory import DirectoryConformance, fp, loc
+from cxlhm.testing.redis_server import server_or_skip
 from host_runtime.directory import DirectoryMetrics, SharedMemoryDirectory
 from host_runtime.directory.shm import DirectoryFileError
 
@@ -25,12 +26,7 @@ class TestSharedMemoryDirectory(DirectoryConformance):
 
 @pytest.fixture(scope="module")
 def redis_server():
-    from cxlhm.testing.redis_server import RedisServer, RedisUnavailable
-    pytest.importorskip("redis")
-    try:
-        server = RedisServer().start()
-    except RedisUnavailable as exc:
-        pytest.skip(str(exc))
+    server = server_or_skip()
     yield server
     server.stop()
 

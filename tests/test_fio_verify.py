@@ -55,7 +55,8 @@ def test_verify_fails_where_fio_fails_for_the_same_reason(tmp_path, engine, rw, 
 @pytest.mark.parametrize("rw,extra,fails,reason", CASES)
 def test_real_fio_agrees(tmp_path, rw, extra, fails, reason):
     text = job(tmp_path / "fio.img", rw, extra) + "ioengine=io_uring\ndirect=1\n"
-    proc = subprocess.run(["fio", "--output-format=json", "-"], input=text, capture_output=True, text=True)
+    proc = subprocess.run(["fio", "--output-format=json", "-"], input=text, capture_output=True, text=True,
+                          cwd=tmp_path)  # fio leaves its verify state file in its folder
     assert (proc.returncode != 0) == fails, proc.stderr[:500]
     if fails:
         assert reason in proc.stderr

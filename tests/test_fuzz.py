@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import json
 import os
+from types import SimpleNamespace
 import signal
 import string
 import sys
@@ -467,7 +468,7 @@ def shim_world(tmp_path_factory):
     from host_runtime.shim.lmcache import CxlhmRemoteConnector
     from host_runtime.shim.mooncake import CxlhmMooncakeStore
     from host_runtime.shim.sglang import CxlhmHiCacheStorage
-    from host_runtime.shim.vllm import CxlhmOffloadingManager
+    from host_runtime.shim.vllm import CxlhmTier
     path = tmp_path_factory.mktemp("shimfuzz") / "s.img"
     handle = open_device({"capacity": 1 << 22, "block_size": 4096, "dram_bytes": 8 * 4096, "backend": {"path": str(path)}})
     store = KVStore(handle, hints=NullHints())
@@ -483,7 +484,9 @@ def shim_world(tmp_path_factory):
     pool = np.zeros(4 * SHIM_SIZE, np.uint8)
     world = {"store": store, "handle": handle, "ref": ref, "shim": shim, "pool": pool,
              "mc": CxlhmMooncakeStore(shim), "sg": CxlhmHiCacheStorage(shim=shim),
-             "lm": CxlhmRemoteConnector(shim), "vl": CxlhmOffloadingManager(shim, SHIM_SIZE),
+             "lm": CxlhmRemoteConnector(shim=shim),
+             "vl": CxlhmTier(SimpleNamespace(kv_events_config=SimpleNamespace(enable_kv_cache_events=True)),
+                             memoryview(np.zeros((4, SHIM_SIZE), np.uint8)), "CxlhmTier", shim=shim),
              "reservations": [], "tickets": []}
     world["mc"].register_buffer(pool.ctypes.data, pool.nbytes)
     world["sg"].register_mem_pool_host(_HostPool())
@@ -569,20 +572,14 @@ def _run_op(w, op, key, size, buf_kind, number):
     elif op == "lm_remove":
         w["lm"].remove_sync(key)
     elif op == "vl_lookup":
-        assert isinstance(w["vl"].lookup([key]), int)
-    elif op == "vl_store":
-        out = w["vl"].prepare_store([key])
-        if out is not None and out.block_hashes_to_store:
-            try:
-                w["vl"].write_blocks(out.store_spec, [buf])
-            finally:
-                w["vl"].complete_store(out.block_hashes_to_store, success=bool(number % 2))
-    elif op == "vl_load":
-        spec = w["vl"].prepare_load([key])
+        assert w["vl"].lookup(key, None).name in ("HIT", "MISS", "RETRY")
+    elif op in ("vl_store", "vl_load"):
+        job = SimpleNamespace(job_id=number, keys=[key], chunk_ids=[number % 6], is_promotion=op == "vl_load")
         try:
-            w["vl"].read_blocks(spec, [buf])
+            (w["vl"].submit_store if op == "vl_store" else w["vl"].submit_load)(job)
         finally:
-            w["vl"].complete_load([key])
+            w["vl"].drain_jobs()
+            w["vl"].get_finished_jobs()
     elif op == "vl_events":
         list(w["vl"].take_events())
 

@@ -324,7 +324,7 @@ def test_unread_prefetch_protection_times_out(open_dev, ttl_ns, kept):
 
 # ---------------------------------------------------------------- write absorption counters
 
-def test_write_buffer_counters_coalesced_bytes_buffer_reads_and_host_path_write_backs(open_dev):
+def test_write_buffer_counters_coalesced_bytes_buffer_reads_and_host_path_write_backs(open_dev, tmp_path):
     dev = open_dev(params={"idle_flush": 0})
     dev.store(0, b"a" * BLOCK)
     dev.store(100, b"b" * 50)  # onto a dirty block: absorbed
@@ -332,11 +332,11 @@ def test_write_buffer_counters_coalesced_bytes_buffer_reads_and_host_path_write_
     stats = dev.stats()
     assert stats["write_coalesced_bytes"] == 50 and stats["buffer_read_hits"] == 1
     assert stats["ssd_write_bytes"] == 0 and stats["fg_writebacks"] == 0
-    lru = open_dev("lru")
+    lru = open_dev("lru", backend={"path": str(tmp_path / "lru.img")})  # one device per image
     for i in range(SLOTS + 2):  # write-back LRU: misses evict dirty blocks on the host's path
         lru.store(i * BLOCK, b"x" * BLOCK)
     assert lru.stats()["fg_writebacks"] == 2
-    hym = open_dev()
+    hym = open_dev(backend={"path": str(tmp_path / "hym.img")})
     for i in range(SLOTS + 2):  # hymcache: flushed when idle, so misses find clean victims
         hym.store(i * BLOCK, b"x" * BLOCK)
         drain(hym)
@@ -349,3 +349,24 @@ def test_background_finds_nothing_to_flush_after_a_host_flush(open_dev):
     dev.flush()
     assert dev.device.run_background() == 0
     assert dev.device.ps.w_ends[2] == 0  # the written-blocks list was pruned, not rescanned
+
+
+def test_session_end_demotes_the_blocks_a_session_owns_now(open_dev):
+    """SESSION_END walks the session's own blocks (an owner list, not every DRAM slot):
+    a block read since by another session belongs to that one and stays; blocks of a
+    session that never sent a hint are found too."""
+    dev = open_dev()
+    dev.load(300 * BLOCK, BLOCK, session=5)
+    dev.load(301 * BLOCK, BLOCK, session=5)
+    dev.load(301 * BLOCK, 1, session=6)  # now session 6's
+    dev.load(302 * BLOCK, BLOCK, session=70_000)  # never hinted
+    dev.device.hint(HintKind.SESSION_END, 5, 0, 0)
+    dev.device.hint(HintKind.SESSION_END, 70_000, 0, 0)
+    for i in range(SLOTS - 1):  # fills DRAM, then evicts two blocks: the demoted ones
+        dev.load((400 + i) * BLOCK, 1, session=8)
+    before = dev.stats()["misses"]
+    dev.load(301 * BLOCK, 1, session=6)  # survived: not session 5's any more
+    assert dev.stats()["misses"] == before
+    dev.load(300 * BLOCK, 1, session=5)  # demoted, so evicted first
+    dev.load(302 * BLOCK, 1, session=70_000)
+    assert dev.stats()["misses"] == before + 2

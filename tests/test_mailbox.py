@@ -1,8 +1,10 @@
 """The CXL mailbox: register block, every command's round trip, hint delivery to the
 policy, background progress, the host-side protocol, and the CLI."""
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -482,3 +484,77 @@ def test_docs_cover_every_opcode_and_entry_format():
     for fmt in P.HINT_ENTRY_FORMATS.values():
         for field in fmt.names:
             assert field in doc
+
+
+# ---------------------------------------------------------------- a hostile or careless host
+def _wait_for(predicate, what):
+    deadline = time.monotonic() + 30
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.001)
+
+
+def test_a_host_clearing_the_ready_bit_does_not_disable_the_mailbox(open_mailbox):
+    _, mb, client = open_mailbox()
+    client.identify()
+    client.regs.memdev_status = 0  # a host wrote the device-owned status register
+    assert client.identify()["component_type"] == P.COMPONENT_TYPE_TYPE3  # waits the bit back, not 60 s
+    assert mb.registers_restored >= 1
+
+
+def test_capability_registers_written_by_a_host_are_put_back(open_mailbox):
+    _, mb, client = open_mailbox()
+    client.identify()
+    header = client.regs._mm[:0x80]
+    caps = client.regs.read32(client.regs.mailbox_offset)
+    client.regs._mm[:0x80] = bytes(0x80)
+    client.regs.write32(client.regs.mailbox_offset, 0x1F)
+    _wait_for(lambda: client.regs._mm[:0x80] == header and client.regs.read32(client.regs.mailbox_offset) == caps,
+              "the capability registers were not re-asserted")
+    fresh = MailboxClient(mb.path)  # a new client discovers the mailbox again
+    assert fresh.identify()["max_message_size"] == 2048
+    fresh.close()
+
+
+def test_a_truncated_register_file_does_not_kill_the_device(open_mailbox):
+    _, mb, client = open_mailbox()
+    client.identify()
+    size = os.path.getsize(mb.path)
+    os.truncate(mb.path, 0)  # another process ftruncate()s the file (SIGBUS on the next touch)
+    _wait_for(lambda: os.path.getsize(mb.path) == size, "the device did not restore its register file")
+    assert client.identify()["component_type"] == P.COMPONENT_TYPE_TYPE3
+
+
+def test_a_held_mailbox_lock_is_a_clear_error_not_a_hang(open_mailbox):
+    import fcntl
+    _, mb, client = open_mailbox()
+    client.identify()
+    other = os.open(mb.path, os.O_RDWR)  # another process holds the lock (stopped mid-command)
+    fcntl.flock(other, fcntl.LOCK_EX)
+    try:
+        waiting = MailboxClient(mb.path, lock_timeout=0.2)
+        with pytest.raises(MailboxTimeout, match="held the mailbox lock"):
+            waiting.identify()
+        waiting.close()
+    finally:
+        os.close(other)
+    assert client.identify()
+
+
+def test_a_stale_register_file_is_refused_at_once_and_reclaimed_at_the_next_start(make_device, tmp_path):
+    import subprocess
+    import sys
+    from cxlhm.mailbox import registers as R
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)  # a process that has exited
+    folder = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    stale = os.path.join(folder, f"cxlhm-{pid}-stale.regs")
+    R.RegisterFile.create(stale).close()  # what a killed device process leaves behind
+    started = time.monotonic()
+    with pytest.raises(R.StaleRegisterFile, match=f"process {pid} is gone"):
+        MailboxClient(stale)
+    assert time.monotonic() - started < 5  # refused at once, not after the ready timeout
+    mb = Mailbox(make_device().device).start()  # the next start reclaims it
+    assert not os.path.exists(stale)
+    mb.close()
+    assert not os.path.exists(mb.path)  # and removes its own at close

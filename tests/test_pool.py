@@ -14,6 +14,7 @@ import pytest
 from cxlhm.mailbox.hints import HintKind
 from cxlhm.pool import protocol as P
 from cxlhm.pool.port import HostPort, device_session
+from cxlhm.testing.redis_server import server_or_skip
 from host_runtime.directory import Location, LocationKind, SharedMemoryDirectory
 from host_runtime.mailbox import MailboxCommandError
 from host_runtime.pool_client import AttachRefused, PoolError
@@ -51,12 +52,21 @@ def run_hosts(*targets, timeout: float = 240) -> list[dict]:
 
 
 # ---------------------------------------------------------------- sharing across hosts
-def test_store_on_one_host_hit_on_another_prefix_and_sparse(service, directory):
+@pytest.fixture(scope="module")
+def redis_url():
+    server = server_or_skip()
+    yield server.url
+    server.stop()
+
+
+@pytest.mark.parametrize("where", ["shm", pytest.param("redis", marks=pytest.mark.slow)])
+def test_store_on_one_host_hit_on_another_prefix_and_sparse(service, directory, where, request):
     sock, key = service.socket_path, service.authkey
+    address = directory.path if where == "shm" else request.getfixturevalue("redis_url")
     skip = {4, 7}
     stored = CTX.Event()
-    results = run_hosts((host_store, (sock, key, "host-a", "t", directory.path, b"s", 10, skip, stored)),
-                        (host_lookup, (sock, key, "host-b", "t", directory.path, b"s", 10, stored)))
+    results = run_hosts((host_store, (sock, key, "host-a", "t", address, b"s", 10, skip, stored)),
+                        (host_lookup, (sock, key, "host-b", "t", address, b"s", 10, stored)))
     (seen,) = [r for r in results if "prefix" in r]
     assert seen["prefix"] == 4                                   # stops at the first gap
     assert seen["hit"] == [i not in skip for i in range(10)]     # sparse: every other hit, with gaps
@@ -64,6 +74,21 @@ def test_store_on_one_host_hit_on_another_prefix_and_sparse(service, directory):
     m = seen["metrics"]
     assert m["remote_hits"] == 16 and m["stale_entries"] == 0  # both passes verified host-a's 8 chunks
     assert seen["direct_hits"] > 0  # blocks host-a wrote were loaded from the mirror, no round trip
+
+
+def test_hosts_share_chunks_through_a_redis_directory(service, redis_url):
+    from host_runtime.directory.redis import RedisDirectory
+    a, b = attach(service, "a", ["t"]), attach(service, "b", ["t"])
+    ka = PooledKV(a.tenant("t"), RedisDirectory(redis_url, namespace="pool-test"))
+    kb = PooledKV(b.tenant("t"), RedisDirectory(redis_url, namespace="pool-test"))
+    ks = keys(6, b"redis")
+    for i in (0, 1, 3, 5):
+        ka.put(ks[i], chunk_data(ks[i]))
+    ok, out = kb.get_many(ks)
+    assert ok.tolist() == [True, True, False, True, False, True]
+    assert all(bytes(out[i]) == chunk_data(ks[i]) for i in (0, 1, 3, 5))
+    assert kb.metrics.remote_hits == 4 and kb.prefix_hits(ks) == 2
+    a.close(), b.close()
 
 
 def test_mirror_stays_coherent_with_writes(service):
@@ -280,3 +305,32 @@ def test_eight_hosts_mixed_load_lose_no_update(service, directory):
     ok, out = kv.get_many(published)
     assert ok.all() and all(bytes(o) == chunk_data(k, 512) for o, k in zip(out, published))
     reader.close()
+
+
+def test_closing_the_service_with_hosts_attached_is_prompt(tmp_path):
+    import time
+    svc = in_process_service(tmp_path)
+    hosts = [attach(svc, f"h{i}", ["t"]) for i in range(3)]
+    hosts[0].tenant("t").store(0, b"x")
+    started = time.monotonic()
+    svc.close()
+    assert time.monotonic() - started < 8  # hosts' connections are shut, not waited out (10 s each)
+    with pytest.raises((PoolError, EOFError, OSError)):
+        hosts[1].tenant("t").load(0, 1)
+    for h in hosts:
+        h.close()
+
+
+def test_mirror_invalidates_a_range_wider_than_itself():
+    from cxlhm.pool.mirror import MirrorReader, MirrorWriter
+    w = MirrorWriter("t", 4, BLOCK)
+    r = MirrorReader(os.dup(w.fd), 4, BLOCK)
+    w.install(9, np.full(BLOCK, 7, np.uint8))  # block 9 lives in entry 1
+    out = np.empty(BLOCK, np.uint8)
+    assert r.read(9 * BLOCK, out) and (out == 7).all()
+    w.invalidate(0, 12)  # blocks 0..11: more blocks than entries
+    assert not r.read(9 * BLOCK, out)
+    w.install(20, np.full(2 * BLOCK, 3, np.uint8))
+    w.invalidate(0, 12)  # blocks 20, 21 are outside: kept
+    assert r.read(20 * BLOCK, np.empty(2 * BLOCK, np.uint8))
+    r.close(), w.close()

@@ -1,4 +1,4 @@
-"""The load/store window (issue 9): numpy / torch / C code reading and writing the HDM
+"""The load/store window: numpy / torch / C code reading and writing the HDM
 range as plain memory, served by the native userfaultfd fault handler.
 
 Every data test checks bytes against a model, under heavy eviction (device DRAM of a

@@ -92,7 +92,10 @@ def run(args: argparse.Namespace) -> int:
     if cfg.backend.path is None:  # persist in the state folder unless told otherwise
         args.overrides.append(f"backend.path={state / 'device.img'}")
         cfg = config_from_args(args)
-    handle = open_device(cfg)
+    try:
+        handle = open_device(cfg)
+    except OSError as exc:
+        return _fail(f"cannot open the device: {exc}")
     try:
         service = PoolService(handle, args.socket, state_dir=state, partition_bytes=partition, mirror_bytes=mirror,
                               grants=grants, authkey=key).start()

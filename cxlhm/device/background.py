@@ -56,6 +56,21 @@ class BackgroundWork:
         self._background_wake.set()
         return True
 
+    def hint_batch(self, kind: int, sessions: np.ndarray, first_blocks: np.ndarray, n_blocks: np.ndarray,
+                   args: np.ndarray) -> int:
+        """Hints of one kind (int64 arrays), in order, with one firmware call for the
+        batch (hint()'s per-call cost is paid once); returns how many were not followed."""
+        if kind in (HintKind.PIN, HintKind.UNPIN):
+            return sum(self.hint(kind, *entry) is False for entry in zip(sessions.tolist(), first_blocks.tolist(),
+                                                                          n_blocks.tolist(), args.tolist()))
+        with self._lock:
+            if self.closed:
+                return sessions.shape[0]
+            self._sync_time()
+            self.kernels.hints(self.bt, self.ps, self.clock, kind, sessions, first_blocks, n_blocks, args)
+        self._background_wake.set()
+        return 0
+
     def run_background(self, budget: int = 32) -> int:
         """Run up to `budget` jobs of the policy's background work (prefetches, flushes)
         now. Returns the number of jobs the policy handed out (0: nothing to do)."""

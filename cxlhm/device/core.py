@@ -518,6 +518,7 @@ class Device(StreamReads, SplitReads, BackgroundWork, PowerLoss):
             self.kernels.plan_prefetch(self.bt, self.ps, self.counters, self.clock, empty, empty,
                                        self.dram.base_address, self.block_size, s.slots_out,
                                        s.writebacks, s.fills)
+            self.kernels.hints(self.bt, self.ps, self.clock, 0, empty, empty, empty, empty)
 
     def close(self) -> None:
         """Flush dirty DRAM (like CXL Global Persistent Flush) and release everything."""

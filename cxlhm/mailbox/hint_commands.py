@@ -18,7 +18,7 @@ import numpy as np
 
 from cxlhm.mailbox import payloads as P
 from cxlhm.mailbox.background import BackgroundStarted
-from cxlhm.mailbox.hints import HintKind
+from cxlhm.mailbox.hints import DeviceBusy, HintKind
 from cxlhm.mailbox.opcodes import Opcode
 from cxlhm.mailbox.returncodes import CommandFailed, ReturnCode
 
@@ -32,6 +32,7 @@ class HintBatch:
 
     def __init__(self, kind: HintKind, session, first_block, n_blocks, arg):
         self.kind = int(kind)
+        self.columns = tuple(np.ascontiguousarray(c, np.int64) for c in (session, first_block, n_blocks, arg))
         self.session, self.first_block = session.tolist(), first_block.tolist()
         self.n_blocks, self.arg = n_blocks.tolist(), arg.tolist()
         # progress weight: blocks covered (at least 1, so range-less hints count)
@@ -45,11 +46,28 @@ class HintBatch:
         """Deliver entries [start, stop); returns how many the device declined
         (Device.hint returned False; None or True means followed)."""
         hint, kind = ctx.deliver_hint, self.kind
+        batch = getattr(ctx.device, "hint_batch", None)
+        if batch is not None and "hint" not in getattr(ctx.device, "__dict__", {}):  # (not a hint replaced on it)
+            return batch(kind, *(c[start:stop] for c in self.columns))  # one firmware call for the entries
         declined = 0
         for i in range(start, stop):
-            if hint(kind, self.session[i], self.first_block[i], self.n_blocks[i], self.arg[i]) is False:
+            try:
+                followed = hint(kind, self.session[i], self.first_block[i], self.n_blocks[i], self.arg[i])
+            except DeviceBusy:
+                raise _Busy(i, declined) from None
+            if followed is False:
                 declined += 1
         return declined
+
+
+class _Busy(Exception):
+    """The device stayed busy: entries before `index` were delivered (`declined` of them
+    declined). A foreground command answers BUSY (the host resends the batch: hints are
+    advisory, a repeated one is harmless); a background one resumes at `index`."""
+
+    def __init__(self, index: int, declined: int):
+        super().__init__(index)
+        self.index, self.declined = index, declined
 
 
 class HintDeliveryOperation:
@@ -74,7 +92,12 @@ class HintDeliveryOperation:
         while stop < len(batch) and stop - start < MAX_ENTRIES_PER_STEP and taken < self.ctx.background_step_blocks:
             taken += batch.weight[stop]
             stop += 1
-        self.declined += batch.deliver(self.ctx, start, stop)
+        try:
+            self.declined += batch.deliver(self.ctx, start, stop)
+        except _Busy as busy:  # the rest of this step is retried at the next one
+            self.declined += busy.declined
+            stop = busy.index
+            taken = sum(batch.weight[start:stop])
         self.next, self.done_weight = stop, self.done_weight + taken
         if stop >= len(batch):
             return 100
@@ -126,7 +149,10 @@ def _run(ctx, opcode: int, batch: HintBatch, *, may_background: bool) -> bytes |
         raise CommandFailed(ReturnCode.BUSY, "a background hint command is still being delivered")
     if may_background and len(batch) and batch.total_weight >= ctx.background_min_blocks:
         return ctx.engine.start(HintDeliveryOperation(ctx, opcode, batch))
-    declined = batch.deliver(ctx, 0, len(batch))
+    try:
+        declined = batch.deliver(ctx, 0, len(batch))
+    except _Busy:
+        raise CommandFailed(ReturnCode.BUSY, "the device's data path is busy; resend") from None
     return P.HINT_RESULT.pack(len(batch) - declined, declined)
 
 

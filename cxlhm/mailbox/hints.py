@@ -39,3 +39,8 @@ SESSION_PAUSE = int(HintKind.SESSION_PAUSE)
 SESSION_END = int(HintKind.SESSION_END)
 PIN = int(HintKind.PIN)
 UNPIN = int(HintKind.UNPIN)
+
+
+class DeviceBusy(RuntimeError):
+    """The data path held the device longer than a hint's caller would wait (the mailbox
+    answers BUSY and the host resends)."""

@@ -114,6 +114,48 @@ class NotARegisterFile(ValueError):
     """The file does not hold a cxlhm register block (wrong size or capability array)."""
 
 
+class StaleRegisterFile(NotARegisterFile):
+    """The register file's device process is gone (it was killed before removing it)."""
+
+
+def owner_pid(path: str | os.PathLike) -> int | None:
+    """The device process that created a default-named register file
+    (cxlhm-<pid>-<random>.regs), or None for another name."""
+    parts = os.path.basename(str(path)).split("-")
+    if len(parts) >= 3 and parts[0] == "cxlhm" and parts[1].isdigit() and str(path).endswith(".regs"):
+        return int(parts[1])
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reclaim_stale(folder: str) -> int:
+    """Remove default-named register files whose device process is gone (killed before
+    it could remove its own). Returns how many were removed."""
+    removed = 0
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return 0
+    for name in names:
+        pid = owner_pid(name)
+        if pid is not None and not _alive(pid):
+            try:
+                os.unlink(os.path.join(folder, name))
+                removed += 1
+            except OSError:
+                pass
+    return removed
+
+
 class RegisterFile:
     """A mapped register block. `create` lays one out (device side); `attach` maps an
     existing one (host side, any process) and finds the mailbox through the
@@ -123,6 +165,8 @@ class RegisterFile:
         self.path, self._mm, self._fd = path, mm, fd
         self.owner, self._remove_on_close = owner, remove_on_close
         self._discover()
+        if owner:
+            self.snapshot_read_only()
 
     # ------------------------------------------------------------ construction
     @classmethod
@@ -135,6 +179,7 @@ class RegisterFile:
         size = _align(memdev_off + MEMDEV_STATUS_LENGTH, mmap.PAGESIZE)
         if path is None:
             folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+            reclaim_stale(folder or tempfile.gettempdir())
             fd, name = tempfile.mkstemp(prefix=f"cxlhm-{os.getpid()}-", suffix=".regs", dir=folder)
             remove = True
         else:
@@ -162,9 +207,48 @@ class RegisterFile:
         _U64.pack_into(mm, 0, CAP_ARRAY_ID | (1 << 16) | (len(headers) << 32))
         return cls(name, mm, fd, owner=True, remove_on_close=remove)
 
+    # ------------------------------------------------------------ what the device owns
+    def snapshot_read_only(self) -> None:
+        """Remember the registers that are read-only from the host's view (capability
+        array and headers, mailbox capabilities), so `reassert` can put them back."""
+        self._read_only = (bytes(self._mm[:DEVICE_STATUS_OFFSET]), self.read32(self.mailbox_offset + MB_CAPS))
+        self._size = len(self._mm)
+
+    def intact(self) -> bool:
+        """The file still has its full size (another process may ftruncate it: touching
+        a page past the end would be SIGBUS). The device re-extends it when not."""
+        try:
+            return os.fstat(self._fd).st_size >= self._size
+        except OSError:
+            return False
+
+    def reassert(self, memdev_status: int) -> bool:
+        """Restore the file's size, the read-only registers and the device-owned Memory
+        Device Status (ready bit, media status) after a host wrote them. True if
+        anything had to be restored."""
+        restored = False
+        if not self.intact():
+            os.ftruncate(self._fd, self._size)  # the pages come back zeroed: rewrite what they held
+            restored = True
+        header, caps = self._read_only
+        if restored or self._mm[:DEVICE_STATUS_OFFSET] != header:
+            self._mm[:DEVICE_STATUS_OFFSET] = header
+            restored = True
+        if self.read32(self.mailbox_offset + MB_CAPS) != caps:
+            self.write32(self.mailbox_offset + MB_CAPS, caps)
+            restored = True
+        if self.memdev_status != memdev_status:
+            self.memdev_status = memdev_status
+            restored = True
+        return restored
+
     @classmethod
     def attach(cls, path: str | os.PathLike) -> "RegisterFile":
         name = str(path)
+        pid = owner_pid(name)
+        if pid is not None and not _alive(pid):
+            raise StaleRegisterFile(f"{name}: its device process {pid} is gone (a stale register file; "
+                                    "the next device start removes it)")
         fd = os.open(name, os.O_RDWR)
         try:
             size = os.fstat(fd).st_size

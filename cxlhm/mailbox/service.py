@@ -77,6 +77,7 @@ class Mailbox:
             background_step_blocks=max(1, background_step_blocks))
         self.idle_poll_s = idle_poll_s
         self.commands_serviced = 0
+        self.registers_restored = 0  # times a host had written what the device owns (or truncated the file)
         self.last_error: str | None = None  # why the last failed command failed (for debugging)
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -129,14 +130,14 @@ class Mailbox:
     def _run(self) -> None:
         self._warm_up()
         regs = self.regs
-        media = self._media_status()
-        regs.memdev_status = R.encode_memdev_status(media=media, mailbox_ready=True)
+        regs.memdev_status = R.encode_memdev_status(media=self._media_status(), mailbox_ready=True)
         poll = ACTIVE_POLL_S
         while not self._stop.is_set():
-            now_media = self._media_status()
-            if now_media != media:
-                media = now_media
-                regs.memdev_status = R.encode_memdev_status(media=media, mailbox_ready=True)
+            media = self._media_status()
+            # The device owns its size, capability registers and status: a host that
+            # truncated the file or wrote them gets them back before anything is read.
+            if regs.reassert(R.encode_memdev_status(media=media, mailbox_ready=True)):
+                self.registers_restored += 1
             if regs.doorbell:
                 self._service_one()
                 poll = ACTIVE_POLL_S

@@ -64,9 +64,13 @@ class MirrorWriter(_Segment):
     def invalidate(self, first_block: int, n_blocks: int) -> None:
         """Before the blocks change on the device: no host may hit their old copies."""
         h = self.headers
-        for b in range(first_block, first_block + min(n_blocks, self.entries)):
-            e = self.entry(b)
-            if h[e, TAG] == b + 1:
+        if n_blocks <= self.entries:
+            entries = [self.entry(b) for b in range(first_block, first_block + n_blocks)]
+        else:  # a range wider than the mirror: any entry may hold one of its blocks
+            entries = range(self.entries)
+        for e in entries:
+            tag = int(h[e, TAG])
+            if tag and first_block < tag <= first_block + n_blocks:
                 h[e, SEQ] += 1
                 h[e, TAG] = 0
                 h[e, SEQ] += 1
@@ -103,7 +107,6 @@ class MirrorReader(_Segment):
         mm = mmap.mmap(fd, segment_bytes(entries, block_size), mmap.MAP_SHARED, mmap.PROT_READ)
         os.close(fd)
         super().__init__(mm, entries, block_size)
-        self._scratch = np.empty(block_size, np.uint8)
 
     def read(self, offset: int, out: np.ndarray) -> bool:
         """Fill `out` with the bytes at partition `offset` if every block is mirrored
@@ -125,10 +128,10 @@ class MirrorReader(_Segment):
             lo = max(offset, b * bs)
             hi = min(offset + n, (b + 1) * bs)
             whole = hi - lo == bs
-            dst = out[lo - offset:hi - offset] if whole else self._scratch
+            dst = out[lo - offset:hi - offset] if whole else np.empty(bs, np.uint8)  # (per call: threads share readers)
             np.copyto(dst, blocks[e])
             if int(h[e, SEQ]) != seq or xxhash.xxh3_64_intdigest(dst) != want:
                 return False
             if not whole:
-                out[lo - offset:hi - offset] = self._scratch[lo - b * bs:hi - b * bs]
+                out[lo - offset:hi - offset] = dst[lo - b * bs:hi - b * bs]
         return True

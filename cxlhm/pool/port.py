@@ -41,6 +41,12 @@ class HostPort:
     def unclean_shutdown_detected(self) -> bool:
         return getattr(self._device, "unclean_shutdown_detected", False)
 
+    def __getattr__(self, name: str):
+        # the mailbox compiles the firmware's hint kernel from these before it reports ready
+        if name in ("kernels", "bt", "ps", "clock"):
+            return getattr(self._device, name)
+        raise AttributeError(name)
+
     def warm_up(self) -> None:
         warm = getattr(self._device, "warm_up", None)
         if callable(warm):

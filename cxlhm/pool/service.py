@@ -85,6 +85,7 @@ class PoolService:
         self._stop = threading.Event()
         self._listener: connection.Listener | None = None
         self._threads: list[threading.Thread] = []
+        self._conns: set = set()  # open host connections (close() shuts them down)
 
     # ------------------------------------------------------------ lifetime
     def start(self) -> "PoolService":
@@ -114,6 +115,14 @@ class PoolService:
             except OSError:
                 pass
             self._listener.close()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:  # a host thread waiting for its next request wakes up with EOF
+            try:
+                with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                    s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         for t in self._threads:
             t.join(10)
         with self._lock:
@@ -193,6 +202,8 @@ class PoolService:
 
     def _serve_host(self, conn) -> None:
         session = None
+        with self._lock:
+            self._conns.add(conn)
         try:
             session = self._attach(conn)
             if session is None:
@@ -206,6 +217,8 @@ class PoolService:
         except Exception:
             log.exception("pool: host connection failed")
         finally:
+            with self._lock:
+                self._conns.discard(conn)
             conn.close()
             if session is not None:
                 with self._lock:

@@ -78,6 +78,10 @@ def search_notes(results: list[dict], dram_gib: float) -> list[str]:
             continue
         finite = [x for x in steps if math.isfinite(x)]
         step = max(finite) if finite else math.inf
+        if all(not r.get("max_qps") for r in block.values() if "max_qps" in r):
+            notes.append(f"{workload}, {topology}: no configuration met the SLO at any probed speed (maxQPS 0): "
+                         f"the SLO is out of reach here, no ratio can be read")
+            continue
         notes.append(f"{workload}, {topology}: search step x{step:.3f} (maxQPS is resolved to "
                      f"{(step - 1) * 100:.0f}%)" if math.isfinite(step) else
                      f"{workload}, {topology}: no SLO failure found above maxQPS (upper end of the search)")

@@ -77,8 +77,22 @@ def run_task(task: Task) -> dict:
     return out
 
 
+class CellFailed(RuntimeError):
+    """A cell raised in a worker: its error as text (any exception survives the trip back,
+    also one whose class cannot be pickled), naming the cell."""
+
+
 def _run_group(tasks: Sequence[Task]) -> list[dict]:
-    return [run_task(t) for t in tasks]
+    out = []
+    for t in tasks:
+        try:
+            out.append(run_task(t))
+        except Exception as exc:
+            import traceback
+            raise CellFailed(f"cell {t.config} / {t.workload.label} / {t.topology} / D {t.params.dram_bytes >> 30} GiB "
+                             f"/ GPU pool {t.params.kv_pool_bytes >> 30} GiB failed: {type(exc).__name__}: {exc}\n"
+                             f"{traceback.format_exc()}") from None
+    return out
 
 
 def run_grid(tasks: Sequence[Task], *, workers: int | None = None, ray: str | None = None,

@@ -72,3 +72,13 @@ class RedisServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def server_or_skip() -> RedisServer:
+    """A started server for a test, or the test skipped saying why there is none."""
+    import pytest
+    pytest.importorskip("redis")
+    try:
+        return RedisServer().start()
+    except RedisUnavailable as exc:
+        pytest.skip(str(exc))

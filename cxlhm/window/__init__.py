@@ -1,11 +1,12 @@
 """The load/store window: the HDM range as plain memory that numpy, torch and C code read
 and write, served by a native userfaultfd fault-service thread driven by the compiled
-firmware (DESIGN.md section 10, docs/window.md).
+firmware (docs/window.md).
 
 Modules: `window` (the mapping, views, prefetch, stats, lifecycle), `firmware_cfuncs`
-(the policy compiled into one C-callable function), `availability` (can this process
-use userfaultfd, and the fix if not), `options` (granule, batching, sampler knobs),
-`device_facade` (the Device interface over a window, for `open_device`).
+(the firmware's kernels behind one C-callable function), `persistence` (the image's
+metadata, checksums and integrity log: the crash guarantee), `availability` (can this
+process use userfaultfd, and the fix if not), `options` (granule, batching, sampler
+knobs), `device_facade` (the Device interface over a window, for `open_device`).
 """
 from cxlhm.window.availability import WindowUnavailable, probe
 from cxlhm.window.device_facade import WindowDevice

@@ -1,7 +1,13 @@
 """`WindowDevice`: the `Device` interface over a window, so that `open_device` can hand
 out the usual `DeviceHandle` in window mode (load/store, read_into, the mailbox's hints)
 while numpy, torch and C code use `handle.window` directly. Both paths see the same
-bytes: explicit accesses are memcpy through the window's own memory."""
+bytes: explicit accesses are memcpy through the window's own memory.
+
+Guarantees, the explicit mode's: after a clean close or a crash (kill -9) of the process,
+every block reads back as the bytes last written to it or as poison, never older bytes -
+in either mode (cxlhm/window/persistence.py). A poisoned block raises SIGBUS when loaded
+through the window, `PoisonError` through the explicit API of a device opened in explicit
+mode. Not emulated in window mode: power loss (torn writes) and the model clock."""
 from __future__ import annotations
 
 import threading
@@ -78,6 +84,12 @@ class WindowDevice:
         if self.window.closed:
             return False
         return self.window.hint(kind, session, first_block, n_blocks, arg)
+
+    def hint_batch(self, kind: int, sessions, first_blocks, n_blocks, args) -> int:
+        """Hints of one kind, in order; returns how many were not followed. Each is one
+        call into the fault service's firmware (no interpreter work per hint there)."""
+        return sum(self.hint(kind, *entry) is False for entry in zip(sessions.tolist(), first_blocks.tolist(),
+                                                                      n_blocks.tolist(), args.tolist()))
 
     def prefetch(self, blocks, owners=None) -> int:
         return self.window.prefetch_blocks(blocks, owners)

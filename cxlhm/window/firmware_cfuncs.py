@@ -1,23 +1,21 @@
-"""The compiled firmware as one C-callable function, for the window's fault-service thread.
+"""The window's firmware as one C-callable function: thin wrappers, no firmware logic.
 
 The fault-service thread (native/cxlhm_uffd.c) runs without the interpreter: a thread
 that holds the GIL may be the one waiting for the fault, so calling back into Python
-would deadlock (DESIGN principle 2). It gets every decision from the same policy hooks
-the explicit-access firmware inlines, compiled per policy into one numba ``@cfunc``:
+would deadlock. It reaches the firmware (cxlhm/firmware.py, the very kernels the device
+and the trace simulator run) through one numba ``@cfunc`` per policy:
 
     int64 firmware(int64 *ctx, int64 op, int64 *args, int64 *out)
 
-``ctx`` holds the raw address and shape of every array the firmware works on - the block
-table, the policy state, the counters and the logical clock. The cfunc rebuilds views
-over them on each call (``numba.carray``: no allocation, no GIL). A policy's state is a
-tree of tuples / namedtuples of arrays of its own choosing, so the function is generated
-from the tree's shape.
+``op`` is one of the operations declared in native/cxlhm_uffd.h. ``ctx`` holds the raw
+address and shape of every array the firmware works on - the block table, the policy
+state, the counters and the logical clock. The cfunc rebuilds views over them on each
+call (``numba.carray``: no allocation, no GIL). A policy's state is a tree of tuples /
+namedtuples of arrays of its own choosing, so the function is generated from the tree's
+shape.
 
-Compiling it takes 10-30 s, so the generated module is written to a cache folder
-(``$CXLHM_CACHE_DIR``, default ``~/.cache/cxlhm``) and compiled with numba's on-disk
-cache. numba only checks the cached function's own file, so the file name carries a hash
-of every source the code depends on (this module, the block table, the counters, the
-policy's package): editing a policy compiles a fresh module.
+Compiling it takes 10-30 s, so the generated module is written to the compile cache and
+compiled with numba's on-disk cache (cxlhm/jit.py): a process that ran it once loads it.
 
 The numpy arrays stay owned by Python: `FirmwareBridge` keeps them alive as long as the
 native thread may use their addresses. Every call is made with the window's mutex held.
@@ -26,26 +24,18 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import importlib.util
-import os
-import sys
-from pathlib import Path
 
-import numba
 import numpy as np
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-import firmware_policies
 from cxlhm import blocktable as btm
-from cxlhm import counters as C
+from cxlhm import firmware as fw
+from cxlhm import jit
 from firmware_policies.base import Policy, no_background
 
-# Operations; must match the enum in native/cxlhm_uffd.c.
-OP_PLACE, OP_HIT, OP_INVALIDATE, OP_LOOKUP, OP_HINT, OP_BACKGROUND, OP_PIN, OP_FINISH, OP_DIRTY = range(9)
-PLACE_NO_SLOT, PLACE_RESIDENT, PLACE_PLACED = -1, 0, 1
-MODE_WRITE, MODE_PREFETCH = 1, 2
+OPS = fw.OPS  # the operations, from native/cxlhm_uffd.h through cffi
 
 SIGNATURE = types.int64(types.CPointer(types.int64), types.int64, types.CPointer(types.int64),
                         types.CPointer(types.int64))
@@ -67,85 +57,6 @@ class UnsupportedPolicyState(TypeError):
     """A policy's state holds something native code cannot be handed (not an array)."""
 
 
-# ---------------------------------------------------------------- per-policy kernels
-
-class PolicyKernels:
-    """The policy's hooks wrapped into the two decisions the fault service needs."""
-
-    def __init__(self, policy: Policy):
-        on_hit, on_insert, victim, on_evict = policy.on_hit, policy.on_insert, policy.victim, policy.on_evict
-        self.on_evict, self.on_hint, self.background = on_evict, policy.on_hint, policy.background
-
-        @numba.njit(nogil=True)
-        def place(bt, ps, counters, clock, block, mode, owner, out):
-            """A slot for a missing block: a free one, else the policy's victim (reported
-            in out[1..2] so the caller can write it back and drop its pages)."""
-            now = clock[0]
-            clock[0] = now + 1
-            prefetch = (mode & MODE_PREFETCH) != 0
-            slot = btm.lookup(bt, block)
-            if slot >= 0:
-                if prefetch:
-                    counters[C.PREFETCH_REDUNDANT] += 1
-                out[0] = slot
-                return PLACE_RESIDENT
-            victim_block = -1
-            victim_flags = 0
-            slot = btm.take_free_slot(bt)
-            if slot < 0:
-                slot = victim(ps, bt, now)
-                if slot < 0 or not btm.evictable(bt, slot):
-                    if prefetch:
-                        counters[C.PREFETCH_DROPPED] += 1
-                    return PLACE_NO_SLOT
-                on_evict(ps, bt, slot, now)
-                counters[C.EVICTIONS] += 1
-                if bt.flags[slot] & btm.PREFETCHED:
-                    counters[C.PREFETCH_UNUSED] += 1
-                victim_block = bt.block[slot]
-                victim_flags = bt.flags[slot]
-                btm.unmap(bt, slot)
-            btm.install(bt, slot, block, owner, now)
-            if prefetch:
-                bt.flags[slot] |= btm.PREFETCHED
-                counters[C.PREFETCH_ISSUED] += 1
-            else:
-                counters[C.MISSES] += 1
-                counters[C.FILL_READS] += 1
-            bt.flags[slot] |= btm.BUSY  # never a victim until its pages are installed
-            on_insert(ps, bt, slot, (mode & MODE_WRITE) != 0, now)
-            out[0] = slot
-            out[1] = victim_block
-            out[2] = victim_flags
-            return PLACE_PLACED
-
-        @numba.njit(nogil=True)
-        def hit(bt, ps, counters, clock, slot, is_write):
-            """An access the device could see: a first store, or a sampled access."""
-            now = clock[0]
-            clock[0] = now + 1
-            if bt.block[slot] < 0:
-                return 0
-            counters[C.HITS] += 1
-            on_hit(ps, bt, slot, is_write, now)  # sees PREFETCHED still set, as in the explicit path
-            if bt.flags[slot] & btm.PREFETCHED:
-                counters[C.PREFETCH_USEFUL] += 1
-                bt.flags[slot] &= ~btm.PREFETCHED
-            bt.stamp[slot] = now
-            return 1
-
-        self.place, self.hit = place, hit
-
-
-_KERNELS: dict[int, PolicyKernels] = {}
-
-
-def kernels_for_policy(policy: Policy) -> PolicyKernels:
-    if id(policy) not in _KERNELS:
-        _KERNELS[id(policy)] = PolicyKernels(policy)
-    return _KERNELS[id(policy)]
-
-
 # ---------------------------------------------------------------- code generation
 
 _DISPATCH = '''
@@ -160,33 +71,28 @@ def firmware(ctx_p, op, args_p, out_p):
     args = numba.carray(args_p, (8,), np.int64)
     out = numba.carray(out_p, (8,), np.int64)
     bt, ps, counters, clock = load(ctx)
-    if op == OP_PLACE:
-        return _place(bt, ps, counters, clock, args[0], args[1], args[2], out)
-    if op == OP_HIT:
-        return _hit(bt, ps, counters, clock, args[0], args[1] != 0)
-    if op == OP_LOOKUP:
+    if op == {PLACE}:
+        return _fault_place(bt, ps, counters, clock, args[0], args[1], args[2], out)
+    if op == {HIT}:
+        return _fault_hit(bt, ps, counters, clock, args[0], args[1] != 0)
+    if op == {LOOKUP}:
         return btm.lookup(bt, args[0])
-    if op == OP_FINISH:
-        bt.flags[args[0]] &= ~btm.BUSY
+    if op == {FINISH}:
+        fw.fault_finish(bt, args[0])
         return 0
-    if op == OP_DIRTY:
-        if args[1] != 0:
-            bt.flags[args[0]] |= btm.DIRTY
-        else:
-            bt.flags[args[0]] &= ~btm.DIRTY
+    if op == {DIRTY}:
+        fw.set_dirty(bt, args[0], args[1] != 0)
         return 0
-    if op == OP_INVALIDATE:  # a block whose bytes could not be read: forget it
-        _on_evict(ps, bt, args[0], clock[0])
-        btm.unmap(bt, args[0])
-        btm.release_slot(bt, args[0])
+    if op == {INVALIDATE}:  # a block whose bytes could not be read: forget it
+        _invalidate(bt, ps, args[0], clock[0])
         return 0
-    if op == OP_HINT:
-        _on_hint(ps, bt, args[0], args[1], args[2], args[3], args[4], clock[0])
+    if op == {HINT}:
+        _hint(bt, ps, clock, args[0], args[1], args[2], args[3], args[4])
         return 0
-    if op == OP_BACKGROUND:
+    if op == {BACKGROUND}:
         jobs = numba.carray(voidptr(args[1]), (args[0], 3), np.int64)
-        return _background(ps, bt, clock[0], args[0], jobs)
-    if op == OP_PIN:
+        return _background(bt, ps, clock, args[0], jobs)
+    if op == {PIN}:
         return btm.set_pinned(bt, args[0], args[1], args[2] != 0)
     return -1
 '''
@@ -238,54 +144,27 @@ def _module_source(policy_line: str, layout: _Layout, cache: bool) -> str:
         "import numba",
         "import numpy as np",
         "from cxlhm import blocktable as btm",
-        "from cxlhm.window.firmware_cfuncs import (SIGNATURE, OP_PLACE, OP_HIT, OP_LOOKUP, OP_FINISH, OP_DIRTY,",
-        "    OP_INVALIDATE, OP_HINT, OP_BACKGROUND, OP_PIN, voidptr, kernels_for_policy)",
+        "from cxlhm import firmware as fw",
+        "from cxlhm.window.firmware_cfuncs import SIGNATURE, voidptr",
         policy_line,
-        "_k = kernels_for_policy(_policy)",
-        "_place, _hit, _on_evict, _on_hint, _background = _k.place, _k.hit, _k.on_evict, _k.on_hint, _k.background",
+        "_k = fw.kernels_for(_policy)",
+        "_fault_place, _fault_hit, _invalidate, _hint, _background = (_k.fault_place, _k.fault_hit, _k.invalidate,",
+        "                                                              _k.hint, _k.background)",
     ]
     for name, ref in layout.imports.items():
         module, qualname = ref.split(":")
         lines.append(f"{name} = importlib.import_module({module!r}).{qualname}")
     return "\n".join(lines) + "\n" + _DISPATCH.format(state=layout.expr, n_ctx=layout.size,
-                                                       cache=", cache=True" if cache else "")
-
-
-def _source_hash(policy: Policy) -> str:
-    """Hash of everything the compiled firmware is built from."""
-    files = {Path(__file__), Path(btm.__file__), Path(C.__file__)}
-    files.update(Path(firmware_policies.__file__).parent.glob("*.py"))
-    for hook in (policy.on_hit, policy.on_insert, policy.victim, policy.on_evict, policy.on_hint, policy.background):
-        module = sys.modules.get(getattr(getattr(hook, "py_func", hook), "__module__", ""), None)
-        if getattr(module, "__file__", None):
-            files.add(Path(module.__file__))
-    digest = hashlib.sha256(numba.__version__.encode())
-    for path in sorted(files):
-        digest.update(str(path).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("CXLHM_CACHE_DIR", Path.home() / ".cache" / "cxlhm")) / "window_firmware"
+                                                       cache=", cache=True" if cache else "", **OPS)
 
 
 _COMPILED: dict[tuple, object] = {}
 
 
-def _drop_stale(folder: Path, prefix: str) -> None:
-    """Modules (and numba cache files) compiled from sources that have changed since."""
-    for path in list(folder.glob(f"{prefix}*.py")) + list((folder / "__pycache__").glob(f"{prefix}*")):
-        try:
-            path.unlink()
-        except OSError:
-            pass
-
-
 def _compile(policy: Policy, layout: _Layout):
     """The firmware cfunc for (policy, state shape): from this process, from numba's
-    disk cache, or compiled now."""
-    cacheable = _registered(policy)
+    disk cache (cxlhm/jit.py), or compiled now."""
+    cacheable = fw.registered(policy)
     policy_line = (f"import firmware_policies\n_policy = firmware_policies.get({policy.name!r})" if cacheable
                    else "_policy = _given_policy")
     source = _module_source(policy_line, layout, cache=cacheable)
@@ -293,37 +172,19 @@ def _compile(policy: Policy, layout: _Layout):
     key = (id(policy), tag)
     if key in _COMPILED:
         return _COMPILED[key]
+    module = None
     if cacheable:
-        folder = cache_dir()
-        name = f"fw_{policy.name}_{tag}_{_source_hash(policy)}"
-        path = folder / f"{name}.py"
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            if not path.exists():
-                _drop_stale(folder, f"fw_{policy.name}_{tag}_")
-                tmp = path.with_suffix(f".tmp{os.getpid()}")
-                tmp.write_text(source)
-                os.replace(tmp, path)
-            spec = importlib.util.spec_from_file_location(f"cxlhm_window_fw_{name}", path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = module  # numba's cache re-imports the module by name
-            spec.loader.exec_module(module)
-            _COMPILED[key] = module.firmware
-            return module.firmware
-        except OSError:  # no writable cache folder: compile in memory
-            source = _module_source("_policy = _given_policy", layout, cache=False)
-    # An unregistered policy object (or no cache folder): compiled in memory, every process.
-    namespace = {"_given_policy": policy}
-    exec(compile(source, f"<cxlhm window firmware for {policy.name}>", "exec"), namespace)
-    _COMPILED[key] = namespace["firmware"]
-    return namespace["firmware"]
-
-
-def _registered(policy: Policy) -> bool:
-    try:
-        return firmware_policies.get(policy.name) is policy
-    except firmware_policies.UnknownPolicy:
-        return False
+        name = f"window_{policy.name}_{fw.policy_tag(policy)}_{tag}"
+        jit.compiling_notice(f"the {policy.name} firmware for the window",
+                             jit.cache_dir() / "numba" / jit.STAMP / f"{name}_{jit.STAMP}")
+        module = jit.generated_module(name, source)
+    if module is None:  # an unregistered policy object (or no cache folder): compiled in memory, every process
+        namespace = {"_given_policy": policy}
+        exec(compile(_module_source("_policy = _given_policy", layout, cache=False),
+                     f"<cxlhm window firmware for {policy.name}>", "exec"), namespace)
+        module = type("Namespace", (), namespace)
+    _COMPILED[key] = module.firmware
+    return module.firmware
 
 
 class FirmwareBridge:

@@ -1,4 +1,4 @@
-"""The load/store window: the HDM range as plain memory (DESIGN.md section 10).
+"""The load/store window: the HDM range as plain memory.
 
     win = open_window({"capacity": "1TiB", "dram_bytes": "256MiB", "block_size": "64KiB",
                        "backend": {"path": "out/ssd.img"}})
@@ -10,7 +10,9 @@
 A `Window` owns its device: block table, policy state, staging buffers, SSD back end,
 and the native fault-service thread (native/cxlhm_uffd.c) that fills, evicts and
 samples blocks. The SSD image has the explicit mode's format (the byte at HPA h is at
-file offset h) and the same metadata file, so either mode reopens the other's device.
+file offset h) and its sidecar files - metadata, checksums, integrity log
+(cxlhm/window/persistence.py) - so either mode reopens the other's device, after a
+clean close or a crash, with the same guarantee: the bytes last written, or poison.
 """
 from __future__ import annotations
 
@@ -27,8 +29,7 @@ import firmware_policies
 from cxlhm import blocktable as btm
 from cxlhm import counters as C
 from cxlhm.config import ConfigError, DeviceConfig
-from cxlhm.device import AccessOutOfRange, DeviceClosed, MediaError, Sidecars
-from cxlhm.integrity import SidecarCorrupt
+from cxlhm.device import AccessOutOfRange, DeviceClosed, MediaError
 from cxlhm.mailbox.hints import HintKind
 from cxlhm.media import native
 from cxlhm.media.dram import DeviceDram
@@ -36,6 +37,7 @@ from cxlhm.media.ssd import SsdBackend
 from cxlhm.window import firmware_cfuncs as fc
 from cxlhm.window.availability import USER_MODE_ONLY, STAGE_OTHER, WindowUnavailable, explain
 from cxlhm.window.options import WindowOptions
+from cxlhm.window.persistence import WindowPersistence
 from firmware_policies.base import JOB_FLUSH, JOB_PREFETCH
 
 MS = 1_000_000
@@ -93,12 +95,16 @@ class Window:
         self.staging.slots[:] = 0  # fault the staging pages in now, not inside the first reads
         self._final_counters: dict[str, int] | None = None
         self._w = None
+        self.persistence = None
         try:
+            self.persistence = WindowPersistence(None if self.ssd.temporary else self.ssd.path, cfg)
+            self.unclean_shutdown_detected = self.persistence.unclean_shutdown_detected
             self._w = self._open_native()
-            self._open_metadata()
         except BaseException:
             if self._w is not None:
                 self._lib.cxlhm_window_close(self._w, 0, self._ffi.NULL, 0)
+            if self.persistence is not None:  # nothing was written: the image is as it was
+                self.persistence.close(clean=not self.unclean_shutdown_detected)
             self.ssd.close()
             self.staging.close()
             raise
@@ -156,6 +162,7 @@ class Window:
         p.sample_bytes = self.sample_bytes
         p.sample_min_age_ns = int(o.sample_min_age_ms * MS)
         p.prefetch_grace_ns = int(o.prefetch_grace_ms * MS)
+        self.persistence.fill_params(ffi, p)
         stage, err_no, message = ffi.new("int *"), ffi.new("int *"), ffi.new("char[256]")
         w = lib.cxlhm_window_open(p, stage, err_no, message, 256)
         if w == ffi.NULL:
@@ -164,22 +171,6 @@ class Window:
                 raise OSError(err_no[0], f"cannot set up the load/store window: {detail}")
             raise WindowUnavailable(explain(stage[0], err_no[0], detail), err_no[0])
         return w
-
-    # ------------------------------------------------------------ persistence (explicit mode's format)
-    def _open_metadata(self) -> None:
-        if self.ssd.temporary:
-            return
-        self._sidecars = Sidecars(self.ssd.path, self.capacity, self.block_size, self.cfg.source_of)
-        try:
-            meta = self._sidecars.read()
-            self.unclean_shutdown_detected = meta is not None and not meta.get("clean", False)
-        except SidecarCorrupt:
-            self.unclean_shutdown_detected = True
-        self._write_metadata(clean=False)
-
-    def _write_metadata(self, *, clean: bool) -> None:
-        if not self.ssd.temporary:
-            self._sidecars.write(clean=clean)  # keeps the explicit mode's poison list and checksum count
 
     # ------------------------------------------------------------ memory
     def check_extent(self, hpa: int, n: int) -> None:
@@ -237,20 +228,20 @@ class Window:
             raise AccessOutOfRange(f"hint range [{first_block}, +{n_blocks}) is outside the window's blocks")
         if kind in (HintKind.PIN, HintKind.UNPIN):
             return self._pin(first_block, n_blocks, kind == HintKind.PIN)
-        self._firmware(fc.OP_HINT, kind, session, first_block, n_blocks, arg)
+        self._firmware(fc.OPS['HINT'], kind, session, first_block, n_blocks, arg)
         return True
 
     def _pin(self, first_block: int, n_blocks: int, pin: bool) -> bool:
         if not pin:
-            self._firmware(fc.OP_PIN, first_block, n_blocks, 0)
+            self._firmware(fc.OPS['PIN'], first_block, n_blocks, 0)
             return True
         if int(self.bt.scalars[btm.N_PINNED]) + n_blocks > self.n_slots - 1:
             return False  # leave a slot for faults, or every miss would block forever
         for _ in range(4):  # a concurrent fault may evict a block between prefetch and pin
-            if self._firmware(fc.OP_PIN, first_block, n_blocks, 1) == 0:
+            if self._firmware(fc.OPS['PIN'], first_block, n_blocks, 1) == 0:
                 return True
             self.prefetch_blocks(np.arange(first_block, first_block + n_blocks, dtype=np.int64))
-        return self._firmware(fc.OP_PIN, first_block, n_blocks, 1) == 0
+        return self._firmware(fc.OPS['PIN'], first_block, n_blocks, 1) == 0
 
     def _firmware(self, op: int, *args: int) -> int:
         """Call the firmware through C, which takes the window's mutex itself: Python
@@ -344,7 +335,7 @@ class Window:
             self._w = None
             try:
                 self.ssd.sync()
-                self._write_metadata(clean=rc == 0)
+                self.persistence.close(clean=rc == 0)
             finally:
                 self.ssd.close()
                 self.staging.close()

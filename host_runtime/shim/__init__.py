@@ -6,12 +6,12 @@ module maps one engine's storage interface onto it and imports without its engin
 installed (subclassing the engine's real base class when it is importable):
 
   sglang    SGLang HiCache storage backend (HiCacheStorage; loadable as "dynamic")
-  lmcache   LMCache remote connector (RemoteConnector)
-  vllm      vLLM KV offloading manager (OffloadingManager)
-  mooncake  Mooncake-store style zero-copy API (put_from / get_into / batch_*)
+  lmcache   LMCache remote connector (RemoteConnector; remote_storage_plugins)
+  vllm      vLLM offloading tier (SecondaryTierManager of TieringOffloadingSpec)
+  mooncake  MooncakeDistributedStore's API (setup / put_from / get_into / batch_*)
   hf        Hugging Face transformers DynamicCache save / restore
 
-docs/kvstore.md documents each, with the SGLang command line.
+docs/kvstore.md documents each, with the command line or config a user types.
 """
 from host_runtime.shim.api import KVShim, RegisteredBuffers, byte_view
 

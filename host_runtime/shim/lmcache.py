@@ -6,15 +6,32 @@ LMCache's interface (lmcache/v1/storage_backend/connector/base_connector.py,
   async get(key) -> MemoryObj | None   (None: miss)
   async put(key, memory_obj)           (a key already stored is left as is)
   async list() -> [str]                async close()
-  batched_contains(keys, stop_after_first_not_exits=True) -> [bool]
+  batched_contains(keys) -> int        (leading hits: StorageManager slices keys[:n])
   async batched_get(keys) / batched_put(keys, objs), remove_sync(key) -> bool
 Keys are LMCache ``CacheEngineKey`` objects (``to_string()`` names them) or strings.
 
-Each stored value is a small header (payload size, dtype, memory format, shape)
-followed by the memory object's bytes, as LMCache's own remote connectors save
-chunk metadata, so `get` can allocate the right object from LMCache's local CPU
-backend (``local_cpu_backend.allocate(shape, dtype, fmt)``) and read straight into it.
-Without LMCache, `get` returns a `BytesMemoryObj` (numpy-backed, ``byte_array``).
+Loading it: both of LMCache's plug-in paths build a connector as
+``cls(loop=, local_cpu_backend=, config=)``; the remote-storage-plugin config::
+
+  remote_storage_plugins: ["cxlhm"]
+  extra_config:
+    remote_storage_plugin.cxlhm.module_path: host_runtime.shim.lmcache
+    remote_storage_plugin.cxlhm.class_name: CxlhmRemoteConnector
+    remote_storage_plugin.cxlhm.device: {"capacity": "1TiB", "dram_bytes": "256MiB",
+                                         "backend": {"path": "/mnt/nvme/lmcache-{worker_id}.img"}}
+
+(or the older ``remote_url: external://host:0/host_runtime.shim.lmcache/?connector_name=
+CxlhmRemoteConnector`` with ``extra_config: {cxlhm.device: ...}``). Further keys:
+``.tenant`` (default ``lmcache``; LMCache's keys already name model, world size and
+worker), ``.index_path``, ``.hints``. ``{worker_id}`` / ``{world_size}`` in the image
+path give each worker its own image (a path naming neither gets ``.<worker_id>``
+appended when there is more than one worker).
+
+Each stored value is LMCache's own remote metadata header (``RemoteMetadata``: length,
+memory format, shapes and dtypes of every group) followed by the memory object's
+bytes, as its fs / redis connectors save chunks, so `get` allocates the right object
+from the local CPU backend and reads straight into it. Without LMCache, a small header
+of ours is used and `get` returns a `BytesMemoryObj` (numpy-backed, ``byte_array``).
 """
 from __future__ import annotations
 
@@ -58,17 +75,24 @@ class BytesMemoryObj:
 
 
 class CxlhmRemoteConnector(_Base):
-    """`local_cpu_backend`: LMCache's LocalCPUBackend (objects for `get` come from its
-    allocator); `allocate`: alternatively a callable (shape, dtype, fmt, nbytes) ->
-    memory object. Neither: BytesMemoryObj."""
+    """Built by LMCache as ``cls(loop=, local_cpu_backend=, config=)`` (the shim is then
+    opened from the config), or directly with ``shim=``. `local_cpu_backend`: LMCache's
+    LocalCPUBackend (objects for `get` come from its allocator); `allocate`:
+    alternatively a callable (shape, dtype, fmt, nbytes) -> memory object. Neither:
+    BytesMemoryObj."""
 
-    def __init__(self, shim: KVShim, *, local_cpu_backend: Any = None,
-                 allocate: Callable[..., Any] | None = None):
-        if _Base is not object:
-            try:
-                _Base.__init__(self, getattr(local_cpu_backend, "config", None), getattr(local_cpu_backend, "metadata", None))
-            except TypeError:
-                _Base.__init__(self)
+    def __init__(self, loop: Any = None, local_cpu_backend: Any = None, config: Any = None, *,
+                 shim: KVShim | None = None, allocate: Callable[..., Any] | None = None):
+        metadata = getattr(local_cpu_backend, "metadata", None)
+        self._lmcache_header = _Base is not object and metadata is not None
+        if self._lmcache_header:  # LMCache's shapes, dtypes and header size for this model
+            _Base.__init__(self, config if config is not None else local_cpu_backend.config, metadata)
+        self.loop = loop
+        self._owns_shim = shim is None
+        if shim is None:
+            settings = plugin_settings(config)
+            shim = KVShim.open(_device_settings(settings.get("device"), metadata), tenant=settings.get("tenant", "lmcache"),
+                               index_path=settings.get("index_path"), hints=settings.get("hints", "mailbox"))
         self.shim = shim
         self.local_cpu_backend = local_cpu_backend
         self._allocate = allocate
@@ -83,12 +107,9 @@ class CxlhmRemoteConnector(_Base):
     def support_batched_contains(self) -> bool:
         return True
 
-    def batched_contains(self, keys: list, stop_after_first_not_exits: bool = True) -> list[bool]:
-        hits = self.shim.exists([_key(k) for k in keys])
-        if stop_after_first_not_exits and False in hits:
-            first = hits.index(False)
-            hits[first:] = [False] * (len(hits) - first)
-        return hits
+    def batched_contains(self, keys: list) -> int:
+        """How many leading keys are stored (LMCache's StorageManager takes keys[:n])."""
+        return self.shim.lookup_prefix([_key(k) for k in keys])
 
     def support_batched_async_contains(self) -> bool:
         return True
@@ -127,7 +148,10 @@ class CxlhmRemoteConnector(_Base):
         return [k.decode(errors="replace") for k in self.shim.keys()]
 
     async def close(self) -> None:
-        self.shim.flush()
+        if self._owns_shim:
+            self.shim.close()
+        else:
+            self.shim.flush()
 
     def support_ping(self) -> bool:
         return True
@@ -137,6 +161,8 @@ class CxlhmRemoteConnector(_Base):
 
     # ------------------------------------------------------------ internals
     def _get(self, key: bytes) -> Any:
+        if self._lmcache_header:
+            return self._get_lmcache(key)
         header = np.empty(_HEADER.size, np.uint8)
         if not self.shim.read_range(key, 0, header):
             return None
@@ -155,7 +181,40 @@ class CxlhmRemoteConnector(_Base):
             return None
         return obj
 
+    def _get_lmcache(self, key: bytes) -> Any:
+        from lmcache.v1.protocol import RemoteMetadata
+        header = np.empty(self.remote_metadata_bytes, np.uint8)
+        if not self.shim.read_range(key, 0, header):
+            return None
+        try:
+            meta = RemoteMetadata.deserialize(bytearray(header.tobytes()))
+        except Exception as exc:  # noqa: BLE001 - any undecodable header is not a chunk of ours
+            log.error("value of %r has no LMCache header (%s); treating it as a miss", key, exc)
+            return None
+        if self.shim.size_of(key) != header.nbytes + meta.length:
+            log.error("value of %r: header says %d bytes, %d stored; treating it as a miss",
+                      key, meta.length, (self.shim.size_of(key) or 0) - header.nbytes)
+            return None
+        obj = self.local_cpu_backend.allocate(meta.shapes, meta.dtypes, meta.fmt)
+        if obj is None:  # LMCache's allocator is full: a miss, LMCache recomputes
+            return None
+        payload = _payload(obj, writable=True)
+        if payload.nbytes != meta.length or not self.shim.read_range(key, header.nbytes, payload):
+            log.error("get %r: the allocated object holds %d bytes, the value %d", key, payload.nbytes, meta.length)
+            obj.ref_count_down()
+            return None
+        return obj
+
     def _put(self, key: bytes, memory_obj: Any) -> None:
+        if self._lmcache_header:
+            from lmcache.v1.protocol import RemoteMetadata
+            payload = _payload(memory_obj, writable=False)
+            header = RemoteMetadata(payload.nbytes, memory_obj.get_shapes(), memory_obj.get_dtypes(),
+                                    memory_obj.get_memory_format()).serialize()
+            status = self.shim.put_from(key, [np.frombuffer(bytes(header), np.uint8), payload])
+            if not status.ok:
+                log.warning("put %r: %s", key, status.value)
+            return
         payload = _payload(memory_obj, writable=False)
         shape, dtype, fmt = _describe(memory_obj)
         header = _HEADER.pack(_MAGIC, payload.nbytes, dtype.encode()[:24], fmt, len(shape),
@@ -178,6 +237,43 @@ def _key(key: Any) -> bytes:
     return kvkeys.normalize_key(key)
 
 
+def plugin_settings(config: Any) -> dict:
+    """This connector's keys from LMCache's extra_config: those of the remote storage
+    plugin whose class_name is ours (``remote_storage_plugin.<name>.device``, ...),
+    else the ``cxlhm.*`` keys (the external:// path names no plugin)."""
+    extra = dict(getattr(config, "extra_config", None) or {})
+    prefixes = [key[: -len("class_name")] for key, value in extra.items()
+                if key.startswith("remote_storage_plugin.") and key.endswith(".class_name")
+                and value == CxlhmRemoteConnector.__name__]
+    prefix = prefixes[0] if prefixes else "cxlhm."
+    settings = {key[len(prefix):]: value for key, value in extra.items() if key.startswith(prefix)}
+    if "device" not in settings:
+        raise ValueError(f"LMCache extra_config has no {prefix}device: give the cxlhm device "
+                         "(a profile name or settings with backend.path)")
+    return settings
+
+
+def _device_settings(device: Any, metadata: Any) -> Any:
+    """{worker_id} / {world_size} filled in; a path naming neither is made per worker."""
+    import json
+    worker, world = getattr(metadata, "worker_id", 0), getattr(metadata, "world_size", 1)
+    if isinstance(device, str) and device.lstrip().startswith("{"):
+        device = json.loads(device)
+    if isinstance(device, str):
+        return device.format(worker_id=worker, world_size=world)
+
+    def fill(value):
+        if isinstance(value, dict):
+            return {k: fill(v) for k, v in value.items()}
+        return value.format(worker_id=worker, world_size=world) if isinstance(value, str) else value
+    settings = fill(dict(device))
+    backend = device.get("backend")
+    path = backend.get("path") if isinstance(backend, dict) else None
+    if isinstance(path, str) and world > 1 and "{" not in path:
+        settings["backend"]["path"] = f"{path}.{worker}"
+    return settings
+
+
 def _payload(obj: Any, *, writable: bool) -> np.ndarray:
     """The memory object's bytes as a flat view (its tensor, else its byte_array)."""
     tensor = getattr(obj, "tensor", None)
@@ -195,4 +291,4 @@ def _describe(obj: Any) -> tuple[tuple, str, int]:
     return (), "uint8", 0
 
 
-__all__ = ["BytesMemoryObj", "CxlhmRemoteConnector"]
+__all__ = ["BytesMemoryObj", "CxlhmRemoteConnector", "plugin_settings"]

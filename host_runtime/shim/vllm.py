@@ -1,199 +1,226 @@
-"""vLLM KV offloading manager on cxlhm.
+"""vLLM KV offloading onto cxlhm: a secondary tier of vLLM's TieringOffloadingSpec.
 
-vLLM's interface (vllm/v1/kv_offload/abstract.py, ``OffloadingManager``), run in the
-scheduler:
-  lookup(block_hashes) -> int          leading blocks offloaded
-  prepare_load(block_hashes) -> LoadStoreSpec   blocks protected from eviction until
-  complete_load(block_hashes)                   ... this
-  touch(block_hashes)                  mark recently used
-  prepare_store(block_hashes) -> PrepareStoreOutput | None
-        (block_hashes_to_store, store_spec, block_hashes_evicted); None: cannot store
-  complete_store(block_hashes, success=True)    stored blocks become loadable
-  take_events() -> OffloadingEvents (stored / removed)
-Block hashes are bytes (ints in older vLLM; both work).
+Why a tier and not a whole OffloadingSpec: vLLM's tiering spec keeps its CPU primary
+tier, which does every GPU<->host copy with vLLM's own worker (canonical layouts, TP,
+hybrid groups, CUDA streams); a secondary tier only moves chunks between that host
+buffer and its medium, in the scheduler process, which is what a CXL memory device
+behind the host is. A full spec would have to reimplement vLLM's GPU worker.
 
-The LoadStoreSpec here (`CxlhmLoadStoreSpec`, medium "CXLHM") carries each block's HPA
-in the device window; a worker moves the bytes with `write_blocks` / `read_blocks`
-(or through the load/store window). Evictions reported by prepare_store and
-take_events are this tenant's blocks only: another tenant's evictions are never
-visible here.
+Loading it (vLLM's out-of-tree tier: ``type`` is the class name, ``module_path`` its
+module; the remaining keys reach the constructor)::
+
+  vllm serve meta-llama/Llama-3.1-8B-Instruct --kv-transfer-config '{
+    "kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+    "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec",
+      "cpu_bytes_to_use": 8589934592,
+      "secondary_tiers": [{"type": "CxlhmTier", "module_path": "host_runtime.shim.vllm",
+        "device": {"capacity": "1TiB", "dram_bytes": "256MiB",
+                   "backend": {"path": "/mnt/nvme/vllm-{engine}.img"}}}]}}'
+
+vLLM's interface (vllm/v1/kv_offload/tiering/base.py, ``SecondaryTierManager``):
+lookup(key, req_context) -> LookupResult (HIT / MISS / RETRY while the chunk is being
+written); submit_store(job) / submit_load(job) copy between the primary tier's
+chunks (``job.chunk_ids`` rows of ``primary_kv_view``) and the device, on a worker
+thread; get_finished_jobs() -> JobResult; drain_jobs(); take_events() ->
+OffloadingEvent (stored and evicted keys, this tenant's only); on_new_request().
+Keys are vLLM's OffloadKey bytes (block hash + group index). A chunk read that fails
+(evicted since the lookup, a device read error) is reported as a failed key of the
+load job, never as bytes.
+
+Tenant: ``vllm:<model>:<parallel layout>`` (a chunk's bytes depend on the engine's
+TP/PP/PCP/DCP split unless vLLM says they are parallelism-agnostic). ``{engine}`` in
+the image path is vLLM's engine id (one per DP replica: each replica's scheduler is
+its own process and needs its own image); a path naming it not gets ``.<engine>``
+appended when there is more than one replica.
 """
 from __future__ import annotations
 
-import dataclasses
+import json
 import logging
-from collections.abc import Iterable
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from host_runtime import kvkeys
-from host_runtime.kvstore import PutStatus, Reservation
-from host_runtime.shim.api import KVShim, byte_view
+from host_runtime.kvkeys import normalize_key as _key
+from host_runtime.shim.api import KVShim
 
 log = logging.getLogger("cxlhm.shim.vllm")
 
-try:
-    from vllm.v1.kv_offload.abstract import LoadStoreSpec as _SpecBase
-    from vllm.v1.kv_offload.abstract import OffloadingEvent, OffloadingManager as _Base, PrepareStoreOutput
-except Exception:  # noqa: BLE001 - no vLLM here: the same shapes, locally
-    _SpecBase = object
+try:  # vLLM's real classes when vLLM is installed
+    from vllm.v1.kv_offload.base import LookupResult, Medium, OffloadingEvent, RequestOffloadingContext
+    from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager as _Base
+except Exception:  # noqa: BLE001 - no vLLM here: the tier cannot be loaded by vLLM anyway
     _Base = object
-
-    @dataclasses.dataclass
-    class PrepareStoreOutput:  # type: ignore[no-redef]
-        block_hashes_to_store: list
-        store_spec: Any
-        block_hashes_evicted: list
-
-    @dataclasses.dataclass
-    class OffloadingEvent:  # type: ignore[no-redef]
-        block_hashes: list
-        block_size: int
-        medium: str
-        removed: bool
+    LookupResult = Medium = OffloadingEvent = RequestOffloadingContext = JobResult = None  # type: ignore[assignment]
 
 
-class CxlhmLoadStoreSpec(_SpecBase):
-    """Where blocks live in the device window: one (hpa, nbytes) per block hash."""
+class CxlhmTier(_Base):
+    medium = getattr(Medium, "STORAGE", None)
 
-    def __init__(self, block_hashes: list, hpas: np.ndarray, nbytes: np.ndarray):
-        self.block_hashes, self.hpas, self.nbytes = block_hashes, hpas, nbytes
+    def __init__(self, offloading_spec: Any, primary_kv_view: memoryview, tier_type: str,
+                 backpressure_detector: Any = None, *, device: Any = None, tenant: str | None = None,
+                 index_path: Any = None, hints: str = "mailbox", shim: KVShim | None = None, **unknown: Any):
+        if unknown:
+            raise ValueError(f"CxlhmTier: unknown tier settings {sorted(unknown)} "
+                             "(accepted: device, tenant, index_path, hints, backpressure)")
+        if _Base is object:
+            raise ImportError("CxlhmTier is a vLLM secondary tier: vLLM is not importable here")
+        super().__init__(offloading_spec=offloading_spec, primary_kv_view=primary_kv_view, tier_type=tier_type,
+                         backpressure_detector=backpressure_detector)
+        self._owns_shim = shim is None
+        if shim is None:
+            if device is None:
+                raise ValueError("CxlhmTier needs 'device' in its tier config: a profile name or "
+                                 "device settings with backend.path")
+            shim = KVShim.open(_device_settings(device, offloading_spec), tenant=tenant or _tenant_name(offloading_spec),
+                               index_path=index_path, hints=hints)
+        self.shim = shim
+        rows = np.asarray(primary_kv_view).view(np.uint8)
+        self._primary = rows.reshape(rows.shape[0], -1)  # one row per primary chunk
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cxlhm-tier")
+        self._lock = threading.Lock()
+        self._writing: set[bytes] = set()
+        self._jobs: dict[int, Future] = {}
+        self._finished: deque = deque()
+        self._stored: list[bytes] = []
+        self._events = bool(getattr(getattr(offloading_spec, "kv_events_config", None), "enable_kv_cache_events", False))
 
-    @staticmethod
-    def medium() -> str:
-        return "CXLHM"
+    # ------------------------------------------------------------ scheduler calls
+    def lookup(self, key: Any, req_context: Any) -> Any:
+        with self._lock:
+            if _key(key) in self._writing:
+                return LookupResult.RETRY
+        return LookupResult.HIT if self.shim.contains(_key(key)) else LookupResult.MISS
 
-    def __len__(self) -> int:
-        return len(self.block_hashes)
+    def touch(self, keys: Any, req_context: Any) -> None:
+        self.shim.touch([_key(k) for k in keys])
 
+    def on_new_request(self, req_context: Any) -> Any:
+        return RequestOffloadingContext()
 
-class CxlhmOffloadingManager(_Base):
-    """`block_bytes`: bytes of one offloaded block (all layers); `block_size`: tokens
-    per block (reported in events)."""
+    def submit_store(self, job_metadata: Any) -> None:
+        pairs = [(_key(k), int(c)) for k, c in zip(job_metadata.keys, job_metadata.chunk_ids)]
+        if len(pairs) != len(job_metadata.keys) or len(pairs) != len(job_metadata.chunk_ids):
+            raise ValueError(f"store job {job_metadata.job_id}: {len(job_metadata.keys)} keys but "
+                             f"{len(job_metadata.chunk_ids)} chunk ids")
+        with self._lock:
+            pairs = [(k, c) for k, c in pairs if k not in self._writing and not self.shim.contains(k)]
+            self._writing.update(k for k, _ in pairs)
+        self._submit(job_metadata.job_id, self._store, pairs)
 
-    def __init__(self, shim: KVShim, block_bytes: int, *, block_size: int = 16):
-        self.shim, self.block_bytes, self.block_size = shim, block_bytes, block_size
-        self._loads: dict[bytes, list[_Load]] = {}     # key -> prepared loads covering it
-        self._storing: dict[bytes, Reservation] = {}
-        self._events: list[OffloadingEvent] = []
+    def submit_load(self, job_metadata: Any) -> None:
+        pairs = [(_key(k), int(c)) for k, c in zip(job_metadata.keys, job_metadata.chunk_ids)]
+        self._submit(job_metadata.job_id, self._load, pairs)
 
-    # ------------------------------------------------------------ lookups
-    def lookup(self, block_hashes: Iterable) -> int:
-        return self.shim.lookup_prefix([_key(h) for h in block_hashes])
+    def get_finished_jobs(self) -> list:
+        done = []
+        while self._finished:
+            done.append(self._finished.popleft())
+        return done
 
-    def touch(self, block_hashes: Iterable) -> None:
-        self.shim.touch([_key(h) for h in block_hashes])
+    def drain_jobs(self) -> None:
+        for future in list(self._jobs.values()):
+            future.result()
 
-    # ------------------------------------------------------------ loads
-    def prepare_load(self, block_hashes: Iterable) -> CxlhmLoadStoreSpec:
-        hashes = list(block_hashes)
-        keys = [_key(h) for h in hashes]
-        ticket = self.shim.prefetch(keys)  # protects them from eviction, hints NEXT_PREFIX
-        if ticket.ready != len(keys):
-            self.shim.wait(ticket)
-            raise KeyError(f"prepare_load: block {hashes[ticket.ready]!r} is not offloaded")
-        load = _Load(ticket, len(keys))
-        for key in keys:
-            self._loads.setdefault(key, []).append(load)
-        extents = [self.shim.tenant.extent_of(k) for k in keys]
-        return CxlhmLoadStoreSpec(hashes, np.array([e[0] for e in extents], np.int64),
-                                  np.array([e[1] for e in extents], np.int64))
+    def has_pending_work(self) -> bool:
+        return bool(self._jobs)
 
-    def complete_load(self, block_hashes: Iterable) -> None:
-        for h in block_hashes:
-            key = _key(h)
-            loads = self._loads.get(key)
-            if not loads:
-                continue
-            load = loads.pop(0)
-            if not loads:
-                del self._loads[key]
-            load.remaining -= 1
-            if load.remaining == 0:  # the eviction protection ends with its last block
-                self.shim.wait(load.ticket)
+    def take_events(self) -> list:
+        evicted = self.shim.tenant.evicted_keys  # this tenant's evictions only
+        removed = []
+        while evicted:
+            removed.append(evicted.popleft())
+        events = []
+        with self._lock:
+            stored, self._stored = self._stored, []
+        if self._events and stored:
+            events.append(OffloadingEvent(keys=stored, medium=self.medium, removed=False))
+        if self._events and removed:
+            events.append(OffloadingEvent(keys=removed, medium=self.medium, removed=True))
+        return events
 
-    # ------------------------------------------------------------ stores
-    def prepare_store(self, block_hashes: Iterable) -> PrepareStoreOutput | None:
-        hashes = list(block_hashes)
-        to_store, reservations, evicted = [], [], []
-        for h in hashes:
-            key = _key(h)
-            if key in self._storing:
-                continue
-            res = self.shim.allocate(key, self.block_bytes)
-            if res is PutStatus.NO_SPACE:
-                for r in reservations:  # all or nothing, as vLLM's CPU manager
-                    r.abort()
-                return None
-            if isinstance(res, PutStatus):  # already stored / being stored by someone else
-                continue
-            reservations.append(res)
-            to_store.append(h)
-            evicted += res.evicted
-        for h, res in zip(to_store, reservations):
-            self._storing[_key(h)] = res
-        ordered_evicted = list(dict.fromkeys(evicted))  # this tenant's blocks only
-        if ordered_evicted:
-            self._events.append(OffloadingEvent(ordered_evicted, self.block_size, "CXLHM", True))
-        spec = CxlhmLoadStoreSpec(to_store, np.array([r.hpa for r in reservations], np.int64),
-                                  np.array([r.nbytes for r in reservations], np.int64))
-        return PrepareStoreOutput(block_hashes_to_store=to_store, store_spec=spec,
-                                  block_hashes_evicted=ordered_evicted)
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True)
+        if self._owns_shim:
+            self.shim.close()
 
-    def complete_store(self, block_hashes: Iterable, success: bool = True) -> None:
-        stored = []
-        for h in block_hashes:
-            res = self._storing.pop(_key(h), None)
-            if res is None:
-                continue
-            if success:
-                res.commit()
-                stored.append(h)
-            else:
-                res.abort()
-        if stored:
-            self._events.append(OffloadingEvent(stored, self.block_size, "CXLHM", False))
+    # ------------------------------------------------------------ worker thread
+    def _submit(self, job_id: int, work, pairs: list) -> None:
+        row_bytes = self._primary.shape[1]
+        bad = [c for _, c in pairs if not 0 <= c < self._primary.shape[0]]
+        if bad:
+            raise ValueError(f"job {job_id}: chunk ids {bad[:4]} outside the primary tier's "
+                             f"{self._primary.shape[0]} chunks")
+        future = self._pool.submit(work, job_id, pairs, row_bytes)
+        self._jobs[job_id] = future
 
-    def take_events(self) -> Iterable[OffloadingEvent]:
-        # Evictions forced by other tenants' stores show up in the tenant's eviction log.
-        reported = {k for e in self._events if e.removed for k in e.block_hashes}
-        foreign = []
-        log_ = self.shim.tenant.evicted_keys
-        while log_:
-            key = log_.popleft()
-            if key not in reported:
-                foreign.append(key)
-        events, self._events = self._events, []
-        if foreign:
-            events.append(OffloadingEvent(foreign, self.block_size, "CXLHM", True))
-        yield from events
+    def _store(self, job_id: int, pairs: list, row_bytes: int) -> None:
+        start, ok = time.perf_counter(), True
+        try:
+            for key, chunk in pairs:
+                try:
+                    status = self.shim.put_from(key, self._primary[chunk])
+                except (ValueError, OSError) as exc:
+                    log.error("store of %s failed: %s", key.hex(), exc)
+                    ok = False
+                    continue
+                ok &= status.ok
+                if status.ok:
+                    with self._lock:
+                        self._stored.append(key)
+        finally:
+            with self._lock:
+                self._writing.difference_update(k for k, _ in pairs)
+            self._finish(JobResult(job_id=job_id, success=ok, transfer_time=time.perf_counter() - start,
+                                   transfer_bytes=len(pairs) * row_bytes))
 
-    # ------------------------------------------------------------ worker side: moving bytes
-    def write_blocks(self, spec: CxlhmLoadStoreSpec, buffers: list) -> None:
-        """Write each block's bytes (one buffer per block) to where prepare_store put it."""
-        for h, buf in zip(spec.block_hashes, buffers):
-            res = self._storing.get(_key(h))
-            if res is None:
-                raise KeyError(f"block {h!r} is not being stored")
-            view = byte_view(buf, writable=False)
-            if view.nbytes != self.block_bytes:
-                raise ValueError(f"block {h!r}: {view.nbytes} bytes given, blocks are {self.block_bytes}")
-            res.write(view)
+    def _load(self, job_id: int, pairs: list, row_bytes: int) -> None:
+        start, loaded = time.perf_counter(), []
+        for key, chunk in pairs:
+            try:
+                if self.shim.get_into(key, self._primary[chunk]) is not None:
+                    loaded.append(key)
+            except (ValueError, OSError) as exc:  # wrong size, device error: a failed key, never bytes
+                log.error("load of %s failed: %s", key.hex(), exc)
+        self._finish(JobResult(job_id=job_id, success=len(loaded) == len(pairs),
+                               successful_keys=None if len(loaded) == len(pairs) else loaded,
+                               transfer_time=time.perf_counter() - start, transfer_bytes=len(loaded) * row_bytes))
 
-    def read_blocks(self, spec: CxlhmLoadStoreSpec, buffers: list) -> list[bool]:
-        """Read each prepared block into its buffer; False for a block that failed."""
-        return [self.shim.get_into(_key(h), buf) is not None for h, buf in zip(spec.block_hashes, buffers)]
-
-
-@dataclasses.dataclass
-class _Load:
-    ticket: Any
-    remaining: int
-
-
-def _key(block_hash: Any) -> bytes:
-    return kvkeys.normalize_key(block_hash)
+    def _finish(self, result: Any) -> None:
+        self._jobs.pop(result.job_id, None)
+        self._finished.append(result)
 
 
-__all__ = ["CxlhmLoadStoreSpec", "CxlhmOffloadingManager", "OffloadingEvent", "PrepareStoreOutput"]
+def _tenant_name(spec: Any) -> str:
+    config = spec.config
+    p = config.parallel
+    layout = ("any" if p.is_parallelism_agnostic else
+              f"tp{p.tp_size}-pp{p.pp_size}-pcp{p.pcp_size}-dcp{p.dcp_size}")
+    return f"vllm:{config.model.name}:{config.model.dtype}:{layout}"
+
+
+def _device_settings(device: Any, spec: Any) -> Any:
+    engine = str(spec.config.engine_id)
+    replicas = spec.config.parallel.data_parallel_size
+    if isinstance(device, str) and device.lstrip().startswith("{"):
+        device = json.loads(device)
+    if isinstance(device, str):
+        return device.format(engine=engine)
+
+    def fill(value):
+        if isinstance(value, dict):
+            return {k: fill(v) for k, v in value.items()}
+        return value.format(engine=engine) if isinstance(value, str) else value
+    settings = fill(dict(device))
+    backend = device.get("backend")
+    path = backend.get("path") if isinstance(backend, dict) else None
+    if isinstance(path, str) and replicas > 1 and "{" not in path:
+        settings["backend"]["path"] = f"{path}.{engine}"
+    return settings
+
+
+__all__ = ["CxlhmTier"]

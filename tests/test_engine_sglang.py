@@ -1,0 +1,231 @@
+"""The SGLang adapter inside SGLang's own code (the release in requirements-engines.txt):
+built by its StorageBackendFactory from a real HiCacheStorageConfig, pages moved by its
+HiCacheController page functions through its real host KV pools, hit policies given as
+its PoolHitPolicy enum, metrics as its StorageMetrics, and every abstract method and
+signature of HiCacheStorage checked mechanically."""
+import inspect
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import engines  # noqa: F401 - imports the engines (stubs only what SGLang needs and cannot have here)
+import pytest
+import torch
+from sglang.srt.managers.cache_controller import HiCacheController, PrefetchOperation
+from sglang.srt.mem_cache import hicache_storage as hs
+from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+from sglang.srt.mem_cache.utils import storage_namespace_seed
+from sglang.srt.observability.metrics_collector import StorageMetrics
+
+from host_runtime import kvkeys
+from host_runtime.shim.sglang import CxlhmHiCacheStorage
+
+PAGE = 4
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "kvstore.md"
+
+
+def storage_config(tmp_path, **overrides):
+    fields = dict(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
+                  enable_storage_metrics=False, is_page_first_layout=True, model_name="meta-llama/Llama-3-8B",
+                  extra_config={"backend_name": "cxlhm", "module_path": "host_runtime.shim.sglang",
+                                "class_name": "CxlhmHiCacheStorage", "interface_v1": 1, "hints": "none",
+                                "device": {"capacity": "4MiB", "block_size": "4KiB", "dram_bytes": "32KiB",
+                                           "backend": {"path": str(tmp_path / "cxlhm-{rank}.img")}}})
+    fields.update(overrides)
+    return hs.HiCacheStorageConfig(**fields)
+
+
+def host_pool(layout, layers=2, heads=2, dim=8):
+    """SGLang's MHA host pool over CPU tensors standing in for the GPU pool."""
+    k = [torch.zeros(64, heads, dim, dtype=torch.bfloat16) for _ in range(layers)]
+    v = [torch.zeros(64, heads, dim, dtype=torch.bfloat16) for _ in range(layers)]
+    ptrs = lambda ts: torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)  # noqa: E731
+    info = MHABufferInfo(buffers=KVBuffers(k=k, v=v, k_data_ptrs=ptrs(k), v_data_ptrs=ptrs(v), layout=KVBufferLayout.NHD),
+                         page_size=PAGE, head_num=heads, head_dim=dim, v_head_dim=dim, dtype=torch.bfloat16,
+                         device=torch.device("cpu"))
+    return MHATokenToKVPoolHost(info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
+                                device_capacity_tokens=64, start_layer=0, end_layer=layers)
+
+
+@pytest.fixture
+def backend(tmp_path):
+    made = []
+
+    def make(pool=None, **overrides):
+        b = StorageBackendFactory.create_backend("dynamic", storage_config(tmp_path, **overrides), pool)
+        made.append(b)
+        if pool is not None:
+            b.register_mem_pool_host(pool)  # as HiCacheController.attach_storage_backend does
+        return b
+    yield make
+    for b in made:
+        b.close()
+
+
+def fill_pages(pool, pages, seed):
+    gen = torch.Generator().manual_seed(seed)
+    for p in pages:
+        page = torch.randint(0, 255, (pool.get_dummy_flat_data_page().numel() * 2,), dtype=torch.uint8, generator=gen)
+        pool.set_from_flat_data_page(p * PAGE, page.view(torch.bfloat16))
+
+
+def page_bytes(pool, p):
+    return pool.get_data_page(p * PAGE, flat=True).view(torch.uint8).clone()
+
+
+def controller(backend_, pool):
+    """The state HiCacheController's page functions read (building the whole controller
+    needs a GPU device pool)."""
+    return SimpleNamespace(storage_backend=backend_, storage_host_pool=pool, mem_pool_host=pool, page_size=PAGE)
+
+
+# ------------------------------------------------------------------ interface, mechanically
+def test_every_abstract_method_is_implemented_with_sglangs_signature():
+    assert issubclass(CxlhmHiCacheStorage, hs.HiCacheStorage)
+    assert not getattr(CxlhmHiCacheStorage, "__abstractmethods__", None)
+    for name, member in vars(hs.HiCacheStorage).items():
+        if name.startswith("_") or not callable(member):
+            continue
+        ours = getattr(CxlhmHiCacheStorage, name)
+        theirs_params = list(inspect.signature(member).parameters)
+        ours_params = list(inspect.signature(ours).parameters)
+        assert ours_params[:len(theirs_params)] == theirs_params, f"{name}: SGLang {theirs_params}, ours {ours_params}"
+
+
+def test_the_factory_loads_the_adapter_the_way_the_documented_command_says(backend, tmp_path):
+    b = backend()
+    assert isinstance(b, CxlhmHiCacheStorage)
+    assert b.set("k", torch.arange(8, dtype=torch.uint8)) and b.exists("k")
+    assert (tmp_path / "cxlhm-tp0-pp0-dp0-cp0.img").exists()
+    command = DOCS.read_text().split("--hicache-storage-backend-extra-config '", 1)[1].split("'", 1)[0]
+    extra = json.loads(command)
+    assert extra["interface_v1"] == 1  # else SGLang copies every page through batch_get/batch_set
+    assert getattr(__import__(extra["module_path"], fromlist=["x"]), extra["class_name"]) is CxlhmHiCacheStorage
+    source = inspect.getsource(HiCacheController.attach_storage_backend)
+    assert '"interface_v1"' in source and "_page_get_zero_copy" in source  # the switch this key turns on
+
+
+# ------------------------------------------------------------------ pages through the controller
+@pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct"])
+@pytest.mark.parametrize("zero_copy", [True, False], ids=["interface_v1", "generic"])
+def test_controller_page_functions_roundtrip_real_host_pool_pages(backend, layout, zero_copy):
+    pool = host_pool(layout)
+    b = backend(pool)
+    ctl = controller(b, pool)
+    keys = [f"page{i}" for i in range(3)]
+    fill_pages(pool, [1, 2, 3], seed=7)
+    want = [page_bytes(pool, p) for p in (1, 2, 3)]
+    store = HiCacheController._page_set_zero_copy if zero_copy else HiCacheController._generic_page_set
+    assert store(ctl, keys, torch.arange(PAGE, 4 * PAGE)) is True
+    assert HiCacheController.backup_skip.fget(SimpleNamespace(storage_config=b.storage_config)) is False
+
+    op = PrefetchOperation("req", list(range(4 * PAGE)))
+    load = HiCacheController._page_get_zero_copy if zero_copy else HiCacheController._generic_page_get
+    got = load(ctl, op, keys + ["never-stored"], torch.arange(8 * PAGE, 12 * PAGE))
+    assert got == 3  # the hit prefix; the missing page is a miss, not bytes
+    for i, p in enumerate((8, 9, 10)):
+        assert torch.equal(page_bytes(pool, p), want[i])
+
+
+def test_failed_reads_are_misses_and_bad_indices_a_clear_answer(backend, caplog):
+    pool = host_pool("page_first")
+    b = backend(pool)
+    fill_pages(pool, [1], seed=3)
+    assert b.batch_set_v1(["a"], torch.arange(PAGE, 2 * PAGE)) == [True]
+    before = page_bytes(pool, 5)
+    assert b.batch_get_v1(["a"], torch.arange(3)) == [False]  # 3 indices for one page of 4
+    assert "host_indices has 3 entries" in caplog.text
+    assert b.batch_get_v1(["unknown"], torch.arange(5 * PAGE, 6 * PAGE)) == [False]
+    assert torch.equal(page_bytes(pool, 5), before)  # nothing written into the pool
+    unregistered = backend(None, dp_rank=1)  # another rank: one image is never opened twice
+    with pytest.raises(RuntimeError, match="register_mem_pool_host"):
+        unregistered.batch_get_v1(["a"], torch.arange(PAGE))
+
+
+# ------------------------------------------------------------------ hit policies, real enum
+def test_hit_policies_with_sglangs_enum(backend):
+    kv, mamba = host_pool("page_first"), host_pool("page_first")
+    b = backend(kv)
+    b.register_mem_host_pool_v2(mamba, hs.PoolName.MAMBA)
+    keys = ["p0", "p1", "p2", "p3"]
+    assert b.batch_set_v1(keys, torch.arange(4 * PAGE)) == [True] * 4
+    # Mamba state stored at the ends of prefixes 2 and 4 only
+    for page in ("p1", "p3"):
+        res = b.batch_set_v2([hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=[page], host_indices=torch.arange(PAGE))])
+        assert res == {"mamba": [True]}
+    trailing = hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=["x"], hit_policy=hs.PoolHitPolicy.TRAILING_PAGES)
+    result = b.batch_exists_v2(keys, [trailing])
+    assert isinstance(result, hs.PoolTransferResult)
+    assert result.kv_hit_pages == 4 and result.restorable_prefix_pages == [2, 4]
+    every = hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=keys, hit_policy=hs.PoolHitPolicy.ALL_PAGES)
+    assert b.batch_exists_v2(keys, [every]).kv_hit_pages == 0
+    # BLOCK_GROUPS reports its own coverage and never lowers the KV hit
+    groups = hs.PoolTransfer(name=hs.PoolName.DEEPSEEK_V4_C4, keys=["g0", "g1", "g2", "g3"],
+                             hit_policy=hs.PoolHitPolicy.BLOCK_GROUPS, block_pages=2, group_pages=2)
+    b.register_mem_host_pool_v2(mamba, hs.PoolName.DEEPSEEK_V4_C4)
+    assert b.batch_set_v2([hs.PoolTransfer(name=hs.PoolName.DEEPSEEK_V4_C4, keys=["g0", "g1"],
+                                           host_indices=torch.arange(2 * PAGE))]) == {"deepseek_v4_c4": [True, True]}
+    result = b.batch_exists_v2(keys, [groups])
+    assert result.kv_hit_pages == 4 and result.extra_pool_hit_pages["deepseek_v4_c4"] == 2
+    with pytest.raises(ValueError, match="unsupported hit policy"):
+        b.batch_exists_v2(keys, [SimpleNamespace(name="kv2", keys=None, hit_policy="newest_pages")])
+
+
+def test_get_stats_is_storage_metrics_with_metrics_on_and_none_off(backend):
+    pool = host_pool("page_first")
+    assert backend(pool, dp_rank=1).get_stats() is None
+    b = backend(pool, enable_storage_metrics=True)
+    b.batch_set_v1(["m0", "m1"], torch.arange(2 * PAGE))
+    b.batch_get_v1(["m0", "zz"], torch.arange(2 * PAGE))
+    stats = b.get_stats()
+    assert isinstance(stats, StorageMetrics)
+    assert stats.backup_pgs == [2] and stats.prefetch_pgs == [1]
+    assert b.get_stats().backup_pgs == []  # taken since the last call
+
+
+# ------------------------------------------------------------------ topology
+def test_mla_tp_ranks_all_write_their_replica_and_report_the_same_hits(backend):
+    writer_pool, other_pool = host_pool("page_first"), host_pool("page_first")
+    ranks = [backend(pool, is_mla_model=True, tp_size=2, tp_rank=r) for r, pool in enumerate((writer_pool, other_pool))]
+    for b, pool in zip(ranks, (writer_pool, other_pool)):
+        ctl = SimpleNamespace(storage_config=b.storage_config)
+        assert HiCacheController.backup_skip.fget(ctl) is False  # SGLang would skip rank 1's backups
+        fill_pages(pool, [0, 1], seed=11)  # MLA: the same latent KV on every rank
+        b.batch_set_v1(["m0", "m1"], torch.arange(2 * PAGE))
+    hits = [b.batch_exists(["m0", "m1"]) for b in ranks]
+    assert hits == [2, 2]  # SGLang takes the MIN: a rank without writes would make it 0
+    assert ranks[0].shim.tenant.name == ranks[1].shim.tenant.name
+
+
+def test_pipeline_stages_and_dp_groups_get_their_own_images_and_tenants(backend, tmp_path):
+    made = [backend(pp_size=2, pp_rank=0), backend(pp_size=2, pp_rank=1), backend(dp_rank=1)]
+    names = {b.shim.tenant.name for b in made}
+    assert len(names) == 3
+    assert {p.name for p in tmp_path.glob("*.img")} == {"cxlhm-tp0-pp0-dp0-cp0.img", "cxlhm-tp0-pp1-dp0-cp0.img",
+                                                         "cxlhm-tp0-pp0-dp1-cp0.img"}
+
+
+def test_a_path_naming_no_rank_is_made_per_rank(tmp_path):
+    cfg = storage_config(tmp_path, tp_size=2, tp_rank=1)
+    cfg.extra_config["device"]["backend"]["path"] = str(tmp_path / "kv.img")
+    b = StorageBackendFactory.create_backend("dynamic", cfg, None)
+    try:
+        assert (tmp_path / "kv.img.tp1-pp0-dp0-cp0").exists()
+    finally:
+        b.close()
+
+
+def test_salted_chains_start_where_sglangs_do():
+    for extra_key, salt in [(None, None), ("lora-7", None), (None, "tenant-a"), ("", ""), ("a", "b")]:
+        ours = kvkeys.sglang_namespace_seed(extra_key, salt)
+        theirs = storage_namespace_seed(extra_key, salt)
+        assert (ours.hex() if ours else None) == theirs
+    seed = kvkeys.sglang_namespace_seed(None, "tenant-a")
+    tokens = list(range(2 * PAGE))
+    keys = kvkeys.prefix_keys(tokens, PAGE, prior=seed)
+    assert keys[0].hex() == kvkeys.sglang_hash_str(tokens[:PAGE], seed.hex())
+    assert keys[1].hex() == kvkeys.sglang_hash_str(tokens[PAGE:], keys[0].hex())
+    assert re.fullmatch("[0-9a-f]{64}", keys[1].hex())
