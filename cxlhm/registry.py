@@ -66,7 +66,7 @@ class Registry(Generic[T]):
         self._check = check or (lambda obj: obj)
         self._unknown, self._broken = unknown_error, broken_error
         self._cache: dict[str, T] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a loader may look another name up
         self._builtins: dict[str, tuple[Callable[[], object], str]] = {}
         for name, loader in (builtins or {}).items():
             self.register(name, loader)
