@@ -180,7 +180,8 @@ class StreamState:
         self.row_bad = np.zeros((depth, max_blocks), np.uint8)
         self.free_tags = np.arange(depth, dtype=np.int64)[::-1].copy()  # a stack; st[..] counts the used
         self.writebacks = fw.new_io_rows(depth * max_blocks)  # the parked I/Os' victims, together
-        self.fills = fw.new_io_rows(max_blocks)
+        # each tag's fill rows apart: an I/O parked for its victims keeps them while others plan
+        self.fills = fw.new_io_rows(depth * max_blocks)
         self.fill_tags = np.zeros(max_blocks, np.int64)
         self.ts = np.zeros(2, np.int64)  # struct timespec
         self.reaped_tags = np.zeros(depth * max_blocks, np.int64)  # the last reap (fills in flight fit)
@@ -296,7 +297,8 @@ def _build(plan, invalidate):
             tag_read[tag] = -1
             free_tags[tag_k.shape[0] - 1 - st[IN_FLIGHT] - st[N_PARKED]] = tag  # a stack over the tags in use
             return
-        _queue(ring, fd, fills.ctypes.data, n_fill, fill_tags.ctypes.data)  # room was checked
+        tag_fills = fills[tag * max_blocks:(tag + 1) * max_blocks]
+        _queue(ring, fd, tag_fills.ctypes.data, n_fill, fill_tags.ctypes.data)  # room was checked
         tag_pending[tag] = n_fill
         tag_issued[tag] = now
         st[IN_FLIGHT] += 1
@@ -354,7 +356,8 @@ def _build(plan, invalidate):
             misses0 = counters[C.MISSES]
             ok, k, n_wb, n_fill = plan(bt, ps, counters, clock, one_hpa, one_len, write, write_mode, owner, base,
                                        block_size, tag_slots[tag], tag_installed[tag],
-                                       writebacks[st[PARKED_WBS]:], fills)
+                                       writebacks[st[PARKED_WBS]:],
+                                       fills[tag * tag_slots.shape[1]:(tag + 1) * tag_slots.shape[1]])
             st[HITS] += counters[C.HITS] - hits0
             st[MISSES] += counters[C.MISSES] - misses0
             if write:
