@@ -191,10 +191,7 @@ class KVStore(EvictionMixin, PersistenceMixin):
                 return None
             if total != entry.nbytes and (exact or total < entry.nbytes):
                 raise ValueError(f"the buffer holds {total} bytes but the chunk has {entry.nbytes}")
-            entry.leases += 1
-            self._touch_entry(entry)
-            if session is not None:
-                self._ref(session, entry)
+            self._lease(entry, session)
         sid = session.id if session is not None else 0
         try:
             offset = 0
@@ -214,6 +211,14 @@ class KVStore(EvictionMixin, PersistenceMixin):
             t.counters["hits"] += 1
         return entry.nbytes
 
+    def _lease(self, entry, session: Session | None) -> None:
+        """Under the lock: hold `entry` for a read (its extent stays put until _unlease)
+        and count the use for eviction and for the session's resume hints."""
+        entry.leases += 1
+        self._touch_entry(entry)
+        if session is not None:
+            self._ref(session, entry)
+
     def _get_many(self, t: Tenant, keys: list[bytes], out: np.ndarray, session: Session | None) -> int:
         with self._lock:
             entries = []
@@ -230,10 +235,7 @@ class KVStore(EvictionMixin, PersistenceMixin):
             if out.shape[0] < len(entries) * size:
                 raise ValueError(f"out holds {out.shape[0]} bytes, {len(entries)} chunks need {len(entries) * size}")
             for entry in entries:
-                entry.leases += 1
-                self._touch_entry(entry)
-                if session is not None:
-                    self._ref(session, entry)
+                self._lease(entry, session)
         sid = session.id if session is not None else 0
         try:
             self.handle.readv([e.hpa for e in entries], size, out[:len(entries) * size], session=sid)

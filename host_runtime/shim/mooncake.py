@@ -91,17 +91,7 @@ class CxlhmMooncakeStore:
         return self.put_parts(key, value, config=config)
 
     def put_parts(self, key: str, *parts: Any, config: Any = None) -> int:
-        try:
-            bufs = [np.frombuffer(memoryview(p), np.uint8) for p in parts]
-            if not sum(b.nbytes for b in bufs):
-                return INVALID_PARAMS
-            return _PUT_CODES[self.shim.put_from(_key(key), bufs)]
-        except (ValueError, TypeError) as exc:
-            log.debug("put %r: %s", key, exc)
-            return INVALID_PARAMS
-        except OSError as exc:
-            log.error("put %r: %s", key, exc)
-            return INTERNAL_ERROR
+        return self._put_code("put", key, lambda: [np.frombuffer(memoryview(p), np.uint8) for p in parts])
 
     def get(self, key: str) -> bytes:
         """The object's bytes, b"" when it is not stored (Mooncake's miss)."""
@@ -127,16 +117,21 @@ class CxlhmMooncakeStore:
 
     # ------------------------------------------------------------ single objects
     def put_from(self, key: str, buffer_ptr: int, size: int, config: Any = None) -> int:
+        return self._put_code("put_from", key, lambda: [self.buffers.view(buffer_ptr, size)])
+
+    def _put_code(self, op: str, key: str, buffers) -> int:
+        """Mooncake's return code for storing the bytes `buffers()` gives under `key`: an
+        empty or unusable buffer is INVALID_PARAMS, a media error INTERNAL_ERROR."""
         try:
-            view = self.buffers.view(buffer_ptr, size)
-            if size <= 0:
+            bufs = buffers()
+            if not sum(b.nbytes for b in bufs):
                 return INVALID_PARAMS
-            return _PUT_CODES[self.shim.put_from(_key(key), view)]
+            return _PUT_CODES[self.shim.put_from(_key(key), bufs if len(bufs) > 1 else bufs[0])]
         except (ValueError, TypeError) as exc:
-            log.debug("put_from %r: %s", key, exc)
+            log.debug("%s %r: %s", op, key, exc)
             return INVALID_PARAMS
         except OSError as exc:
-            log.error("put_from %r: %s", key, exc)
+            log.error("%s %r: %s", op, key, exc)
             return INTERNAL_ERROR
 
     def get_into(self, key: str, buffer_ptr: int, size: int) -> int:
