@@ -1,4 +1,4 @@
-"""Device-core bench (issue 2), measured in one run on one back-end file:
+"""Device-core bench, measured in one run on one back-end file:
 
  (a) 4 KiB random reads that all miss device DRAM, 32 at a time (QD32), through the
      device (readv: one firmware pass + one io_uring batch per 32 reads) vs the raw

@@ -1,4 +1,4 @@
-"""KV store bench (issue 6), all baselines measured in the same run on the same file:
+"""KV store bench, all baselines measured in the same run on the same file:
 
  (a) get_into of 2 MiB and 32 MiB chunks that are in device DRAM, vs numpy.copyto of
      the same size from resident memory.                 Target: >= 0.8 x copy.

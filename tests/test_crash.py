@@ -1,4 +1,4 @@
-"""Crash consistency (issue 10).
+"""Crash consistency.
 
 1. Torn writes at a simulated power loss, in-process: the back end loses power while a
    write-back is in flight (a prefix of its 4 KiB pages lands, maybe a torn page), later

@@ -1,4 +1,4 @@
-"""Fuzzing (issue 10): every parser and entry point that takes outside input, driven
+"""Fuzzing: every parser and entry point that takes outside input, driven
 by hypothesis with inputs built to sit near the edges (valid-looking text with one
 field wrong, binary files mutated from valid ones, raw pointers, wrong buffer sizes).
 

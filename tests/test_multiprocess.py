@@ -1,5 +1,5 @@
 """Several host processes share one device's mailbox through its register block (a
-shared-memory file), while this process's firmware thread serves them (issue 10).
+shared-memory file), while this process's firmware thread serves them.
 
 Each client process follows the cxl_pci sequence under an flock of the register file
 (the cross-process stand-in for cxl_pci's mailbox mutex), so commands never

@@ -1,5 +1,5 @@
 """Why cxlhm-hymcache is not 3.0x lmcache-local here: the measurements behind
-docs/serving.md section 7 (issue 8's "explain every gap from the paper").
+docs/serving.md section 7, which explains every gap from the paper.
 
     python bench/serving/gap_analysis.py                      # ~1 min on 2 cores
     python bench/serving/gap_analysis.py --requests 400 --sessions 30   # a quick look

@@ -99,7 +99,7 @@ def comparison_table(measured: cal.Measurement, model: cal.Figures) -> str:
 
 def fragment_yaml(fitted, measured: cal.Measurement, model: cal.Figures, command: str, base: str) -> str:
     """The `timing:` NAND keys, each with where it came from, and a header saying how
-    they were measured (DESIGN.md: every number carries its source). `base` is the
+    they were measured (every number carries its source). `base` is the
     profile name or config file the fit built on."""
     is_profile = base in available_profiles()
     headline = ", ".join(f"QD{q} {measured.iops[q]:,.0f} -> {model.iops[q]:,.0f} IOPS"

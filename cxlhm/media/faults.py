@@ -1,4 +1,4 @@
-"""Deterministic fault injection for the SSD back end (issue: reliability).
+"""Deterministic fault injection for the SSD back end.
 
 Configured under ``backend.faults`` (or built directly in tests). Every decision is a
 function of (seed, I/O sequence number), so a run with the same seed, config and trace
