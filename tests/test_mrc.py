@@ -180,3 +180,12 @@ def test_timing_uses_the_profile_block_size_and_writes_a_latency_plot(tmp_path, 
                  "--open-loop", "--json", "--no-plot"]) == 0
     figures = json.loads(capsys.readouterr().out)
     assert figures["lru"]["4"]["mean_ns"] > 0
+
+
+def test_mrc_plot_goes_to_a_new_output_folder_not_the_current_directory(trace_file, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CXLHM_OUT_DIR", str(tmp_path / "out"))
+    assert main(["mrc", "--trace", trace_file, "--policies", "lru", "--sizes", "32", "--limit", "2000"]) == 0
+    plots = list((tmp_path / "out" / "mrc").glob("*/mrc.png"))
+    assert len(plots) == 1 and f"plot: {plots[0]}" in capsys.readouterr().out
+    assert not (tmp_path / "mrc.png").exists()

@@ -8,7 +8,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 import firmware_policies
-from cxlhm.cliutil import CommandError, check_output_path, positive_int
+from cxlhm.cliutil import CommandError, check_output_path, default_output_dir, positive_int
 from cxlhm.commands._device_args import parse_set_value
 from cxlhm.config import ConfigError
 from cxlhm.mrc import (format_table, format_timing_table, miss_ratios, parse_cache_sizes, plot_curves, plot_latency,
@@ -65,7 +65,8 @@ def add_arguments(parser):
                         "timing model (default: with --timing the profile's block size, else the trace's own; "
                         "4KiB for oracle-general and csv)")
     parser.add_argument("--csv-spec", default=None, help='libCacheSim-style CSV columns, e.g. "time-col=1, obj-id-col=2"')
-    parser.add_argument("--out", default="mrc.png", help="PNG plot path (default mrc.png)")
+    parser.add_argument("--out", default=None, help="PNG plot path (default: mrc.png in a new folder under "
+                        "$CXLHM_OUT_DIR or ~/.local/state/cxlhm/mrc/, never the current directory)")
     parser.add_argument("--no-plot", action="store_true", help="do not write the plot")
     parser.add_argument("--json", action="store_true", help="print {policy: {size: miss_ratio}} as JSON instead of a table "
                         "(with --timing: {policy: {size: {miss_ratio, mean_ns, p50_ns, p99_ns, model_ns}}})")
@@ -108,7 +109,9 @@ def run(args) -> int:
     if args.queue_depth > MAX_QUEUE_DEPTH:
         raise CommandError(f"--queue-depth {args.queue_depth}: at most {MAX_QUEUE_DEPTH}")
     if not args.no_plot:
-        check_output_path(Path(args.out), "--out")  # before the work, not after it
+        given = args.out is not None
+        args.out = args.out if given else str(default_output_dir("mrc") / "mrc.png")
+        check_output_path(Path(args.out), "--out", create_parent=not given)  # before the work, not after it
     try:
         block_size = parse_size(args.block_size) if args.block_size else None
         if block_size is not None and block_size <= 0:
