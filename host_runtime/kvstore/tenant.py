@@ -35,12 +35,17 @@ class Reservation:
         self._written: list[list[int]] = []  # [start, end) ranges written so far, sorted, disjoint
         self._lock = threading.Lock()  # a write or read never overlaps the commit/abort that ends it
 
+    def _checked_length(self, op: str, view, offset: int) -> int:
+        """The length of `view`, which must fit the reservation at `offset`."""
+        n = view.shape[0]
+        if offset < 0 or offset + n > self.nbytes:
+            raise ValueError(f"{op} of {n} bytes at offset {offset} leaves the {self.nbytes}-byte reservation")
+        return n
+
     def write(self, data: Any, offset: int = 0) -> int:
         """Write `data` (any buffer) at `offset` inside the extent; returns bytes written."""
         view = byte_view(data, writable=False)
-        n = view.shape[0]
-        if offset < 0 or offset + n > self.nbytes:
-            raise ValueError(f"write of {n} bytes at offset {offset} leaves the {self.nbytes}-byte reservation")
+        n = self._checked_length("write", view, offset)
         with self._lock:
             self._check_open()
             self.tenant.store.handle.write_from(self.hpa + offset, view, session=self._session_id())
@@ -52,9 +57,7 @@ class Reservation:
         """Read back [offset, +len(buf)) of what this reservation wrote; bytes it did not
         write read as zeros (the extent's earlier contents are never exposed)."""
         view = byte_view(buf, writable=True)
-        n = view.shape[0]
-        if offset < 0 or offset + n > self.nbytes:
-            raise ValueError(f"read of {n} bytes at offset {offset} leaves the {self.nbytes}-byte reservation")
+        n = self._checked_length("read", view, offset)
         with self._lock:
             self._check_open()
             cursor = offset
