@@ -34,6 +34,8 @@ import struct
 import tempfile
 from pathlib import Path
 
+from cxlhm.sharedfile import attach_shared
+
 CAP_ARRAY_ID = 0x0000
 CAP_DEVICE_STATUS = 0x0001
 CAP_PRIMARY_MAILBOX = 0x0002
@@ -249,21 +251,9 @@ class RegisterFile:
         if pid is not None and not _alive(pid):
             raise StaleRegisterFile(f"{name}: its device process {pid} is gone (a stale register file; "
                                     "the next device start removes it)")
-        fd = os.open(name, os.O_RDWR)
-        try:
-            size = os.fstat(fd).st_size
-            if size < DEVICE_STATUS_OFFSET:
-                raise NotARegisterFile(f"{name}: {size} bytes is too small for a register block")
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        except BaseException:
-            os.close(fd)
-            raise
-        try:
-            return cls(name, mm, fd, owner=False, remove_on_close=False)
-        except BaseException:
-            mm.close()
-            os.close(fd)
-            raise
+        return attach_shared(name, DEVICE_STATUS_OFFSET,
+                             lambda size: NotARegisterFile(f"{name}: {size} bytes is too small for a register block"),
+                             lambda mm, fd: cls(name, mm, fd, owner=False, remove_on_close=False))
 
     def _discover(self) -> None:
         """Find the capabilities by walking the array, like cxl_probe_device_regs."""

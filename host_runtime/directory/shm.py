@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cxlhm.sharedfile import attach_shared
 from host_runtime.directory import shm_table as T
 from host_runtime.directory.base import ContentDirectory
 from host_runtime.directory.location import SparseHits
@@ -86,21 +87,9 @@ class SharedMemoryDirectory(ContentDirectory):
     @classmethod
     def attach(cls, path: str | os.PathLike) -> "SharedMemoryDirectory":
         name = str(path)
-        fd = os.open(name, os.O_RDWR)
-        try:
-            size = os.fstat(fd).st_size
-            if size < HEADER_BYTES:
-                raise DirectoryFileError(f"{name}: {size} bytes is too small for a directory")
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        except BaseException:
-            os.close(fd)
-            raise
-        try:
-            return cls(name, mm, fd, owner=False)
-        except BaseException:
-            mm.close()
-            os.close(fd)
-            raise
+        return attach_shared(name, HEADER_BYTES,
+                             lambda size: DirectoryFileError(f"{name}: {size} bytes is too small for a directory"),
+                             lambda mm, fd: cls(name, mm, fd, owner=False))
 
     @classmethod
     def from_url(cls, url: str) -> "SharedMemoryDirectory":
