@@ -246,25 +246,47 @@ static inline int64_t now_ns(void)
  * or -errno, lat_ns[i] submission-to-completion latency (-1 if never issued).
  * Returns the number of ops issued, or -errno if the ring itself failed.
  */
+static int overlaps_in_flight(const struct cxlhm_io *ops, const int64_t *lat_ns,
+                              const int64_t *res, int64_t next, const struct cxlhm_io *op)
+{
+    /* in flight: issued (lat_ns set) and not completed (res still the marker) */
+    for (int64_t j = 0; j < next; j++)
+        if (res[j] == INT64_MIN && lat_ns[j] >= 0 &&
+            ops[j].offset < op->offset + (int64_t)op->len &&
+            op->offset < ops[j].offset + (int64_t)ops[j].len)
+            return 1;
+    return 0;
+}
+
 int64_t cxlhm_io_qd(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops,
-                    int64_t n, int qd, int64_t deadline_ns, int64_t *res,
-                    int64_t *lat_ns)
+                    int64_t n, int qd, int64_t deadline_ns, int serialize_overlap,
+                    int64_t *res, int64_t *lat_ns)
 {
     int64_t next = 0;
     int inflight = 0;
     if (qd > (int)r->depth)
         qd = (int)r->depth;
-    for (int64_t i = 0; i < n; i++)
+    int64_t oldest = 0; /* ops before it have all completed */
+    for (int64_t i = 0; i < n; i++) {
         lat_ns[i] = -1;
+        res[i] = INT64_MIN;
+    }
     while (inflight > 0 || next < n) {
         int queued = 0;
         int stop = deadline_ns > 0 && now_ns() >= deadline_ns;
         int64_t t = now_ns();
         while (!stop && inflight < qd && next < n) {
+            const struct cxlhm_io *op = &ops[next];
+            while (oldest < next && res[oldest] != INT64_MIN)
+                oldest++;
+            /* fio's serialize_overlap: an I/O overlapping one in flight waits for it,
+             * since the device may complete the two in either order */
+            if (serialize_overlap && inflight > 0 &&
+                overlaps_in_flight(ops + oldest, lat_ns + oldest, res + oldest, next - oldest, op))
+                break;
             struct io_uring_sqe *sqe = uring.get_sqe(r->opaque);
             if (!sqe)
                 break;
-            const struct cxlhm_io *op = &ops[next];
             if (op->write)
                 uring.prep_write(sqe, fd, op->buf, (unsigned)op->len, op->offset);
             else

@@ -14,8 +14,8 @@ void cxlhm_ring_close(struct cxlhm_ring *r);
 int cxlhm_io_batch(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops,
                    int n, int64_t *res);
 int64_t cxlhm_io_qd(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops,
-                    int64_t n, int qd, int64_t deadline_ns, int64_t *res,
-                    int64_t *lat_ns);
+                    int64_t n, int qd, int64_t deadline_ns, int serialize_overlap,
+                    int64_t *res, int64_t *lat_ns);
 int cxlhm_io_queue(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops, int n,
                    const int64_t *tags);
 int cxlhm_io_reap(struct cxlhm_ring *r, int min, int max, int64_t *tags, int64_t *res);

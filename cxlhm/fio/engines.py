@@ -446,8 +446,9 @@ class IoUringEngine:
     """Raw O_DIRECT io_uring on a plain file: the baseline the device is compared with."""
     name = "io_uring"
 
-    def __init__(self, path: str, file_size: int, iodepth: int):
+    def __init__(self, path: str, file_size: int, iodepth: int, *, serialize_overlap: bool = False):
         self.iodepth = iodepth
+        self.serialize_overlap = serialize_overlap
         self.ssd = SsdBackend(path, file_size, max(iodepth, 1), source=f"filename={path}")
         self._ops = np.zeros((0, 4), np.int64)
 
@@ -466,7 +467,7 @@ class IoUringEngine:
         ops[:, 1] = chunk.size
         ops[:, 2] = chunk.offset
         ops[:, 3] = chunk.direction
-        res, lat = self.ssd.run_closed_loop(ops, self.iodepth, deadline_ns)
+        res, lat = self.ssd.run_closed_loop(ops, self.iodepth, deadline_ns, serialize_overlap=self.serialize_overlap)
         end = self.now_ns()
         done = res.shape[0]
         bad = np.flatnonzero(res != chunk.size[:done])

@@ -256,6 +256,10 @@ OPTIONS: tuple[Option, ...] = (
            group="pattern"),
     # queueing and timing
     Option("iodepth", "int", _int_at_least(1, 4096), 1, "I/Os in flight per job clone (the device sees them as concurrent)", group="timing"),
+    Option("serialize_overlap", "bool", _bool, False,
+           "an I/O overlapping one in flight waits for it (without it two overlapping writes may land in either "
+           "order and verify can fail, as in fio; the cxlhm engine always applies a job's overlapping writes in order)",
+           flag=True, group="timing"),
     Option("numjobs", "int", _int_at_least(1, 1024), 1, "identical clones of this job, run concurrently", group="timing"),
     Option("runtime", "time", _time, None, "stop after this long (seconds unless a unit is given)", aliases=("timeout",), group="timing"),
     Option("time_based", "bool", _bool, False, "run for the whole runtime, wrapping around the region", flag=True, group="timing"),

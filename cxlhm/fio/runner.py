@@ -330,7 +330,8 @@ class Worker:
             self.engine = CxlhmEngine(self.share, self.job["iodepth"], self.arena.slot_bytes)
         else:
             try:
-                self.engine = IoUringEngine(self.plan.filename, self.plan.file_end, self.job["iodepth"])
+                self.engine = IoUringEngine(self.plan.filename, self.plan.file_end, self.job["iodepth"],
+                                             serialize_overlap=self.job["serialize_overlap"])
             except ConfigError as exc:
                 raise self.job.error("filename", str(exc).split(": ", 1)[-1]) from None
 

@@ -198,16 +198,19 @@ class SsdBackend(Backend):
             weakref.finalize(state, self._drop_ring, ring)
         return state
 
-    def run_closed_loop(self, ops: np.ndarray, qd: int, deadline_ns: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    def run_closed_loop(self, ops: np.ndarray, qd: int, deadline_ns: int = 0, *,
+                        serialize_overlap: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Keep `qd` of `ops` in flight until all finish (or CLOCK_MONOTONIC passes
-        `deadline_ns`), like fio's io_uring engine at iodepth=qd. Returns (res, lat_ns)
-        for the ops issued: bytes or -errno, and submission-to-completion latency."""
+        `deadline_ns`), like fio's io_uring engine at iodepth=qd; with
+        `serialize_overlap` an op overlapping one in flight waits for it, as in fio.
+        Returns (res, lat_ns) for the ops issued: bytes or -errno, and
+        submission-to-completion latency."""
         n = ops.shape[0]
         res = np.zeros(n, np.int64)
         lat = np.zeros(n, np.int64)
         issued = self._lib.cxlhm_io_qd(
             self._thread_state().ring, self.fd, self._ffi.cast("struct cxlhm_io *", ops.ctypes.data), n, qd, deadline_ns,
-            self._ffi.cast("int64_t *", res.ctypes.data), self._ffi.cast("int64_t *", lat.ctypes.data))
+            int(serialize_overlap), self._ffi.cast("int64_t *", res.ctypes.data), self._ffi.cast("int64_t *", lat.ctypes.data))
         if issued < 0:
             raise OSError(-issued, f"io_uring closed loop failed: {os.strerror(-issued)}")
         return res[:issued], lat[:issued]
