@@ -47,13 +47,14 @@ from firmware_policies.base import Policy
 # What `run` hands back (the driver's next move)
 FINISHED = 0  # every read up to `stop` is complete (or the deadline passed with none in flight)
 BLOCKED = 1  # the next read touches a busy block (another thread's) and none of ours is in flight
-WRITE_BACK = 2  # the next read is planned; write back its dirty victims, then run again
+WRITE_BACK = 2  # planned I/Os' dirty victims wait in the staged list: log their checksums, then run again
 DEVICE_FULL = 3  # the planner found no evictable slot for the next read (slots released)
 VERIFY = 4  # reaped fills wait in `reaped`: verify those with a checksum, then complete()
 SLICE = 5  # the time slice is over: let the lock go, then run again
 WIDE = 7  # the next read touches more blocks than a stream read may hold (none of ours in flight)
 LOG_WRITES = 8  # blocks written since the last return wait in `wblocks`: log them dirty, then run again
 ISSUED = 6  # (internal) as many reads in flight as allowed: reap
+WB_FAILED = 9  # write-backs failed on the ring (`wb_failed`): the driver retries them, then runs again
 
 # Which reaped blocks the driver must verify (run's `verify`)
 VERIFY_NONE = 0  # the device has no checksum records
@@ -88,8 +89,17 @@ PEAK = 14  # the most reads in flight at once
 WRITTEN = 15  # blocks in wblocks (written, not yet logged dirty by the driver)
 W_HITS = 16  # device-block hits and misses of the stream's writes (HITS, MISSES count all)
 W_MISSES = 17
-N_PARKED = 18  # I/Os planned and waiting for their victims' write-back (their tags in `parked`)
-N_SCALARS = 19
+N_PARKED = 18  # I/Os planned and not yet issued: their victims' write-backs are staged or on the ring
+N_READY = 19  # of those, I/Os whose write-backs have all landed (their tags in `parked`, issued next)
+WB_USED = 20  # rows of the write-back table in use (staged, on the ring, landed or failed)
+WB_STAGED = 21  # rows in `wb_staged`: planned victims whose checksums the driver has not logged yet
+WB_LOGGED = 22  # of those, the first WB_LOGGED are logged (queued on the ring by the next step)
+WB_LANDED = 23  # rows in `wb_landed`: on the SSD, their checksums not yet recorded by the driver
+WB_FAILED_N = 24  # rows in `wb_failed`: write-backs the ring reported failed or short
+N_SCALARS = 25
+
+# state of a write-back row (StreamState.wb_state)
+WB_FREE, WB_STAGE, WB_RING, WB_LAND, WB_FAIL = range(5)
 
 # Written blocks a stream gathers before the driver logs them (LOG_WRITES)
 WBLOCKS = 4096
@@ -151,6 +161,42 @@ def _touches_rows(rows, n, hpa, length, block_size):
 
 
 @numba.njit(nogil=True)
+def _in_sorted(special, hpa, length, block_size):
+    """Whether [hpa, hpa+length) touches one of `special` (sorted blocks)."""
+    if special.shape[0] == 0:
+        return False
+    first = hpa // block_size
+    j = np.searchsorted(special, first)
+    return j < special.shape[0] and special[j] <= (hpa + length - 1) // block_size
+
+
+@numba.njit(nogil=True)
+def _touches_writebacks(wb_rows, wb_state, hpa, length, block_size):
+    """Whether [hpa, hpa+length) touches a block whose write-back this stream holds (a
+    victim staged, on the ring, or landed with its checksum not yet recorded): it may not
+    be read back from the SSD before then."""
+    first = hpa // block_size
+    last = (hpa + length - 1) // block_size
+    for w in range(wb_rows.shape[0]):
+        if wb_state[w] != WB_FREE:
+            block = wb_rows[w, 2] // block_size
+            if first <= block <= last:
+                return True
+    return False
+
+
+@numba.njit(nogil=True)
+def _queue_all(ring, fd, rows, n, tags):
+    """Queue `n` rows on the ring, handing queued ones to the kernel whenever its
+    submission queue is full (the ring's room for completions was checked)."""
+    done = 0
+    while done < n:
+        done += _queue(ring, fd, rows + done * 32, n - done, tags + done * 8)
+        if done < n:
+            _reap(ring, 0, 0, 0, 0)  # submit only: takes no completion
+
+
+@numba.njit(nogil=True)
 def _submit_bucket(n):
     """fio's submit rows (cxlhm.fio.stats.submit_bucket): 1-4 -> 1, 5-8 -> 2, ... >64 -> 6."""
     bucket = 1
@@ -179,7 +225,7 @@ class StreamState:
         self.row_pos = np.zeros((depth, max_blocks), np.int64)  # fill row -> position in the read's slots
         self.row_bad = np.zeros((depth, max_blocks), np.uint8)
         self.free_tags = np.arange(depth, dtype=np.int64)[::-1].copy()  # a stack; st[..] counts the used
-        self.writebacks = fw.new_io_rows(depth * max_blocks)  # the parked I/Os' victims, together
+        self.writebacks = fw.new_io_rows(max_blocks)  # the victims of the I/O being planned
         # each tag's fill rows apart: an I/O parked for its victims keeps them while others plan
         self.fills = fw.new_io_rows(depth * max_blocks)
         self.fill_tags = np.zeros(max_blocks, np.int64)
@@ -190,13 +236,83 @@ class StreamState:
         self.blocks = np.zeros(depth * max_blocks, np.int64)  # per reaped fill: its block
         self.submits = np.zeros(7, np.int64)  # reads per submission, in fio's buckets (0, <=4, <=8, ... >64)
         self.wblocks = np.zeros(WBLOCKS + max_blocks, np.int64)  # blocks written (see LOG_WRITES)
-        self.parked = np.zeros(depth, np.int64)
+        self.parked = np.zeros(depth, np.int64)  # tags of parked I/Os ready to issue (a stack, N_READY)
+        # The write-back table: a victim's row stays here from its planning until the
+        # driver recorded its checksum (its block may not be read back from the SSD before)
+        rows = depth * max_blocks  # every I/O not yet complete has at most max_blocks victims
+        self.wb_rows = fw.new_io_rows(rows)
+        self.wb_state = np.zeros(rows, np.uint8)
+        self.wb_owner = np.full(rows, -1, np.int64)  # the tag of the I/O waiting for it
+        self.wb_sum = np.zeros(rows, np.uint64)  # the checksum the driver logged for it
+        self.wb_free = np.arange(rows, dtype=np.int64)[::-1].copy()  # a stack; st[WB_USED] counts the used
+        self.wb_staged = np.zeros(rows, np.int64)
+        self.wb_landed = np.zeros(rows, np.int64)
+        self.wb_failed = np.zeros(rows, np.int64)
+        self.wb_tag = np.zeros(1, np.int64)
+        self.tag_wbs = np.zeros(depth, np.int64)  # per parked I/O: its write-backs not yet landed
 
     def arrays(self) -> tuple:
         return (self.st, self.tag_read, self.tag_pending, self.tag_k, self.tag_failed, self.tag_issued,
                 self.tag_slots, self.tag_installed, self.row_pos, self.row_bad, self.free_tags, self.writebacks,
                 self.fills, self.fill_tags, self.ts, self.reaped_tags, self.reaped_res, self.bad, self.submits,
-                self.wblocks, self.parked)
+                self.wblocks, self.parked, self.wb_rows, self.wb_state, self.wb_owner, self.wb_free,
+                self.wb_staged, self.wb_landed, self.wb_failed, self.wb_tag, self.tag_wbs)
+
+    def staged_rows(self) -> np.ndarray:
+        """Indices of the write-back rows staged and not yet logged."""
+        return self.wb_staged[int(self.st[WB_LOGGED]):int(self.st[WB_STAGED])]
+
+
+# positions of the write-back table in StreamState.arrays()
+_WB_ROWS, _WB_STATE, _WB_OWNER, _WB_FREE, _WB_STAGED, _WB_LANDED, _WB_FAILED, _WB_TAG, _TAG_WBS = range(21, 30)
+
+
+@numba.njit(nogil=True)
+def _writeback_done(arrays, w):
+    """Write-back row `w` is settled (landed, or failed for good): its I/O goes on once
+    its last one is."""
+    st, parked, wb_owner, tag_wbs = arrays[0], arrays[20], arrays[_WB_OWNER], arrays[_TAG_WBS]
+    tag = wb_owner[w]
+    tag_wbs[tag] -= 1
+    if tag_wbs[tag] == 0:
+        parked[st[N_READY]] = tag
+        st[N_READY] += 1
+
+
+@numba.njit(nogil=True)
+def settle_writebacks(arrays, rows, free):
+    """The driver settled these write-back rows: their I/Os go on (unless they landed
+    through the ring, which told them already); with `free`, the rows are released."""
+    st, wb_state, wb_owner, wb_free = arrays[0], arrays[_WB_STATE], arrays[_WB_OWNER], arrays[_WB_FREE]
+    n_rows = wb_free.shape[0]
+    for w in rows:
+        if wb_state[w] != WB_LAND:
+            _writeback_done(arrays, w)
+            wb_state[w] = WB_LAND
+        if free:
+            wb_state[w] = WB_FREE
+            wb_owner[w] = -1
+            st[WB_USED] -= 1
+            wb_free[n_rows - 1 - st[WB_USED]] = w
+
+
+@numba.njit(nogil=True)
+def _queue_writebacks(arrays, ring, fd):
+    """Put the logged staged write-backs on the ring (tag -1 - row: fills are >= 0)."""
+    st, wb_rows, wb_state, wb_staged, wb_tag = arrays[0], arrays[_WB_ROWS], arrays[_WB_STATE], \
+        arrays[_WB_STAGED], arrays[_WB_TAG]
+    logged = st[WB_LOGGED]
+    for r in range(logged):
+        w = wb_staged[r]
+        wb_tag[0] = -1 - w
+        _queue_all(ring, fd, wb_rows[w:w + 1].ctypes.data, 1, wb_tag.ctypes.data)
+        wb_state[w] = WB_RING
+    if logged:
+        rest = st[WB_STAGED] - logged
+        for r in range(rest):
+            wb_staged[r] = wb_staged[logged + r]
+        st[WB_STAGED] = rest
+        st[WB_LOGGED] = 0
 
 
 def _build(plan, invalidate):
@@ -205,17 +321,34 @@ def _build(plan, invalidate):
     @njit_without_refcounts
     def complete(bt, ps, clock, base, block_size, hpas, lens, addrs, kinds, clat, failed_out, arrays, tags, res,
                  bad, n, sum_keys, sum_values):
-        """Take `n` reaped fills (tag = read tag * max_blocks + row); bad[j]: fill j read
-        the wrong bytes (its checksum did not match). A block with a record in the sum
-        table (empty: none) is hashed right after its fill (a read: after its copy out,
-        while its bytes are in the CPU's cache); a mismatch fails its I/O like a failed
-        fill (the driver runs it again through the verifying path, which poisons it). A
-        write (kinds[i]) whose fills are all in copies its bytes into its slots."""
-        (st, tag_read, tag_pending, tag_k, tag_failed, tag_issued, tag_slots, tag_installed, row_pos, row_bad,
-         free_tags, _wb, _fills, _ftags, ts, _rt, _rr, _bad, _sub, _wbl, _pk) = arrays
+        """Take `n` reaped completions: fills (tag = read tag * max_blocks + row) and
+        write-backs (tag < 0). bad[j]: fill j read the wrong bytes (its checksum did not
+        match). A block with a record in the sum table (empty: none) is hashed right
+        after its fill (a read: after its copy out, while its bytes are in the CPU's
+        cache); a mismatch fails its I/O like a failed fill (the driver runs it again
+        through the verifying path, which poisons it). A write (kinds[i]) whose fills
+        are all in copies its bytes into its slots. A landed write-back lets its I/O go
+        on once its last one is in; a failed one waits for the driver (WB_FAILED)."""
+        st, tag_read, tag_pending, tag_k, tag_failed, tag_issued, tag_slots, tag_installed, row_pos, row_bad, \
+            free_tags = arrays[:11]
+        wb_rows, wb_state, wb_landed, wb_failed = arrays[_WB_ROWS], arrays[_WB_STATE], arrays[_WB_LANDED], \
+            arrays[_WB_FAILED]
         max_blocks = tag_slots.shape[1]
-        now = _now_ns(ts)
+        now = _now_ns(arrays[14])
         for j in range(n):
+            st[FILLS] -= 1
+            if tags[j] < 0:
+                w = -1 - tags[j]
+                if res[j] == wb_rows[w, 1]:
+                    wb_state[w] = WB_LAND
+                    wb_landed[st[WB_LANDED]] = w
+                    st[WB_LANDED] += 1
+                    _writeback_done(arrays, w)
+                else:
+                    wb_state[w] = WB_FAIL
+                    wb_failed[st[WB_FAILED_N]] = w
+                    st[WB_FAILED_N] += 1
+                continue
             tag = tags[j] // max_blocks
             row = tags[j] % max_blocks
             i = tag_read[tag]
@@ -231,7 +364,6 @@ def _build(plan, invalidate):
             if not good:  # failed, short or corrupt: the caller runs it again, verifying
                 tag_failed[tag] = 1
                 row_bad[tag, row] = 1
-            st[FILLS] -= 1
             tag_pending[tag] -= 1
             if tag_pending[tag] > 0:
                 continue
@@ -262,11 +394,14 @@ def _build(plan, invalidate):
 
     @njit_without_refcounts
     def _issue(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, slat, clat,
-               arrays, tag, n_fill, begin, ring, fd):
+               arrays, tag, n_fill, begin, resumed, ring, fd):
         """Queue the planned I/O's fills, or - none needed - complete it now (a read
-        whose blocks are all in DRAM, a write that replaces whole blocks or hits)."""
-        (st, tag_read, tag_pending, tag_k, tag_failed, tag_issued, tag_slots, tag_installed, row_pos, row_bad,
-         free_tags, _wb, fills, fill_tags, ts, _rt, _rr, _bad, _sub, _wbl, _pk) = arrays
+        whose blocks are all in DRAM, a write that replaces whole blocks or hits).
+        `begin`: when planning it began; `resumed`: it was parked for its victims (its
+        submission time is in tag_issued)."""
+        st, tag_read, tag_pending, tag_k, tag_failed, tag_issued, tag_slots, tag_installed, row_pos, row_bad, \
+            free_tags = arrays[:11]
+        fills, fill_tags, ts = arrays[12], arrays[13], arrays[14]
         max_blocks = tag_slots.shape[1]
         i = tag_read[tag]
         k = tag_k[tag]
@@ -274,7 +409,9 @@ def _build(plan, invalidate):
         # Submitted once planned (fio's slat: taken -> submitted); the copies of blocks
         # already in device DRAM are completion work, in clat like the fills' wait.
         now = _now_ns(ts)
-        slat[i] = now - begin
+        submitted = tag_issued[tag] if resumed else now
+        if not resumed:
+            slat[i] = now - begin
         first = hpas[i] // block_size
         r = 0
         for q in range(k):
@@ -291,16 +428,16 @@ def _build(plan, invalidate):
         if n_fill == 0:
             if write:
                 _copy_write_in(base, block_size, tag_slots[tag], k, hpas[i], lens[i], addrs[i])
-            clat[i] = _now_ns(ts) - now
+            clat[i] = _now_ns(ts) - submitted
             finish(bt, tag_slots[tag], k)
             st[DONE] += 1
             tag_read[tag] = -1
             free_tags[tag_k.shape[0] - 1 - st[IN_FLIGHT] - st[N_PARKED]] = tag  # a stack over the tags in use
             return
         tag_fills = fills[tag * max_blocks:(tag + 1) * max_blocks]
-        _queue(ring, fd, tag_fills.ctypes.data, n_fill, fill_tags.ctypes.data)  # room was checked
+        _queue_all(ring, fd, tag_fills.ctypes.data, n_fill, fill_tags.ctypes.data)
         tag_pending[tag] = n_fill
-        tag_issued[tag] = now
+        tag_issued[tag] = submitted
         st[IN_FLIGHT] += 1
         st[PEAK] = max(st[PEAK], st[IN_FLIGHT])
         st[SLOTS] += k
@@ -309,54 +446,63 @@ def _build(plan, invalidate):
 
     @njit_without_refcounts
     def step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, stop, deadline_ns,
-             slat, clat, arrays, ring, fd, ring_room, other_slots, n_slots, owner):
-        """Resume an I/O parked for its write-backs, then plan and issue I/Os until
-        `depth` are in flight (or the ring, the slots or the I/Os run out)."""
-        (st, tag_read, tag_pending, tag_k, tag_failed, tag_issued, tag_slots, tag_installed, row_pos, row_bad,
-         free_tags, writebacks, fills, fill_tags, ts, reaped_tags, reaped_res, bad, _sub, wblocks, parked) = arrays
+             slat, clat, arrays, ring, fd, ring_room, other_slots, n_slots, owner, victims):
+        """Queue the write-backs the driver has logged, issue the I/Os whose write-backs
+        have landed, then plan and issue I/Os until `depth` are out (or the ring, the
+        slots or the I/Os run out). An I/O with dirty victims is parked: its victims are
+        staged for the driver to log their checksums (WRITE_BACK), go on the ring with
+        the next step, and the I/O is issued when the last one lands - meanwhile the
+        stream keeps planning. `victims`: blocks other streams are writing back."""
+        st, tag_read, tag_pending, tag_k, tag_failed, tag_issued, tag_slots, tag_installed, row_pos, row_bad, \
+            free_tags, writebacks, fills = arrays[:13]
+        ts, wblocks, parked = arrays[14], arrays[19], arrays[20]
+        wb_rows, wb_state, wb_owner, wb_free, wb_staged = arrays[_WB_ROWS], arrays[_WB_STATE], \
+            arrays[_WB_OWNER], arrays[_WB_FREE], arrays[_WB_STAGED]
+        tag_wbs = arrays[_TAG_WBS]
         depth = tag_k.shape[0]
-        while st[N_PARKED] > 0:  # their victims are on the SSD now
+        n_rows = wb_free.shape[0]
+        _queue_writebacks(arrays, ring, fd)
+        while st[N_READY] > 0:  # their victims are on the SSD now
+            st[N_READY] -= 1
             st[N_PARKED] -= 1  # (before _issue: the tag stack counts in-flight and parked tags)
-            tag = parked[st[N_PARKED]]
+            tag = parked[st[N_READY]]
             st[SLOTS] -= tag_k[tag]  # counted while parked (its slots were BUSY); _issue counts them again
+            st[FILLS] -= tag_pending[tag]  # reserved while parked; _issue counts them again
             _issue(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, slat, clat,
-                   arrays, tag, tag_pending[tag], tag_issued[tag], ring, fd)
+                   arrays, tag, tag_pending[tag], 0, True, ring, fd)
         st[PARKED_WBS] = 0
         while True:
-            # Every way out with I/Os parked writes their victims back first (one batch at
-            # the SSD's depth): no I/O may miss on a victim's block before its bytes are there.
+            # Staged victims go to the driver before the stream waits for anything
+            wait = WRITE_BACK if st[WB_STAGED] else ISSUED
+            out = st[IN_FLIGHT] + st[N_PARKED] > 0
             if st[NEXT] >= stop or st[IN_FLIGHT] + st[N_PARKED] >= depth:
-                return WRITE_BACK if st[N_PARKED] else ISSUED
+                return wait
             i = st[NEXT]
             one_hpa = hpas[i:i + 1]
             one_len = lens[i:i + 1]
             write = kinds[i] != 0
             blocks, busy = touches_busy(bt, one_hpa, one_len, block_size)
-            if st[N_PARKED] and (blocks > tag_slots.shape[1] or busy
-                                 or st[PARKED_WBS] + blocks > writebacks.shape[0]
-                                 or _touches_rows(writebacks, st[PARKED_WBS], hpas[i], lens[i], block_size)):
-                return WRITE_BACK
             if blocks > tag_slots.shape[1]:
-                return ISSUED if st[IN_FLIGHT] else WIDE
+                return wait if out else WIDE
+            # no I/O may miss on a victim's block before its bytes are on the SSD
+            busy = busy or _touches_writebacks(wb_rows, wb_state, hpas[i], lens[i], block_size) \
+                or _in_sorted(victims, hpas[i], lens[i], block_size)
             if busy:
-                return ISSUED if st[IN_FLIGHT] else BLOCKED
+                return wait if out else BLOCKED
             room = n_slots - bt.scalars[btm.N_PINNED] - other_slots - st[SLOTS]
             if blocks > room or st[FILLS] + blocks > ring_room:
-                if st[N_PARKED]:
-                    return WRITE_BACK
-                return ISSUED if st[IN_FLIGHT] else BLOCKED
+                return wait if out else BLOCKED
             if write and st[WRITTEN] + blocks > wblocks.shape[0]:
-                return WRITE_BACK if st[N_PARKED] else LOG_WRITES
+                return LOG_WRITES
             begin = _now_ns(ts)
             if deadline_ns > 0 and begin >= deadline_ns:
-                return WRITE_BACK if st[N_PARKED] else ISSUED
+                return wait
             tag = free_tags[depth - 1 - st[IN_FLIGHT] - st[N_PARKED]]
             tag_read[tag] = i
             hits0 = counters[C.HITS]
             misses0 = counters[C.MISSES]
             ok, k, n_wb, n_fill = plan(bt, ps, counters, clock, one_hpa, one_len, write, write_mode, owner, base,
-                                       block_size, tag_slots[tag], tag_installed[tag],
-                                       writebacks[st[PARKED_WBS]:],
+                                       block_size, tag_slots[tag], tag_installed[tag], writebacks,
                                        fills[tag * tag_slots.shape[1]:(tag + 1) * tag_slots.shape[1]])
             st[HITS] += counters[C.HITS] - hits0
             st[MISSES] += counters[C.MISSES] - misses0
@@ -367,34 +513,45 @@ def _build(plan, invalidate):
             tag_k[tag] = k
             if not ok:
                 # victims already unmapped have been written back by nobody: hand them
-                # over like a write-back; the driver writes them, then reports full
+                # over (writebacks[:PARKED_WBS]); the driver writes them, then reports full
                 for q in range(k):
                     if tag_installed[tag, q]:
                         invalidate(bt, ps, tag_slots[tag, q], clock[0])
                 finish(bt, tag_slots[tag], k)
                 tag_read[tag] = -1
-                st[PARKED_WBS] += n_wb
+                st[PARKED_WBS] = n_wb
                 return DEVICE_FULL
-            if write:  # dirty now: the driver logs them (after this I/O's victims are written back)
+            if write:  # dirty now: the driver logs them (after this I/O's victims' checksums)
                 first = hpas[i] // block_size
                 for q in range(k):
                     wblocks[st[WRITTEN]] = first + q
                     st[WRITTEN] += 1
-            if n_wb > 0:  # parked until the driver writes its victims back, with the others'
-                tag_issued[tag] = begin
+            if n_wb > 0:  # parked until its victims land; the stream plans on meanwhile
+                for r in range(n_wb):
+                    w = wb_free[n_rows - 1 - st[WB_USED]]
+                    st[WB_USED] += 1
+                    for c in range(wb_rows.shape[1]):
+                        wb_rows[w, c] = writebacks[r, c]
+                    wb_state[w] = WB_STAGE
+                    wb_owner[w] = tag
+                    wb_staged[st[WB_STAGED]] = w
+                    st[WB_STAGED] += 1
+                now = _now_ns(ts)
+                slat[i] = now - begin
+                tag_issued[tag] = now  # submitted: its completion latency runs from here
                 tag_pending[tag] = n_fill
-                st[SLOTS] += k  # BUSY while the driver writes back (other threads plan around them)
-                parked[st[N_PARKED]] = tag
+                tag_wbs[tag] = n_wb
+                st[SLOTS] += k  # BUSY while its victims are written back (other threads plan around them)
+                st[FILLS] += n_wb + n_fill  # the ring's room: its write-backs, and its fills to come
                 st[N_PARKED] += 1
-                st[PARKED_WBS] += n_wb
                 continue
             _issue(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, slat, clat,
-                   arrays, tag, n_fill, begin, ring, fd)
+                   arrays, tag, n_fill, begin, False, ring, fd)
 
     @njit_without_refcounts
     def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, stop, deadline_ns,
             slat, clat, failed_out, arrays, ring, fd, ring_room, other_slots, n_slots, owner, verify, sum_keys,
-            sum_values):
+            sum_values, victims):
         """The stream's loop for one time slice (see the module docstring). A reap goes
         back to the driver for verification: always (VERIFY_ALL), or when one of its
         blocks does not match its record in the sum table (VERIFY_HERE)."""
@@ -403,10 +560,10 @@ def _build(plan, invalidate):
         slice_end = _now_ns(ts) + SLICE_NS
         while True:
             status = step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, stop,
-                          deadline_ns, slat, clat, arrays, ring, fd, ring_room, other_slots, n_slots, owner)
+                          deadline_ns, slat, clat, arrays, ring, fd, ring_room, other_slots, n_slots, owner, victims)
             if status != ISSUED:
                 return status
-            if st[IN_FLIGHT] == 0:
+            if st[IN_FLIGHT] + st[N_PARKED] == 0:
                 return FINISHED
             if st[QUEUED] > 0:
                 submits[_submit_bucket(st[QUEUED])] += 1
@@ -424,6 +581,8 @@ def _build(plan, invalidate):
                      reaped_tags, reaped_res, bad, got, sum_keys if verify == VERIFY_HERE else sum_keys[:0],
                      sum_values)
             st[REAPED] = 0
+            if st[WB_FAILED_N]:
+                return WB_FAILED
             if _now_ns(ts) >= slice_end:
                 return SLICE
 
@@ -481,7 +640,7 @@ def _block_of_fill(arrays, block_size, hpas, fill_tag):
 def reaped_blocks(arrays, block_size, hpas, tags, n, out):
     """The device block each of `n` reaped fills read."""
     for j in range(n):
-        out[j] = _block_of_fill(arrays, block_size, hpas, tags[j])
+        out[j] = _block_of_fill(arrays, block_size, hpas, tags[j]) if tags[j] >= 0 else -1  # < 0: a write-back
 
 
 @numba.njit(nogil=True)

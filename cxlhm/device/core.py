@@ -116,6 +116,7 @@ class Device(StreamReads, SplitReads, BackgroundWork, PowerLoss):
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._inflight = 0  # accesses with BUSY slots and the lock released
+        self._stream_victims: dict[int, set[int]] = {}  # per stream: blocks it is writing back
         self._inflight_slots = 0  # slots they hold BUSY
         self._ticket_ids = 0  # split-phase reads (read_start) begun so far
         self.mailbox: Mailbox | None = None
@@ -318,7 +319,7 @@ class Device(StreamReads, SplitReads, BackgroundWork, PowerLoss):
         while self._inflight:
             blocks, busy = fw.touches_busy(self.bt, hpas, lens, self.block_size)
             room = self.n_slots - int(self.bt.scalars[btm.N_PINNED]) - self._inflight_slots
-            if not busy and blocks <= room:
+            if not busy and blocks <= room and not self._touches_victims(hpas, lens):
                 return
             self._idle.wait()
             if self.closed:

@@ -133,11 +133,9 @@ class StreamReads:
                         stop = min(stop, int(st[rs.NEXT]))
                     self._sync_time()  # once per time slice: the policy's deadlines and ages read it
                     status = self._stream_run(job, stop, deadline_ns, counted, held)
-                    if status == rs.WRITE_BACK or status == rs.DEVICE_FULL:  # before any thread misses on them
+                    if status == rs.DEVICE_FULL:  # before any thread misses on them
                         self.media.write_rows(state.writebacks[:int(st[rs.PARKED_WBS])], victims=True)
-                    self._stream_log_writes(state)
-                    if status == rs.VERIFY:
-                        self._stream_verify(state, complete, ext_hpa, ext_len, addrs, kinds, clat, failed)
+                    self._stream_settle(job, status)
                     counted, held = self._stream_account(st, counted, held)
                     self._idle.notify_all()  # reads of this stream may have ended: threads waiting for their slots
                     if status == rs.DEVICE_FULL:
@@ -156,7 +154,8 @@ class StreamReads:
                     clat[i], slat[i] = time.monotonic_ns() - begin, 0
                     st[rs.NEXT] = i + 1
         finally:
-            if st[rs.IN_FLIGHT]:  # an error: collect what is in flight, or its slots stay BUSY
+            if st[rs.IN_FLIGHT] or st[rs.N_PARKED] or st[rs.WB_USED]:
+                # an error: collect what is in flight, or its slots stay BUSY
                 self._stream_drain(job, counted, held)
         s = self._scratch()
         s.hits += int(st[rs.HITS])
@@ -166,8 +165,78 @@ class StreamReads:
         return StreamResult(int(st[rs.NEXT]), s.hits - hits0, s.misses - misses0, state.submits.copy(),
                             int(st[rs.PEAK]), int(st[rs.W_HITS]), int(st[rs.W_MISSES]))
 
+    def _stream_settle(self, job: "_StreamJob", status: int) -> None:
+        """Under the lock, after each time slice: what the compiled loop leaves to the
+        driver (write-backs to log, record or retry, written blocks to log, a reap to
+        verify)."""
+        state = job.state
+        self._stream_writebacks(state)
+        self._stream_log_writes(state)
+        if status == rs.VERIFY:
+            self._stream_verify(state, job.complete, job.hpas, job.lens, job.addrs, job.kinds, job.clat, job.failed)
+
+    def _stream_writebacks(self, state: rs.StreamState) -> None:
+        """The stream's dirty victims, asynchronous on its ring: staged ones get their
+        checksums computed and logged (write-ahead) before the next slice queues them;
+        landed ones get their checksums recorded; failed ones are retried here (a victim
+        that cannot be written is poisoned, its bytes are gone). Until its checksum is
+        recorded a victim's block is in `_victims`: no thread misses on it meanwhile."""
+        st, victims = state.st, self._stream_victims.setdefault(id(state), set())
+        staged = state.staged_rows()
+        if staged.shape[0]:
+            rows = state.wb_rows[staged]
+            sums = self.media.hash_slots(rows[:, 0])
+            blocks = rows[:, 2] // self.block_size
+            self.checksums.intend(blocks.tolist(), sums.tolist())
+            state.wb_sum[staged] = sums
+            victims.update(blocks.tolist())
+            st[rs.WB_LOGGED] = st[rs.WB_STAGED]
+        n = int(st[rs.WB_FAILED_N])
+        if n:
+            rows_at = state.wb_failed[:n].copy()
+            rows = state.wb_rows[rows_at]
+            res, retries = self.media.submit_retrying(rows, max(self.media.retries - 1, 0))
+            self.counters[C.MEDIA_RETRIES] += retries + n
+            for w, block, ok in zip(rows_at.tolist(), (rows[:, 2] // self.block_size).tolist(),
+                                    (res == rows[:, 1]).tolist()):
+                if ok:
+                    self.checksums.sums.set_many(np.array([block], np.int64), state.wb_sum[w:w + 1])
+                else:
+                    self.checksums.sums.pop(block, None)
+                    self.media.poison_block(block, "write-back failed on the SSD")
+                victims.discard(block)
+            st[rs.WB_FAILED_N] = 0
+            rs.settle_writebacks(state.arrays(), rows_at, True)
+        n = int(st[rs.WB_LANDED])
+        if n:
+            landed = state.wb_landed[:n]
+            blocks = state.wb_rows[landed, 2] // self.block_size
+            self.checksums.sums.set_many(blocks, state.wb_sum[landed])
+            victims.difference_update(blocks.tolist())
+            st[rs.WB_LANDED] = 0
+            rs.settle_writebacks(state.arrays(), landed, True)
+
+    def _others_victims(self, state: rs.StreamState) -> np.ndarray:
+        """Blocks other streams of this device are writing back (sorted)."""
+        others = [v for key, v in self._stream_victims.items() if v and key != id(state)]
+        if not others:
+            return _NO_BLOCKS
+        return np.array(sorted(set().union(*others)), np.int64)
+
+    def _touches_victims(self, hpas, lens) -> bool:
+        """Under the lock: whether an access touches a block a stream is writing back
+        (its bytes are not on the SSD yet: a miss on it must wait)."""
+        if not any(self._stream_victims.values()):
+            return False
+        bs = self.block_size
+        victims = set().union(*self._stream_victims.values())
+        for hpa, n in zip(np.atleast_1d(hpas).tolist(), np.atleast_1d(lens).tolist()):
+            if n > 0 and any(b in victims for b in range(hpa // bs, (hpa + n - 1) // bs + 1)):
+                return True
+        return False
+
     def _stream_log_writes(self, state: rs.StreamState) -> None:
-        """Under the lock, after the stream's victims are written back: its written
+        """Under the lock, after the stream's victims' checksums are logged: its written
         blocks hold newer bytes than the SSD (reliability: logged before the stream
         returns their completion)."""
         n = int(state.st[rs.WRITTEN])
@@ -236,18 +305,16 @@ class StreamReads:
         return job.run(self.bt, self.ps, self.counters, self.clock, self._write_mode_code, self.dram.base_address,
                        self.block_size, job.hpas, job.lens, job.addrs, job.kinds, stop, deadline_ns, job.slat, job.clat,
                        job.failed, job.state.arrays(), job.ring, job.fd, self.ssd.async_room() + counted,
-                       self._inflight_slots - held, self.n_slots, job.owner, *self._stream_verify_mode())
+                       self._inflight_slots - held, self.n_slots, job.owner, *self._stream_verify_mode(),
+                       self._others_victims(job.state))
 
     def _stream_drain(self, job: "_StreamJob", counted: int, held: int) -> None:
         """After an error: issue nothing more, wait for the stream's fills in flight and
         complete them (their slots must not stay BUSY)."""
         st = job.state.st
-        while st[rs.IN_FLIGHT]:
+        while st[rs.IN_FLIGHT] or st[rs.N_PARKED] or st[rs.WB_USED]:
             with self._lock:
                 status = self._stream_run(job, int(st[rs.NEXT]), 0, counted, held)
-                self._stream_log_writes(job.state)
-                if status == rs.VERIFY:
-                    self._stream_verify(job.state, job.complete, job.hpas, job.lens, job.addrs, job.kinds, job.clat,
-                                        job.failed)
+                self._stream_settle(job, status)
                 counted, held = self._stream_account(st, counted, held)
                 self._idle.notify_all()
