@@ -96,7 +96,13 @@ WB_STAGED = 21  # rows in `wb_staged`: planned victims whose checksums the drive
 WB_LOGGED = 22  # of those, the first WB_LOGGED are logged (queued on the ring by the next step)
 WB_LANDED = 23  # rows in `wb_landed`: on the SSD, their checksums not yet recorded by the driver
 WB_FAILED_N = 24  # rows in `wb_failed`: write-backs the ring reported failed or short
-N_SCALARS = 25
+RING = 25  # fills and write-backs on the ring, not yet reaped
+N_SCALARS = 26
+
+# Staged victims the loop gathers before handing them to the driver (one interpreter
+# round trip logs them all), unless nothing else is on the ring to wait for: a quarter
+# of the depth, at most STAGE_BYTES of them (large blocks: at once, their write is long)
+STAGE_BYTES = 1 << 20
 
 # state of a write-back row (StreamState.wb_state)
 WB_FREE, WB_STAGE, WB_RING, WB_LAND, WB_FAIL = range(5)
@@ -239,7 +245,9 @@ class StreamState:
         self.parked = np.zeros(depth, np.int64)  # tags of parked I/Os ready to issue (a stack, N_READY)
         # The write-back table: a victim's row stays here from its planning until the
         # driver recorded its checksum (its block may not be read back from the SSD before)
-        rows = depth * max_blocks  # every I/O not yet complete has at most max_blocks victims
+        # every I/O not yet complete has at most max_blocks victims, and as many again
+        # may have landed since the driver last recorded them
+        rows = 2 * depth * max_blocks
         self.wb_rows = fw.new_io_rows(rows)
         self.wb_state = np.zeros(rows, np.uint8)
         self.wb_owner = np.full(rows, -1, np.int64)  # the tag of the I/O waiting for it
@@ -257,6 +265,15 @@ class StreamState:
                 self.fills, self.fill_tags, self.ts, self.reaped_tags, self.reaped_res, self.bad, self.submits,
                 self.wblocks, self.parked, self.wb_rows, self.wb_state, self.wb_owner, self.wb_free,
                 self.wb_staged, self.wb_landed, self.wb_failed, self.wb_tag, self.tag_wbs)
+
+    def reset(self) -> None:
+        """For a new stream: no I/O, no write-back."""
+        self.st[:] = 0
+        self.st[PARKED] = -1
+        self.submits[:] = 0
+        self.wb_state[:] = WB_FREE
+        self.wb_owner[:] = -1
+        self.wb_free[:] = np.arange(self.wb_free.shape[0], dtype=np.int64)[::-1]
 
     def staged_rows(self) -> np.ndarray:
         """Indices of the write-back rows staged and not yet logged."""
@@ -307,6 +324,7 @@ def _queue_writebacks(arrays, ring, fd):
         wb_tag[0] = -1 - w
         _queue_all(ring, fd, wb_rows[w:w + 1].ctypes.data, 1, wb_tag.ctypes.data)
         wb_state[w] = WB_RING
+        st[RING] += 1
     if logged:
         rest = st[WB_STAGED] - logged
         for r in range(rest):
@@ -337,6 +355,7 @@ def _build(plan, invalidate):
         now = _now_ns(arrays[14])
         for j in range(n):
             st[FILLS] -= 1
+            st[RING] -= 1
             if tags[j] < 0:
                 w = -1 - tags[j]
                 if res[j] == wb_rows[w, 1]:
@@ -436,6 +455,7 @@ def _build(plan, invalidate):
             return
         tag_fills = fills[tag * max_blocks:(tag + 1) * max_blocks]
         _queue_all(ring, fd, tag_fills.ctypes.data, n_fill, fill_tags.ctypes.data)
+        st[RING] += n_fill
         tag_pending[tag] = n_fill
         tag_issued[tag] = submitted
         st[IN_FLIGHT] += 1
@@ -472,8 +492,7 @@ def _build(plan, invalidate):
                    arrays, tag, tag_pending[tag], 0, True, ring, fd)
         st[PARKED_WBS] = 0
         while True:
-            # Staged victims go to the driver before the stream waits for anything
-            wait = WRITE_BACK if st[WB_STAGED] else ISSUED
+            wait = ISSUED  # (run hands staged victims to the driver before it waits on an empty ring)
             out = st[IN_FLIGHT] + st[N_PARKED] > 0
             if st[NEXT] >= stop or st[IN_FLIGHT] + st[N_PARKED] >= depth:
                 return wait
@@ -484,16 +503,19 @@ def _build(plan, invalidate):
             blocks, busy = touches_busy(bt, one_hpa, one_len, block_size)
             if blocks > tag_slots.shape[1]:
                 return wait if out else WIDE
-            # no I/O may miss on a victim's block before its bytes are on the SSD
-            busy = busy or _touches_writebacks(wb_rows, wb_state, hpas[i], lens[i], block_size) \
-                or _in_sorted(victims, hpas[i], lens[i], block_size)
-            if busy:
+            # no I/O may miss on a victim's block before its bytes are on the SSD and the
+            # driver recorded their checksum (nothing out: only the recording is left)
+            if _touches_writebacks(wb_rows, wb_state, hpas[i], lens[i], block_size):
+                return wait if out else WRITE_BACK
+            if busy or _in_sorted(victims, hpas[i], lens[i], block_size):
                 return wait if out else BLOCKED
             room = n_slots - bt.scalars[btm.N_PINNED] - other_slots - st[SLOTS]
             if blocks > room or st[FILLS] + blocks > ring_room:
                 return wait if out else BLOCKED
             if write and st[WRITTEN] + blocks > wblocks.shape[0]:
                 return LOG_WRITES
+            if st[WB_USED] + blocks > n_rows:  # the table is full: free the landed rows, or wait for some
+                return WRITE_BACK if st[WB_LANDED] or st[WB_STAGED] else wait
             begin = _now_ns(ts)
             if deadline_ns > 0 and begin >= deadline_ns:
                 return wait
@@ -557,6 +579,8 @@ def _build(plan, invalidate):
         blocks does not match its record in the sum table (VERIFY_HERE)."""
         st, ts, reaped_tags, reaped_res, bad, submits = arrays[0], arrays[14], arrays[15], arrays[16], arrays[17], \
             arrays[18]
+        tag_slots = arrays[6]
+        stage_batch = max(1, min(tag_slots.shape[0] // 4, STAGE_BYTES // (block_size * tag_slots.shape[1])))
         slice_end = _now_ns(ts) + SLICE_NS
         while True:
             status = step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, stop,
@@ -565,6 +589,8 @@ def _build(plan, invalidate):
                 return status
             if st[IN_FLIGHT] + st[N_PARKED] == 0:
                 return FINISHED
+            if st[WB_STAGED] and (st[WB_STAGED] >= stage_batch or st[RING] == 0):
+                return WRITE_BACK
             if st[QUEUED] > 0:
                 submits[_submit_bucket(st[QUEUED])] += 1
                 st[QUEUED] = 0

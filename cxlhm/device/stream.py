@@ -115,9 +115,7 @@ class StreamReads:
         complete, run = rs.kernels_for(self.policy)
         state = self._stream_state(min(depth, self.ssd.queue_depth), max_blocks, complete)
         st = state.st
-        st[:] = 0
-        st[rs.PARKED] = -1
-        state.submits[:] = 0
+        state.reset()
         failed = np.zeros(n, np.int64)
         job = _StreamJob(run, complete, state, ext_hpa, ext_len, addrs, kinds, slat, clat, failed,
                          *self.ssd.stream_ring(), owner)
