@@ -452,7 +452,7 @@ def test_closed_device_answers_media_disabled_for_media_commands(open_mailbox):
 
 # ---------------------------------------------------------------- CLI and docs
 def test_cli_prints_json(capsys, tmp_path):
-    from cxlhm.cli import main
+    from cxlhm_apps.cli import main
     base = ["--set", "capacity=1GiB", "--set", "dram_bytes=1MiB", "--set", f"backend.path={tmp_path / 'img'}"]
     assert main(["mailbox", "identify", *base]) == 0
     ident = json.loads(capsys.readouterr().out)
@@ -467,7 +467,7 @@ def test_cli_prints_json(capsys, tmp_path):
 
 
 def test_cli_talks_to_a_running_device_through_its_register_file(open_mailbox, capsys):
-    from cxlhm.cli import main
+    from cxlhm_apps.cli import main
     _, mb, _ = open_mailbox()
     assert main(["mailbox", "identify", "--regs", mb.path]) == 0
     assert json.loads(capsys.readouterr().out)["hybrid"]["capacity"] == 1 << 20

@@ -259,11 +259,11 @@ def test_killed_service_restarts_with_everything_flushed(tmp_path, directory):
 
 
 def test_serve_command_errors_are_clean(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "cxlhm.cli", "device", "serve", "--socket", str(tmp_path / "s"),
+    out = subprocess.run([sys.executable, "-m", "cxlhm_apps.cli", "device", "serve", "--socket", str(tmp_path / "s"),
                           "--state", str(tmp_path / "st"), "--grant", "nohost"], capture_output=True, text=True)
     assert out.returncode == 2 and "cxlhm device: error: --grant 'nohost'" in out.stderr
     assert "Traceback" not in out.stderr
-    out = subprocess.run([sys.executable, "-m", "cxlhm.cli", "device", "serve", "--socket", str(tmp_path / "s"),
+    out = subprocess.run([sys.executable, "-m", "cxlhm_apps.cli", "device", "serve", "--socket", str(tmp_path / "s"),
                           "--state", str(tmp_path / "st"), "--partition-bytes", "3KiB", "--set", "block_size=4KiB",
                           "--set", "capacity=1MiB", "--set", "dram_bytes=64KiB"], capture_output=True, text=True)
     assert out.returncode == 2 and "partition_bytes must be a positive multiple" in out.stderr

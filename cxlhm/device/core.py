@@ -32,6 +32,7 @@ from cxlhm import firmware as fw
 from cxlhm import readstream as rs
 from cxlhm.config import ConfigError, DeviceConfig
 from cxlhm.device.background import BackgroundWork
+from cxlhm.device.batches import split_batches
 from cxlhm.device.errors import DeviceClosed, DeviceFull, MediaError, PoisonError, check_extent
 from cxlhm.device.interface import DeviceCaps
 from cxlhm.device.media import MediaPath
@@ -254,7 +255,7 @@ class Device(StreamReads, SplitReads, BackgroundWork, PowerLoss):
         pieces, one after the other. The planner counts a host operation per extent
         it sees, so pieces cut from one extent are folded back into one operation."""
         pieces = 0
-        for hpas, lens, start in _split_batches(ext_hpa, ext_len, self.block_size, limit):
+        for hpas, lens, start in split_batches(ext_hpa, ext_len, self.block_size, limit):
             t = self._access_batch(hpas, lens, user_addr + start, is_write, owner, t, s)
             pieces += hpas.shape[0]
         self.counters[C.HOST_WRITES if is_write else C.HOST_READS] -= pieces - int(np.count_nonzero(ext_len))
@@ -586,26 +587,3 @@ def _check_fits_in_memory(cfg: DeviceConfig) -> None:
                           f"{cfg.dram_bytes} bytes of device DRAM need {needed} bytes of this machine's {physical} "
                           f"(DRAM when data moves, ~{METADATA_BYTES_PER_SLOT} B of metadata per block slot; at most "
                           f"80% may be used): lower dram_bytes, raise block_size, or use data: none")
-
-
-def _split_batches(ext_hpa: np.ndarray, ext_len: np.ndarray, block_size: int, limit: int):
-    """Yield (hpas, lens, user_offset) groups touching at most `limit` blocks each,
-    cutting extents at block boundaries where needed."""
-    group_h: list[int] = []
-    group_l: list[int] = []
-    used = 0
-    group_start = pos = 0
-    for h, n in zip(ext_hpa.tolist(), ext_len.tolist()):
-        while n > 0:
-            # bytes of this extent that fit in the blocks left in the group
-            fits = (block_size - h % block_size) + (limit - used - 1) * block_size
-            take = min(n, fits)
-            group_h.append(h)
-            group_l.append(take)
-            used += (h + take - 1) // block_size - h // block_size + 1
-            h, n, pos = h + take, n - take, pos + take
-            if used >= limit:
-                yield np.array(group_h, np.int64), np.array(group_l, np.int64), group_start
-                group_h, group_l, used, group_start = [], [], 0, pos
-    if group_h:
-        yield np.array(group_h, np.int64), np.array(group_l, np.int64), group_start
