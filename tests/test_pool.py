@@ -179,12 +179,13 @@ def test_hints_outside_a_hosts_window_are_refused(service):
 
 
 class _Recorder:
+    """Stands in for the pooled Device behind a port: records the hints it is given."""
     block_size, cfg, closed = BLOCK, None, False
 
     def __init__(self):
         self.calls = []
 
-    def hint(self, kind, session, first_block, n_blocks, arg=0):
+    def hint(self, kind, session, first_block, n_blocks, arg=0, *, lock_timeout=-1):
         self.calls.append((kind, session, first_block, n_blocks))
         return True
 

@@ -19,10 +19,12 @@ flight together. The model clock keeps every access under the lock, in issue ord
 """
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 import time
 
+import numba
 import numpy as np
 
 import firmware_policies
@@ -41,6 +43,7 @@ from cxlhm.device.sidecar import Sidecars, open_state
 from cxlhm.device.split_reads import SplitReads
 from cxlhm.device.stream import StreamReads
 from cxlhm.mailbox import Mailbox
+from cxlhm.mailbox.poison import records_of
 from cxlhm.media.dram import DeviceDram
 from cxlhm.media.faults import FaultInjector, FaultPlan
 from cxlhm.media.registry import open_backend
@@ -435,12 +438,9 @@ class Device(StreamReads, SplitReads, BackgroundWork, PowerLoss):
 
     def poison_records(self, dpa: int, length: int, max_records: int):
         """Get Poison List: poisoned blocks intersecting [dpa, dpa+length), as whole blocks."""
-        from cxlhm.mailbox.poison import PoisonList, PoisonRecord
-        bs = self.block_size
         with self._lock:  # host threads add poison while the mailbox thread lists it
-            blocks = sorted(b for b in self.poison.blocks if b * bs < dpa + length and (b + 1) * bs > dpa)
-        records = tuple(PoisonRecord(b * bs, bs) for b in blocks[:max_records])
-        return PoisonList(records=records, more_records=len(blocks) > max_records)
+            blocks = list(self.poison.blocks)
+        return records_of(blocks, self.block_size, dpa, length, max_records)
 
     # ------------------------------------------------------------ control
     def flush(self) -> int:
@@ -525,6 +525,12 @@ class Device(StreamReads, SplitReads, BackgroundWork, PowerLoss):
                                        self.dram.base_address, self.block_size, s.slots_out,
                                        s.writebacks, s.fills)
             self.kernels.hints(self.bt, self.ps, self.clock, 0, empty, empty, empty, empty)
+            # the policy's own hint kernel, compiled from its argument types without running it
+            hint = self.kernels.hint
+            if hasattr(hint, "compile"):
+                n_args = len(inspect.signature(hint.py_func).parameters)
+                args = (self.bt, self.ps, self.clock) + (0,) * (n_args - 3)
+                hint.compile(tuple(numba.typeof(a) for a in args))
 
     def close(self) -> None:
         """Flush dirty DRAM (like CXL Global Persistent Flush) and release everything."""
