@@ -165,6 +165,11 @@ class Device(StreamReads, SplitReads, BackgroundWork, PowerLoss):
         return self.media.ssd
 
     @property
+    def image_path(self) -> str | None:
+        ssd = self.media.ssd
+        return None if ssd is None or ssd.temporary else ssd.path
+
+    @property
     def poison(self):
         return self.media.poison
 

@@ -56,6 +56,10 @@ class HostDevice(MailboxTarget, Protocol):
     @property
     def caps(self) -> DeviceCaps: ...
 
+    @property
+    def image_path(self) -> str | None:
+        """The back end's file (None: a temporary image, gone at close)."""
+
     def check_extent(self, hpa: int, n: int) -> None:
         """Raise AccessOutOfRange unless [hpa, hpa+n) lies inside the HDM window."""
 

@@ -41,6 +41,11 @@ class WindowDevice:
         return self.window.unclean_shutdown_detected
 
     @property
+    def image_path(self) -> str | None:
+        ssd = self.window.ssd
+        return None if ssd.temporary else ssd.path
+
+    @property
     def caps(self) -> DeviceCaps:
         # checksums and the integrity log live in the fault service (no block_checksums
         # API here); a temporary image is dropped at close
