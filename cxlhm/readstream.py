@@ -264,7 +264,7 @@ class StreamState:
                 self.tag_slots, self.tag_installed, self.row_pos, self.row_bad, self.free_tags, self.writebacks,
                 self.fills, self.fill_tags, self.ts, self.reaped_tags, self.reaped_res, self.bad, self.submits,
                 self.wblocks, self.parked, self.wb_rows, self.wb_state, self.wb_owner, self.wb_free,
-                self.wb_staged, self.wb_landed, self.wb_failed, self.wb_tag, self.tag_wbs)
+                self.wb_staged, self.wb_landed, self.wb_failed, self.wb_tag, self.tag_wbs, self.wb_sum)
 
     def reset(self) -> None:
         """For a new stream: no I/O, no write-back."""
@@ -281,7 +281,19 @@ class StreamState:
 
 
 # positions of the write-back table in StreamState.arrays()
-_WB_ROWS, _WB_STATE, _WB_OWNER, _WB_FREE, _WB_STAGED, _WB_LANDED, _WB_FAILED, _WB_TAG, _TAG_WBS = range(21, 30)
+_WB_ROWS, _WB_STATE, _WB_OWNER, _WB_FREE, _WB_STAGED, _WB_LANDED, _WB_FAILED, _WB_TAG, _TAG_WBS, _WB_SUM = range(21, 31)
+
+
+@numba.njit(nogil=True)
+def _landed_sum(arrays, block, block_size):
+    """The checksum of `block` if this stream's write-back of it landed and the driver has
+    not recorded it yet (the sum table still has the one before), else -1 (in `found`)."""
+    st, wb_rows, wb_state, wb_sum = arrays[0], arrays[_WB_ROWS], arrays[_WB_STATE], arrays[_WB_SUM]
+    if st[WB_LANDED]:
+        for w in range(wb_rows.shape[0]):
+            if wb_state[w] == WB_LAND and wb_rows[w, 2] // block_size == block:
+                return True, wb_sum[w]
+    return False, wb_sum[0]
 
 
 @numba.njit(nogil=True)
@@ -378,8 +390,13 @@ def _build(plan, invalidate):
                 if not kinds[i]:
                     _copy_piece(base, block_size, slot, hpas[i] // block_size + p, hpas[i], lens[i], addrs[i])
                 if sum_keys.shape[0]:
-                    b = sumtable.find(sum_keys, hpas[i] // block_size + p)
-                    good = b < 0 or sumtable.hash_block(base + slot * block_size, block_size) == sum_values[b]
+                    block = hpas[i] // block_size + p
+                    # a block an I/O evicted and places again (its own victim) has its new sum here
+                    landed, expected = _landed_sum(arrays, block, block_size)
+                    if not landed:
+                        b = sumtable.find(sum_keys, block)
+                        landed, expected = b >= 0, sum_values[max(b, 0)]
+                    good = not landed or sumtable.hash_block(base + slot * block_size, block_size) == expected
             if not good:  # failed, short or corrupt: the caller runs it again, verifying
                 tag_failed[tag] = 1
                 row_bad[tag, row] = 1
