@@ -1,11 +1,10 @@
-"""Streamed reads: one host thread keeps up to `depth` reads in flight on the wall clock,
-with the per-read work compiled.
+"""Streamed I/O: one host thread keeps up to `depth` reads and writes in flight on the
+wall clock, with the per-I/O work compiled.
 
-`Device.read_start` / `read_reap` already let a thread keep reads in flight, but every
-run of reads pays an interpreter round trip through the device (checks, a ticket, the
-plan, the queue, the reap, the copies): ~10 us per 4 KiB read on the development
-machine, as much as the SSD read itself at QD32. A stream runs the whole loop in one
-compiled call (`run`), holding the device lock for a time slice:
+Driving the device from the interpreter costs a round trip per I/O (checks, the plan,
+the queue, the reap, the copies): ~10 us per 4 KiB read on the development machine, as
+much as the SSD read itself at QD32. A stream runs the whole loop in one compiled call
+(`run`), holding the device lock for a time slice:
 
     plan     the firmware's planner, for the next read, while fewer than `depth` are
              in flight; its fills are queued on the thread's io_uring ring
@@ -15,14 +14,20 @@ compiled call (`run`), holding the device lock for a time slice:
              are all in releases its slots (BUSY -> idle)
 
 and returns to the driver (Device.read_stream) for what compiled code cannot do:
-dirty victims to write back, a block another thread holds busy (wait for it without
-the lock), reaped blocks to verify in Python (only where xxhash's C function is out of
-reach: otherwise each block with a checksum record is hashed in the loop right after
+dirty victims' checksums to log before their write-backs go on the ring (and to record
+once they land), a block another thread holds busy (wait for it without the lock),
+reaped blocks to verify in Python (only where xxhash's C function is out of reach:
+otherwise each block with a checksum record is hashed in the loop right after
 its copy, cxlhm/sumtable.py), or the end of the slice (the lock is let go, so other
 threads, the mailbox and the firmware's background work get their turn; their waits
 are bounded by SLICE_NS).
 
-Rules shared with read_start: every slot of a read in flight is BUSY (other threads
+Dirty victims are written back on the stream's own ring: the I/O that evicted them is
+parked (its slots BUSY) until they land, while the stream keeps planning others, and no
+I/O - of this stream or another thread - misses on a victim's block before its bytes
+are on the SSD and its checksum is recorded.
+
+Rules shared with the access path: every slot of a read in flight is BUSY (other threads
 wait for it, victim() skips it); a read that touches a busy block - another thread's or
 one of this stream's own reads in flight - is not planned until that block is free;
 fills in flight never exceed the ring's room (its CQ must not overflow). Poisoned blocks

@@ -10,7 +10,6 @@ import pytest
 from cxlhm import blocktable as btm
 from cxlhm.blocktable import new_block_table
 from cxlhm.config import ConfigError
-from cxlhm.device import WOULD_BLOCK
 from cxlhm.integrity import PoisonError
 from cxlhm.mailbox.hints import HintKind
 from host_runtime.driver import open_device
@@ -239,86 +238,6 @@ def test_the_model_clock_keeps_accesses_serialised(tmp_path):
         took = _read_two_blocks_at_once(dev)
         assert in_flight["max"] == 1
         assert max(took) > 1.5 * 0.05  # one waited for the other (the barrier releases them about together)
-
-
-# ---------------------------------------------------------------- split-phase reads
-def test_split_phase_reads_return_the_right_bytes_extent_by_extent(tmp_path):
-    """read_start / read_reap with several reads in flight on one thread: unaligned,
-    block-crossing and repeated extents, hits and misses through 6 slots, writes in
-    between - every extent completes once, with the bytes last written."""
-    blocks = 24
-    rng = np.random.default_rng(7)
-    model = rng.integers(0, 256, blocks * BLOCK, dtype=np.uint8)
-    cfg = {"capacity": 1 << 22, "block_size": BLOCK, "dram_bytes": 6 * BLOCK, "backend": {"path": str(tmp_path / "s.img")}}
-    with open_device(cfg) as dev:
-        device = dev.device
-        dev.store(0, model)
-        waiting = {}  # (ticket id, extent) -> (hpa, buffer)
-        seen = 0
-        for step in range(300):
-            if device.reads_in_flight() < 3 and rng.random() < 0.6:
-                n = int(rng.integers(1, 5))
-                hpas = rng.integers(0, blocks * BLOCK - 2 * BLOCK, n)
-                if n > 1 and rng.random() < 0.3:
-                    hpas[-1] = hpas[0]  # the same bytes twice in one read
-                lens = rng.integers(1, 2 * BLOCK, n)
-                bufs = [np.zeros(int(size), np.uint8) for size in lens]
-                ticket = device.read_start(hpas, lens, np.array([b.ctypes.data for b in bufs]))
-                if ticket is WOULD_BLOCK:
-                    continue
-                if ticket is None:
-                    for h, b in zip(hpas.tolist(), bufs):
-                        assert (b == model[h:h + b.shape[0]]).all()
-                    continue
-                for e, (h, b) in enumerate(zip(hpas.tolist(), bufs)):
-                    waiting[(ticket.id, e)] = (h, b)
-            elif device.reads_in_flight():
-                for ticket, extents, failed in device.read_reap():
-                    assert not failed.any()
-                    for e in extents.tolist():
-                        h, b = waiting.pop((ticket.id, e))
-                        assert (b == model[h:h + b.shape[0]]).all(), (step, e)
-                        seen += 1
-            else:  # a write, with nothing of this thread's in flight
-                h = int(rng.integers(0, blocks * BLOCK - BLOCK))
-                data = rng.integers(0, 256, int(rng.integers(1, BLOCK)), dtype=np.uint8)
-                dev.store(h, data)
-                model[h:h + data.shape[0]] = data
-        while device.reads_in_flight():
-            for ticket, extents, failed in device.read_reap():
-                for e in extents.tolist():
-                    h, b = waiting.pop((ticket.id, e))
-                    assert (b == model[h:h + b.shape[0]]).all()
-                    seen += 1
-        assert waiting == {} and seen > 100
-        assert device._inflight == 0 and device._inflight_slots == 0
-        assert not (device.bt.flags & btm.BUSY).any()
-        stats = dev.stats()
-        assert stats["hits"] > 50 and stats["misses"] > 50
-
-
-def test_a_split_read_of_a_corrupted_block_fails_and_poisons_it(tmp_path):
-    path = tmp_path / "c.img"
-    cfg = {"capacity": 1 << 22, "block_size": BLOCK, "dram_bytes": 4 * BLOCK, "backend": {"path": str(path)}}
-    with open_device(cfg) as dev:
-        dev.store(0, np.full(8 * BLOCK, 7, np.uint8))
-    with open(path, "r+b") as f:  # a bit flips on the SSD behind the device's back
-        f.seek(5 * BLOCK + 10)
-        f.write(b"\x01")
-    with open_device(cfg) as dev:
-        device = dev.device
-        bufs = np.zeros((3, BLOCK), np.uint8)
-        ticket = device.read_start(np.array([4, 5, 6]) * BLOCK, np.full(3, BLOCK), bufs.ctypes.data + np.arange(3) * BLOCK)
-        done = {}
-        while device.reads_in_flight():
-            for t, extents, failed in device.read_reap():
-                done.update(zip(extents.tolist(), failed.tolist()))
-        assert ticket is not WOULD_BLOCK and done == {0: False, 1: True, 2: False}
-        assert (bufs[0] == 7).all() and (bufs[2] == 7).all()
-        assert 5 in device.poison.blocks and dev.stats()["checksum_mismatches"] == 1
-        assert not (device.bt.flags & btm.BUSY).any() and dev.stats()["resident_blocks"] == 2
-        with pytest.raises(PoisonError):
-            dev.load(5 * BLOCK, 1)
 
 
 @pytest.mark.slow  # compiles the pin and prefetch kernels of two policies

@@ -313,3 +313,21 @@ def test_cxlhm_engine_overlaps_whole_batches_when_reads_cannot_be_split(tmp_path
     assert not result.failed and read["total_ios"] == 64
     assert state["max"] >= 3
     assert read["clat_ns"]["min"] >= 5_000_000  # each I/O's latency covers its own device call
+
+
+def test_a_read_of_a_poisoned_block_ends_the_job_with_eio_after_the_reads_before_it(tmp_path, monkeypatch):
+    """The stream stops before the read of a poisoned block; the engine runs the rest as
+    whole device calls, and the one that touches the block fails the job with EIO,
+    naming the block."""
+    from cxlhm_apps.fio import engines
+    real = engines.DeviceShare.__init__
+
+    def poisoned(self, handle, clock):
+        real(self, handle, clock)
+        handle.device._poison(5, "test: lost")
+
+    monkeypatch.setattr(engines.DeviceShare, "__init__", poisoned)
+    result, out = run(f"[r]\nfilename={tmp_path / 'f.img'}\nsize=256k\nbs=4k\nrw=read\niodepth=4\n{DEVICE}")
+    job = out["jobs"][0]
+    assert result.failed and job["error"] == 5
+    assert "block 5 " in result.clones[0].stats.error_text and "poisoned" in result.clones[0].stats.error_text

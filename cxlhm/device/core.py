@@ -8,7 +8,7 @@ It is a facade over parts with one job each: this module runs the access path (p
 a firmware pass, fill, copy, settle) and the control operations (flush, close); the
 media path (cxlhm/device/media.py) does every I/O with retries, checksums and poison;
 the sidecars (sidecar.py) keep what survives a reopen; background work (background.py),
-streamed and split-phase reads (stream.py, split_reads.py) and power-loss emulation
+streamed reads and writes (stream.py) and power-loss emulation
 (power.py) are parts of their own. The back end is whichever `backend.kind` names
 (cxlhm/media/registry.py).
 
@@ -40,7 +40,6 @@ from cxlhm.device.interface import DeviceCaps
 from cxlhm.device.media import MediaPath
 from cxlhm.device.power import PowerLoss
 from cxlhm.device.sidecar import Sidecars, open_state
-from cxlhm.device.split_reads import SplitReads
 from cxlhm.device.stream import StreamReads
 from cxlhm.mailbox import Mailbox
 from cxlhm.mailbox.poison import records_of
@@ -56,14 +55,11 @@ METADATA_BYTES_PER_SLOT = 160  # block table (~73 B with its hash index and pref
 
 
 class _ThreadState(threading.local):
-    """What each host thread keeps of its own: planner scratch, streamed-read state,
-    split-phase reads in flight and the extents they completed early."""
+    """What each host thread keeps of its own: planner scratch and streamed-read state."""
 
     def __init__(self):
         self.scratch: _Scratch | None = None
         self.stream = None
-        self.tickets: dict = {}
-        self.ready: list = []
 
 
 class _Scratch:
@@ -80,7 +76,7 @@ class _Scratch:
         self.hits = self.misses = 0  # device-block hits and misses of this thread's accesses
 
 
-class Device(StreamReads, SplitReads, BackgroundWork, PowerLoss):
+class Device(StreamReads, BackgroundWork, PowerLoss):
     """The device as the host sees it (cxlhm.device.interface.HostDevice)."""
 
     def __init__(self, cfg: DeviceConfig):
@@ -122,7 +118,6 @@ class Device(StreamReads, SplitReads, BackgroundWork, PowerLoss):
         self._inflight = 0  # accesses with BUSY slots and the lock released
         self._stream_victims: dict[int, set[int]] = {}  # per stream: blocks it is writing back
         self._inflight_slots = 0  # slots they hold BUSY
-        self._ticket_ids = 0  # split-phase reads (read_start) begun so far
         self.mailbox: Mailbox | None = None
         self.closed = False
         self.unclean_shutdown_detected = False
@@ -180,15 +175,15 @@ class Device(StreamReads, SplitReads, BackgroundWork, PowerLoss):
 
     @property
     def caps(self) -> DeviceCaps:
-        return DeviceCaps(streams_reads=self.splits_reads, model_clock=self.model is not None,
+        return DeviceCaps(streams_reads=self.can_stream, model_clock=self.model is not None,
                           moves_data=self.moves_data, integrity=self.moves_data, power_loss=self.moves_data,
                           persistent=self.ssd is not None and not self.ssd.temporary)
 
     @property
-    def splits_reads(self) -> bool:
-        """Whether reads may be kept in flight across calls (read_stream, read_start):
-        not on the model clock (it charges each access whole, in issue order), nor
-        without data, nor on a back end without split-phase I/O (injected faults too)."""
+    def can_stream(self) -> bool:
+        """Whether I/O may be streamed (read_stream): not on the model clock (it charges
+        each access whole, in issue order), nor without data, nor on a back end without
+        asynchronous I/O (injected faults too)."""
         return self.model is None and self.moves_data and self.ssd.caps.async_io
 
     def _write_metadata(self, *, clean: bool) -> None:
@@ -243,8 +238,8 @@ class Device(StreamReads, SplitReads, BackgroundWork, PowerLoss):
         it lands, while the next ones are still being read."""
         self.check_extent(hpa, n)
         bt = self.bt
-        if (stream and not is_write and n and self.splits_reads
-                and (hpa + n - 1) // self.block_size > hpa // self.block_size and not self.reads_in_flight()
+        if (stream and not is_write and n and self.can_stream
+                and (hpa + n - 1) // self.block_size > hpa // self.block_size
                 and rs.missing_blocks(bt.index_keys, bt.index_slots, hpa, n, self.block_size, 2) > 1):
             return self._read_streamed(hpa, n, user_addr, owner)  # (the table was read unlocked: it only picks a path)
         with self._lock:
@@ -546,9 +541,6 @@ class Device(StreamReads, SplitReads, BackgroundWork, PowerLoss):
         if self.mailbox is not None:
             self.mailbox.close()
         self._stop_background_thread()
-        if not self.closed:
-            while self.reads_in_flight():  # this thread's own split reads: collect them, or wait forever
-                self.read_reap()
         with self._lock:
             if self.closed:
                 return

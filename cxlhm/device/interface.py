@@ -16,7 +16,7 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class DeviceCaps:
-    streams_reads: bool = False  # read_stream / read_start / read_reap keep reads in flight across calls
+    streams_reads: bool = False  # read_stream keeps many reads and writes in flight (StreamDevice)
     model_clock: bool = False  # latencies are on the timing model's clock (advance_to works)
     moves_data: bool = True  # bytes are real (else timing only)
     integrity: bool = False  # checksums, poison, integrity log (block_checksums, integrity_report)
@@ -88,6 +88,17 @@ class HostDevice(MailboxTarget, Protocol):
 
     def close(self) -> None:
         """Flush and release everything."""
+
+
+@runtime_checkable
+class StreamDevice(HostDevice, Protocol):
+    """What a device with `caps.streams_reads` offers beyond HostDevice."""
+
+    def read_stream(self, ext_hpa, ext_len, addrs, depth: int, *, deadline_ns: int = 0, slat=None, clat=None,
+                    owner: int = 0, writes=None):
+        """Run extent i against the host buffer at addrs[i] (a read, or a write where
+        writes[i]), in order, up to `depth` in flight; returns a result whose `count` says
+        how many ran (it stops early at the deadline or before a poisoned block)."""
 
 
 @runtime_checkable

@@ -52,8 +52,6 @@ class PowerLoss:
         if self.mailbox is not None:
             self.mailbox.close()
         self._stop_background_thread()
-        while self.reads_in_flight():
-            self.read_reap()
         with self._lock:
             if self._released:
                 return

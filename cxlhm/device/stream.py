@@ -107,7 +107,7 @@ class StreamReads:
         kinds = np.zeros(n, np.uint8) if writes is None else np.ascontiguousarray(writes, np.uint8)
         if writes is not None and self._write_mode_code == fw.WRITE_THROUGH and kinds.any():
             raise ValueError("a write-through device runs writes through access(), not a stream")
-        if not self.splits_reads or n == 0 or depth < 1 or self.reads_in_flight():
+        if not self.can_stream or n == 0 or depth < 1:
             return StreamResult(0, 0, 0)
         # the most blocks a stream read holds; wider reads run through access(), which splits them
         max_blocks = min(max(1, int(rs.blocks_per_read(ext_hpa, ext_len, self.block_size))), self._batch,

@@ -136,7 +136,7 @@ class SsdBackend(Backend):
 
     # ---------------------------------------------------------------- split phase
     # For a host thread that keeps many I/Os of its own in flight and handles each as it
-    # completes (the device's read_start / read_reap). They use a second ring of the
+    # completes (the device's streams, cxlhm/readstream.py). They use a second ring of the
     # thread's, so submit() on the same thread never takes their completions.
     def queue(self, ops: np.ndarray, tags: np.ndarray) -> int:
         """Prepare `ops` (tagged: a completion reports its tag) without waiting or even

@@ -120,11 +120,12 @@ def model_clock_unavailable() -> str | None:
 
 
 def clock_for(name: str, device_handle=None):
+    """The clock a job runs on; `device_handle`: the host driver's handle of its device."""
     if name == "wall":
         return WallClock()
     if name == "model":
-        device = getattr(device_handle, "device", device_handle)
-        if device is None or getattr(device, "model", None) is None:
+        device = None if device_handle is None else device_handle.device
+        if device is None or not device.caps.model_clock:
             raise ClockUnavailable("cxlhm_clock=model needs a device opened with clock: model")
         return ModelClock(device)
     raise ValueError(f"unknown clock {name!r}")

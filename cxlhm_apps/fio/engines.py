@@ -1,15 +1,13 @@
 """I/O engines: carry out a chunk of I/Os with `iodepth` of them in flight.
 
 - CxlhmEngine (ioengine=cxlhm): the emulated device through the host driver.
-  Wall clock: the job keeps N = iodepth I/Os in flight. Reads go through the device's
-  split-phase path (Device.read_start / read_reap): one submitter thread starts runs
-  of reads (one firmware pass and one io_uring submission each), collects each read
-  as soon as its own data is in, and starts the next read in its place, so the SSD
-  queue stays near N (fio's io_uring loop, with the device in between). Writes run
-  whole (writev). A device that cannot split reads (injected faults) gets up to
-  MAX_SUBMITTERS threads, each running whole readv/writev batches of its share of N;
-  the device runs their SSD reads outside its lock, so they overlap. An I/O's latency
-  runs from its submission to the moment its completion is seen.
+  Wall clock: the job's I/Os go to Device.read_stream, the device's compiled loop that
+  keeps N = iodepth of them in flight (reads and writes; dirty victims are written back
+  on the same ring), so the SSD queue stays near N as in fio's io_uring loop. A device
+  that cannot stream (injected faults) gets up to MAX_SUBMITTERS threads, each running
+  whole readv/writev batches of its share of N; the device runs their SSD reads outside
+  its lock, so they overlap. An I/O's latency runs from its submission to the moment
+  its completion is seen.
   Model clock: the job is an event loop over N outstanding I/Os (clocks.ModelLoop);
   each I/O is issued at the model time the one it replaces completes.
 - IoUringEngine (ioengine=io_uring): the raw baseline, O_DIRECT io_uring on a plain
@@ -26,11 +24,14 @@ import os
 import resource
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from cxlhm.device import WOULD_BLOCK
+from cxlhm.config import ConfigError
+from cxlhm.device.interface import StreamDevice
+from cxlhm.registry import Registry
 from cxlhm_apps.fio.clocks import ModelClock
 from cxlhm_apps.fio.pattern import Chunk
 from cxlhm_apps.fio.stats import submit_bucket
@@ -39,15 +40,8 @@ from cxlhm.media.ssd import SsdBackend
 # Submitter threads per job on the wall clock, measured on the 2-core development machine
 # (4k random reads, QD32, all misses). Whole batches: 1 thread x 32 deep 27k IOPS,
 # 2 x 16 28k, 4 x 8 37k, 8 x 4 29k (more threads: more interpreter work and GIL
-# hand-offs per I/O). Split reads: 2 x 16 never beat 1 x 32 (0.53 vs 0.57 of fio's IOPS,
-# medians of alternating runs on the idle machine): one.
+# hand-offs per I/O). A stream keeps the whole depth in flight from one thread.
 MAX_SUBMITTERS = 4
-SPLIT_SUBMITTERS = 1
-# Completions a split-read submitter takes before starting new reads (0: all that are
-# in). Taking all lets the SSD run dry while they are processed (the virtual disk then
-# completes the next 32 as one burst, ~520 us later); small takes pay the per-call cost
-# too often. Idle machine: 8: 0.61, 16: 0.66, all: 0.57 of fio's IOPS.
-REAP_MOST = 16
 
 
 class EngineError(OSError):
@@ -123,11 +117,11 @@ class CxlhmEngine:
         self.share, self.iodepth = share, iodepth
         self.clock = share.clock
         self._loop = self.clock.open_loop(iodepth) if isinstance(self.clock, ModelClock) else None
-        # A device that splits reads (wall clock, real data, no fault injector) lets each
-        # submitter keep its reads in flight one by one (read_start / read_reap); on one
-        # that does not, each submitter runs whole batches (readv / writev).
-        self._split = self._loop is None and bool(getattr(share.handle.device, "splits_reads", False))
-        most = 1 if self._loop is not None else SPLIT_SUBMITTERS if self._split else MAX_SUBMITTERS
+        # A device that streams (wall clock, real data, no fault injector) keeps the I/Os
+        # in flight itself (read_stream); on one that does not, each submitter runs whole
+        # batches (readv / writev).
+        self._stream = self._loop is None and streams(share.handle.device)
+        most = 1 if self._loop is not None or self._stream else MAX_SUBMITTERS
         n = min(most, max(iodepth, 1))
         self._depths = [iodepth // n + (i < iodepth % n) for i in range(n)]  # iodepth shared out, first ones deeper
         self._staging = [np.empty(d * max_bs, np.uint8) for d in self._depths]  # gathers mixed-size groups
@@ -196,8 +190,8 @@ class CxlhmEngine:
                    keep_read_data: bool, slat: np.ndarray, clat: np.ndarray) -> _Tally:
         tally = _Tally()
         try:
-            if self._split:
-                self._split_loop(tally, depth, staging, chunk, arena, deadline_ns, keep_read_data, slat, clat)
+            if self._stream:
+                self._stream_loop(tally, depth, staging, chunk, arena, deadline_ns, keep_read_data, slat, clat)
             else:
                 self._batch_loop(tally, depth, staging, chunk, arena, deadline_ns, keep_read_data, slat, clat)
         except BaseException as exc:  # noqa: BLE001 - handed to execute(), which raises it
@@ -221,12 +215,12 @@ class CxlhmEngine:
             tally.cache[int(chunk.direction[idx[0]])] += hm
         tally.submits[submit_bucket(stop - start)] += 1
 
-    def _split_loop(self, tally, depth, staging, chunk, arena, deadline_ns, keep_read_data, slat, clat) -> None:
+    def _stream_loop(self, tally, depth, staging, chunk, arena, deadline_ns, keep_read_data, slat, clat) -> None:
         """The chunk goes to Device.read_stream (the compiled loop that keeps `depth` I/Os
         in flight, reads and writes alike, each waiting only for an earlier one that
         holds one of its blocks); on a write-through device only runs of reads do, and
-        writes run whole. What a stream leaves (it stops before poisoned blocks) goes
-        through the split-phase loop below."""
+        writes run whole. What a stream leaves (it stops before a read of a poisoned
+        block) runs as whole device calls, which raise that read's error."""
         device = self.share.handle.device
         streams_writes = device.write_mode != "write-through"
         addrs = arena.base + chunk.slot * arena.slot_bytes
@@ -258,75 +252,8 @@ class CxlhmEngine:
             if ran.count < stop - start:
                 if self.clock.now_ns() >= deadline_ns:
                     return
-                self._split_read_loop(tally, depth, staging, chunk, arena, deadline_ns, keep_read_data, slat, clat)
+                self._batch_loop(tally, depth, staging, chunk, arena, deadline_ns, keep_read_data, slat, clat)
                 return
-
-    def _split_read_loop(self, tally, depth, staging, chunk, arena, deadline_ns, keep_read_data, slat,
-                         clat) -> None:
-        """Keep up to `depth` reads in flight: Device.read_start() plans a run of reads and
-        queues their SSD reads, Device.read_reap() hands back each read as soon as its
-        own data is in, and every completion makes room for the next read (fio's
-        io_uring loop, with the device in between). Writes run whole once this
-        submitter's reads are in, so a write never waits for its own submitter."""
-        device = self.share.handle.device
-        addrs = arena.base + chunk.slot * arena.slot_bytes
-        issued = np.zeros(len(chunk), np.int64)
-        first_of: dict[int, int] = {}  # ticket id -> chunk index of its first read
-        in_flight = 0
-        run = None  # taken, not yet started
-        error: BaseException | None = None
-        try:
-            while True:
-                while error is None and in_flight < depth:
-                    if run is None and (run := self._take_run(depth - in_flight, chunk, deadline_ns)) is None:
-                        break
-                    start, stop = run
-                    if chunk.direction[start]:  # writes: whole, once this submitter's reads are in
-                        if in_flight:
-                            break
-                        self._run_whole(tally, run, staging, chunk, arena, keep_read_data, slat, clat,
-                                        time.monotonic_ns())
-                        run = None
-                        continue
-                    hits0, misses0 = self.share.hits_misses()
-                    begin = time.monotonic_ns()
-                    ticket = device.read_start(chunk.offset[start:stop], chunk.size[start:stop], addrs[start:stop])
-                    if ticket is WOULD_BLOCK:  # a block of it is still in flight here: reap first
-                        break
-                    now = time.monotonic_ns()
-                    hits1, misses1 = self.share.hits_misses()
-                    tally.cache[0] += (hits1 - hits0, misses1 - misses0)
-                    tally.submits[submit_bucket(stop - start)] += 1
-                    slat[start:stop] = now - begin
-                    if ticket is None:  # all in device DRAM: complete already
-                        clat[start:stop] = time.monotonic_ns() - now
-                    else:
-                        first_of[ticket.id] = start
-                        issued[start:stop] = now
-                        in_flight += stop - start
-                    run = None
-                if in_flight == 0:
-                    if error is not None:
-                        raise error
-                    if run is None:
-                        return
-                    continue  # a run refused while this submitter had reads in flight
-                reaped = device.read_reap(REAP_MOST)
-                now = time.monotonic_ns()
-                for ticket, extents, failed in reaped:
-                    idx = first_of[ticket.id] + extents
-                    clat[idx] = now - issued[idx]
-                    in_flight -= idx.shape[0]
-                    if failed.any() and error is None:
-                        i = int(idx[np.flatnonzero(failed)[0]])
-                        error = EngineError(5, f"read at offset {int(chunk.offset[i])}, length {int(chunk.size[i])}: "
-                                               "the device could not read it (poisoned)")
-                        self._stop = True
-        except BaseException:
-            while device.reads_in_flight():  # never leave slots BUSY behind: close() would wait for them
-                device.read_reap()
-            raise
-
 
     def _device_call(self, chunk: Chunk, arena: IoArena, idx: np.ndarray, keep_read_data: bool,
                      staging: np.ndarray):
@@ -393,18 +320,17 @@ class CxlhmEngine:
             self._loop.drain()
 
 
-def warm_split_reads(device, hpa: int, buf: np.ndarray) -> None:
-    """Compile the device's split-phase read paths (a miss on the block at `hpa`, a
-    start refused while it is in flight, a reap; a streamed read) before a job's clock
-    runs."""
-    if not getattr(device, "splits_reads", False):
-        return
-    extent = (np.array([hpa], np.int64), np.array([buf.shape[0]], np.int64), np.array([buf.ctypes.data], np.int64))
-    device.read_start(*extent)
-    device.read_start(*extent)  # WOULD_BLOCK: its block is in flight
-    while device.reads_in_flight():
-        device.read_reap()
-    device.read_stream(*extent, 1)
+def streams(device) -> bool:
+    """Whether the device keeps I/Os in flight itself (Device.read_stream)."""
+    return device.caps.streams_reads and isinstance(device, StreamDevice)
+
+
+def warm_stream(device, hpa: int, buf: np.ndarray) -> None:
+    """Compile the device's streamed path (a read of the block at `hpa`) before a job's
+    clock runs."""
+    if streams(device):
+        extent = (np.array([hpa], np.int64), np.array([buf.shape[0]], np.int64), np.array([buf.ctypes.data], np.int64))
+        device.read_stream(*extent, 1)
 
 
 def _same_direction(direction: np.ndarray, start: int, most: int) -> int:
@@ -445,6 +371,7 @@ def _groups(direction: np.ndarray, offset: np.ndarray, size: np.ndarray):
 class IoUringEngine:
     """Raw O_DIRECT io_uring on a plain file: the baseline the device is compared with."""
     name = "io_uring"
+    helper_cpu = (0.0, 0.0)  # no helper threads: the runner's thread does all the work
 
     def __init__(self, path: str, file_size: int, iodepth: int, *, serialize_overlap: bool = False):
         self.iodepth = iodepth
@@ -485,3 +412,41 @@ class IoUringEngine:
 
     def close(self) -> None:
         self.ssd.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineKind:
+    """An ioengine as the runner sees it: whether its jobs run on a cxlhm device (one per
+    backing file, shared by the clones that name it), whether it measures submission
+    latency (fio's slat), and how a job opens it (`open(worker)`)."""
+    uses_device: bool
+    measures_slat: bool
+    open: Callable
+
+
+def _open_cxlhm(worker) -> CxlhmEngine:
+    return CxlhmEngine(worker.share, worker.job["iodepth"], worker.arena.slot_bytes)
+
+
+def _open_io_uring(worker) -> IoUringEngine:
+    try:
+        return IoUringEngine(worker.plan.filename, worker.plan.file_end, worker.job["iodepth"],
+                             serialize_overlap=worker.job["serialize_overlap"])
+    except ConfigError as exc:
+        raise worker.job.error("filename", str(exc).split(": ", 1)[-1]) from None
+
+
+def _as_engine(obj) -> EngineKind:
+    if not isinstance(obj, EngineKind):
+        raise TypeError(f"expected a cxlhm_apps.fio.engines.EngineKind, got {type(obj).__name__}")
+    return obj
+
+
+ENGINES: Registry[EngineKind] = Registry("fio ioengine", "cxlhm.fio_engines", check=_as_engine)
+ENGINES.add("cxlhm", EngineKind(uses_device=True, measures_slat=True, open=_open_cxlhm))
+ENGINES.add("io_uring", EngineKind(uses_device=False, measures_slat=False, open=_open_io_uring))
+
+
+def engine_of(job) -> EngineKind:
+    """The registered ioengine a job names."""
+    return ENGINES.get(job["ioengine"])

@@ -24,7 +24,7 @@ import numpy as np
 from cxlhm.config import ConfigError, load_config
 from cxlhm_apps.fio import clocks, files
 from cxlhm_apps.fio import verify as VF
-from cxlhm_apps.fio.engines import CxlhmEngine, DeviceShare, EngineError, IoArena, IoUringEngine, warm_split_reads
+from cxlhm_apps.fio.engines import DeviceShare, EngineError, IoArena, engine_of, warm_stream
 from cxlhm_apps.fio.jobfile import JobSpec
 from cxlhm_apps.fio.options import READ, WRITE
 from cxlhm_apps.fio.pattern import Chunk, IoGenerator, size_choices
@@ -97,7 +97,7 @@ def plan_clones(jobs: list[JobSpec]) -> list[ClonePlan]:
         sizes = size_choices(job.values)
         active = [sizes[d] for d in (READ, WRITE) if (job["rw"].reads, job["rw"].writes)[d]]
         min_bs, max_bs = min(c.min for c in active), max(c.max for c in active)
-        if job["ioengine"] == "cxlhm":
+        if engine_of(job).uses_device:
             files.check_profile(job)
         for clone in range(job["numjobs"]):
             filename = files.job_filename(job, clone)
@@ -144,7 +144,7 @@ def open_devices(plans: list[ClonePlan]) -> dict[str, DeviceShare]:
 
     by_path: dict[str, list[ClonePlan]] = {}
     for plan in plans:
-        if plan.job["ioengine"] == "cxlhm":
+        if engine_of(plan.job).uses_device:
             by_path.setdefault(os.path.realpath(plan.filename), []).append(plan)
     shares: dict[str, DeviceShare] = {}
     try:
@@ -192,7 +192,7 @@ def _open_device(job: JobSpec, path: str, needed: int, open_device) -> DeviceSha
     if clock_name == "wall":  # a dirty block would cost the model clock a write-back later in the job
         handle.writev(np.array([first]), block, scratch)  # compile the write and read paths now
     handle.readv(np.array([first]), block, scratch)
-    warm_split_reads(handle.device, capacity - block, scratch)
+    warm_stream(handle.device, capacity - block, scratch)
     return DeviceShare(handle, clocks.clock_for(clock_name, handle))
 
 
@@ -281,14 +281,7 @@ class Worker:
 
     # -------------------------------------------------------- the run
     def open_engine(self) -> None:
-        if self.job["ioengine"] == "cxlhm":
-            self.engine = CxlhmEngine(self.share, self.job["iodepth"], self.arena.slot_bytes)
-        else:
-            try:
-                self.engine = IoUringEngine(self.plan.filename, self.plan.file_end, self.job["iodepth"],
-                                             serialize_overlap=self.job["serialize_overlap"])
-            except ConfigError as exc:
-                raise self.job.error("filename", str(exc).split(": ", 1)[-1]) from None
+        self.engine = engine_of(self.job).open(self)
 
     def run(self) -> None:
         ru0 = resource.getrusage(resource.RUSAGE_THREAD)
@@ -308,7 +301,7 @@ class Worker:
                 except Exception:  # noqa: BLE001 - the run's own error, if any, is what counts
                     pass
             ru1 = resource.getrusage(resource.RUSAGE_THREAD)
-            helper_usr, helper_sys = getattr(self.engine, "helper_cpu", (0.0, 0.0))  # its submitter threads
+            helper_usr, helper_sys = self.engine.helper_cpu  # its submitter threads
             self.stats.usr_s = ru1.ru_utime - ru0.ru_utime + helper_usr
             self.stats.sys_s = ru1.ru_stime - ru0.ru_stime + helper_sys
             self.stats.ctx = (ru1.ru_nvcsw + ru1.ru_nivcsw) - (ru0.ru_nvcsw + ru0.ru_nivcsw)
@@ -362,7 +355,7 @@ class Worker:
         stats.elapsed_s = max(1, round((end - t0) / 1e9))
         for d in stats.dirs:
             d.runtime_ms = run_ms if d.ios else 0
-            d.slat_measured = job["ioengine"] == "cxlhm"
+            d.slat_measured = engine_of(job).measures_slat
         if stats.verify_errors:
             stats.error = errno.EILSEQ
             stats.error_text = f"{stats.verify_errors} verification failure(s)"
@@ -519,7 +512,7 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None) -> RunRes
     started = time.time()
     try:
         for plan in plans:
-            share = shares.get(os.path.realpath(plan.filename)) if plan.job["ioengine"] == "cxlhm" else None
+            share = shares.get(os.path.realpath(plan.filename)) if engine_of(plan.job).uses_device else None
             worker = Worker(plan, share, _seed_for(plan.job, plan.clone))
             workers.append(worker)
             worker.open_engine()
@@ -554,6 +547,7 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None) -> RunRes
     messages = [m for w in workers for m in w.messages]
     device_by_path = {d["backing_file"]: d for d in devices}
     clones = [CloneResult(w.plan, w.stats, w.job["ioengine"],
-                          device_by_path.get(os.path.realpath(w.plan.filename)) if w.job["ioengine"] == "cxlhm" else None)
+                          device_by_path.get(os.path.realpath(w.plan.filename)) if engine_of(w.job).uses_device
+                          else None)
               for w in workers]
     return RunResult(clones, started, devices, messages)
