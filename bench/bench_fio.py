@@ -67,45 +67,40 @@ def run_real_fio(text: str, fio: str) -> dict:
     return both_directions(json.loads(proc.stdout[proc.stdout.find("{"):])["jobs"][0])
 
 
-class WriteBackTimer:
-    """Wall time the job spent in the device's synchronous victim write-backs (the
-    stream waits for them before the I/Os that evicted the victims go on)."""
-
-    def __init__(self):
-        from cxlhm.device.media import MediaPath
-        self.media_class, self.original, self.ns = MediaPath, MediaPath.write_rows, 0
-
-    def __enter__(self):
-        timer = self
-
-        def timed(media, rows, *, victims):
-            start = time.perf_counter_ns()
-            try:
-                return timer.original(media, rows, victims=victims)
-            finally:
-                timer.ns += time.perf_counter_ns() - start
-        self.media_class.write_rows = timed
-        return self
-
-    def __exit__(self, *exc):
-        self.media_class.write_rows = self.original
-
-
 def run_cxlhm(text: str) -> dict:
     jobs, globals_ = build_jobs([read_sections(text, "<bench>")])
-    with WriteBackTimer() as timer:
-        result = run_jobs(jobs, log=lambda _: None)
+    result = run_jobs(jobs, log=lambda _: None)
     if result.failed:
         raise RuntimeError(result.clones[0].stats.error_text)
     job = report.to_json(result, globals_)["jobs"][0]
     out = both_directions(job)
     wall_s = max(result.clones[0].stats.cpu_wall_s, 1e-9)
     out["cpu_pct"] = job["usr_cpu"] + job["sys_cpu"]  # the job's threads, of wall time
-    out["wb_pct"] = 100.0 * timer.ns / 1e9 / wall_s
     counters = result.devices[0]["counters"]
     ios = max(1, result.clones[0].stats.total_ios)
     out["ssd_per_io"] = (counters.get("fill_reads", 0) + counters.get("writebacks", 0)) / ios
+    out["wb_per_io"] = counters.get("writebacks", 0) / ios
     return out
+
+
+def why_below(ratio: float, f_lat: float, c_lat: float, c_depth: float, qd: int, ssd: float, cpu: float,
+              wb: float) -> str:
+    """The measured reason a case is below target, in words."""
+    if cpu >= 90:
+        return (f"CPU-bound: the job's thread used {cpu:.0f}% of a core (the device's planning, copies and "
+                "checksums run on the submitting thread; fio spends none of that)")
+    if c_depth < 0.85 * qd:
+        return f"only {c_depth:.1f} of {qd} I/Os in flight on average (Little's law): the stream waited on the driver"
+    if ssd > 1.05:
+        return (f"{ssd:.2f} SSD operations per host I/O ({wb:.2f} of them write-backs of dirty victims): at the same "
+                f"depth each I/O waits for more SSD work ({c_lat:.0f} us vs fio's {f_lat:.0f} us)")
+    return (f"same depth and SSD work, {c_lat:.0f} us vs fio's {f_lat:.0f} us per I/O: the device's extra steps "
+            "(plan, copy between device DRAM and the host buffer, checksums) on the SSD's critical path")
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min)"
 
 
 def machine() -> str:
@@ -141,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine : {machine()}")
     print(f"fio     : {fio_version} (ioengine=io_uring, direct=1)")
     print(f"file    : {path}, region {args.size}, {args.runtime} s per run, {args.rounds} rounds, medians")
-    print(f"started : {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    print(f"started : {time.strftime('%Y-%m-%d %H:%M:%S')}, {load()}\n")
     from cxlhm_apps.fio.values import parse_size
     lay_out(path, 0, parse_size(args.size), log=lambda text: print(f"(laying out {path})"))
 
@@ -167,22 +162,30 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((name, metric, f_val, c_val, c_val / f_val, target, med(fio_runs, "lat_us"),
                      med(cx_runs, "lat_us"), med(fio_runs, "depth"), med(cx_runs, "depth"),
                      med(cx_runs, "cachehit"), med(cx_runs, "ssd_per_io"), med(cx_runs, "cpu_pct"),
-                     med(cx_runs, "wb_pct")))
+                     med(cx_runs, "wb_per_io"), qd))
         print(f"  done: {name}", flush=True)
 
     print(f"\n{'workload':<22} {'metric':<9} {'fio':>12} {'cxlhm':>12} {'ratio':>7} {'target':>7}  "
           f"{'lat fio':>8} {'lat cxlhm':>9}  {'depth fio/cxlhm':>15}  {'hit%':>5} {'SSD/IO':>6} {'cpu%':>5} "
-          f"{'wb wait%':>8}")
-    for name, metric, f_val, c_val, ratio, target, f_lat, c_lat, f_depth, c_depth, hit, ssd, cpu, wb in rows:
+          f"{'wb/IO':>6}")
+    notes = []
+    for name, metric, f_val, c_val, ratio, target, f_lat, c_lat, f_depth, c_depth, hit, ssd, cpu, wb, qd in rows:
         unit = (lambda v: f"{v:,.0f}") if metric == "iops" else (lambda v: f"{v / 2**20:,.0f} MiB/s")
         verdict = "ok" if ratio >= target else "BELOW"
         print(f"{name:<22} {'IOPS' if metric == 'iops' else 'bandwidth':<9} {unit(f_val):>12} {unit(c_val):>12} "
               f"{ratio:>6.2f}x {target:>6.2f}x  {f_lat:>6.0f}us {c_lat:>7.0f}us  {f_depth:>7.1f}/{c_depth:<7.1f}  "
-              f"{hit:>5.1f} {ssd:>6.2f} {cpu:>5.0f} {wb:>8.0f}  {verdict}")
+              f"{hit:>5.1f} {ssd:>6.2f} {cpu:>5.0f} {wb:>6.2f}  {verdict}")
+        if ratio < target:
+            notes.append(f"{name}: {why_below(ratio, f_lat, c_lat, c_depth, qd, ssd, cpu, wb)}")
     print("\nwhere the time goes (cxlhm columns): lat = fio's mean total latency (submission + completion);"
           "\ndepth = IOPS x lat, the I/Os really in flight; SSD/IO = the device's fills and write-backs per"
           "\nhost I/O (fio: 1.00); cpu% = the job's threads' CPU over its wall time (near 100: CPU-bound);"
-          "\nwb wait% = share of the run spent in synchronous victim write-backs (no new I/O starts meanwhile).")
+          "\nwb/IO = dirty victims written back per host I/O (on the stream's ring, the I/O parked meanwhile).")
+    if notes:
+        print("\nwhy the cases below target stay there (from the figures above):")
+        for note in notes:
+            print(f"  {note}")
+    print(f"\nload    : {load()} at the end (2 cores: above ~1 the figures are noisy)")
     return 0
 
 

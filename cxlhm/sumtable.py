@@ -3,10 +3,12 @@ block -> checksum map that numba-compiled loops read (the streamed reads verify 
 fill as it lands, without a round trip to Python).
 
 The hash is the xxhash wheel's own C function (`XXH3_64bits`, which its extension
-module exports), called through ctypes, so it is the very function Python's
-`xxhash.xxh3_64_intdigest` runs. `COMPILED_HASH` is False if this build of the wheel
-does not export it or it disagrees with Python's on a sample: callers then verify in
-Python (correct, slower).
+module exports), so it is the very function Python's `xxhash.xxh3_64_intdigest` runs.
+Compiled code calls it by a symbol name that is bound to its address at import (an
+external function, not a ctypes pointer baked into the code), so these functions go to
+numba's on-disk cache like the firmware's and a later process loads them instead of
+compiling. `COMPILED_HASH` is False if this build of the wheel does not export it or it
+disagrees with Python's on a sample: callers then verify in Python (correct, slower).
 
 The map is an open-addressing hash table in two numpy arrays (linear probing, deletion
 by backward shift, no tombstones), grown by rehashing into new arrays at half full.
@@ -18,9 +20,12 @@ from __future__ import annotations
 import ctypes
 import importlib
 
-import numba
+import llvmlite.binding as llvm
 import numpy as np
 import xxhash
+from numba import types
+
+from cxlhm.jit import njit
 
 EMPTY = np.int64(-1)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -41,19 +46,24 @@ def _load_xxh3():
 
 _xxh3 = _load_xxh3()
 COMPILED_HASH = _xxh3 is not None
+# (address, length) in the C ABI: two integer registers, as (const void *, size_t)
+_SYMBOL = "cxlhm_xxh3_64bits"
+if COMPILED_HASH:
+    llvm.add_symbol(_SYMBOL, ctypes.cast(_xxh3, ctypes.c_void_p).value)
+_xxh3_64 = types.ExternalFunction(_SYMBOL, types.uint64(types.int64, types.int64))
 
 if COMPILED_HASH:
-    @numba.njit(nogil=True)
+    @njit(nogil=True)
     def hash_block(addr, nbytes):
         """xxh3-64 of `nbytes` of memory at `addr`."""
-        return _xxh3(addr, nbytes)
+        return _xxh3_64(addr, nbytes)
 else:
-    @numba.njit(nogil=True)
+    @njit(nogil=True)
     def hash_block(addr, nbytes):  # never called: COMPILED_HASH tells callers to hash in Python
         return np.uint64(0)
 
 
-@numba.njit(nogil=True)
+@njit(nogil=True)
 def hash_blocks(addrs, nbytes, out):
     """out[i] = xxh3-64 of the `nbytes` at addrs[i]."""
     for i in range(addrs.shape[0]):
@@ -67,12 +77,12 @@ def new_table(capacity: int = 1024) -> tuple[np.ndarray, np.ndarray]:
     return np.full(buckets, EMPTY, np.int64), np.zeros(buckets, np.uint64)
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def _home(keys, block):
     return np.int64((np.uint64(block) * _GOLDEN >> np.uint64(17)) & np.uint64(keys.shape[0] - 1))
 
 
-@numba.njit(nogil=True)
+@njit(nogil=True)
 def find(keys, block):
     """Bucket holding `block`, or -1."""
     mask = keys.shape[0] - 1
@@ -84,7 +94,7 @@ def find(keys, block):
     return -1
 
 
-@numba.njit(nogil=True)
+@njit(nogil=True)
 def put(keys, values, block, value):
     """Set block -> value; returns 1 if the block is new (the caller keeps the count and
     grows the table before it is half full)."""
@@ -100,7 +110,7 @@ def put(keys, values, block, value):
     return 1
 
 
-@numba.njit(nogil=True)
+@njit(nogil=True)
 def put_many(keys, values, blocks, sums):
     new = 0
     for j in range(blocks.shape[0]):
@@ -108,7 +118,7 @@ def put_many(keys, values, blocks, sums):
     return new
 
 
-@numba.njit(nogil=True)
+@njit(nogil=True)
 def delete(keys, values, block):
     """Remove block; returns 1 if it was there. Backward shift: the entries after it in
     its probe run move up, so no lookup ever needs a tombstone."""
@@ -131,14 +141,14 @@ def delete(keys, values, block):
     return 1
 
 
-@numba.njit(nogil=True)
+@njit(nogil=True)
 def rehash(keys, values, new_keys, new_values):
     for i in range(keys.shape[0]):
         if keys[i] != EMPTY:
             put(new_keys, new_values, keys[i], values[i])
 
 
-@numba.njit(nogil=True)
+@njit(nogil=True)
 def find_many(keys, values, blocks, found, sums):
     """found[j], sums[j] for each of `blocks`."""
     for j in range(blocks.shape[0]):
