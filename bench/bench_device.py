@@ -3,7 +3,7 @@
  (a) 4 KiB random reads that all miss device DRAM, 32 at a time (QD32), through the
      device (readv: one firmware pass + one io_uring batch per 32 reads) vs the raw
      io_uring O_DIRECT path submitting the same batches of 32 straight to the file.
-     Target: device >= 0.85 x raw.
+     Target: device >= 0.95 x raw.
  (b) 2 MiB reads that hit device DRAM (read_into) vs numpy.copyto of the same size.
      Target: device >= 0.8 x copyto.
 
@@ -120,13 +120,24 @@ def main() -> int:
     print(f"back end: {path} ({FILE_SIZE >> 20} MiB, laid out)")
     print(f"{'case':<44} {'device':>12} {'baseline':>12} {'ratio':>7} {'target':>7}  result")
     rows = [
-        ("(a) 4KiB rand read, all miss, QD32 [IOPS]", a["device_iops"], a["raw_iops"], a["ratio"], 0.85),
+        ("(a) 4KiB rand read, all miss, QD32 [IOPS]", a["device_iops"], a["raw_iops"], a["ratio"], 0.95),
         ("(b) 2MiB read, DRAM hit vs copyto [GB/s]", b["device_gbs"], b["copy_gbs"], b["ratio"], 0.80),
     ]
     for name, dev_fig, base_fig, ratio, target in rows:
         print(f"{name:<44} {dev_fig:>12,.1f} {base_fig:>12,.1f} {ratio:>7.2f} {target:>7.2f}  "
               f"{'PASS' if ratio >= target else 'BELOW TARGET'}")
     print(f"(a) device DRAM hit ratio during the miss run: {a['device_hit_ratio']:.4f}")
+    raw_us, dev_us = QD / a["raw_iops"] * 1e6, QD / a["device_iops"] * 1e6
+    print(f"(a) where the time goes: a batch of {QD} takes {raw_us:.0f} us at the SSD (raw) and {dev_us:.0f} us "
+          f"through the device: {dev_us - raw_us:.0f} us per batch ({(dev_us - raw_us) / QD:.1f} us per read) of "
+          "device work on the host thread - the firmware pass that places 32 blocks (evicting 32), the checksum "
+          "look-ups, the copy of 128 KiB out of device DRAM and the interpreter's call path - done while no "
+          "SSD read of the next batch is in flight (a batch is synchronous, like the raw side's)")
+    copy_us, hit_us = 2 * MIB / (b["copy_gbs"] * 1e9) * 1e6, 2 * MIB / (b["device_gbs"] * 1e9) * 1e6
+    print(f"(b) where the time goes: the 2 MiB copy takes {copy_us:.0f} us; a device read {hit_us:.0f} us "
+          f"({hit_us - copy_us:.0f} us of lookup, lock and call path per read)")
+    one, five, _ = __import__("os").getloadavg()
+    print(f"load: {one:.2f} (1 min), {five:.2f} (5 min) on {__import__('os').cpu_count()} cores")
     return 0
 
 

@@ -122,8 +122,9 @@ class BackgroundWork:
         # its blocks are in flight only while nobody else can plan.
         blocks = np.ascontiguousarray(blocks, np.int64)
         owners = np.zeros_like(blocks) if owners is None else np.ascontiguousarray(owners, np.int64)
-        if any(self._stream_victims.values()):  # their bytes are not on the SSD yet: not read back from there
-            keep = ~np.isin(blocks, list(set().union(*self._stream_victims.values())))
+        victims = self.victim_blocks()
+        if victims.shape[0]:  # streams' write-backs not landed yet: not read back from the SSD
+            keep = ~np.isin(blocks, victims)
             blocks, owners = blocks[keep], owners[keep]
         s = self._scratch()
         done = 0

@@ -23,6 +23,7 @@ import inspect
 import os
 import threading
 import time
+import weakref
 
 import numba
 import numpy as np
@@ -116,7 +117,7 @@ class Device(StreamReads, BackgroundWork, PowerLoss):
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._inflight = 0  # accesses with BUSY slots and the lock released
-        self._stream_victims: dict[int, set[int]] = {}  # per stream: blocks it is writing back
+        self._stream_states: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # per thread: its stream
         self._inflight_slots = 0  # slots they hold BUSY
         self.mailbox: Mailbox | None = None
         self.closed = False

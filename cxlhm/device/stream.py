@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -178,8 +179,9 @@ class StreamReads:
         checksums computed and logged (write-ahead) before the next slice queues them;
         landed ones get their checksums recorded; failed ones are retried here (a victim
         that cannot be written is poisoned, its bytes are gone). Until its checksum is
-        recorded a victim's block is in `_victims`: no thread misses on it meanwhile."""
-        st, victims = state.st, self._stream_victims.setdefault(id(state), set())
+        recorded a victim's row stays in the stream's table: no thread misses on its block
+        meanwhile (_touches_victims)."""
+        st = state.st
         staged = state.staged_rows()
         if staged.shape[0]:
             rows = state.wb_rows[staged]
@@ -187,7 +189,6 @@ class StreamReads:
             blocks = rows[:, 2] // self.block_size
             self.checksums.intend(blocks.tolist(), sums.tolist())
             state.wb_sum[staged] = sums
-            victims.update(blocks.tolist())
             st[rs.WB_LOGGED] = st[rs.WB_STAGED]
         n = int(st[rs.WB_FAILED_N])
         if n:
@@ -202,7 +203,6 @@ class StreamReads:
                 else:
                     self.checksums.sums.pop(block, None)
                     self.media.poison_block(block, "write-back failed on the SSD")
-                victims.discard(block)
             st[rs.WB_FAILED_N] = 0
             rs.settle_writebacks(state.arrays(), rows_at, True)
         n = int(st[rs.WB_LANDED])
@@ -210,28 +210,24 @@ class StreamReads:
             landed = state.wb_landed[:n]
             blocks = state.wb_rows[landed, 2] // self.block_size
             self.checksums.sums.set_many(blocks, state.wb_sum[landed])
-            victims.difference_update(blocks.tolist())
             st[rs.WB_LANDED] = 0
             rs.settle_writebacks(state.arrays(), landed, True)
 
-    def _others_victims(self, state: rs.StreamState) -> np.ndarray:
-        """Blocks other streams of this device are writing back (sorted)."""
-        others = [v for key, v in self._stream_victims.items() if v and key != id(state)]
-        if not others:
-            return _NO_BLOCKS
-        return np.array(sorted(set().union(*others)), np.int64)
+    def victim_blocks(self, but: rs.StreamState | None = None) -> np.ndarray:
+        """Under the lock: the blocks the device's streams (but `but`) are writing back,
+        sorted: their bytes are not on the SSD (or their checksums not recorded) yet."""
+        held = [state.victim_blocks(self.block_size) for state in list(self._stream_states.values())
+                if state is not but and state.st[rs.WB_USED]]
+        return np.unique(np.concatenate(held)) if held else _NO_BLOCKS
 
     def _touches_victims(self, hpas, lens) -> bool:
         """Under the lock: whether an access touches a block a stream is writing back
-        (its bytes are not on the SSD yet: a miss on it must wait)."""
-        if not any(self._stream_victims.values()):
+        (a miss on it must wait)."""
+        victims = self.victim_blocks()
+        if victims.shape[0] == 0:
             return False
-        bs = self.block_size
-        victims = set().union(*self._stream_victims.values())
-        for hpa, n in zip(np.atleast_1d(hpas).tolist(), np.atleast_1d(lens).tolist()):
-            if n > 0 and any(b in victims for b in range(hpa // bs, (hpa + n - 1) // bs + 1)):
-                return True
-        return False
+        return rs.clean_prefix(np.atleast_1d(np.asarray(hpas, np.int64)), np.atleast_1d(np.asarray(lens, np.int64)),
+                               self.block_size, victims) < np.atleast_1d(hpas).shape[0]
 
     def _stream_log_writes(self, state: rs.StreamState) -> None:
         """Under the lock, after the stream's victims' checksums are logged: its written
@@ -246,6 +242,7 @@ class StreamReads:
         state = self._local.stream
         if state is None or state.depth != depth or state.max_blocks < max_blocks:
             state = self._local.stream = rs.StreamState(depth, max_blocks)
+            self._stream_states[threading.get_ident()] = state  # (a thread's state replaces its last one)
             # compile the verifying completion now, not in the middle of a timed stream
             empty = np.zeros(0, np.int64)
             complete(self.bt, self.ps, self.clock, self.dram.base_address, self.block_size, empty, empty, empty,
@@ -304,7 +301,7 @@ class StreamReads:
                        self.block_size, job.hpas, job.lens, job.addrs, job.kinds, stop, deadline_ns, job.slat, job.clat,
                        job.failed, job.state.arrays(), job.ring, job.fd, self.ssd.async_room() + counted,
                        self._inflight_slots - held, self.n_slots, job.owner, *self._stream_verify_mode(),
-                       self._others_victims(job.state))
+                       self.victim_blocks(but=job.state))
 
     def _stream_drain(self, job: "_StreamJob", counted: int, held: int) -> None:
         """After an error: issue nothing more, wait for the stream's fills in flight and
