@@ -71,3 +71,9 @@ def rate(n: int, fn) -> float:
     start = time.perf_counter()
     fn()
     return n / (time.perf_counter() - start)
+
+
+def twin_of(path: Path) -> Path:
+    """A second file beside `path`, laid out like it: a raw baseline reads it while a
+    device holds `path` (one device owns an image at a time)."""
+    return path.with_name(path.stem + "-raw" + path.suffix)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import alternate, bench_dir, command, lay_out, machine  # noqa: E402
+from _common import alternate, bench_dir, command, lay_out, machine, twin_of  # noqa: E402
 
 from cxlhm.media.ssd import SsdBackend  # noqa: E402
 from host_runtime.driver import open_device  # noqa: E402
@@ -54,7 +54,8 @@ def bench_random_miss(path: Path, seconds: float, trials: int) -> dict:
         i = cursor["device"] = (cursor["device"] + QD) % (offsets.size - QD)
         dev.readv(offsets[i:i + QD], 4 * KIB, out)
 
-    raw = SsdBackend(str(path), FILE_SIZE, QD)
+    # the raw side reads a twin of the image on the same disk (a device locks its image)
+    raw = SsdBackend(str(twin_of(path)), FILE_SIZE, QD)
     buf = mmap.mmap(-1, QD * 4 * KIB)
     base = np.frombuffer(buf, np.uint8).ctypes.data
     ops = np.zeros((QD, 4), np.int64)
@@ -113,6 +114,7 @@ def main() -> int:
     args = parser.parse_args()
     path = bench_dir() / "device-bench.img"
     lay_out(path, FILE_SIZE)
+    lay_out(twin_of(path), FILE_SIZE)
     a = bench_random_miss(path, args.seconds, args.trials)
     b = bench_dram_hit(path, args.seconds, args.trials)
     print(f"command: {command()}")

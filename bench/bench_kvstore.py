@@ -33,7 +33,7 @@ import numba
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import bench_dir, command, lay_out, machine, resident_buffer  # noqa: E402
+from _common import bench_dir, command, lay_out, machine, resident_buffer, twin_of  # noqa: E402
 
 from cxlhm import firmware as fw  # noqa: E402
 from cxlhm import sumtable  # noqa: E402
@@ -117,7 +117,8 @@ def bench_ssd(path: Path, chunk: int, block: int, seconds: float, trials: int) -
     store.flush()  # on the SSD now; evictions below are clean
     extents = [t.extent_of(k)[0] for k in keys]
     out = resident_buffer(chunk)
-    raw = SsdBackend(str(path), FILE_SIZE, QD)
+    # the raw side reads a twin of the image on the same disk (a device locks its image)
+    raw = SsdBackend(str(twin_of(path)), FILE_SIZE, QD)
     rows = np.zeros((chunk // block, 4), np.int64)
     rows[:, 0] = out.ctypes.data + np.arange(chunk // block) * block
     rows[:, 1] = block
@@ -260,6 +261,7 @@ def main() -> int:
     block = parse_size(args.block)
     path = bench_dir() / "kvstore-bench.img"
     lay_out(path, FILE_SIZE)
+    lay_out(twin_of(path), FILE_SIZE)
     for stale in (".cxlhm.json", ".cxlhm.sums"):  # the image is scratch: no device history
         Path(str(path) + stale).unlink(missing_ok=True)
     rows = []
