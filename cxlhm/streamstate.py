@@ -1,0 +1,310 @@
+"""A stream's state and the pieces its compiled loop (cxlhm/readstream.py) is built
+from: what the loop hands back to the driver, the stream's scalars and per-tag arrays
+(`StreamState`), the write-back table of its dirty victims, and the thread's io_uring
+ring as compiled code reaches it (the native extension's queue and reap, through
+ctypes)."""
+from __future__ import annotations
+
+import ctypes
+
+import numba
+import numpy as np
+
+from cxlhm import _native
+from cxlhm import firmware as fw
+
+# What `run` hands back (the driver's next move)
+FINISHED = 0  # every read up to `stop` is complete (or the deadline passed with none in flight)
+BLOCKED = 1  # the next read touches a busy block (another thread's) and none of ours is in flight
+WRITE_BACK = 2  # planned I/Os' dirty victims wait in the staged list: log their checksums, then run again
+DEVICE_FULL = 3  # the planner found no evictable slot for the next read (slots released)
+VERIFY = 4  # reaped fills wait in `reaped`: verify those with a checksum, then complete()
+SLICE = 5  # the time slice is over: let the lock go, then run again
+WIDE = 7  # the next read touches more blocks than a stream read may hold (none of ours in flight)
+LOG_WRITES = 8  # blocks written since the last return wait in `wblocks`: log them dirty, then run again
+ISSUED = 6  # (internal) as many reads in flight as allowed: reap
+WB_FAILED = 9  # write-backs failed on the ring (`wb_failed`): the driver retries them, then runs again
+
+# Which reaped blocks the driver must verify (run's `verify`)
+VERIFY_NONE = 0  # the device has no checksum records
+VERIFY_HERE = 1  # those with a record in the sum table, hashed in the loop as they are copied
+VERIFY_ALL = 2  # every reap goes to the driver (this xxhash build gives compiled code no hash)
+
+# Completions taken per pass before planning and submitting the next reads. Taking all
+# that are in (often 26-32 at QD32) and copying them out first leaves their queue slots
+# empty at the disk meanwhile: 4 KiB random reads at QD32 measured 63k IOPS that way and
+# 75k with 2 (fio: 82k; 1, 2 and 4 were alike, 2 costs the least CPU). Completions still
+# waiting are taken on the next pass without entering the kernel.
+REAP_AT_ONCE = 2
+
+SLICE_NS = 500_000  # longest lock hold: what other threads may wait (3% of a slice is the round trip)
+
+# scalar state of a stream (StreamState.st)
+NEXT = 0  # index of the next read to plan
+IN_FLIGHT = 1  # reads in flight
+SLOTS = 2  # slots held by reads in flight
+FILLS = 3  # fills queued or in flight
+PARKED = 4  # tag of a planned read waiting for its write-backs (-1: none)
+PARKED_FILLS = 5
+PARKED_WBS = 6
+DONE = 7  # reads completed (good or failed)
+FAILED = 8  # reads whose fills failed (to be read again through the verifying path)
+HITS = 9
+MISSES = 10
+REAPED = 11  # fills in reaped_tags / reaped_res not yet completed
+ERRNO = 12  # a failed reap: -errno
+QUEUED = 13  # reads queued since the last reap (they go to the kernel in one submission)
+PEAK = 14  # the most reads in flight at once
+WRITTEN = 15  # blocks in wblocks (written, not yet logged dirty by the driver)
+W_HITS = 16  # device-block hits and misses of the stream's writes (HITS, MISSES count all)
+W_MISSES = 17
+N_PARKED = 18  # I/Os planned and not yet issued: their victims' write-backs are staged or on the ring
+N_READY = 19  # of those, I/Os whose write-backs have all landed (their tags in `parked`, issued next)
+WB_USED = 20  # rows of the write-back table in use (staged, on the ring, landed or failed)
+WB_STAGED = 21  # rows in `wb_staged`: planned victims whose checksums the driver has not logged yet
+WB_LOGGED = 22  # of those, the first WB_LOGGED are logged (queued on the ring by the next step)
+WB_LANDED = 23  # rows in `wb_landed`: on the SSD, their checksums not yet recorded by the driver
+WB_FAILED_N = 24  # rows in `wb_failed`: write-backs the ring reported failed or short
+RING = 25  # fills and write-backs on the ring, not yet reaped
+N_SCALARS = 26
+
+# Staged victims the loop gathers before handing them to the driver (one interpreter
+# round trip logs them all), unless nothing else is on the ring to wait for: a quarter
+# of the depth, at most STAGE_BYTES of them (large blocks: at once, their write is long).
+# A staged victim's I/O waits for the batch, and each batch costs a round trip: 4k
+# random writes at QD32 measured 0.62 of fio's IOPS with a quarter (41% CPU), 0.57 with
+# an eighth (90% CPU: the round trips), on the loaded 2-core machine.
+STAGE_SHARE = 4
+STAGE_BYTES = 1 << 20
+
+# state of a write-back row (StreamState.wb_state)
+WB_FREE, WB_STAGE, WB_RING, WB_LAND, WB_FAIL = range(5)
+
+# Written blocks a stream gathers before the driver logs them (LOG_WRITES)
+WBLOCKS = 4096
+
+_CLOCK_MONOTONIC = 1
+_libc = ctypes.CDLL(None)
+_clock_gettime = _libc.clock_gettime
+_clock_gettime.argtypes = [ctypes.c_int, ctypes.c_void_p]
+_clock_gettime.restype = ctypes.c_int
+# The cffi extension's own symbols (the same loaded object, so the same liburing table).
+_lib = ctypes.CDLL(_native.__file__)
+_queue = _lib.cxlhm_io_queue
+_queue.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+_queue.restype = ctypes.c_int
+_reap = _lib.cxlhm_io_reap
+_reap.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+_reap.restype = ctypes.c_int
+
+
+@numba.njit(nogil=True)
+def _now_ns(ts):
+    _clock_gettime(_CLOCK_MONOTONIC, ts.ctypes.data)
+    return ts[0] * 1_000_000_000 + ts[1]
+
+
+@numba.njit(nogil=True)
+def _copy_piece(base, block_size, slot, block, hpa, length, addr):
+    """memcpy the part of read [hpa, hpa+length) that lies in `block` out of its slot."""
+    start = max(hpa, block * block_size)
+    end = min(hpa + length, (block + 1) * block_size)
+    fw._memcpy(addr + (start - hpa), base + slot * block_size + (start - block * block_size), end - start)
+
+
+@numba.njit(nogil=True)
+def _copy_in_piece(base, block_size, slot, block, hpa, length, addr):
+    """memcpy the part of write [hpa, hpa+length) that lies in `block` into its slot."""
+    start = max(hpa, block * block_size)
+    end = min(hpa + length, (block + 1) * block_size)
+    fw._memcpy(base + slot * block_size + (start - block * block_size), addr + (start - hpa), end - start)
+
+
+@numba.njit(nogil=True)
+def _copy_write_in(base, block_size, slots, k, hpa, length, addr):
+    first = hpa // block_size
+    for q in range(k):
+        _copy_in_piece(base, block_size, slots[q], first + q, hpa, length, addr)
+
+
+@numba.njit(nogil=True)
+def _in_sorted(special, hpa, length, block_size):
+    """Whether [hpa, hpa+length) touches one of `special` (sorted blocks)."""
+    if special.shape[0] == 0:
+        return False
+    first = hpa // block_size
+    j = np.searchsorted(special, first)
+    return j < special.shape[0] and special[j] <= (hpa + length - 1) // block_size
+
+
+@numba.njit(nogil=True)
+def _touches_writebacks(wb_rows, wb_state, hpa, length, block_size):
+    """Whether [hpa, hpa+length) touches a block whose write-back this stream holds (a
+    victim staged, on the ring, or landed with its checksum not yet recorded): it may not
+    be read back from the SSD before then."""
+    first = hpa // block_size
+    last = (hpa + length - 1) // block_size
+    for w in range(wb_rows.shape[0]):
+        if wb_state[w] != WB_FREE:
+            block = wb_rows[w, 2] // block_size
+            if first <= block <= last:
+                return True
+    return False
+
+
+@numba.njit(nogil=True)
+def _queue_all(ring, fd, rows, n, tags):
+    """Queue `n` rows on the ring, handing queued ones to the kernel whenever its
+    submission queue is full (the ring's room for completions was checked)."""
+    done = 0
+    while done < n:
+        done += _queue(ring, fd, rows + done * 32, n - done, tags + done * 8)
+        if done < n:
+            _reap(ring, 0, 0, 0, 0)  # submit only: takes no completion
+
+
+@numba.njit(nogil=True)
+def _submit_bucket(n):
+    """fio's submit rows (cxlhm_apps.fio.stats.submit_bucket): 1-4 -> 1, 5-8 -> 2, ... >64 -> 6."""
+    bucket = 1
+    bound = 4
+    while n > bound and bucket < 6:
+        bucket += 1
+        bound *= 2
+    return bucket
+
+
+class StreamState:
+    """One thread's stream over one device: per-tag (read in flight) arrays, the I/O rows
+    of the read being planned, and the scalars above."""
+
+    def __init__(self, depth: int, max_blocks: int):
+        self.depth, self.max_blocks = depth, max_blocks
+        self.st = np.zeros(N_SCALARS, np.int64)
+        self.st[PARKED] = -1
+        self.tag_read = np.full(depth, -1, np.int64)  # index of the read each tag carries
+        self.tag_pending = np.zeros(depth, np.int64)  # its fills not yet in
+        self.tag_k = np.zeros(depth, np.int64)  # its slots
+        self.tag_failed = np.zeros(depth, np.uint8)
+        self.tag_issued = np.zeros(depth, np.int64)  # CLOCK_MONOTONIC ns at its submission
+        self.tag_slots = np.zeros((depth, max_blocks), np.int64)
+        self.tag_installed = np.zeros((depth, max_blocks), np.uint8)
+        self.row_pos = np.zeros((depth, max_blocks), np.int64)  # fill row -> position in the read's slots
+        self.row_bad = np.zeros((depth, max_blocks), np.uint8)
+        self.free_tags = np.arange(depth, dtype=np.int64)[::-1].copy()  # a stack; st[..] counts the used
+        self.writebacks = fw.new_io_rows(max_blocks)  # the victims of the I/O being planned
+        # each tag's fill rows apart: an I/O parked for its victims keeps them while others plan
+        self.fills = fw.new_io_rows(depth * max_blocks)
+        self.fill_tags = np.zeros(max_blocks, np.int64)
+        self.ts = np.zeros(2, np.int64)  # struct timespec
+        self.reaped_tags = np.zeros(depth * max_blocks, np.int64)  # the last reap (fills in flight fit)
+        self.reaped_res = np.zeros(depth * max_blocks, np.int64)
+        self.bad = np.zeros(depth * max_blocks, np.uint8)  # per reaped fill: checksum mismatch
+        self.blocks = np.zeros(depth * max_blocks, np.int64)  # per reaped fill: its block
+        self.submits = np.zeros(7, np.int64)  # reads per submission, in fio's buckets (0, <=4, <=8, ... >64)
+        self.wblocks = np.zeros(WBLOCKS + max_blocks, np.int64)  # blocks written (see LOG_WRITES)
+        self.parked = np.zeros(depth, np.int64)  # tags of parked I/Os ready to issue (a stack, N_READY)
+        # The write-back table: a victim's row stays here from its planning until the
+        # driver recorded its checksum (its block may not be read back from the SSD before)
+        # every I/O not yet complete has at most max_blocks victims, and as many again
+        # may have landed since the driver last recorded them
+        rows = 2 * depth * max_blocks
+        self.wb_rows = fw.new_io_rows(rows)
+        self.wb_state = np.zeros(rows, np.uint8)
+        self.wb_owner = np.full(rows, -1, np.int64)  # the tag of the I/O waiting for it
+        self.wb_sum = np.zeros(rows, np.uint64)  # the checksum the driver logged for it
+        self.wb_free = np.arange(rows, dtype=np.int64)[::-1].copy()  # a stack; st[WB_USED] counts the used
+        self.wb_staged = np.zeros(rows, np.int64)
+        self.wb_landed = np.zeros(rows, np.int64)
+        self.wb_failed = np.zeros(rows, np.int64)
+        self.wb_tag = np.zeros(1, np.int64)
+        self.tag_wbs = np.zeros(depth, np.int64)  # per parked I/O: its write-backs not yet landed
+
+    def arrays(self) -> tuple:
+        return (self.st, self.tag_read, self.tag_pending, self.tag_k, self.tag_failed, self.tag_issued,
+                self.tag_slots, self.tag_installed, self.row_pos, self.row_bad, self.free_tags, self.writebacks,
+                self.fills, self.fill_tags, self.ts, self.reaped_tags, self.reaped_res, self.bad, self.submits,
+                self.wblocks, self.parked, self.wb_rows, self.wb_state, self.wb_owner, self.wb_free,
+                self.wb_staged, self.wb_landed, self.wb_failed, self.wb_tag, self.tag_wbs, self.wb_sum)
+
+    def reset(self) -> None:
+        """For a new stream: no I/O, no write-back."""
+        self.st[:] = 0
+        self.st[PARKED] = -1
+        self.submits[:] = 0
+        self.wb_state[:] = WB_FREE
+        self.wb_owner[:] = -1
+        self.wb_free[:] = np.arange(self.wb_free.shape[0], dtype=np.int64)[::-1]
+
+    def victim_blocks(self, block_size: int) -> np.ndarray:
+        """The blocks of the write-back rows in use (staged, on the ring, landed)."""
+        return self.wb_rows[self.wb_state != WB_FREE, 2] // block_size
+
+    def staged_rows(self) -> np.ndarray:
+        """Indices of the write-back rows staged and not yet logged."""
+        return self.wb_staged[int(self.st[WB_LOGGED]):int(self.st[WB_STAGED])]
+
+
+# positions of the write-back table in StreamState.arrays()
+_WB_ROWS, _WB_STATE, _WB_OWNER, _WB_FREE, _WB_STAGED, _WB_LANDED, _WB_FAILED, _WB_TAG, _TAG_WBS, _WB_SUM = range(21, 31)
+
+
+@numba.njit(nogil=True)
+def _landed_sum(arrays, block, block_size):
+    """The checksum of `block` if this stream's write-back of it landed and the driver has
+    not recorded it yet (the sum table still has the one before), else -1 (in `found`)."""
+    st, wb_rows, wb_state, wb_sum = arrays[0], arrays[_WB_ROWS], arrays[_WB_STATE], arrays[_WB_SUM]
+    if st[WB_LANDED]:
+        for w in range(wb_rows.shape[0]):
+            if wb_state[w] == WB_LAND and wb_rows[w, 2] // block_size == block:
+                return True, wb_sum[w]
+    return False, wb_sum[0]
+
+
+@numba.njit(nogil=True)
+def _writeback_done(arrays, w):
+    """Write-back row `w` is settled (landed, or failed for good): its I/O goes on once
+    its last one is."""
+    st, parked, wb_owner, tag_wbs = arrays[0], arrays[20], arrays[_WB_OWNER], arrays[_TAG_WBS]
+    tag = wb_owner[w]
+    tag_wbs[tag] -= 1
+    if tag_wbs[tag] == 0:
+        parked[st[N_READY]] = tag
+        st[N_READY] += 1
+
+
+@numba.njit(nogil=True)
+def settle_writebacks(arrays, rows, free):
+    """The driver settled these write-back rows: their I/Os go on (unless they landed
+    through the ring, which told them already); with `free`, the rows are released."""
+    st, wb_state, wb_owner, wb_free = arrays[0], arrays[_WB_STATE], arrays[_WB_OWNER], arrays[_WB_FREE]
+    n_rows = wb_free.shape[0]
+    for w in rows:
+        if wb_state[w] != WB_LAND:
+            _writeback_done(arrays, w)
+            wb_state[w] = WB_LAND
+        if free:
+            wb_state[w] = WB_FREE
+            wb_owner[w] = -1
+            st[WB_USED] -= 1
+            wb_free[n_rows - 1 - st[WB_USED]] = w
+
+
+@numba.njit(nogil=True)
+def _queue_writebacks(arrays, ring, fd):
+    """Put the logged staged write-backs on the ring (tag -1 - row: fills are >= 0)."""
+    st, wb_rows, wb_state, wb_staged, wb_tag = arrays[0], arrays[_WB_ROWS], arrays[_WB_STATE], \
+        arrays[_WB_STAGED], arrays[_WB_TAG]
+    logged = st[WB_LOGGED]
+    for r in range(logged):
+        w = wb_staged[r]
+        wb_tag[0] = -1 - w
+        _queue_all(ring, fd, wb_rows[w:w + 1].ctypes.data, 1, wb_tag.ctypes.data)
+        wb_state[w] = WB_RING
+        st[RING] += 1
+    if logged:
+        rest = st[WB_STAGED] - logged
+        for r in range(rest):
+            wb_staged[r] = wb_staged[logged + r]
+        st[WB_STAGED] = rest
+        st[WB_LOGGED] = 0
