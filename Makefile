@@ -31,6 +31,7 @@ bench: $(STAMP)  ## every bench in bench/ (minutes; prints ratios against baseli
 	for b in bench/bench_*.py; do $(VENV)/bin/python $$b || exit 1; done
 
 fuzz: $(STAMP) $(ENGINES)  ## every untrusted input at volume (FUZZ_CASES each, default 100000; FUZZ_JOBS at once), counts printed
+	$(VENV)/bin/pip install -q atheris  # the coverage-guided generator for the parsers (not a runtime dependency)
 	cd tests && $(abspath $(VENV))/bin/python fuzz_volume.py --cases $${FUZZ_CASES:-100000} --jobs $${FUZZ_JOBS:-2} $(ARGS)
 
 clean:

@@ -384,3 +384,78 @@ def check_trace_input(case, folder: str) -> None:
 def scratch_folder() -> str:
     """A private folder for the files a volume run writes and rewrites per case."""
     return tempfile.mkdtemp(prefix=f"cxlhm-fuzz-{os.getpid()}-")
+
+
+# ====================================================================== raw bytes (the coverage-guided run)
+CSV_SPEC_CHOICES = ["obj-id-col=2", "time-col=1, obj-id-col=2, obj-size-col=3, op-col=4, delimiter=,",
+                    "obj-id-col=1, obj-id-is-num=false", "obj-id-col=2, has-header=true", "obj-id-col=1, delimiter=;",
+                    "obj-id-col=2, delimiter=tab"]
+
+
+def check_config_bytes(data: bytes, folder: str) -> None:
+    """Raw bytes as a config file (first byte even) or, line by line, as --set options."""
+    if not data or data[0] % 2 == 0:
+        path = Path(folder) / "fuzz.yaml"
+        path.write_bytes(data[1:])
+        with no_hang("load_config(file)"):
+            try:
+                cfg = load_config(str(path))
+            except ConfigError as exc:
+                clear_message(exc)
+                return
+        _accepted_config(cfg)
+    else:
+        check_set_options(data[1:].decode("utf-8", "surrogateescape").splitlines()[:8] or [""])
+
+
+def check_fio_bytes(data: bytes) -> None:
+    check_fio_text(data.decode("utf-8", "replace"))
+
+
+def check_trace_bytes(data: bytes, folder: str) -> None:
+    """Raw bytes as a trace file: block and oracleGeneral readers, a CSV reader (the second
+    byte picks a spec), the Mooncake reader - the first byte picks which."""
+    kind = data[0] % 3 if data else 0
+    body = data[2:]
+    if kind == 0:
+        check_binary_trace(("random", 0, False, [], body), folder)
+        return
+    path = Path(folder) / "t.txt"
+    path.write_bytes(body)
+    with no_hang("text trace reader"):
+        try:
+            if kind == 1:
+                spec = CSV_SPEC_CHOICES[(data[1] if len(data) > 1 else 0) % len(CSV_SPEC_CHOICES)]
+                trace = read_csv(path, spec)
+                assert (trace.blocks >= 0).all() and trace.blocks.shape == trace.writes.shape
+            else:
+                requests = read_requests(path)
+                assert all((r.hash_ids >= 0).all() for r in requests)
+        except TraceError as exc:
+            clear_message(exc)
+
+
+def seed_corpus(target: str, folder: Path) -> Path:
+    """The project's own valid inputs, as the coverage-guided run's first corpus."""
+    import shutil
+    folder.mkdir(parents=True, exist_ok=True)
+    repo = Path(__file__).resolve().parent.parent
+    if target == "fio":
+        for job in (repo / "bench" / "jobs").glob("*.fio"):
+            shutil.copy(job, folder)
+    elif target == "config":
+        for profile in (repo / "cxlhm" / "profiles").glob("*.yaml"):
+            (folder / profile.name).write_bytes(b"\x00" + profile.read_bytes())
+        (folder / "set").write_bytes(b"\x01dram_bytes=64KiB\nfirmware.policy=lru\nbackend.faults.spike_ns=5\n")
+    else:
+        (folder / "cbt").write_bytes(b"\x00\x00" + _block_trace_bytes(folder / "seed.cbt"))
+        (folder / "csv").write_bytes(b"\x01\x01" + b"1,2,4096,get\n2,3,4096,set\n")
+        (folder / "jsonl").write_bytes(b"\x02\x00" + b'{"timestamp": 1, "input_length": 600, "output_length": 5, '
+                                       b'"hash_ids": [1, 2]}\n')
+        (folder / "seed.cbt").unlink()
+    return folder
+
+
+def _block_trace_bytes(path: Path) -> bytes:
+    _valid_block_trace(path, 20, True)
+    return path.read_bytes()

@@ -7,8 +7,12 @@ Inputs: mailbox (command payloads, lengths, raw register writes), config (dicts,
 files, --set options), fio (job files), traces (block, oracleGeneral, CSV, Mooncake
 JSONL), shim (KVShim and engine adapter calls). Each input's checks are the ones the
 default suite runs on a few hundred cases (tests/fuzz_parsers.py, tests/fuzz_shim.py,
-tests/test_mailbox_fuzz.py); here hypothesis only generates (no shrinking), a failure is
-counted and the run goes on, and the first few failures are printed with their input.
+tests/test_mailbox_fuzz.py). The mailbox and the shim are driven by hypothesis (generation
+only, no shrinking); config, fio and traces by atheris (libFuzzer, coverage-guided, raw
+bytes from a seed corpus of the project's own inputs) when it is installed - `make fuzz`
+installs it - and by hypothesis otherwise. A failure is counted and the run goes on; the
+first few are printed with their input. Each worker rewrites its tally every 1000 cases
+(in the folder printed at the start), so an interrupted run still shows how far it got.
 Exit status 1 when any input failed a case or ran fewer than N."""
 from __future__ import annotations
 
@@ -79,14 +83,52 @@ def fuzz_mailbox(cases: int, tally) -> dict:
     return {"commands_serviced": world.mailbox.commands_serviced}
 
 
+def _report(result: str, name: str, tally, start: float, extra: dict) -> None:
+    tmp = Path(result + ".tmp")
+    tmp.write_text(json.dumps({"input": name, "cases": tally.n, "failures": tally.failed, "examples": tally.examples,
+                               "seconds": round(time.monotonic() - start, 1), **extra}))
+    os.replace(tmp, result)
+
+
 def worker(name: str, cases: int, result: str) -> None:
     from fuzzkit import Tally
     tally = Tally(name, collect=True)
     start = time.monotonic()
+    tally.progress = lambda: _report(result, name, tally, start, {"generator": "hypothesis", "finished": False})
     extra = globals()[f"fuzz_{name}"](cases, tally)
-    Path(result).write_text(json.dumps({"input": name, "cases": tally.n, "failures": tally.failed,
-                                        "examples": tally.examples, "seconds": round(time.monotonic() - start, 1),
-                                        **extra}))
+    _report(result, name, tally, start, {"generator": "hypothesis", **extra})
+
+
+def coverage_worker(name: str, cases: int, result: str) -> None:
+    """config, fio, traces: libFuzzer (atheris) mutates raw bytes, guided by the coverage
+    of cxlhm's own code, from a corpus of the project's valid inputs; each input goes
+    through the same checks as the hypothesis cases. The tally is written every 1000
+    cases (libFuzzer exits the process when its runs are done)."""
+    import atheris
+    from fuzzkit import Tally
+    with atheris.instrument_imports(include=["cxlhm", "cxlhm_apps"]):
+        import fuzz_parsers as fp
+    fp.DEVICE_SAMPLE = 50
+    tally = Tally(name, collect=True)
+    start = time.monotonic()
+    folder = fp.scratch_folder()
+    check = {"config": lambda data: fp.check_config_bytes(data, folder), "fio": fp.check_fio_bytes,
+             "traces": lambda data: fp.check_trace_bytes(data, folder)}[name]
+    extra = {"generator": "atheris (coverage-guided)"}
+
+    def one(data: bytes) -> None:
+        tally.run(check, data)
+        if tally.n % 1000 == 0 or tally.n >= cases:
+            if name == "config":
+                extra.update(configs_accepted=fp._accepted[0], devices_opened=fp._accepted[0] // fp.DEVICE_SAMPLE)
+            _report(result, name, tally, start, extra)
+
+    corpus = fp.seed_corpus(name, Path(folder) / "corpus")
+    atheris.Setup([sys.argv[0], f"-runs={cases}", "-max_len=4096", "-print_final_stats=1", str(corpus)], one)
+    atheris.Fuzz()
+
+
+COVERAGE_GUIDED = ("config", "fio", "traces")
 
 
 def main(argv=None) -> int:
@@ -98,7 +140,12 @@ def main(argv=None) -> int:
     ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        worker(args.worker, args.cases, args.result)
+        try:
+            import atheris  # noqa: F401 - when it is installed (make fuzz installs it), the parsers get it
+            coverage = args.worker in COVERAGE_GUIDED
+        except ImportError:
+            coverage = False
+        (coverage_worker if coverage else worker)(args.worker, args.cases, args.result)
         return 0
     names = args.inputs or INPUTS
     unknown = sorted(set(names) - set(INPUTS))
@@ -109,6 +156,7 @@ def main(argv=None) -> int:
           f"({os.cpu_count()} cores, Python {sys.version.split()[0]})", flush=True)
     pending, running, results = list(names), {}, {}
     folder = Path(tempfile.mkdtemp(prefix="cxlhm-fuzz-volume-"))
+    print(f"tallies and logs in {folder}", flush=True)
     while pending or running:
         while pending and len(running) < args.jobs:
             name = pending.pop(0)

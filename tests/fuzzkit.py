@@ -60,6 +60,7 @@ class Tally:
     def __init__(self, target: str, *, collect: bool = False):
         self.target, self.collect = target, collect
         self.n, self.failed, self.examples = 0, 0, []
+        self.progress = None  # called every 1000 cases (a volume run reports as it goes)
 
     def hit(self, k: int = 1) -> None:
         self.n += k
@@ -68,6 +69,8 @@ class Tally:
         """One case: `check(*args)`; in a volume run a failure is counted, not raised.
         `count=False`: a check that is not a case of its own (one after a sequence)."""
         self.n += count
+        if count and self.progress is not None and self.n % 1000 == 0:
+            self.progress()
         if not self.collect:
             check(*args)
             return
