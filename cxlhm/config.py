@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from cxlhm.configerror import ConfigError  # noqa: F401  (raised here; re-exported for callers)
 from cxlhm.units import parse_size
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
@@ -30,13 +31,6 @@ DEFAULT_PROFILE = "cmm-h"
 MIN_BLOCK_SIZE = 4096
 MAX_BLOCK_SIZE = 2 << 20
 
-
-class ConfigError(ValueError):
-    """A configuration value is wrong. `key` is dotted (``backend.path``), `source` a file or "overrides"."""
-
-    def __init__(self, source: str, key: str, message: str):
-        self.source, self.key = source, key
-        super().__init__(f"{source}: {key}: {message}")
 
 
 # ---------------------------------------------------------------- value parsers

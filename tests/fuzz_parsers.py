@@ -22,15 +22,15 @@ from hypothesis import event
 from hypothesis import strategies as st
 
 from cxlhm.config import ConfigError, load_config
-from cxlhm.commands._device_args import config_overrides
-from cxlhm.fio import options as fio_options
-from cxlhm.fio.jobfile import JobFileError, build_jobs, read_sections
 from cxlhm.traces import TraceError
 from cxlhm.traces.blocktrace import BlockTrace, read_block_trace, write_block_trace
 from cxlhm.traces.formats import load_trace
 from cxlhm.traces.lcs_csv import read_csv
 from cxlhm.traces.mooncake import read_requests
 from cxlhm.traces.oracle_general import read_oracle_general, write_oracle_general
+from cxlhm_apps.commands._device_args import config_overrides
+from cxlhm_apps.fio import options as fio_options
+from cxlhm_apps.fio.jobfile import JobFileError, build_jobs, read_sections
 from firmware_policies import PolicyParamError
 from fuzzkit import clear_message, no_hang
 

@@ -73,7 +73,7 @@ def test_fuzz_fio_job_files(text):
 
 def test_an_include_name_the_file_system_refuses_is_a_job_file_error():
     # found by the coverage-guided run: `include <300 bytes>` raised OSError (name too long)
-    from cxlhm.fio.jobfile import JobFileError, read_sections
+    from cxlhm_apps.fio.jobfile import JobFileError, read_sections
     with pytest.raises(JobFileError, match="include: cannot use"):
         read_sections(f"[job]\ninclude {'x' * 300}\n", "<test>")
 
@@ -181,7 +181,7 @@ def _atheris_config(data: bytes) -> None:
 
 def _atheris_fio(data: bytes) -> None:
     text = data.decode("utf-8", "replace")  # seed with bench/jobs/*.fio
-    jobfile = _mod("cxlhm.fio.jobfile")
+    jobfile = _mod("cxlhm_apps.fio.jobfile")
     try:
         jobfile.build_jobs([jobfile.read_sections(text, "<atheris>")])
     except jobfile.JobFileError:
@@ -207,11 +207,11 @@ if __name__ == "__main__":  # python tests/test_fuzz.py TARGET [CORPUS_DIR] [lib
     import atheris
     # reload cxlhm with coverage instrumentation (only cxlhm: instrumenting numpy and
     # hypothesis too would make every run crawl)
-    for name in [m for m in sys.modules if m == "cxlhm" or m.startswith("cxlhm.")]:
+    for name in [m for m in sys.modules if m.split(".")[0] in ("cxlhm", "cxlhm_apps")]:
         del sys.modules[name]
-    with atheris.instrument_imports(include=["cxlhm"]):
+    with atheris.instrument_imports(include=["cxlhm", "cxlhm_apps"]):
         import cxlhm.config  # noqa: F401
-        import cxlhm.fio.jobfile  # noqa: F401
+        import cxlhm_apps.fio.jobfile  # noqa: F401
         import cxlhm.traces.blocktrace  # noqa: F401
         import cxlhm.traces.mooncake  # noqa: F401
         import cxlhm.traces.oracle_general  # noqa: F401
