@@ -26,6 +26,7 @@ writes, only a machine crash would.
 import json
 import os
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -449,6 +450,8 @@ def _crash_campaign(tmp_path, points: int, n_ops: int, seed: int) -> dict:
         summary["chunks_read"] += result["present"]
         for suffix in ("", ".kvindex", ".cxlhm.json", ".cxlhm.sums", ".cxlhm.ilog"):  # keep tmp small
             Path(str(image) + suffix).unlink(missing_ok=True)
+        if (i + 1) % 100 == 0:
+            print(f"  kv store: {i + 1}/{points} crash points", file=sys.stderr, flush=True)
     return summary
 
 

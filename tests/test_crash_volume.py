@@ -20,6 +20,7 @@ append (before or after it). CXLHM_CRASH_POINTS sets the total (default 1200).
 """
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -213,6 +214,8 @@ def _device_campaign(tmp_path, points: int, n_ops: int, seed: int) -> dict:
         summary["durable_checked"] += result["durable"]
         for suffix in ("", ".cxlhm.json", ".cxlhm.sums", ".cxlhm.ilog"):
             Path(str(image) + suffix).unlink(missing_ok=True)
+        if (i + 1) % 100 == 0:
+            print(f"  device: {i + 1}/{points} crash points", file=sys.stderr, flush=True)
     return summary
 
 
