@@ -4,10 +4,6 @@ input must do). These runs are small, for the default suite; `make fuzz` runs ev
 input at volume (tests/fuzz_volume.py). The shim adapters have tests/test_fuzz_shim.py,
 the mailbox tests/test_mailbox_fuzz.py. Each target counts the cases it ran
 (docs/reliability.md collects the figures).
-
-An optional atheris harness (coverage-guided, libFuzzer) drives the config, fio and
-trace targets when atheris is installed: ``cd tests && python test_fuzz.py TARGET
-[CORPUS_DIR] [libFuzzer args]`` (seed a corpus directory with ``atheris_corpus``).
 """
 import os
 import sys
@@ -23,7 +19,6 @@ from cxlhm.config import ConfigError, load_config
 from cxlhm.traces import TraceError
 from cxlhm.traces.lcs_csv import read_csv
 from cxlhm.traces.mooncake import read_requests
-from cxlhm.traces.oracle_general import write_oracle_general
 from fuzzkit import FAST, Tally
 
 config_tally, fio_tally, trace_tally = Tally("config_parser"), Tally("fio_job_parser"), Tally("trace_readers")
@@ -126,95 +121,13 @@ def test_fuzz_parsers_long(case):
         fio_tally.run(fp.check_fio_text, value)
 
 
-# ====================================================================== atheris (optional)
-def atheris_corpus(target: str, folder: Path) -> Path:
-    """A seed corpus for a target: the project's own valid inputs (libFuzzer adds to it)."""
-    import shutil
-    folder.mkdir(parents=True, exist_ok=True)
-    repo = Path(__file__).resolve().parent.parent
-    if target == "fio":
-        for job in (repo / "bench" / "jobs").glob("*.fio"):
-            shutil.copy(job, folder)
-    elif target == "config":
-        for profile in (repo / "cxlhm" / "profiles").glob("*.yaml"):
-            shutil.copy(profile, folder)
-    else:
-        trace = fp._valid_block_trace(folder / "seed.cbt", 20, True)
-        write_oracle_general(folder / "seed.oracle", trace)
-        (folder / "seed.jsonl").write_text('{"timestamp": 1, "input_length": 600, "output_length": 5, '
-                                           '"hash_ids": [1, 2]}\n')
-    return folder
-
-
-def test_atheris_harness_runs_when_installed(tmp_path):
-    """The coverage-guided harness below, 500 executions per target from a seed corpus,
-    when atheris is installed (it is not a dependency)."""
+# ====================================================================== the coverage-guided run
+def test_the_coverage_guided_volume_run_works_when_atheris_is_installed(tmp_path):
+    """`make fuzz`'s atheris workers (config, fio, traces), 500 cases each."""
     pytest.importorskip("atheris")
     import subprocess
-    for target in ATHERIS_TARGETS:
-        corpus = atheris_corpus(target, tmp_path / target)
-        out = subprocess.run([sys.executable, __file__, target, str(corpus), "-runs=500",
-                              f"-artifact_prefix={tmp_path}/"],
-                             capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent)
-        assert out.returncode == 0, (target, out.stderr[-3000:])
-        runs = int(next(line.split()[1] for line in out.stderr.splitlines() if line.startswith("Done ")))
-        from test_reliability import record_figure
-        record_figure("fuzz", f"atheris_{target}", "cases", runs, accumulate=True)
-
-
-def _mod(name: str):
-    """The module as loaded now (the atheris runner reloads cxlhm instrumented)."""
-    import importlib
-    return importlib.import_module(name)
-
-
-def _atheris_config(data: bytes) -> None:
-    text = data.decode("utf-8", "replace")  # as a file is read: a seed corpus of YAML files works as is
-    path = Path(tempfile.gettempdir()) / f"cxlhm-atheris-{os.getpid()}.yaml"
-    path.write_text(text)
-    config = _mod("cxlhm.config")
-    try:
-        config.load_config(str(path))
-    except config.ConfigError:
-        pass
-
-
-def _atheris_fio(data: bytes) -> None:
-    text = data.decode("utf-8", "replace")  # seed with bench/jobs/*.fio
-    jobfile = _mod("cxlhm_apps.fio.jobfile")
-    try:
-        jobfile.build_jobs([jobfile.read_sections(text, "<atheris>")])
-    except jobfile.JobFileError:
-        pass
-
-
-def _atheris_traces(data: bytes) -> None:
-    path = Path(tempfile.gettempdir()) / f"cxlhm-atheris-{os.getpid()}.trace"
-    path.write_bytes(data)
-    error = _mod("cxlhm.traces").TraceError
-    for reader in (_mod("cxlhm.traces.blocktrace").read_block_trace,
-                   _mod("cxlhm.traces.oracle_general").read_oracle_general,
-                   _mod("cxlhm.traces.mooncake").read_requests):
-        try:
-            reader(path)
-        except error:
-            pass
-
-
-ATHERIS_TARGETS = {"config": _atheris_config, "fio": _atheris_fio, "traces": _atheris_traces}
-
-if __name__ == "__main__":  # python tests/test_fuzz.py TARGET [CORPUS_DIR] [libFuzzer options]
-    import atheris
-    # reload cxlhm with coverage instrumentation (only cxlhm: instrumenting numpy and
-    # hypothesis too would make every run crawl)
-    for name in [m for m in sys.modules if m.split(".")[0] in ("cxlhm", "cxlhm_apps")]:
-        del sys.modules[name]
-    with atheris.instrument_imports(include=["cxlhm", "cxlhm_apps"]):
-        import cxlhm.config  # noqa: F401
-        import cxlhm_apps.fio.jobfile  # noqa: F401
-        import cxlhm.traces.blocktrace  # noqa: F401
-        import cxlhm.traces.mooncake  # noqa: F401
-        import cxlhm.traces.oracle_general  # noqa: F401
-    target = ATHERIS_TARGETS[sys.argv[1]]
-    atheris.Setup([sys.argv[0]] + sys.argv[2:], target)
-    atheris.Fuzz()
+    env = {**os.environ, "CXLHM_RELIABILITY_FIGURES": str(tmp_path / "figures.json")}  # not the real figures
+    out = subprocess.run([sys.executable, "fuzz_volume.py", "--cases", "500", "--jobs", "2", "config", "fio", "traces"],
+                         capture_output=True, text=True, timeout=900, cwd=Path(__file__).parent, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.stdout.count("atheris (coverage-guided)") == 3 and "0 failures" in out.stdout, out.stdout
