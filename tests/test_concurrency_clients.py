@@ -71,7 +71,7 @@ def test_sixteen_threads_on_one_device_lose_no_update(tmp_path):
 
 
 def test_sixteen_threads_on_one_kv_store_lose_no_update(tmp_path):
-    puts_each = 24
+    puts_each = 15
     with open_device({"capacity": 1 << 23, "block_size": BLOCK, "dram_bytes": 16 * BLOCK,
                       "backend": {"path": str(tmp_path / "kv.img")}}) as dev:
         store = KVStore(dev, hints=NullHints())
