@@ -27,10 +27,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cxlhm.config import ConfigError
 from cxlhm.integrity import PoisonError
 from host_runtime.driver import open_device
-from test_crash import CRASH_MODES, _crash_campaign
+from test_crash import CRASH_MODES, _crash_campaign, reopen
 from test_reliability import record_figure
 
 BLOCK = 4096
@@ -108,20 +107,6 @@ def _expectations(lines: list[str]) -> dict[int, dict]:
                 if s["inflight"] is None:
                     s["durable"] = True
     return state
-
-
-def reopen(config, timeout_s: float = 10.0):
-    """open_device once the killed writer's image lock is gone: the kernel drops a dead
-    process's io_uring file references asynchronously, a few milliseconds after it is
-    reaped, and the lock goes with the last one."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return open_device(config)
-        except ConfigError as exc:
-            if "already open" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.005)
 
 
 def _verify_device(image, report_path) -> dict:
