@@ -39,6 +39,7 @@ class Comparison:
     budget_refine: int | None = None  # bisection steps for the extra-budget cells (None: refine)
     budget_topologies: tuple = ("colocated",)  # the DRAM sweep runs in these topologies
     sizes: dict | None = None        # workload config overrides, e.g. {"mooncake": {"requests": 2000}}
+    reuse_keep: float = 1.0          # share of sessions that keep their reuse (workloads.keep_reuse)
 
     def specs(self) -> list[tuple[WorkloadSpec, ServingParams]]:
         out = []
@@ -48,7 +49,7 @@ class Comparison:
                 kind_changes.update(QUICK_SIZES[name])
             if self.sizes and name in self.sizes:
                 kind_changes.update(self.sizes[name])
-            spec = resolve(name, **kind_changes)
+            spec = dataclasses.replace(resolve(name, **kind_changes), reuse_keep=self.reuse_keep)
             params = params_from(spec.serving, self.params) if spec.serving else self.params
             out.append((spec, params))
         return out
