@@ -114,7 +114,7 @@ def main() -> int:
     parser.add_argument("--refine", type=int, default=None, help="bisection steps of the max-QPS search "
                         "(step 2^(1/2^refine): 4 -> 4.4%%, 3 -> 9%%, 2 -> 19%%; default 4, --quick 2)")
     parser.add_argument("--dram", default="64GiB")
-    parser.add_argument("--topology", default="both", choices=("colocated", "disagg", "both"))
+    parser.add_argument("--topology", default="both", help="both (colocated and disagg), or registered topologies")
     parser.add_argument("--disagg-pairs", default="all",
                         help="MODEL@GPU,... that also run disaggregated (default all; the rest colocated only)")
     parser.add_argument("--sweeps", default="pool,ratio,reuse",

@@ -11,7 +11,7 @@ from cxlhm.serving import workloads as W
 from cxlhm.serving.gpu import gpu_model
 from cxlhm.serving.metrics import max_speed_under_slo, summarize
 from cxlhm.serving.params import ServingParams
-from cxlhm.serving.scheduler import replay
+from cxlhm.serving.topologies import replay
 from cxlhm.serving.sweep import Task, run_grid
 from cxlhm.serving.yamlspec import SpecError
 from cxlhm.traces import TraceError

@@ -17,9 +17,9 @@ from cxlhm.serving.boundary import boundary, paths, recompute_per_token_s
 from cxlhm.serving.configs import CxlHm, make_system, parse_configs
 from cxlhm.serving.gpu import GPUS, LLAMA3_8B, MODELS, PAIRS, fit_table, gpu_model, kv_pool_bytes
 from cxlhm.serving.params import ServingParams, params_from
-from cxlhm.serving.registry import UnknownName
+from cxlhm.registry import UnknownName
 from cxlhm.serving.report import COLUMNS, LEGEND, search_notes
-from cxlhm.serving.scheduler import replay
+from cxlhm.serving.topologies import replay
 from cxlhm.serving.tiers import Link, LruDramTier
 
 

@@ -17,7 +17,7 @@ from cxlhm.serving import workloads as W
 from cxlhm.serving.boundary import boundary, device_ssd_path
 from cxlhm.serving.comparison import QUICK_SIZES
 from cxlhm.serving.params import ServingParams, params_from
-from cxlhm.serving.scheduler import replay
+from cxlhm.serving.topologies import replay
 
 SSD = "CXL-HM SSD (cold)"
 

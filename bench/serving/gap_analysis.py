@@ -43,7 +43,7 @@ from cxlhm.serving.bounds import report as bounds_report  # noqa: E402
 from cxlhm.serving.gpu import PAIRS, TABLES  # noqa: E402
 from cxlhm.serving.metrics import summarize  # noqa: E402
 from cxlhm.serving.params import ServingParams  # noqa: E402
-from cxlhm.serving.scheduler import replay  # noqa: E402
+from cxlhm.serving.topologies import replay  # noqa: E402
 from cxlhm.serving.workloads import Workload, build, default_spec, spec_at_speed  # noqa: E402
 
 GiB = 1 << 30

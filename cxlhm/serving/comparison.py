@@ -14,6 +14,7 @@ from cxlhm.serving.params import ServingParams, params_from
 from cxlhm.serving.report import (LEGEND, QUICK_CAVEAT, format_budget_table, format_table, plot_all, search_notes,
                                    write_json)
 from cxlhm.serving.sweep import Task, run_grid
+from cxlhm.serving.topologies import parse_topologies
 from cxlhm.serving.workloads import WorkloadSpec, resolve
 
 # Per workload: the replay speed of the TTFT columns (the same offered load for every
@@ -95,7 +96,7 @@ class Comparison:
 
 def parse_comparison(workloads: str, configs: str, params: ServingParams, budgets: list[int], topology: str,
                      **kwargs) -> Comparison:
-    topologies = ["colocated", "disagg"] if topology == "both" else [topology]
+    topologies = parse_topologies(topology)
     names = [w.strip() for w in workloads.split(",") if w.strip()]
     return Comparison(names, parse_configs(configs), params, budgets, topologies, **kwargs)
 

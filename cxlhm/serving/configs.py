@@ -21,8 +21,7 @@ import dataclasses
 import math
 
 from cxlhm.serving.params import ServingParams, device_timing
-from cxlhm.registry import Registry, RegistryError
-from cxlhm.serving.registry import UnknownName
+from cxlhm.registry import Registry, RegistryError, UnknownName
 from cxlhm.serving.tiers import CxlHmTier, LruDramTier, NoTier, Tier, gpu_links
 
 def _as_system(obj):

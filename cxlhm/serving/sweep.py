@@ -27,7 +27,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from cxlhm.serving.configs import CxlHm, make_system
 from cxlhm.serving.metrics import max_speed_under_slo, summarize
 from cxlhm.serving.params import ServingParams
-from cxlhm.serving.scheduler import SloMissed, replay
+from cxlhm.serving.scheduler import SloMissed
+from cxlhm.serving.topologies import replay
 from cxlhm.serving.workloads import AgentConfig, WorkloadSpec, build, spec_at_speed
 
 # Order cells so the slow ones (device configurations) start first.

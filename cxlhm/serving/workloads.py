@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cxlhm.serving.registry import Registry
+from cxlhm.registry import Registry
 from cxlhm.serving.yamlspec import Spec, SpecError, load_yaml, number
 from cxlhm.traces.mooncake import BLOCK_TOKENS, DEFAULT_TRACE, read_requests
 from cxlhm.traces.sessions import recover_sessions
@@ -170,6 +170,7 @@ def parse_config(cls, spec: Spec, *, skip=()):
 
 
 # ---------------------------------------------------------------- generators
+# The generators by name (built-ins, registered below each one).
 WORKLOADS: Registry = Registry("workload")
 
 
@@ -210,7 +211,6 @@ class MooncakeConfig:
     spread_groups: int = 1
 
 
-@WORKLOADS.register("mooncake")
 def mooncake(cfg: MooncakeConfig) -> Workload:
     reqs = read_requests(cfg.trace, limit=cfg.requests)
     turns = recover_sessions(reqs)
@@ -267,7 +267,6 @@ class AgentConfig:
             raise ValueError("session_rate must be > 0")
 
 
-@WORKLOADS.register("agent")
 def agent(cfg: AgentConfig) -> Workload:
     rng = np.random.default_rng(cfg.seed)
     shared = cfg.system_prompt_tokens + cfg.tool_description_tokens
@@ -316,7 +315,6 @@ class QaConfig:
             raise ValueError("qps must be > 0")
 
 
-@WORKLOADS.register("qa")
 def qa(cfg: QaConfig) -> Workload:
     rng = np.random.default_rng(cfg.seed)
     ids = _ChunkIds(cfg.shared_prompt_tokens // BLOCK_TOKENS)
@@ -337,6 +335,8 @@ def qa(cfg: QaConfig) -> Workload:
 
 
 CONFIGS = {"mooncake": MooncakeConfig, "agent": AgentConfig, "qa": QaConfig}
+for _name, _generator in (("mooncake", mooncake), ("agent", agent), ("qa", qa)):
+    WORKLOADS.add(_name, _generator)
 
 
 # ---------------------------------------------------------------- specs and files
