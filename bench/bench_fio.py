@@ -28,9 +28,10 @@ import sys
 import time
 from pathlib import Path
 
-from cxlhm.fio import report
-from cxlhm.fio.jobfile import build_jobs, read_sections
-from cxlhm.fio.runner import lay_out, run_jobs
+from cxlhm_apps.fio import report
+from cxlhm_apps.fio.jobfile import build_jobs, read_sections
+from cxlhm_apps.fio.files import lay_out
+from cxlhm_apps.fio.runner import run_jobs
 
 WORKLOADS = (
     # name, rw, bs, iodepth, extra options, device block, device DRAM, metric, target
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fio     : {fio_version} (ioengine=io_uring, direct=1)")
     print(f"file    : {path}, region {args.size}, {args.runtime} s per run, {args.rounds} rounds, medians")
     print(f"started : {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-    from cxlhm.fio.values import parse_size
+    from cxlhm_apps.fio.values import parse_size
     lay_out(path, 0, parse_size(args.size), log=lambda text: print(f"(laying out {path})"))
 
     rows = []

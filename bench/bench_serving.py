@@ -26,14 +26,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command, machine  # noqa: E402
 
-from cxlhm.serving.boundary import boundary  # noqa: E402
-from cxlhm.serving.comparison import QUICK_SIZES, Comparison, parse_comparison  # noqa: E402
-from cxlhm.serving.configs import CxlHm, make_system  # noqa: E402
-from cxlhm.serving.gpu import PAIRS  # noqa: E402
-from cxlhm.serving.params import ServingParams, device_timing  # noqa: E402
-from cxlhm.serving.report import LEGEND, format_table, plot_all, search_notes, write_json  # noqa: E402
-from cxlhm.serving.sweep import Task, run_grid  # noqa: E402
-from cxlhm.serving.workloads import build  # noqa: E402
+from cxlhm_apps.serving.boundary import boundary  # noqa: E402
+from cxlhm_apps.serving.comparison import QUICK_SIZES, Comparison, parse_comparison  # noqa: E402
+from cxlhm_apps.serving.configs import CxlHm, make_system  # noqa: E402
+from cxlhm_apps.serving.gpu import PAIRS  # noqa: E402
+from cxlhm_apps.serving.params import ServingParams, device_timing  # noqa: E402
+from cxlhm_apps.serving.report import LEGEND, format_table, plot_all, search_notes, write_json  # noqa: E402
+from cxlhm_apps.serving.sweep import Task, run_grid  # noqa: E402
+from cxlhm_apps.serving.workloads import build  # noqa: E402
 from cxlhm.units import parse_size  # noqa: E402
 
 RATIO_CONFIGS = "recompute,lmcache-local,cxlhm-hymcache,mooncake-dram,ideal"

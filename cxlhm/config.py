@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from cxlhm.configerror import ConfigError  # noqa: F401  (raised here; re-exported for callers)
 from cxlhm.units import parse_size
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
@@ -28,16 +29,6 @@ DEFAULT_PROFILE = "cmm-h"
 MIN_BLOCK_SIZE = 4096
 MAX_BLOCK_SIZE = 2 << 20
 
-
-class ConfigError(ValueError):
-    """A configuration value is wrong. `key` is dotted (``backend.path``), `source` a file or "overrides"."""
-
-    def __init__(self, source: str, key: str, message: str):
-        self.source, self.key, self.message = source, key, message
-        super().__init__(f"{source}: {key}: {message}")
-
-    def __reduce__(self):  # survives the trip out of a worker process (its args are not __init__'s)
-        return type(self), (self.source, self.key, self.message)
 
 
 # ---------------------------------------------------------------- value parsers

@@ -152,7 +152,7 @@ def _touches_rows(rows, n, hpa, length, block_size):
 
 @numba.njit(nogil=True)
 def _submit_bucket(n):
-    """fio's submit rows (cxlhm.fio.stats.submit_bucket): 1-4 -> 1, 5-8 -> 2, ... >64 -> 6."""
+    """fio's submit rows (cxlhm_apps.fio.stats.submit_bucket): 1-4 -> 1, 5-8 -> 2, ... >64 -> 6."""
     bucket = 1
     bound = 4
     while n > bound and bucket < 6:

@@ -61,7 +61,7 @@ class ServeProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 120) -> "ServeProcess":
-        cmd = [sys.executable, "-m", "cxlhm.cli", "device", "serve", "--socket", self.socket,
+        cmd = [sys.executable, "-m", "cxlhm_apps.cli", "device", "serve", "--socket", self.socket,
                "--state", str(self.state), "--partition-bytes", str(PARTITION), "--mirror-bytes", str(32 * BLOCK),
                *[f"--set={k}={v}" for k, v in DEVICE.items()], *self.extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

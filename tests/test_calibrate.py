@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from cxlhm.cli import main
+from cxlhm_apps.cli import main
 from cxlhm.config import ConfigError, load_config
 from cxlhm.timing import TimingModel, calibration as cal
 from cxlhm.timing.params import parse_timing

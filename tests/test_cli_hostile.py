@@ -162,7 +162,7 @@ CASES = [(f"{args[0] if args else 'cxlhm'}: {name}", args) for group in (RUN, MR
 
 def run_forked(argv: list[str], timeout: float = TIMEOUT_S) -> tuple[int | None, str, str, int]:
     """(exit status or None on a hang, stdout, stderr, peak RSS in KiB) of cli.main(argv) in a child."""
-    from cxlhm.cli import main
+    from cxlhm_apps.cli import main
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         pid = os.fork()
         if pid == 0:  # the child: never returns into pytest
@@ -231,7 +231,7 @@ def test_mrc_out_folder_writes_nothing_beside_it(tmp_path):
 
 
 def test_every_subcommand_is_covered():
-    from cxlhm.cli import COMMANDS
+    from cxlhm_apps.cli import COMMANDS
     covered = {args[0] for _, args in CASES if args}
     # fio and serve-bench keep their hostile inputs with their own tests
     missing = set(COMMANDS.builtin_names()) - covered - {"fio", "serve-bench", "calibrate"}

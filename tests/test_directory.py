@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from cxlhm.testing.directory import DirectoryConformance, fp, loc
+from host_runtime.testing.directory import DirectoryConformance, fp, loc
 from cxlhm.testing.redis_server import server_or_skip
 from host_runtime.directory import DirectoryMetrics, SharedMemoryDirectory
 from host_runtime.directory.shm import DirectoryFileError

@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 
-from cxlhm.cli import main as cli_main
-from cxlhm.fio import compare
-from cxlhm.fio.jobfile import build_jobs, read_sections
+from cxlhm_apps.cli import main as cli_main
+from cxlhm_apps.fio import compare
+from cxlhm_apps.fio.jobfile import build_jobs, read_sections
 
 DEVICE = "ioengine=cxlhm\ncxlhm_dram=1m\ncxlhm_block_size=4k\ncxlhm_clock=wall\n"
 needs_fio = pytest.mark.skipif(shutil.which("fio") is None, reason="real fio is not installed (apt-get install fio)")

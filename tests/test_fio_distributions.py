@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from cxlhm.fio.distributions import (
+from cxlhm_apps.fio.distributions import (
     BlockPermutation, BlockSampler, DistSpec, normal_ranks, parse_distribution, pareto_ranks, zipf_pmf, zipf_ranks,
 )
 

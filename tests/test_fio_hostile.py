@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from cxlhm.cli import main as cli_main
+from cxlhm_apps.cli import main as cli_main
 
 TIMEOUT_S = 120
 
@@ -119,7 +119,7 @@ def test_output_into_a_missing_folder_fails_before_running(tmp_path, capsys):
 
 def test_a_job_whose_thread_dies_is_an_error(tmp_path, capsys, monkeypatch):
     """Whatever kills a job's thread is reported as that job's error, with exit 1."""
-    from cxlhm.fio import runner
+    from cxlhm_apps.fio import runner
 
     def boom(self):
         raise OverflowError("injected: the generator overflowed")

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from cxlhm.fio import clocks, report
-from cxlhm.fio.jobfile import build_jobs, read_sections
-from cxlhm.fio.runner import run_jobs
+from cxlhm_apps.fio import clocks, report
+from cxlhm_apps.fio.jobfile import build_jobs, read_sections
+from cxlhm_apps.fio.runner import run_jobs
 
 
 def run(text: str):

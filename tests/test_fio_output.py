@@ -9,11 +9,11 @@ import subprocess
 import numpy as np
 import pytest
 
-from cxlhm.cli import main as cli_main
-from cxlhm.fio import report
-from cxlhm.fio.jobfile import build_jobs, read_sections
-from cxlhm.fio.runner import run_jobs
-from cxlhm.fio.stats import DEFAULT_PERCENTILES, LatencyStat, num2str, plat_index, plat_value
+from cxlhm_apps.cli import main as cli_main
+from cxlhm_apps.fio import report
+from cxlhm_apps.fio.jobfile import build_jobs, read_sections
+from cxlhm_apps.fio.runner import run_jobs
+from cxlhm_apps.fio.stats import DEFAULT_PERCENTILES, LatencyStat, num2str, plat_index, plat_value
 
 FIO_PERCENTILE_KEYS = ["1.000000", "5.000000", "10.000000", "20.000000", "30.000000", "40.000000", "50.000000",
                        "60.000000", "70.000000", "80.000000", "90.000000", "95.000000", "99.000000", "99.500000",

@@ -5,10 +5,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cxlhm.fio import options as O
-from cxlhm.fio.distributions import DistSpec
-from cxlhm.fio.jobfile import JobFileError, build_jobs, read_sections
-from cxlhm.fio.values import Percent, parse_size, parse_time_ns, split_directions
+from cxlhm_apps.fio import options as O
+from cxlhm_apps.fio.distributions import DistSpec
+from cxlhm_apps.fio.jobfile import JobFileError, build_jobs, read_sections
+from cxlhm_apps.fio.values import Percent, parse_size, parse_time_ns, split_directions
 
 
 def jobs_of(text: str, path: str = "job.fio"):

@@ -10,13 +10,13 @@ import threading
 import numpy as np
 import pytest
 
-from cxlhm.cli import main as cli_main
+from cxlhm_apps.cli import main as cli_main
 from cxlhm.config import load_config
-from cxlhm.fio import report
-from cxlhm.fio.jobfile import JobFileError, build_jobs, read_sections
-from cxlhm.fio.options import parse_rw
-from cxlhm.fio.pattern import IoGenerator, SizeChoice
-from cxlhm.fio.runner import run_jobs
+from cxlhm_apps.fio import report
+from cxlhm_apps.fio.jobfile import JobFileError, build_jobs, read_sections
+from cxlhm_apps.fio.options import parse_rw
+from cxlhm_apps.fio.pattern import IoGenerator, SizeChoice
+from cxlhm_apps.fio.runner import run_jobs
 from cxlhm.timing import TimingModel
 
 DEVICE = "cxlhm_dram=1m\ncxlhm_block_size=4k\n"

@@ -10,10 +10,10 @@ import subprocess
 import numpy as np
 import pytest
 
-from cxlhm.fio import report
-from cxlhm.fio import verify as VF
-from cxlhm.fio.jobfile import build_jobs, read_sections
-from cxlhm.fio.runner import run_jobs
+from cxlhm_apps.fio import report
+from cxlhm_apps.fio import verify as VF
+from cxlhm_apps.fio.jobfile import build_jobs, read_sections
+from cxlhm_apps.fio.runner import run_jobs
 
 DEVICE = "ioengine=cxlhm\ncxlhm_dram=1m\ncxlhm_block_size=4k\ncxlhm_clock=wall\n"
 RAW = "ioengine=io_uring\n"
@@ -110,7 +110,7 @@ def test_serialize_overlap_lands_overlapping_writes_in_issue_order(tmp_path, dep
     so of many writes to one block the last one issued is what the block holds - every
     time, whatever order the disk would complete concurrent writes in. Writes to other
     blocks still go in parallel."""
-    from cxlhm.fio.engines import IoArena
+    from cxlhm_apps.fio.engines import IoArena
     from cxlhm.media.ssd import SsdBackend
 
     writes, block = 96, 4096

@@ -32,8 +32,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from cxlhm.config import ConfigError, load_config
-from cxlhm.fio import options as fio_options
-from cxlhm.fio.jobfile import JobFileError, build_jobs, read_sections
+from cxlhm_apps.fio import options as fio_options
+from cxlhm_apps.fio.jobfile import JobFileError, build_jobs, read_sections
 from cxlhm.traces import TraceError
 from firmware_policies import PolicyParamError
 from cxlhm.traces.blocktrace import BlockTrace, read_block_trace, write_block_trace
@@ -700,7 +700,7 @@ def _atheris_config(data: bytes) -> None:
 
 def _atheris_fio(data: bytes) -> None:
     text = data.decode("utf-8", "replace")  # seed with bench/jobs/*.fio
-    jobfile = _mod("cxlhm.fio.jobfile")
+    jobfile = _mod("cxlhm_apps.fio.jobfile")
     try:
         jobfile.build_jobs([jobfile.read_sections(text, "<atheris>")])
     except jobfile.JobFileError:
@@ -730,7 +730,7 @@ if __name__ == "__main__":  # python tests/test_fuzz.py TARGET [CORPUS_DIR] [lib
         del sys.modules[name]
     with atheris.instrument_imports(include=["cxlhm"]):
         import cxlhm.config  # noqa: F401
-        import cxlhm.fio.jobfile  # noqa: F401
+        import cxlhm_apps.fio.jobfile  # noqa: F401
         import cxlhm.traces.blocktrace  # noqa: F401
         import cxlhm.traces.mooncake  # noqa: F401
         import cxlhm.traces.oracle_general  # noqa: F401

@@ -22,6 +22,7 @@ from cxlhm.mailbox import registers as R
 from cxlhm.mailbox.commands import COMMANDS
 from cxlhm.mailbox.poison import PoisonList, PoisonRecord
 from firmware_policies.base import Policy
+from hintspy import route_hints_through
 from host_runtime.mailbox import MailboxClient, MailboxCommandError, MailboxError, MailboxTimeout
 
 KIB, MIB = 1024, 1 << 20
@@ -36,7 +37,7 @@ def open_mailbox(make_device):
     def factory(spy=None, mailbox_options=None, **device_overrides):
         dev = make_device(**device_overrides)
         if spy is not None:
-            dev.device.hint = spy  # before the Mailbox inspects its signature
+            route_hints_through(dev.device, spy)
         mb = Mailbox(dev.device, **(mailbox_options or {})).start()
         # generous: a device's first PIN may compile numba kernels (the "no hang" bound)
         client = MailboxClient(mb, timeout=30)
@@ -50,7 +51,7 @@ def open_mailbox(make_device):
 
 
 class HintSpy:
-    """Stands in for Device.hint: records (kind, session, first, n, arg)."""
+    """Stands in for the device's hints: records (kind, session, first, n, arg)."""
 
     def __init__(self, delay_s=0.0):
         self.calls, self.delay_s = [], delay_s
@@ -452,7 +453,7 @@ def test_closed_device_answers_media_disabled_for_media_commands(open_mailbox):
 
 # ---------------------------------------------------------------- CLI and docs
 def test_cli_prints_json(capsys, tmp_path):
-    from cxlhm.cli import main
+    from cxlhm_apps.cli import main
     base = ["--set", "capacity=1GiB", "--set", "dram_bytes=1MiB", "--set", f"backend.path={tmp_path / 'img'}"]
     assert main(["mailbox", "identify", *base]) == 0
     ident = json.loads(capsys.readouterr().out)
@@ -467,7 +468,7 @@ def test_cli_prints_json(capsys, tmp_path):
 
 
 def test_cli_talks_to_a_running_device_through_its_register_file(open_mailbox, capsys):
-    from cxlhm.cli import main
+    from cxlhm_apps.cli import main
     _, mb, _ = open_mailbox()
     assert main(["mailbox", "identify", "--regs", mb.path]) == 0
     assert json.loads(capsys.readouterr().out)["hybrid"]["capacity"] == 1 << 20

@@ -5,7 +5,7 @@ import json
 import pytest
 
 import firmware_policies
-from cxlhm.cli import main
+from cxlhm_apps.cli import main
 from cxlhm.mrc import format_table, miss_ratio_curves, parse_cache_size, parse_cache_sizes, simulate_curves
 from cxlhm.sim import simulate
 from cxlhm.traces.blocktrace import write_block_trace

@@ -28,6 +28,7 @@ from cxlhm.mailbox import payloads as P
 from cxlhm.mailbox.hints import HintKind
 from host_runtime.driver import open_device
 from host_runtime.mailbox import MailboxClient, MailboxCommandError, MailboxTimeout
+from hintspy import route_hints_through
 from test_reliability import record_figure
 
 REPO = Path(__file__).resolve().parent.parent
@@ -106,7 +107,7 @@ def served(tmp_path):
         dev = open_device({"capacity": CAPACITY, "block_size": BLOCK, "dram_bytes": 64 * BLOCK,
                            "backend": {"path": str(tmp_path / f"mp{len(made)}.img")}, "firmware": {"policy": policy}})
         log = HintLog(dev.device.hint, delay_s)
-        dev.device.hint = log  # before the mailbox reads it
+        route_hints_through(dev.device, log)
         mb = Mailbox(dev.device, **{"background_min_blocks": 8, "background_step_blocks": 2, **mailbox_options}).start()
         MailboxClient(mb, timeout=60).identify()  # ready (kernels compiled) before clients arrive
         made.append((dev, mb))

@@ -44,7 +44,7 @@ def _env(site: Path) -> dict:
 
 def test_the_entry_point_policy_is_listed_from_outside(tmp_path):
     site = _package(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "cxlhm.cli", "policies", POLICY_NAME], cwd=tmp_path / "work",
+    proc = subprocess.run([sys.executable, "-m", "cxlhm_apps.cli", "policies", POLICY_NAME], cwd=tmp_path / "work",
                           env=_env(site), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(POLICY_NAME)
@@ -61,7 +61,7 @@ def test_an_outside_package_runs_the_shipped_suite_and_mrc(tmp_path):
     trace = work / "t.jsonl"
     trace.write_text("".join(f'{{"timestamp": {i}, "input_length": 512, "output_length": 1, '
                              f'"hash_ids": [{i % 7}, {i % 13 + 7}]}}\n' for i in range(200)))
-    proc = subprocess.run([sys.executable, "-m", "cxlhm.cli", "mrc", "--trace", str(trace), "--policies",
+    proc = subprocess.run([sys.executable, "-m", "cxlhm_apps.cli", "mrc", "--trace", str(trace), "--policies",
                            f"lru,{POLICY_NAME}", "--sizes", "4,8", "--json", "--no-plot"], cwd=work,
                           env=_env(site), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr

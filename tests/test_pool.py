@@ -179,12 +179,13 @@ def test_hints_outside_a_hosts_window_are_refused(service):
 
 
 class _Recorder:
+    """Stands in for the pooled Device behind a port: records the hints it is given."""
     block_size, cfg, closed = BLOCK, None, False
 
     def __init__(self):
         self.calls = []
 
-    def hint(self, kind, session, first_block, n_blocks, arg=0):
+    def hint(self, kind, session, first_block, n_blocks, arg=0, *, lock_timeout=-1):
         self.calls.append((kind, session, first_block, n_blocks))
         return True
 
@@ -259,11 +260,11 @@ def test_killed_service_restarts_with_everything_flushed(tmp_path, directory):
 
 
 def test_serve_command_errors_are_clean(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "cxlhm.cli", "device", "serve", "--socket", str(tmp_path / "s"),
+    out = subprocess.run([sys.executable, "-m", "cxlhm_apps.cli", "device", "serve", "--socket", str(tmp_path / "s"),
                           "--state", str(tmp_path / "st"), "--grant", "nohost"], capture_output=True, text=True)
     assert out.returncode == 2 and "cxlhm device: error: --grant 'nohost'" in out.stderr
     assert "Traceback" not in out.stderr
-    out = subprocess.run([sys.executable, "-m", "cxlhm.cli", "device", "serve", "--socket", str(tmp_path / "s"),
+    out = subprocess.run([sys.executable, "-m", "cxlhm_apps.cli", "device", "serve", "--socket", str(tmp_path / "s"),
                           "--state", str(tmp_path / "st"), "--partition-bytes", "3KiB", "--set", "block_size=4KiB",
                           "--set", "capacity=1MiB", "--set", "dram_bytes=64KiB"], capture_output=True, text=True)
     assert out.returncode == 2 and "partition_bytes must be a positive multiple" in out.stderr

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cxlhm.serving import workloads as W
-from cxlhm.serving.configs import TierContext, make_system
-from cxlhm.serving.metrics import summarize
-from cxlhm.serving.multi import MultiInstanceEngine, PerInstanceDramTier
-from cxlhm.serving.params import GiB, ServingParams
+from cxlhm_apps.serving import workloads as W
+from cxlhm_apps.serving.configs import TierContext, make_system
+from cxlhm_apps.serving.metrics import summarize
+from cxlhm_apps.serving.multi import MultiInstanceEngine, PerInstanceDramTier
+from cxlhm_apps.serving.params import GiB, ServingParams
 
 PARAMS = ServingParams(dram_bytes=8 * GiB, pool_factor=1.0, gpu_kv_bytes=24 * GiB)
 

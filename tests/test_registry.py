@@ -84,7 +84,7 @@ def test_policies_lists_the_rest_when_an_entry_point_is_broken(tmp_path):
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: brokenpolicy\nVersion: 0.0\n")
     (info / "entry_points.txt").write_text("[cxlhm.firmware_policies]\nzz_broken = zz_missing_pkg.policy\n")
-    proc = subprocess.run([sys.executable, "-m", "cxlhm.cli", "policies"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "cxlhm_apps.cli", "policies"], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(site)}, timeout=120)
     assert "Traceback" not in proc.stderr
     assert proc.returncode == 1

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from cxlhm.cli import main
-from cxlhm.replay import chunk_pattern, replay_mission
+from cxlhm_apps.cli import main
+from cxlhm_apps.replay import chunk_pattern, replay_mission
 from cxlhm.traces.mooncake import DEFAULT_TRACE, read_requests
 from cxlhm.traces.sessions import recover_sessions
 from host_runtime.driver import open_device

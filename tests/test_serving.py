@@ -1,4 +1,4 @@
-"""The serving model (cxlhm.serving): hand-computed cases, determinism, monotonicity in
+"""The serving model (cxlhm_apps.serving): hand-computed cases, determinism, monotonicity in
 the DRAM budget, the GPU cost model, workloads and their errors."""
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from cxlhm.serving import workloads as W
-from cxlhm.serving.gpu import gpu_model
-from cxlhm.serving.metrics import max_speed_under_slo, summarize
-from cxlhm.serving.params import ServingParams
-from cxlhm.serving.topologies import replay
-from cxlhm.serving.sweep import Task, run_grid
-from cxlhm.serving.yamlspec import SpecError
+from cxlhm_apps.serving import workloads as W
+from cxlhm_apps.serving.gpu import gpu_model
+from cxlhm_apps.serving.metrics import max_speed_under_slo, summarize
+from cxlhm_apps.serving.params import ServingParams
+from cxlhm_apps.serving.topologies import replay
+from cxlhm_apps.serving.sweep import Task, run_grid
+from cxlhm_apps.serving.yamlspec import SpecError
 from cxlhm.traces import TraceError
 
 MS = 1e6  # ns
@@ -199,7 +199,7 @@ def test_gpu_model_reproduces_the_measured_table():
     """The fitted model returns the measured engine-like times it was fitted to (within the
     fit's error), and keeps the structure a prefill has."""
     import json
-    from cxlhm.serving.gpu import TABLES
+    from cxlhm_apps.serving.gpu import TABLES
     g = gpu_model()
     table = json.loads(TABLES["llama3-8b"].read_text())
     for p in table["prefill"]:
@@ -282,7 +282,7 @@ def test_bad_trace_line_names_the_line(tmp_path):
 def test_bad_workload_yaml_names_the_line(tmp_path, text, line, match):
     path = tmp_path / "w.yaml"
     path.write_text(text)
-    from cxlhm.serving.params import SERVING_KEYS
+    from cxlhm_apps.serving.params import SERVING_KEYS
     with pytest.raises(SpecError, match=match) as err:
         W.spec_from_yaml(path, SERVING_KEYS)
     assert err.value.line == line, str(err.value)
@@ -291,7 +291,7 @@ def test_bad_workload_yaml_names_the_line(tmp_path, text, line, match):
 
 def test_workload_yaml_examples_load():
     from pathlib import Path
-    from cxlhm.serving.params import SERVING_KEYS, params_from
+    from cxlhm_apps.serving.params import SERVING_KEYS, params_from
     folder = Path(__file__).resolve().parents[1] / "bench" / "serving"
     files = sorted(folder.glob("*.yaml"))
     assert files
@@ -313,7 +313,7 @@ def test_max_speed_search_brackets_then_bisects():
 
 
 def test_fail_fast_probes_stop_only_when_the_slo_is_surely_missed():
-    from cxlhm.serving.scheduler import SloMissed
+    from cxlhm_apps.serving.scheduler import SloMissed
     w = W.build(W.default_spec("mooncake", requests=80))
     over = summarize(replay(w, "recompute", ServingParams(), 3.0), 2.0, 90, 100.0)
     assert over["ttft_slo_s"] > 2.0
@@ -349,7 +349,7 @@ def test_device_load_estimate_does_not_learn_from_its_own_loads():
     """The host plans a device load as a cold read behind the queued NAND programs; it
     must not lock itself out (an estimate learned from slow loads made the scheduler stop
     loading, so nothing ever corrected it)."""
-    from cxlhm.serving.configs import TierContext, make_system
+    from cxlhm_apps.serving.configs import TierContext, make_system
     ctx = TierContext(ServingParams(dram_bytes=64 << 20), 8, 64 << 20, 1, 52.6e9, 0.0)
     tier = make_system("cxlhm-lru").make_tier(ctx)
     try:
@@ -394,7 +394,7 @@ def test_errors_with_their_own_arguments_cross_a_process_boundary():
 
 
 def test_a_failing_cell_comes_back_naming_itself_and_its_error():
-    from cxlhm.serving.sweep import CellFailed
+    from cxlhm_apps.serving.sweep import CellFailed
     spec = W.default_spec("agent", sessions=2)
     bad = ServingParams(device_profile="no-such-profile", gpu_kv_bytes=3 << 30)
     tasks = [Task(spec, "ideal", ServingParams(), reference_speed=1.0),

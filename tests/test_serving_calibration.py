@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cxlhm.serving.bounds import LIMIT, check_table
-from cxlhm.serving.gpu import TABLES
+from cxlhm_apps.serving.bounds import LIMIT, check_table
+from cxlhm_apps.serving.gpu import TABLES
 
 DATA = Path(__file__).resolve().parents[1] / "bench" / "data"
 COMMITTED = sorted(DATA.glob("*.json"))

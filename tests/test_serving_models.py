@@ -12,15 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cxlhm.serving import workloads as W
-from cxlhm.serving.boundary import boundary, paths, recompute_per_token_s
-from cxlhm.serving.configs import CxlHm, make_system, parse_configs
-from cxlhm.serving.gpu import GPUS, LLAMA3_8B, MODELS, PAIRS, fit_table, gpu_model, kv_pool_bytes
-from cxlhm.serving.params import ServingParams, params_from
+from cxlhm_apps.serving import workloads as W
+from cxlhm_apps.serving.boundary import boundary, paths, recompute_per_token_s
+from cxlhm_apps.serving.configs import CxlHm, make_system, parse_configs
+from cxlhm_apps.serving.gpu import GPUS, LLAMA3_8B, MODELS, PAIRS, fit_table, gpu_model, kv_pool_bytes
+from cxlhm_apps.serving.params import ServingParams, params_from
 from cxlhm.registry import UnknownName
-from cxlhm.serving.report import COLUMNS, LEGEND, search_notes
-from cxlhm.serving.topologies import replay
-from cxlhm.serving.tiers import Link, LruDramTier
+from cxlhm_apps.serving.report import COLUMNS, LEGEND, search_notes
+from cxlhm_apps.serving.topologies import replay
+from cxlhm_apps.serving.tiers import Link, LruDramTier
 
 
 # ---------------------------------------------------------------- the calibration fit
@@ -140,7 +140,7 @@ def test_outside_policies_and_systems_join_and_broken_ones_are_named(tmp_path, m
     from entrypoints import install_entry_points
     install_entry_points(tmp_path, monkeypatch, {
         "cxlhm.firmware_policies": {"outside-lru": "firmware_policies.lru", "broken": "outside_pkg_missing:POLICY"},
-        "cxlhm.serving_systems": {"outside-lmc": "cxlhm.serving.configs:LmcacheLocal",
+        "cxlhm.serving_systems": {"outside-lmc": "cxlhm_apps.serving.configs:LmcacheLocal",
                                   "broken-sys": "outside_pkg_missing:SYSTEM"}})
     assert parse_configs("cxlhm:outside-lru+hints,outside-lmc") == ["cxlhm:outside-lru+hints", "outside-lmc"]
     with pytest.raises(UnknownName, match="cxlhm:broken.*'broken'.*ModuleNotFoundError"):
@@ -152,7 +152,7 @@ def test_outside_policies_and_systems_join_and_broken_ones_are_named(tmp_path, m
 def test_serve_bench_bad_inputs_are_one_line_errors():
     for argv in (["--configs", "cxlhm:nope"], ["--model", "gpt-5"], ["--gpu", "b200"],
                  ["--model", "llama3-70b", "--gpu", "h200"]):
-        proc = subprocess.run([sys.executable, "-m", "cxlhm.cli", "serve-bench", *argv, "--out", "/nonexistent"],
+        proc = subprocess.run([sys.executable, "-m", "cxlhm_apps.cli", "serve-bench", *argv, "--out", "/nonexistent"],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, (argv, proc.stderr)
         assert "Traceback" not in proc.stderr

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cxlhm.serving import workloads as W
-from cxlhm.serving.boundary import boundary, device_ssd_path
-from cxlhm.serving.comparison import QUICK_SIZES
-from cxlhm.serving.params import ServingParams, params_from
-from cxlhm.serving.topologies import replay
+from cxlhm_apps.serving import workloads as W
+from cxlhm_apps.serving.boundary import boundary, device_ssd_path
+from cxlhm_apps.serving.comparison import QUICK_SIZES
+from cxlhm_apps.serving.params import ServingParams, params_from
+from cxlhm_apps.serving.topologies import replay
 
 SSD = "CXL-HM SSD (cold)"
 

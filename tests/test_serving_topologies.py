@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from cxlhm.serving import workloads as W
-from cxlhm.serving.disagg import DisaggEngine
-from cxlhm.serving.params import ServingParams
-from cxlhm.serving.scheduler import Engine
-from cxlhm.serving.topologies import TOPOLOGIES, engine_for, parse_topologies, replay
+from cxlhm_apps.serving import workloads as W
+from cxlhm_apps.serving.disagg import DisaggEngine
+from cxlhm_apps.serving.params import ServingParams
+from cxlhm_apps.serving.scheduler import Engine
+from cxlhm_apps.serving.topologies import TOPOLOGIES, engine_for, parse_topologies, replay
 
 SERVING = Path(engine_for.__code__.co_filename).parent
 
@@ -48,7 +48,7 @@ def test_the_scheduler_does_not_import_the_disaggregated_engine():
     assert not any("disagg" in name for name in _imports(SERVING / "scheduler.py"))
     assert not any("topologies" in name for name in _imports(SERVING / "scheduler.py") | _imports(SERVING / "disagg.py"))
     # and choosing a topology is not the scheduler's business any more
-    code = "import sys, cxlhm.serving.scheduler; print('cxlhm.serving.disagg' in sys.modules)"
+    code = "import sys, cxlhm_apps.serving.scheduler; print('cxlhm_apps.serving.disagg' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() \
         == "False"
 
@@ -75,7 +75,7 @@ def test_an_outside_topology_joins_by_name():
 
 
 def test_serve_bench_rejects_an_unknown_topology_in_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "cxlhm.cli", "serve-bench", "--quick", "--topology", "ring",
+    proc = subprocess.run([sys.executable, "-m", "cxlhm_apps.cli", "serve-bench", "--quick", "--topology", "ring",
                            "--out", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.startswith("cxlhm serve-bench: error: ") and "ring" in proc.stderr

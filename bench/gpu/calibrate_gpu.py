@@ -80,7 +80,7 @@ class Clock:
 
 
 class Shape:
-    """The shape's sizes and roofline counts. The same arithmetic as cxlhm.serving.gpu.ModelShape,
+    """The shape's sizes and roofline counts. The same arithmetic as cxlhm_apps.serving.gpu.ModelShape,
     written out again on purpose: this script runs alone on the GPU machine, where cxlhm and
     its dependencies are not installed."""
 
@@ -108,7 +108,7 @@ class Shape:
     def attention_flops(self, pairs: float) -> float:
         return 4.0 * self.layers * self.heads * self.head_dim * pairs
 
-    def table_key(self) -> dict:  # the keys cxlhm.serving.gpu matches a table by
+    def table_key(self) -> dict:  # the keys cxlhm_apps.serving.gpu matches a table by
         return {"hidden_size": self.hidden, "intermediate_size": self.intermediate, "num_hidden_layers": self.layers,
                 "num_attention_heads": self.heads, "num_key_value_heads": self.kv_heads, "vocab_size": self.vocab}
 

@@ -20,10 +20,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import command, machine  # noqa: E402
 
-from cxlhm.serving import workloads as W  # noqa: E402
-from cxlhm.serving.metrics import summarize  # noqa: E402
-from cxlhm.serving.multi import MULTI_CONFIGS, ROUTINGS, replay_multi  # noqa: E402
-from cxlhm.serving.params import GiB, ServingParams  # noqa: E402
+from cxlhm_apps.serving import workloads as W  # noqa: E402
+from cxlhm_apps.serving.metrics import summarize  # noqa: E402
+from cxlhm_apps.serving.multi import MULTI_CONFIGS, ROUTINGS, replay_multi  # noqa: E402
+from cxlhm_apps.serving.params import GiB, ServingParams  # noqa: E402
 
 BASELINE = "lmcache-local-n"
 

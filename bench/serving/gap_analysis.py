@@ -36,15 +36,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import command, machine  # noqa: E402
 
-from cxlhm.serving.comparison import REFERENCE_SPEED  # noqa: E402
-from cxlhm.serving.configs import CONFIG_ORDER, TierContext, make_system  # noqa: E402
-from cxlhm.serving.boundary import boundary_lines  # noqa: E402
-from cxlhm.serving.bounds import report as bounds_report  # noqa: E402
-from cxlhm.serving.gpu import PAIRS, TABLES  # noqa: E402
-from cxlhm.serving.metrics import summarize  # noqa: E402
-from cxlhm.serving.params import ServingParams  # noqa: E402
-from cxlhm.serving.topologies import replay  # noqa: E402
-from cxlhm.serving.workloads import Workload, build, default_spec, spec_at_speed  # noqa: E402
+from cxlhm_apps.serving.comparison import REFERENCE_SPEED  # noqa: E402
+from cxlhm_apps.serving.configs import CONFIG_ORDER, TierContext, make_system  # noqa: E402
+from cxlhm_apps.serving.boundary import boundary_lines  # noqa: E402
+from cxlhm_apps.serving.bounds import report as bounds_report  # noqa: E402
+from cxlhm_apps.serving.gpu import PAIRS, TABLES  # noqa: E402
+from cxlhm_apps.serving.metrics import summarize  # noqa: E402
+from cxlhm_apps.serving.params import ServingParams  # noqa: E402
+from cxlhm_apps.serving.topologies import replay  # noqa: E402
+from cxlhm_apps.serving.workloads import Workload, build, default_spec, spec_at_speed  # noqa: E402
 
 GiB = 1 << 30
 CLASSES = (("< GPU pool", 0.0, 96.0), ("GPU..GPU+D", 96.0, 160.0), ("GPU+D..16D", 160.0, 1024.0),

@@ -1,11 +1,12 @@
 """The emulated CXL-HM device (see cxlhm/device/core.py for how its parts fit)."""
 from cxlhm.device.core import MAX_BATCH_BLOCKS, METADATA_BYTES_PER_SLOT, Device
 from cxlhm.device.errors import AccessOutOfRange, DeviceClosed, DeviceFull, MediaError, PoisonError
-from cxlhm.device.interface import DeviceCaps, HostDevice
+from cxlhm.device.interface import DeviceCaps, HostDevice, IntegrityDevice, MailboxTarget
 from cxlhm.device.sidecar import METADATA_FORMAT, SidecarError, Sidecars, metadata_path
 from cxlhm.device.split_reads import WOULD_BLOCK, ReadTicket
 from cxlhm.device.stream import STREAM_PASSES, StreamResult
 
 __all__ = ["AccessOutOfRange", "Device", "DeviceCaps", "DeviceClosed", "DeviceFull", "HostDevice",
+           "IntegrityDevice", "MailboxTarget",
            "MAX_BATCH_BLOCKS", "METADATA_BYTES_PER_SLOT", "METADATA_FORMAT", "MediaError", "PoisonError",
            "ReadTicket", "STREAM_PASSES", "SidecarError", "Sidecars", "StreamResult", "WOULD_BLOCK", "metadata_path"]

@@ -63,17 +63,29 @@ class BackgroundWork:
         return True
 
     def hint_batch(self, kind: int, sessions: np.ndarray, first_blocks: np.ndarray, n_blocks: np.ndarray,
-                   args: np.ndarray) -> int:
+                   args: np.ndarray, *, lock_timeout: float = -1) -> int:
         """Hints of one kind (int64 arrays), in order, with one firmware call for the
-        batch (hint()'s per-call cost is paid once); returns how many were not followed."""
+        batch (hint()'s per-call cost is paid once); returns how many were not followed.
+        DeviceBusy when the data path held the device past `lock_timeout` s (its
+        `delivered` says how many hints went through first)."""
         if kind in (HintKind.PIN, HintKind.UNPIN):
-            return sum(self.hint(kind, *entry) is False for entry in zip(sessions.tolist(), first_blocks.tolist(),
-                                                                          n_blocks.tolist(), args.tolist()))
-        with self._lock:
+            declined = 0
+            for i, entry in enumerate(zip(sessions.tolist(), first_blocks.tolist(), n_blocks.tolist(),
+                                          args.tolist())):
+                try:
+                    declined += self.hint(kind, *entry, lock_timeout=lock_timeout) is False
+                except DeviceBusy as busy:
+                    raise DeviceBusy(str(busy), delivered=i, declined=declined) from None
+            return declined
+        if not self._lock.acquire(timeout=lock_timeout):
+            raise DeviceBusy(f"the device was busy for {lock_timeout} s")
+        try:
             if self.closed:
                 return sessions.shape[0]
             self._sync_time()
             self.kernels.hints(self.bt, self.ps, self.clock, kind, sessions, first_blocks, n_blocks, args)
+        finally:
+            self._lock.release()
         self._background_wake.set()
         return 0
 

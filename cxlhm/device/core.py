@@ -19,10 +19,12 @@ flight together. The model clock keeps every access under the lock, in issue ord
 """
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 import time
 
+import numba
 import numpy as np
 
 import firmware_policies
@@ -32,6 +34,7 @@ from cxlhm import firmware as fw
 from cxlhm import readstream as rs
 from cxlhm.config import ConfigError, DeviceConfig
 from cxlhm.device.background import BackgroundWork
+from cxlhm.device.batches import split_batches
 from cxlhm.device.errors import DeviceClosed, DeviceFull, MediaError, PoisonError, check_extent
 from cxlhm.device.interface import DeviceCaps
 from cxlhm.device.media import MediaPath
@@ -40,6 +43,7 @@ from cxlhm.device.sidecar import Sidecars, open_state
 from cxlhm.device.split_reads import SplitReads
 from cxlhm.device.stream import StreamReads
 from cxlhm.mailbox import Mailbox
+from cxlhm.mailbox.poison import records_of
 from cxlhm.media.dram import DeviceDram
 from cxlhm.media.faults import FaultInjector, FaultPlan
 from cxlhm.media.registry import open_backend
@@ -161,6 +165,11 @@ class Device(StreamReads, SplitReads, BackgroundWork, PowerLoss):
         return self.media.ssd
 
     @property
+    def image_path(self) -> str | None:
+        ssd = self.media.ssd
+        return None if ssd is None or ssd.temporary else ssd.path
+
+    @property
     def poison(self):
         return self.media.poison
 
@@ -254,7 +263,7 @@ class Device(StreamReads, SplitReads, BackgroundWork, PowerLoss):
         pieces, one after the other. The planner counts a host operation per extent
         it sees, so pieces cut from one extent are folded back into one operation."""
         pieces = 0
-        for hpas, lens, start in _split_batches(ext_hpa, ext_len, self.block_size, limit):
+        for hpas, lens, start in split_batches(ext_hpa, ext_len, self.block_size, limit):
             t = self._access_batch(hpas, lens, user_addr + start, is_write, owner, t, s)
             pieces += hpas.shape[0]
         self.counters[C.HOST_WRITES if is_write else C.HOST_READS] -= pieces - int(np.count_nonzero(ext_len))
@@ -434,12 +443,9 @@ class Device(StreamReads, SplitReads, BackgroundWork, PowerLoss):
 
     def poison_records(self, dpa: int, length: int, max_records: int):
         """Get Poison List: poisoned blocks intersecting [dpa, dpa+length), as whole blocks."""
-        from cxlhm.mailbox.poison import PoisonList, PoisonRecord
-        bs = self.block_size
         with self._lock:  # host threads add poison while the mailbox thread lists it
-            blocks = sorted(b for b in self.poison.blocks if b * bs < dpa + length and (b + 1) * bs > dpa)
-        records = tuple(PoisonRecord(b * bs, bs) for b in blocks[:max_records])
-        return PoisonList(records=records, more_records=len(blocks) > max_records)
+            blocks = list(self.poison.blocks)
+        return records_of(blocks, self.block_size, dpa, length, max_records)
 
     # ------------------------------------------------------------ control
     def flush(self) -> int:
@@ -524,6 +530,12 @@ class Device(StreamReads, SplitReads, BackgroundWork, PowerLoss):
                                        self.dram.base_address, self.block_size, s.slots_out,
                                        s.writebacks, s.fills)
             self.kernels.hints(self.bt, self.ps, self.clock, 0, empty, empty, empty, empty)
+            # the policy's own hint kernel, compiled from its argument types without running it
+            hint = self.kernels.hint
+            if hasattr(hint, "compile"):
+                n_args = len(inspect.signature(hint.py_func).parameters)
+                args = (self.bt, self.ps, self.clock) + (0,) * (n_args - 3)
+                hint.compile(tuple(numba.typeof(a) for a in args))
 
     def close(self) -> None:
         """Flush dirty DRAM (like CXL Global Persistent Flush) and release everything."""
@@ -586,26 +598,3 @@ def _check_fits_in_memory(cfg: DeviceConfig) -> None:
                           f"{cfg.dram_bytes} bytes of device DRAM need {needed} bytes of this machine's {physical} "
                           f"(DRAM when data moves, ~{METADATA_BYTES_PER_SLOT} B of metadata per block slot; at most "
                           f"80% may be used): lower dram_bytes, raise block_size, or use data: none")
-
-
-def _split_batches(ext_hpa: np.ndarray, ext_len: np.ndarray, block_size: int, limit: int):
-    """Yield (hpas, lens, user_offset) groups touching at most `limit` blocks each,
-    cutting extents at block boundaries where needed."""
-    group_h: list[int] = []
-    group_l: list[int] = []
-    used = 0
-    group_start = pos = 0
-    for h, n in zip(ext_hpa.tolist(), ext_len.tolist()):
-        while n > 0:
-            # bytes of this extent that fit in the blocks left in the group
-            fits = (block_size - h % block_size) + (limit - used - 1) * block_size
-            take = min(n, fits)
-            group_h.append(h)
-            group_l.append(take)
-            used += (h + take - 1) // block_size - h // block_size + 1
-            h, n, pos = h + take, n - take, pos + take
-            if used >= limit:
-                yield np.array(group_h, np.int64), np.array(group_l, np.int64), group_start
-                group_h, group_l, used, group_start = [], [], 0, pos
-    if group_h:
-        yield np.array(group_h, np.int64), np.array(group_l, np.int64), group_start

@@ -1,7 +1,11 @@
-"""The device as a host sees it, declared: what `host_runtime.driver`, the mailbox and
-the KV store may call on any device (the explicit-mode `Device`, the window's
-`WindowDevice`, or an outside one), and the capability flags that say what else it
-offers. cxlhm.testing.device.DeviceTests checks an implementation against it."""
+"""The device as its users see it, declared.
+
+`MailboxTarget` is what the mailbox's firmware thread asks of a device (geometry,
+hints, health, poison); a pooled device's per-host port is one. `HostDevice` adds the
+data path: what `host_runtime.driver` and the KV store may call on any device (the
+explicit-mode `Device`, the window's `WindowDevice`, or an outside one). `DeviceCaps`
+says what else a device offers; `IntegrityDevice` is what `caps.integrity` promises.
+cxlhm.testing.device.DeviceTests checks an implementation against them."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,13 +25,40 @@ class DeviceCaps:
 
 
 @runtime_checkable
-class HostDevice(Protocol):
+class MailboxTarget(Protocol):
     cfg: object
     capacity: int
     block_size: int
 
     @property
     def closed(self) -> bool: ...
+
+    @property
+    def unclean_shutdown_detected(self) -> bool:
+        """The image was not closed cleanly the last time (what was lost is poisoned)."""
+
+    def warm_up(self) -> None:
+        """Compile what hints run (the mailbox calls it before it reports ready)."""
+
+    def hint(self, kind: int, session: int, first_block: int, n_blocks: int, arg: int = 0) -> bool:
+        """A request-lifecycle hint; advisory (False: not followed)."""
+
+    def hint_batch(self, kind: int, sessions: np.ndarray, first_blocks: np.ndarray, n_blocks: np.ndarray,
+                   args: np.ndarray) -> int:
+        """Hints of one kind (int64 arrays), in order; returns how many were not followed."""
+
+    def poison_records(self, dpa: int, length: int, max_records: int):
+        """Get Poison List: a cxlhm.mailbox.poison.PoisonList of the poisoned blocks in the range."""
+
+
+@runtime_checkable
+class HostDevice(MailboxTarget, Protocol):
+    @property
+    def caps(self) -> DeviceCaps: ...
+
+    @property
+    def image_path(self) -> str | None:
+        """The back end's file (None: a temporary image, gone at close)."""
 
     def check_extent(self, hpa: int, n: int) -> None:
         """Raise AccessOutOfRange unless [hpa, hpa+n) lies inside the HDM window."""
@@ -39,9 +70,6 @@ class HostDevice(Protocol):
     def access_one(self, hpa: int, n: int, user_addr: int, is_write: bool, owner: int = 0,
                    issue_ns: float | None = None) -> float:
         """access() of one extent."""
-
-    def hint(self, kind: int, session: int, first_block: int, n_blocks: int, arg: int = 0) -> bool:
-        """A request-lifecycle hint; advisory (False: not followed)."""
 
     def prefetch(self, blocks, owners=None) -> int:
         """Bring blocks into device DRAM ahead of use; returns how many were requested or read."""
@@ -60,3 +88,14 @@ class HostDevice(Protocol):
 
     def close(self) -> None:
         """Flush and release everything."""
+
+
+@runtime_checkable
+class IntegrityDevice(HostDevice, Protocol):
+    """What a device with `caps.integrity` offers beyond HostDevice."""
+
+    def block_checksums(self, first_block: int, n_blocks: int) -> list[int | None]:
+        """The checksum of the bytes the back end holds for each block (None: none yet, or lost)."""
+
+    def integrity_report(self) -> dict:
+        """What the last open recovered and what the integrity log holds now."""

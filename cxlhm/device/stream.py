@@ -49,7 +49,7 @@ class StreamResult:
     count: int
     hits: int
     misses: int
-    submits: np.ndarray | None = None  # reads per submission, in fio's 7 buckets (cxlhm.fio.stats.submit_bucket)
+    submits: np.ndarray | None = None  # reads per submission, in fio's 7 buckets (cxlhm_apps.fio.stats.submit_bucket)
     peak_in_flight: int = 0  # the most reads it had at the SSD at once
     write_hits: int = 0  # of hits and misses, those of its writes
     write_misses: int = 0

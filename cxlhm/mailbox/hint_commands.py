@@ -3,7 +3,7 @@
 Each payload is a batch of entries (formats in payloads.py). A handler decodes the
 batch, validates every entry (sessions, HPA ranges, times) before delivering any,
 converts byte ranges to device blocks, and delivers one hint per entry in payload
-order through ``ctx.deliver_hint`` (Device.hint). A bad entry rejects the whole
+order through the device's ``hint_batch``. A bad entry rejects the whole
 command with INVALID_INPUT and its 1-based index in the vendor extended status.
 
 Batches of SESSION_RESUME / NEXT_PREFIX that cover many blocks
@@ -18,6 +18,7 @@ import numpy as np
 
 from cxlhm.mailbox import payloads as P
 from cxlhm.mailbox.background import BackgroundStarted
+from cxlhm.mailbox.context import HINT_LOCK_TIMEOUT_S
 from cxlhm.mailbox.hints import DeviceBusy, HintKind
 from cxlhm.mailbox.opcodes import Opcode
 from cxlhm.mailbox.returncodes import CommandFailed, ReturnCode
@@ -43,21 +44,13 @@ class HintBatch:
         return len(self.session)
 
     def deliver(self, ctx, start: int, stop: int) -> int:
-        """Deliver entries [start, stop); returns how many the device declined
-        (Device.hint returned False; None or True means followed)."""
-        hint, kind = ctx.deliver_hint, self.kind
-        batch = getattr(ctx.device, "hint_batch", None)
-        if batch is not None and "hint" not in getattr(ctx.device, "__dict__", {}):  # (not a hint replaced on it)
-            return batch(kind, *(c[start:stop] for c in self.columns))  # one firmware call for the entries
-        declined = 0
-        for i in range(start, stop):
-            try:
-                followed = hint(kind, self.session[i], self.first_block[i], self.n_blocks[i], self.arg[i])
-            except DeviceBusy:
-                raise _Busy(i, declined) from None
-            if followed is False:
-                declined += 1
-        return declined
+        """Deliver entries [start, stop) in one firmware call; returns how many the
+        device declined. _Busy when the data path held the device too long."""
+        try:
+            return ctx.device.hint_batch(self.kind, *(c[start:stop] for c in self.columns),
+                                         lock_timeout=HINT_LOCK_TIMEOUT_S)
+        except DeviceBusy as busy:
+            raise _Busy(start + busy.delivered, busy.declined) from None
 
 
 class _Busy(Exception):

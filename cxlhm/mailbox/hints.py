@@ -44,3 +44,7 @@ UNPIN = int(HintKind.UNPIN)
 class DeviceBusy(RuntimeError):
     """The data path held the device longer than a hint's caller would wait (the mailbox
     answers BUSY and the host resends)."""
+
+    def __init__(self, message: str = "", *, delivered: int = 0, declined: int = 0):
+        super().__init__(message)
+        self.delivered, self.declined = delivered, declined  # of a batch, before the wait ran out

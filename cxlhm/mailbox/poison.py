@@ -1,14 +1,9 @@
-"""The seam between Get Poison List and the device's record of poisoned media.
-
-Until the reliability work lands the device tracks no poison, so the list is empty.
-To fill it, give `Device` a method
-
-    poison_records(dpa: int, length: int, max_records: int) -> PoisonList
-
-returning the records that intersect [dpa, dpa + length) (DPA == HPA offset in
-this single-region device; byte addresses and lengths, multiples of 64). This
-module picks it up, clamps whatever it returns to the asked range and to the
-payload, and the command handler encodes it. Nothing else changes.
+"""Get Poison List's records: the device's poisoned blocks intersecting a DPA range
+(DPA == HPA offset in this single-region device; byte addresses and lengths, multiples
+of 64). Every device offers `poison_records(dpa, length, max_records) -> PoisonList`
+(the mailbox's view of a device, cxlhm.device.interface.MailboxTarget); `records_of`
+builds that list from a set of poisoned blocks, and `poison_list` clamps whatever a
+device returned to the asked range and to the payload before the handler encodes it.
 """
 from __future__ import annotations
 
@@ -34,11 +29,15 @@ class PoisonList:
     scan_in_progress: bool = False
 
 
+def records_of(poisoned_blocks, block_size: int, dpa: int, length: int, max_records: int) -> PoisonList:
+    """The poisoned blocks intersecting [dpa, dpa+length), as whole-block records."""
+    blocks = sorted(b for b in poisoned_blocks if b * block_size < dpa + length and (b + 1) * block_size > dpa)
+    return PoisonList(records=tuple(PoisonRecord(b * block_size, block_size) for b in blocks[:max_records]),
+                      more_records=len(blocks) > max_records)
+
+
 def poison_list(device, dpa: int, length: int, max_records: int) -> PoisonList:
-    source = getattr(device, "poison_records", None)
-    if source is None:
-        return PoisonList()
-    found = source(dpa, length, max_records)
+    found = device.poison_records(dpa, length, max_records)
     kept = tuple(r for r in found.records if r.length > 0 and r.dpa < dpa + length and r.dpa + r.length > dpa)
     more = found.more_records or len(kept) > max_records
     return dataclasses.replace(found, records=kept[:max_records], more_records=more)

@@ -22,18 +22,15 @@ Between commands the thread advances the running background operation one step.
 """
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import threading
 import weakref
 
-import numba
-
 from cxlhm.mailbox import registers as R
 from cxlhm.mailbox.background import BackgroundEngine, BackgroundStarted
 from cxlhm.mailbox.commands import COMMANDS
-from cxlhm.mailbox.context import CommandContext, hint_delivery_for
+from cxlhm.mailbox.context import CommandContext
 from cxlhm.mailbox.returncodes import CommandFailed, ReturnCode
 
 log = logging.getLogger("cxlhm.mailbox")
@@ -72,7 +69,7 @@ class Mailbox:
         self.engine = BackgroundEngine(self.regs)
         self.context = CommandContext(
             device=device, payload_size=self.payload_size, engine=self.engine,
-            deliver_hint=hint_delivery_for(device), commands=COMMANDS,
+            commands=COMMANDS,
             background_min_blocks=max(0, background_min_blocks),
             background_step_blocks=max(1, background_step_blocks))
         self.idle_poll_s = idle_poll_s
@@ -151,25 +148,11 @@ class Mailbox:
 
     def _warm_up(self) -> None:
         """Compile what hint commands run before declaring the mailbox ready, so the
-        first hint is not answered after a numba compile longer than a host timeout.
-        The policy's hint kernel is compiled from its argument types (without running
-        it); a device whose hints run other kernels (PIN's prefetch) compiles those in
-        its ``warm_up()``."""
-        warm_up = getattr(self.device, "warm_up", None)
-        if callable(warm_up):
-            try:
-                warm_up()
-            except Exception:
-                log.warning("device warm-up failed; first commands may be slow", exc_info=True)
-        kernels = getattr(self.device, "kernels", None)
-        if kernels is None or not hasattr(kernels.hint, "compile"):
-            return
+        first hint is not answered after a numba compile longer than a host timeout."""
         try:
-            n_args = len(inspect.signature(kernels.hint.py_func).parameters)
-            args = (self.device.bt, self.device.ps, self.device.clock) + (0,) * (n_args - 3)
-            kernels.hint.compile(tuple(numba.typeof(a) for a in args))
-        except Exception:  # only a latency optimisation; the first call compiles anyway
-            log.debug("hint kernel warm-up skipped", exc_info=True)
+            self.device.warm_up()
+        except Exception:  # only a latency optimisation; the first hint compiles anyway
+            log.warning("device warm-up failed; first commands may be slow", exc_info=True)
 
     def _service_one(self) -> None:
         regs = self.regs

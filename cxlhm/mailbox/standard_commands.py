@@ -72,7 +72,7 @@ def get_health_info(ctx, payload: bytes) -> bytes:
     """Get Health Info (4200h). What the emulator cannot know (temperature, wear)
     is reported with the spec's "not implemented" values."""
     media = 0 if ctx.media_ready else 1  # normal / not ready
-    dirty = 1 if getattr(ctx.device, "unclean_shutdown_detected", False) else 0
+    dirty = 1 if ctx.device.unclean_shutdown_detected else 0
     return P.HEALTH_OUT.pack(0, media, 0, P.NOT_IMPLEMENTED_U8, P.NOT_IMPLEMENTED_U16, dirty, 0, 0)
 
 

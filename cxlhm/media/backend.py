@@ -25,7 +25,7 @@ import os
 
 import numpy as np
 
-from cxlhm.config import ConfigError
+from cxlhm.configerror import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

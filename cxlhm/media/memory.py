@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 
-from cxlhm.config import ConfigError
+from cxlhm.configerror import ConfigError
 from cxlhm.media.backend import Backend, BackendCaps, lock_image
 from cxlhm.media.ssd import IO_BUF, IO_LEN, IO_OFFSET, IO_WRITE
 

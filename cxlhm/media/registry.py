@@ -25,7 +25,7 @@ def backend_kinds() -> list[str]:
 
 def open_backend(cfg):
     """The back end `cfg.backend` describes, opened (and its image locked)."""
-    from cxlhm.config import ConfigError
+    from cxlhm.configerror import ConfigError
     try:
         cls = BACKENDS.get(cfg.backend.kind)
     except RegistryError as exc:  # an entry point that does not load

@@ -12,7 +12,7 @@ import weakref
 
 import numpy as np
 
-from cxlhm.config import ConfigError
+from cxlhm.configerror import ConfigError
 from cxlhm.media import native
 from cxlhm.media.backend import Backend, BackendCaps, lock_image
 

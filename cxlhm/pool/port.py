@@ -11,7 +11,8 @@ session to the firmware. Geometry answers (Identify) describe the host's window.
 """
 from __future__ import annotations
 
-from cxlhm.mailbox.hints import HintKind
+from cxlhm.mailbox.hints import DeviceBusy, HintKind
+from cxlhm.mailbox.poison import PoisonList, PoisonRecord, poison_list
 
 SESSION_BITS = 40
 SESSION_MASK = (1 << SESSION_BITS) - 1
@@ -32,27 +33,31 @@ class HostPort:
         self.hints_delivered = 0
         self.hints_declined = 0
 
-    # what the mailbox's firmware thread asks of a device
+    # what the mailbox's firmware thread asks of a device (cxlhm.device.MailboxTarget)
     @property
     def closed(self) -> bool:
-        return getattr(self._device, "closed", False)
+        return self._device.closed
 
     @property
     def unclean_shutdown_detected(self) -> bool:
-        return getattr(self._device, "unclean_shutdown_detected", False)
-
-    def __getattr__(self, name: str):
-        # the mailbox compiles the firmware's hint kernel from these before it reports ready
-        if name in ("kernels", "bt", "ps", "clock"):
-            return getattr(self._device, name)
-        raise AttributeError(name)
+        return self._device.unclean_shutdown_detected
 
     def warm_up(self) -> None:
-        warm = getattr(self._device, "warm_up", None)
-        if callable(warm):
-            warm()
+        self._device.warm_up()
 
-    def hint(self, kind: int, session: int, first_block: int, n_blocks: int, arg: int = 0) -> bool:
+    def hint_batch(self, kind: int, sessions, first_blocks, n_blocks, args, *, lock_timeout: float = -1) -> int:
+        """Each hint through hint(), which moves it into the device's terms; DeviceBusy
+        (from the device, after `lock_timeout` s) says how many went through before."""
+        declined = 0
+        for i, entry in enumerate(zip(sessions.tolist(), first_blocks.tolist(), n_blocks.tolist(), args.tolist())):
+            try:
+                declined += self.hint(kind, *entry, lock_timeout=lock_timeout) is False
+            except DeviceBusy as busy:
+                raise DeviceBusy(str(busy), delivered=i, declined=declined) from None
+        return declined
+
+    def hint(self, kind: int, session: int, first_block: int, n_blocks: int, arg: int = 0, *,
+             lock_timeout: float = -1) -> bool:
         if session > SESSION_MASK:
             self.hints_declined += 1
             return False  # advisory: a session id the port cannot qualify is dropped, not an error
@@ -60,7 +65,7 @@ class HostPort:
         ok = True
         if n_blocks == 0:  # range-less (pause, end): the session in every tenant of this host
             for part in self.partitions:
-                ok &= self._deliver(kind, device_session(part.id, session) if session else 0, 0, 0, arg)
+                ok &= self._deliver(kind, device_session(part.id, session) if session else 0, 0, 0, arg, lock_timeout)
             return ok
         block, left = first_block, n_blocks
         while left > 0:  # a range across two of the host's partitions is two device ranges
@@ -68,21 +73,22 @@ class HostPort:
             take = min(left, per - within)
             part = self.partitions[k]
             dev_block = part.base // self.block_size + within
-            ok &= self._deliver(kind, device_session(part.id, session) if session else 0, dev_block, take, arg)
+            ok &= self._deliver(kind, device_session(part.id, session) if session else 0, dev_block, take, arg,
+                                lock_timeout)
             block += take
             left -= take
         return ok
 
-    def _deliver(self, kind, session, first_block, n_blocks, arg) -> bool:
-        followed = self._device.hint(int(kind), session, first_block, n_blocks, arg) is not False
+    def _deliver(self, kind, session, first_block, n_blocks, arg, lock_timeout) -> bool:
+        followed = self._device.hint(int(kind), session, first_block, n_blocks, arg, lock_timeout=lock_timeout) \
+            is not False
         if followed:
             self.hints_delivered += 1
         else:
             self.hints_declined += 1
         return followed
 
-    def poison_records(self, dpa: int, length: int, max_records: int):
-        from cxlhm.mailbox.poison import PoisonList, PoisonRecord, poison_list
+    def poison_records(self, dpa: int, length: int, max_records: int) -> PoisonList:
         records = []
         for k, part in enumerate(self.partitions):  # the device's records, moved into the host's window
             lo, hi = max(dpa, k * self.partition_bytes), min(dpa + length, (k + 1) * self.partition_bytes)

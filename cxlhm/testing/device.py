@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
 from cxlhm.config import load_config
-from cxlhm.device import AccessOutOfRange, Device, DeviceCaps, HostDevice
+from cxlhm.device import AccessOutOfRange, Device, DeviceCaps, HostDevice, IntegrityDevice
+from cxlhm.mailbox.hints import HintKind
 
 BLOCK = 4096
 CAPACITY = 64 * BLOCK
@@ -30,13 +31,17 @@ CAPACITY = 64 * BLOCK
 class DeviceTests:
     overrides: dict = {}
 
-    def open_device(self, path: str | None, **extra) -> HostDevice:
+    def config(self, path: str | None, **extra):
+        """The suite's small device (64 blocks, 4 in DRAM) with `overrides` and `extra` on top."""
         cfg = {"capacity": CAPACITY, "block_size": BLOCK, "dram_bytes": 4 * BLOCK,
                "backend": {"path": path}, "firmware": {"background": "manual"}}
         for layer in (self.overrides, extra):
             for key, value in layer.items():
                 cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
-        return Device(load_config(cfg))
+        return load_config(cfg)
+
+    def open_device(self, path: str | None, **extra) -> HostDevice:
+        return Device(self.config(path, **extra))
 
     @pytest.fixture
     def device(self, tmp_path):
@@ -58,6 +63,21 @@ class DeviceTests:
     def test_is_a_host_device_with_declared_caps(self, device):
         assert isinstance(device, HostDevice) and isinstance(device.caps, DeviceCaps)
         assert device.capacity == CAPACITY and device.block_size == BLOCK and not device.closed
+        assert not device.unclean_shutdown_detected
+        if device.caps.integrity:
+            assert isinstance(device, IntegrityDevice)
+
+    def test_mailbox_side(self, device):
+        """What the mailbox asks: warm-up, a batch of hints (advisory: some may be
+        declined, never more than were sent), and an empty poison list on a fresh image."""
+        device.warm_up()
+        sessions = np.arange(1, 4, dtype=np.int64)
+        declined = device.hint_batch(HintKind.SESSION_RESUME, sessions, np.arange(3, dtype=np.int64),
+                                     np.ones(3, np.int64), np.zeros(3, np.int64))
+        assert 0 <= declined <= 3
+        assert device.poison_records(0, CAPACITY, 16).records == ()
+        self.store(device, 0, b"after hints")
+        assert self.load(device, 0, 11) == b"after hints"
 
     @pytest.mark.parametrize("hpa,n", [(0, 1), (BLOCK - 3, 7), (5, 9 * BLOCK + 1), (CAPACITY - 10, 10)])
     def test_round_trip_at_any_offset(self, device, hpa, n):

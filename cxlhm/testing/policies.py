@@ -29,7 +29,8 @@ from cxlhm import blocktable as btm
 from cxlhm.sim import Simulator, simulate
 from cxlhm.traces.mooncake_blocks import mooncake_block_trace
 from cxlhm.traces.synthetic import zipf_trace
-from host_runtime.driver import open_device
+from cxlhm.config import load_config
+from cxlhm.device import Device
 
 __all__ = ["PolicyConformance", "DeviceMatchesModels", "FifoModel", "LruModel", "ClockModel", "SieveModel",
            "BLOCK", "DRAM_SLOTS"]
@@ -37,6 +38,35 @@ __all__ = ["PolicyConformance", "DeviceMatchesModels", "FifoModel", "LruModel", 
 BLOCK = 4096
 DRAM_SLOTS = 6
 WINDOW_BLOCKS = 20  # the state machine's working set: more than DRAM, so evictions happen
+
+
+class _Host:
+    """Just enough of a host to drive the core device from a test: byte stores and
+    loads at device addresses (the suite checks the firmware, not the host runtime)."""
+
+    def __init__(self, overrides: dict):
+        self.device = Device(load_config(None, overrides))
+
+    def store(self, hpa: int, data: np.ndarray) -> None:
+        data = np.ascontiguousarray(data, np.uint8)
+        self.device.access_one(hpa, data.shape[0], data.ctypes.data, True)
+
+    def load(self, hpa: int, n: int) -> bytes:
+        out = np.empty(n, np.uint8)
+        self.device.access_one(hpa, n, out.ctypes.data, False)
+        return out.tobytes()
+
+    def stats(self) -> dict:
+        return self.device.stats()
+
+    def close(self) -> None:
+        self.device.close()
+
+    def __enter__(self) -> "_Host":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 @functools.lru_cache(maxsize=None)
@@ -141,7 +171,7 @@ class DeviceMatchesModels(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        self.dev = open_device({"capacity": 64 * BLOCK, "block_size": BLOCK, "dram_bytes": DRAM_SLOTS * BLOCK,
+        self.dev = _Host({"capacity": 64 * BLOCK, "block_size": BLOCK, "dram_bytes": DRAM_SLOTS * BLOCK,
                                 "firmware": {"policy": self.policy, "params": self.params}})
         self.shadow = np.zeros(WINDOW_BLOCKS * BLOCK, np.uint8)
         self.model = self.reference(DRAM_SLOTS) if self.reference else None
@@ -206,11 +236,13 @@ class PolicyConformance:
     offline = False  # offline policies run in the simulator only
 
     @pytest.fixture(scope="class")
-    def zipf(self):
+    @classmethod
+    def zipf(cls):
         return zipf_fixture_trace()
 
     @pytest.fixture(scope="class")
-    def mooncake(self):
+    @classmethod
+    def mooncake(cls):
         return mooncake_fixture_trace()
 
     def make_sim(self, n_slots, trace):
@@ -276,7 +308,7 @@ class PolicyConformance:
             pytest.skip("offline policy: simulator only")
         rng = np.random.default_rng(7)
         shadow = np.zeros(48 * BLOCK, np.uint8)
-        with open_device({"capacity": 64 * BLOCK, "block_size": BLOCK, "dram_bytes": DRAM_SLOTS * BLOCK,
+        with _Host({"capacity": 64 * BLOCK, "block_size": BLOCK, "dram_bytes": DRAM_SLOTS * BLOCK,
                           "firmware": {"policy": self.name, "params": self.params}}) as dev:
             for _ in range(400):
                 offset = int(rng.integers(0, shadow.size - 1))

@@ -16,6 +16,8 @@ import time
 import numpy as np
 
 from cxlhm.config import DeviceConfig
+from cxlhm.device.interface import DeviceCaps
+from cxlhm.mailbox.poison import PoisonList, records_of
 from cxlhm.window.options import WindowOptions
 from cxlhm.window.window import Window
 
@@ -37,6 +39,27 @@ class WindowDevice:
     @property
     def unclean_shutdown_detected(self) -> bool:
         return self.window.unclean_shutdown_detected
+
+    @property
+    def image_path(self) -> str | None:
+        ssd = self.window.ssd
+        return None if ssd.temporary else ssd.path
+
+    @property
+    def caps(self) -> DeviceCaps:
+        # checksums and the integrity log live in the fault service (no block_checksums
+        # API here); a temporary image is dropped at close
+        return DeviceCaps(persistent=self.window.persistence is not None)
+
+    def warm_up(self) -> None:
+        """Nothing to compile late: the fault service's firmware was compiled at open."""
+
+    def poison_records(self, dpa: int, length: int, max_records: int) -> PoisonList:
+        """The blocks poisoned when the image was opened (crash recovery); the fault
+        service keeps later poison to itself."""
+        persistence = self.window.persistence
+        blocks = list(persistence.poison.blocks) if persistence is not None else []
+        return records_of(blocks, self.block_size, dpa, length, max_records)
 
     def start_mailbox(self, **options):
         """The CXL mailbox over this device, as Device.start_mailbox: its hint commands
@@ -85,9 +108,10 @@ class WindowDevice:
             return False
         return self.window.hint(kind, session, first_block, n_blocks, arg)
 
-    def hint_batch(self, kind: int, sessions, first_blocks, n_blocks, args) -> int:
+    def hint_batch(self, kind: int, sessions, first_blocks, n_blocks, args, *, lock_timeout: float = -1) -> int:
         """Hints of one kind, in order; returns how many were not followed. Each is one
-        call into the fault service's firmware (no interpreter work per hint there)."""
+        call into the fault service's firmware (no interpreter work per hint there),
+        which never holds a lock a hint must wait for (`lock_timeout` is not needed)."""
         return sum(self.hint(kind, *entry) is False for entry in zip(sessions.tolist(), first_blocks.tolist(),
                                                                       n_blocks.tolist(), args.tolist()))
 

@@ -5,7 +5,7 @@ or overwritten, and an entry may vanish (a full directory drops publishes). Call
 read through a verifying path (the chunk carries its fingerprint and checksum), so a
 stale entry costs a miss and a recompute, never wrong bytes.
 
-Every implementation keeps these promises, checked by cxlhm.testing.directory:
+Every implementation keeps these promises, checked by host_runtime.testing.directory:
   * publish then lookup on any client of the same directory finds the location;
   * lookup_sparse answers every key independently (any subset may hit, with gaps);
   * a later publish of a key replaces its location; remove drops it, and

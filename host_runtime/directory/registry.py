@@ -1,7 +1,7 @@
 """Content directory back ends by URL scheme, in the project's one registry type: the
 built-ins (`shm`, `redis`) and whatever packages publish under the entry-point group
 `cxlhm.content_directories` (a ContentDirectory subclass with a classmethod
-`from_url(url)`; its conformance suite is cxlhm.testing.directory).
+`from_url(url)`; its conformance suite is host_runtime.testing.directory).
 
     open_directory("shm:///dev/shm/kv.dir")         # attach an embedded directory
     open_directory("redis://10.0.0.5:6379/0")       # a Redis server

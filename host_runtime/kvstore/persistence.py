@@ -23,21 +23,18 @@ class PersistenceMixin:
             return None
         if index_path is not None:
             return Path(index_path)
-        device = getattr(self.handle, "device", None)
-        ssd = getattr(device, "ssd", None)
-        if ssd is None or ssd.temporary:
-            return None
-        return Path(ssd.path + ".kvindex")
+        image = self.handle.device.image_path
+        return None if image is None else Path(image + ".kvindex")
 
     def _meta(self) -> dict:
         return {"format": INDEX_FORMAT, "base": self.base, "capacity": self.capacity, "grain": self.grain,
                 "secret": self._secret.hex(), "image": self._image_identity()}
 
     def _image_identity(self) -> list | None:
-        ssd = getattr(getattr(self.handle, "device", None), "ssd", None)
-        if ssd is None or ssd.temporary:
+        image = self.handle.device.image_path
+        if image is None:
             return None
-        st = os.stat(ssd.path)
+        st = os.stat(image)
         return [st.st_dev, st.st_ino]
 
     def _open_index(self, path: Path) -> None:
@@ -76,11 +73,11 @@ class PersistenceMixin:
             replayed = parse_records(payloads)
         except (ValueError, struct.error, UnicodeDecodeError) as exc:
             raise IndexCorrupt(f"{path}: a record does not decode ({exc}); delete the index to start empty") from None
-        device = getattr(self.handle, "device", None)
+        device = self.handle.device
         # Unclean: the device says so, or this journal was not closed by close(). The
         # second matters when the device was reopened and closed on its own after a
         # crash (its own unclean mark is gone then, the chunks' durability is not known).
-        unclean = bool(getattr(device, "unclean_shutdown_detected", False)) or (
+        unclean = device.unclean_shutdown_detected or (
             meta["format"] >= 2 and not replayed.closed_cleanly)
         for tid, (name, salt, verifier) in sorted(replayed.tenants.items()):
             self._add_tenant(tid, name, salt, verifier)
@@ -89,12 +86,12 @@ class PersistenceMixin:
         # its durable bytes (taken at the flush after its commit) - metadata only, from the
         # device's crash-consistent block checksums: a chunk whose blocks no longer hold
         # those bytes (lost, torn, or reused for another chunk) is dropped, never served.
-        checksums = getattr(device, "block_checksums", None)
+        checksums = device.caps.integrity
         for (tid, key), (hpa, nbytes, pos, fp) in replayed.live.items():
             if (unclean and pos > replayed.last_flush) or tid not in self._tenant_ids:
                 self.counters["dropped_on_open"] += 1  # its bytes may never have reached the SSD
                 continue
-            if unclean and checksums is not None and (fp is None or self._fingerprint(hpa, nbytes) != fp):
+            if unclean and checksums and (fp is None or self._fingerprint(hpa, nbytes) != fp):
                 self.counters["dropped_on_open"] += 1
                 self.counters["failed_verification"] += 1
                 continue
@@ -157,7 +154,7 @@ class PersistenceMixin:
         with self._lock:
             self.handle.flush()
             if self._journal is not None:
-                if getattr(getattr(self.handle, "device", None), "block_checksums", None) is not None:
+                if self.handle.device.caps.integrity:
                     for (tid, key), entry in self._unflushed.items():
                         entry.fp = self._fingerprint(entry.hpa, entry.nbytes)
                         self._journal.append(fp_record(tid, key, entry.fp))
@@ -172,7 +169,7 @@ class PersistenceMixin:
             if self._journal is None:
                 return
             try:
-                if not getattr(getattr(self.handle, "device", None), "closed", False):
+                if not self.handle.device.closed:
                     self.flush()
                 self._compact()
                 self._journal.append(CLEAN_CLOSE)

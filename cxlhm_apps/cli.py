@@ -1,0 +1,88 @@
+"""The `cxlhm` command line. Subcommands live in cxlhm_apps/commands/, one module each;
+packages add more through the ``cxlhm.commands`` entry-point group (a module with NAME,
+HELP, add_arguments(parser) and run(args)). A command that fails to load is reported on
+stderr by its entry point and the others still work."""
+from __future__ import annotations
+
+import argparse
+import os
+import pkgutil
+import sys
+
+from cxlhm_apps import commands
+from cxlhm.config import ConfigError
+from cxlhm.registry import Registry
+
+
+def _as_command(module):
+    missing = [a for a in ("NAME", "HELP", "add_arguments", "run") if not hasattr(module, a)]
+    if missing:
+        raise TypeError(f"{getattr(module, '__name__', module)!r} is not a cxlhm command (missing {', '.join(missing)})")
+    return module
+
+
+COMMANDS: Registry = Registry(
+    "command", "cxlhm.commands", check=_as_command,
+    builtins={info.name.replace("_", "-"): f"{commands.__name__}.{info.name}"
+              for info in pkgutil.iter_modules(commands.__path__) if not info.name.startswith("_")})
+
+
+def _command_modules():
+    loaded, broken = COMMANDS.load_all()
+    for exc in broken:
+        print(f"cxlhm: warning: {exc}", file=sys.stderr)
+    return [loaded[name] for name in sorted(loaded)]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cxlhm",
+        description="cxlhm: an emulated CXL hybrid-memory device (device DRAM in front of an SSD) "
+                    "with swappable firmware policies, a hint mailbox and a KV-cache store.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in _command_modules():
+        p = sub.add_parser(module.NAME, help=module.HELP, description=getattr(module, "DESCRIPTION", module.HELP),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    prog = f"cxlhm {args.command}"
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `cxlhm ... | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except (ConfigError, LookupError, ValueError, OSError, OverflowError, MemoryError, RecursionError) as exc:
+        # bad input: the message names the input (a file, a key, an option) and what is accepted
+        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a bug: still one line for the user, the traceback on request
+        if os.environ.get("CXLHM_TRACEBACK"):
+            raise
+        print(f"{prog}: error: internal error {type(exc).__name__}: {_one_line(exc)} "
+              "(set CXLHM_TRACEBACK=1 to see where)", file=sys.stderr)
+        return 70
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        text = f"{exc.filename}: {exc.strerror}"
+    if isinstance(exc, MemoryError):
+        text = "out of memory" + (f" ({text})" if str(exc) else "")
+    return " ".join(text.split())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

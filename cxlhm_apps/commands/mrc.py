@@ -1,0 +1,162 @@
+"""`cxlhm mrc`: miss-ratio curves of several firmware policies on one trace."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+import firmware_policies
+from cxlhm_apps.cliutil import CommandError, check_output_path, default_output_dir, positive_int
+from cxlhm_apps.commands._device_args import parse_set_value
+from cxlhm.config import ConfigError
+from cxlhm.mrc import (format_table, format_timing_table, miss_ratios, parse_cache_sizes, plot_curves, plot_latency,
+                       simulate_curves)
+from cxlhm.sim import MAX_QUEUE_DEPTH, timing_model
+from cxlhm.traces import TraceError
+from cxlhm.traces.formats import format_names, load_trace
+from cxlhm.units import format_size, parse_size
+
+NAME = "mrc"
+HELP = "miss-ratio curves: replay a trace through several policies at several DRAM sizes"
+DESCRIPTION = """\
+Replay a block trace through each policy's compiled firmware (timing-only, no data) at
+each DRAM size; print a table of miss ratios and write a PNG plot.
+
+Sizes: a bare number is a count of blocks, a number with a unit is bytes (64MiB), N% is
+a share of the trace's distinct blocks. A size above the trace's distinct blocks is
+simulated at that count (a cache that holds everything never evicts).
+
+With --timing PROFILE every access is also charged to the profile's timing model on the
+model clock. How trace records become device I/O: each record (one access to one block
+id) is one access to one device block of B bytes at HPA id x B - a write where the trace
+says write, else a read - where B is --block-size if given, else the profile's block size
+(cmm-h: 64 KiB); byte sizes in --sizes count B-byte blocks too. A Mooncake record is one
+hash id (512 tokens of KV). Closed loop (default): --queue-depth N accesses in flight,
+each issued when the one N before it completed (1: one after the other). --open-loop:
+each access issues at its trace timestamp (Mooncake, cxlhm and traces with a time column)
+and its latency includes the time it queued behind earlier ones. A second plot,
+NAME-latency.png beside --out, shows mean and p99 latency vs size.
+
+The Mooncake trace ships with cxlhm (cxlhm.traces.mooncake.DEFAULT_TRACE, .jsonl.xz).
+
+examples:
+  cxlhm mrc --trace "$(python -c 'from cxlhm.traces.mooncake import DEFAULT_TRACE; print(DEFAULT_TRACE)')" \\
+            --policies lru,arc,s3fifo,sieve,belady --sizes 1000,5000,20000
+  cxlhm mrc --trace w.oracleGeneral.bin --format oracle-general --block-size 4KiB --sizes 1%,5%,10% --json
+  cxlhm mrc --trace w.csv --format csv --csv-spec "time-col=1, obj-id-col=2, op-col=3" --sizes 64MiB,256MiB
+  cxlhm mrc --trace w.cbt --policies lru,s3fifo --sizes 1%,10% --timing cmm-h    # + mean and p99 latency
+  cxlhm mrc --trace T.jsonl --policies lru,s3fifo --timing cmm-h --queue-depth 32
+"""
+
+
+def add_arguments(parser):
+    parser.add_argument("--trace", required=True, help="trace file")
+    parser.add_argument("--format", default=None, help=f"trace format: {', '.join(format_names())} "
+                                                       "(default: guessed from the file name)")
+    parser.add_argument("--policies", default="fifo,lru,clock,sieve,arc,s3fifo,belady",
+                        help="comma-separated policy names (`cxlhm policies` lists them)")
+    parser.add_argument("--sizes", default="1%,2%,5%,10%,20%,50%", help="comma-separated DRAM sizes")
+    parser.add_argument("--param", action="append", default=[], metavar="POLICY.KEY=VALUE",
+                        help="a policy parameter, e.g. s3fifo.small_ratio=0.2; repeatable")
+    parser.add_argument("--limit", type=positive_int, default=None, help="replay only the first N accesses")
+    parser.add_argument("--block-size", default=None, help="bytes per block, for byte sizes, the plot and the "
+                        "timing model (default: with --timing the profile's block size, else the trace's own; "
+                        "4KiB for oracle-general and csv)")
+    parser.add_argument("--csv-spec", default=None, help='libCacheSim-style CSV columns, e.g. "time-col=1, obj-id-col=2"')
+    parser.add_argument("--out", default=None, help="PNG plot path (default: mrc.png in a new folder under "
+                        "$CXLHM_OUT_DIR or ~/.local/state/cxlhm/mrc/, never the current directory)")
+    parser.add_argument("--no-plot", action="store_true", help="do not write the plot")
+    parser.add_argument("--json", action="store_true", help="print {policy: {size: miss_ratio}} as JSON instead of a table "
+                        "(with --timing: {policy: {size: {miss_ratio, mean_ns, p50_ns, p99_ns, model_ns}}})")
+    parser.add_argument("--timing", default=None, metavar="PROFILE",
+                        help="also charge every access to this profile's timing model (e.g. cmm-h) on the model "
+                             "clock and report mean and p99 latency per size (see above for the mapping)")
+    parser.add_argument("--queue-depth", type=positive_int, default=1, metavar="N",
+                        help="with --timing, closed loop: accesses in flight (default 1)")
+    parser.add_argument("--open-loop", action="store_true",
+                        help="with --timing: issue each access at its trace timestamp instead")
+
+
+def _parse_params(items: list[str]) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for item in items:
+        key, sep, _ = item.partition("=")
+        policy, dot, name = key.strip().partition(".")
+        if not sep or not dot or not policy or not name:
+            raise ValueError(f"--param {item!r}: expected POLICY.KEY=VALUE, e.g. s3fifo.small_ratio=0.2")
+        out.setdefault(policy, {})[name] = parse_set_value("--param", item)[1]
+    return out
+
+
+def _json_entry(result, timing: str | None):
+    if timing is None:
+        return result.miss_ratio
+    return {"miss_ratio": result.miss_ratio, **{k: result.timing[k] for k in ("mean_ns", "p50_ns", "p99_ns", "model_ns")}}
+
+
+def _latency_plot_path(out: str) -> Path:
+    path = Path(out)
+    return path.with_name(f"{path.stem}-latency{path.suffix or '.png'}")
+
+
+def run(args) -> int:
+    if (args.queue_depth != 1 or args.open_loop) and not args.timing:
+        raise CommandError("--queue-depth and --open-loop need --timing PROFILE")
+    if args.queue_depth != 1 and args.open_loop:
+        raise CommandError("--queue-depth is for the closed loop; --open-loop issues at the trace's timestamps")
+    if args.queue_depth > MAX_QUEUE_DEPTH:
+        raise CommandError(f"--queue-depth {args.queue_depth}: at most {MAX_QUEUE_DEPTH}")
+    if not args.no_plot:
+        given = args.out is not None
+        args.out = args.out if given else str(default_output_dir("mrc") / "mrc.png")
+        check_output_path(Path(args.out), "--out", create_parent=not given)  # before the work, not after it
+    try:
+        block_size = parse_size(args.block_size) if args.block_size else None
+        if block_size is not None and block_size <= 0:
+            raise ValueError("--block-size must be positive")
+        if args.timing and block_size is None:
+            block_size = timing_model(args.timing).block_size  # one record = one device block
+        trace = load_trace(args.trace, args.format, limit=args.limit, block_size=block_size, csv_spec=args.csv_spec)
+        if len(trace) == 0:
+            raise CommandError(f"--trace {args.trace}: no accesses in the trace")
+        if args.open_loop and trace.timestamps_ns is None:
+            raise CommandError(f"--open-loop: {args.trace} has no timestamps")
+        policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+        if not policies:
+            raise ValueError("--policies is empty")
+        sizes = parse_cache_sizes(args.sizes, trace.block_size, trace.unique_blocks)
+        params = _parse_params(args.param)
+        with tqdm(total=len(trace) * len(sizes) * len(policies), unit="acc", unit_scale=True,
+                  desc="mrc", file=sys.stderr, disable=None) as bar:
+            results = simulate_curves(trace, policies, sizes, params=params, progress=bar.update,
+                                      timing=args.timing, queue_depth=args.queue_depth, open_loop=args.open_loop)
+    except (TraceError, ValueError, ConfigError, firmware_policies.UnknownPolicy) as exc:
+        print(f"cxlhm mrc: error: {exc}", file=sys.stderr)
+        return 2
+    curves = miss_ratios(results)
+    if args.json:
+        print(json.dumps({p: {str(s): _json_entry(r, args.timing) for s, r in curve.items()}
+                          for p, curve in results.items()}, indent=1))
+    else:
+        print(f"trace {args.trace}: {len(trace)} accesses, {trace.unique_blocks} distinct blocks of "
+              f"{format_size(trace.block_size)}")
+        if args.timing:
+            loop = ("open loop: each access issued at its trace timestamp" if args.open_loop else
+                    f"closed loop, queue depth {args.queue_depth}")
+            print(f"latency: model clock, timing profile {args.timing}, each record one {format_size(trace.block_size)} "
+                  f"device block access, {loop}")
+            print(format_timing_table(results, trace.block_size))
+        else:
+            print(format_table(curves, trace.block_size))
+    if not args.no_plot:
+        plot_curves(curves, args.out, block_size=trace.block_size,
+                    title=f"{Path(args.trace).name}: {len(trace)} accesses")
+        if args.timing:
+            plot_latency(results, str(_latency_plot_path(args.out)), block_size=trace.block_size,
+                         title=f"{Path(args.trace).name}: {args.timing}, "
+                               f"{'open loop' if args.open_loop else f'QD{args.queue_depth}'}")
+        if not args.json:
+            print(f"plot: {args.out}" + (f", latency: {_latency_plot_path(args.out)}" if args.timing else ""))
+    return 0

@@ -1,0 +1,487 @@
+"""I/O engines: carry out a chunk of I/Os with `iodepth` of them in flight.
+
+- CxlhmEngine (ioengine=cxlhm): the emulated device through the host driver.
+  Wall clock: the job keeps N = iodepth I/Os in flight. Reads go through the device's
+  split-phase path (Device.read_start / read_reap): one submitter thread starts runs
+  of reads (one firmware pass and one io_uring submission each), collects each read
+  as soon as its own data is in, and starts the next read in its place, so the SSD
+  queue stays near N (fio's io_uring loop, with the device in between). Writes run
+  whole (writev). A device that cannot split reads (injected faults) gets up to
+  MAX_SUBMITTERS threads, each running whole readv/writev batches of its share of N;
+  the device runs their SSD reads outside its lock, so they overlap. An I/O's latency
+  runs from its submission to the moment its completion is seen.
+  Model clock: the job is an event loop over N outstanding I/Os (clocks.ModelLoop);
+  each I/O is issued at the model time the one it replaces completes.
+- IoUringEngine (ioengine=io_uring): the raw baseline, O_DIRECT io_uring on a plain
+  file with a native closed loop that keeps N I/Os in flight (fio's io_uring engine).
+
+Buffers live in an IoArena: one page-aligned mmap cut in slots, filled once with
+random bytes (the payload of writes, as fio's default buffers are).
+"""
+from __future__ import annotations
+
+import dataclasses
+import mmap
+import os
+import resource
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from cxlhm.device import WOULD_BLOCK
+from cxlhm_apps.fio.clocks import ModelClock
+from cxlhm_apps.fio.pattern import Chunk
+from cxlhm_apps.fio.stats import submit_bucket
+from cxlhm.media.ssd import SsdBackend
+
+# Submitter threads per job on the wall clock, measured on the 2-core development machine
+# (4k random reads, QD32, all misses). Whole batches: 1 thread x 32 deep 27k IOPS,
+# 2 x 16 28k, 4 x 8 37k, 8 x 4 29k (more threads: more interpreter work and GIL
+# hand-offs per I/O). Split reads: 2 x 16 never beat 1 x 32 (0.53 vs 0.57 of fio's IOPS,
+# medians of alternating runs on the idle machine): one.
+MAX_SUBMITTERS = 4
+SPLIT_SUBMITTERS = 1
+# Completions a split-read submitter takes before starting new reads (0: all that are
+# in). Taking all lets the SSD run dry while they are processed (the virtual disk then
+# completes the next 32 as one burst, ~520 us later); small takes pay the per-call cost
+# too often. Idle machine: 8: 0.61, 16: 0.66, all: 0.57 of fio's IOPS.
+REAP_MOST = 16
+
+
+class EngineError(OSError):
+    """An I/O failed; errno and the offset say which."""
+
+    def __init__(self, errno_: int, message: str):
+        super().__init__(errno_, message)
+
+
+class IoArena:
+    """`slots` buffers of `slot_bytes` each, 4 KiB aligned (valid O_DIRECT buffers)."""
+
+    def __init__(self, slots: int, slot_bytes: int, seed: int = 0):
+        slot_bytes = -(-slot_bytes // 4096) * 4096
+        self.slots, self.slot_bytes = slots, slot_bytes
+        self._map = mmap.mmap(-1, slots * slot_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.data = np.frombuffer(self._map, np.uint8)
+        pattern = np.random.default_rng(seed).integers(0, 256, min(self.data.shape[0], 1 << 20), dtype=np.uint8)
+        for start in range(0, self.data.shape[0], pattern.shape[0]):
+            piece = self.data[start:start + pattern.shape[0]]
+            piece[:] = pattern[:piece.shape[0]]
+        self.base = self.data.ctypes.data
+
+    def view(self, slot: int, size: int) -> np.ndarray:
+        start = slot * self.slot_bytes
+        return self.data[start:start + size]
+
+    def close(self) -> None:
+        self.data = None
+        try:
+            self._map.close()
+        except BufferError:  # a view is still alive; the GC frees the mapping later
+            pass
+
+
+@dataclasses.dataclass
+class Completed:
+    """The executed prefix of a chunk."""
+    count: int
+    slat: np.ndarray | None  # ns per I/O; None when the engine cannot measure it
+    clat: np.ndarray  # ns per I/O
+    end_ns: int
+    depth: int  # I/Os in flight while these ran
+    submits: np.ndarray  # fio's submit-size buckets (7 counts)
+    cache: np.ndarray  # [direction][hit, miss] device-block counts (zeros: no cache)
+
+
+class DeviceShare:
+    """One open device used by every job clone that names its backing file."""
+
+    def __init__(self, handle, clock):
+        self.handle, self.clock = handle, clock
+
+    def hits_misses(self) -> tuple[int, int]:
+        """Device-block hits and misses of the calling thread's accesses so far."""
+        return self.handle.device.thread_hits_misses()
+
+
+class _Tally:
+    """What one submitter thread did with its part of a chunk."""
+
+    def __init__(self):
+        self.submits = np.zeros(7, np.int64)
+        self.cache = np.zeros((2, 2), np.int64)
+        self.error: BaseException | None = None
+        self.cpu = (0.0, 0.0)  # user, system seconds (helper threads: the runner sees only its own)
+
+
+class CxlhmEngine:
+    name = "cxlhm"
+
+    def __init__(self, share: DeviceShare, iodepth: int, max_bs: int):
+        self.share, self.iodepth = share, iodepth
+        self.clock = share.clock
+        self._loop = self.clock.open_loop(iodepth) if isinstance(self.clock, ModelClock) else None
+        # A device that splits reads (wall clock, real data, no fault injector) lets each
+        # submitter keep its reads in flight one by one (read_start / read_reap); on one
+        # that does not, each submitter runs whole batches (readv / writev).
+        self._split = self._loop is None and bool(getattr(share.handle.device, "splits_reads", False))
+        most = 1 if self._loop is not None else SPLIT_SUBMITTERS if self._split else MAX_SUBMITTERS
+        n = min(most, max(iodepth, 1))
+        self._depths = [iodepth // n + (i < iodepth % n) for i in range(n)]  # iodepth shared out, first ones deeper
+        self._staging = [np.empty(d * max_bs, np.uint8) for d in self._depths]  # gathers mixed-size groups
+        self._serial_staging = None
+        self._max_bs = max_bs
+        self._pool = ThreadPoolExecutor(n - 1, thread_name_prefix="cxlhm-fio-submit") if n > 1 else None
+        self.helper_cpu = (0.0, 0.0)  # CPU seconds (user, system) of the helper submitters
+        self._take = threading.Lock()
+        self._next = 0
+        self._stop = False
+
+    def now_ns(self) -> int:
+        return self._loop.now_ns() if self._loop is not None else self.clock.now_ns()
+
+    def drain(self) -> int:
+        """No more I/O from this job: the time its last I/O completes (every wall-clock
+        I/O has completed when execute() returns)."""
+        return self._loop.drain() if self._loop is not None else self.clock.now_ns()
+
+    def execute(self, chunk: Chunk, arena: IoArena, deadline_ns: int, *, keep_read_data: bool) -> Completed:
+        if self._loop is not None:
+            return self._execute_model(chunk, arena, deadline_ns)
+        n_total = len(chunk)
+        slat = np.zeros(n_total, np.int64)
+        clat = np.zeros(n_total, np.int64)
+        self._next, self._stop = 0, False
+        if len(self._depths) > 1 and not _overlapping_writes(chunk):
+            depths, staging = self._depths, self._staging
+        else:  # writes that overlap must land in issue order (the last one wins): one submitter
+            if self._serial_staging is None:
+                self._serial_staging = np.empty(self.iodepth * self._max_bs, np.uint8)
+            depths, staging = [self.iodepth], [self._serial_staging]
+        args = (chunk, arena, deadline_ns, keep_read_data, slat, clat)
+        helpers = [self._pool.submit(self._helper, depths[i], staging[i], *args) for i in range(1, len(depths))]
+        tallies = [self._submitter(depths[0], staging[0], *args)] + [h.result() for h in helpers]
+        for tally in tallies[1:]:
+            self.helper_cpu = (self.helper_cpu[0] + tally.cpu[0], self.helper_cpu[1] + tally.cpu[1])
+        for tally in tallies:
+            if tally.error is not None:
+                raise tally.error
+        done = self._next
+        submits = sum(t.submits for t in tallies)
+        cache = sum(t.cache for t in tallies)
+        return Completed(done, slat[:done], clat[:done], self.clock.now_ns(), min(self.iodepth, max(done, 1)),
+                         submits, cache)
+
+    def _helper(self, *args) -> _Tally:
+        before = resource.getrusage(resource.RUSAGE_THREAD)
+        tally = self._submitter(*args)
+        after = resource.getrusage(resource.RUSAGE_THREAD)
+        tally.cpu = (after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime)
+        return tally
+
+    def _take_run(self, most: int, chunk: Chunk, deadline_ns: int) -> tuple[int, int] | None:
+        """The chunk's next I/Os for a submitter: at most `most`, one direction. Runs are
+        taken in chunk order and every run taken is run, so what ran is always a prefix
+        of the chunk. None: the chunk is done, the deadline passed, or a submitter failed."""
+        with self._take:
+            start = self._next
+            if self._stop or start >= len(chunk) or self.clock.now_ns() >= deadline_ns:
+                return None
+            stop = self._next = start + _same_direction(chunk.direction, start, most)
+            return start, stop
+
+    def _submitter(self, depth: int, staging: np.ndarray, chunk: Chunk, arena: IoArena, deadline_ns: int,
+                   keep_read_data: bool, slat: np.ndarray, clat: np.ndarray) -> _Tally:
+        tally = _Tally()
+        try:
+            if self._split:
+                self._split_loop(tally, depth, staging, chunk, arena, deadline_ns, keep_read_data, slat, clat)
+            else:
+                self._batch_loop(tally, depth, staging, chunk, arena, deadline_ns, keep_read_data, slat, clat)
+        except BaseException as exc:  # noqa: BLE001 - handed to execute(), which raises it
+            tally.error = exc
+            self._stop = True
+        return tally
+
+    def _batch_loop(self, tally, depth, staging, chunk, arena, deadline_ns, keep_read_data, slat, clat) -> None:
+        """Take up to `depth` I/Os, run them as whole device calls, repeat."""
+        while (run := self._take_run(depth, chunk, deadline_ns)) is not None:
+            taken = time.monotonic_ns()
+            self._run_whole(tally, run, staging, chunk, arena, keep_read_data, slat, clat, taken)
+
+    def _run_whole(self, tally, run, staging, chunk, arena, keep_read_data, slat, clat, taken) -> None:
+        start, stop = run
+        for idx in _groups(chunk.direction[start:stop], chunk.offset[start:stop], chunk.size[start:stop]):
+            idx = idx + start
+            issued, lat, hm = self._device_call(chunk, arena, idx, keep_read_data, staging)
+            slat[idx] = issued - taken
+            clat[idx] = lat
+            tally.cache[int(chunk.direction[idx[0]])] += hm
+        tally.submits[submit_bucket(stop - start)] += 1
+
+    def _split_loop(self, tally, depth, staging, chunk, arena, deadline_ns, keep_read_data, slat, clat) -> None:
+        """The chunk goes to Device.read_stream (the compiled loop that keeps `depth` I/Os
+        in flight, reads and writes alike, each waiting only for an earlier one that
+        holds one of its blocks); on a write-through device only runs of reads do, and
+        writes run whole. What a stream leaves (it stops before poisoned blocks) goes
+        through the split-phase loop below."""
+        device = self.share.handle.device
+        streams_writes = device.write_mode != "write-through"
+        addrs = arena.base + chunk.slot * arena.slot_bytes
+        while True:
+            with self._take:
+                start = self._next
+                if self._stop or start >= len(chunk) or self.clock.now_ns() >= deadline_ns:
+                    return
+                if streams_writes:
+                    stop = len(chunk)
+                elif chunk.direction[start]:
+                    stop = start + _same_direction(chunk.direction, start, depth)
+                else:  # the whole run of reads: the stream keeps `depth` of them in flight
+                    stop = start + _same_direction(chunk.direction, start, len(chunk) - start)
+                self._next = stop
+            if chunk.direction[start] and not streams_writes:
+                self._run_whole(tally, (start, stop), staging, chunk, arena, keep_read_data, slat, clat,
+                                time.monotonic_ns())
+                continue
+            ran = device.read_stream(chunk.offset[start:stop], chunk.size[start:stop], addrs[start:stop], depth,
+                                     deadline_ns=deadline_ns, slat=slat[start:stop], clat=clat[start:stop],
+                                     writes=chunk.direction[start:stop] if streams_writes else None)
+            tally.cache[0] += (ran.hits - ran.write_hits, ran.misses - ran.write_misses)
+            tally.cache[1] += (ran.write_hits, ran.write_misses)
+            if ran.submits is not None:
+                tally.submits += ran.submits
+            with self._take:
+                self._next = start + ran.count  # what ran is a prefix: the deadline or a poisoned block stopped it
+            if ran.count < stop - start:
+                if self.clock.now_ns() >= deadline_ns:
+                    return
+                self._split_read_loop(tally, depth, staging, chunk, arena, deadline_ns, keep_read_data, slat, clat)
+                return
+
+    def _split_read_loop(self, tally, depth, staging, chunk, arena, deadline_ns, keep_read_data, slat,
+                         clat) -> None:
+        """Keep up to `depth` reads in flight: Device.read_start() plans a run of reads and
+        queues their SSD reads, Device.read_reap() hands back each read as soon as its
+        own data is in, and every completion makes room for the next read (fio's
+        io_uring loop, with the device in between). Writes run whole once this
+        submitter's reads are in, so a write never waits for its own submitter."""
+        device = self.share.handle.device
+        addrs = arena.base + chunk.slot * arena.slot_bytes
+        issued = np.zeros(len(chunk), np.int64)
+        first_of: dict[int, int] = {}  # ticket id -> chunk index of its first read
+        in_flight = 0
+        run = None  # taken, not yet started
+        error: BaseException | None = None
+        try:
+            while True:
+                while error is None and in_flight < depth:
+                    if run is None and (run := self._take_run(depth - in_flight, chunk, deadline_ns)) is None:
+                        break
+                    start, stop = run
+                    if chunk.direction[start]:  # writes: whole, once this submitter's reads are in
+                        if in_flight:
+                            break
+                        self._run_whole(tally, run, staging, chunk, arena, keep_read_data, slat, clat,
+                                        time.monotonic_ns())
+                        run = None
+                        continue
+                    hits0, misses0 = self.share.hits_misses()
+                    begin = time.monotonic_ns()
+                    ticket = device.read_start(chunk.offset[start:stop], chunk.size[start:stop], addrs[start:stop])
+                    if ticket is WOULD_BLOCK:  # a block of it is still in flight here: reap first
+                        break
+                    now = time.monotonic_ns()
+                    hits1, misses1 = self.share.hits_misses()
+                    tally.cache[0] += (hits1 - hits0, misses1 - misses0)
+                    tally.submits[submit_bucket(stop - start)] += 1
+                    slat[start:stop] = now - begin
+                    if ticket is None:  # all in device DRAM: complete already
+                        clat[start:stop] = time.monotonic_ns() - now
+                    else:
+                        first_of[ticket.id] = start
+                        issued[start:stop] = now
+                        in_flight += stop - start
+                    run = None
+                if in_flight == 0:
+                    if error is not None:
+                        raise error
+                    if run is None:
+                        return
+                    continue  # a run refused while this submitter had reads in flight
+                reaped = device.read_reap(REAP_MOST)
+                now = time.monotonic_ns()
+                for ticket, extents, failed in reaped:
+                    idx = first_of[ticket.id] + extents
+                    clat[idx] = now - issued[idx]
+                    in_flight -= idx.shape[0]
+                    if failed.any() and error is None:
+                        i = int(idx[np.flatnonzero(failed)[0]])
+                        error = EngineError(5, f"read at offset {int(chunk.offset[i])}, length {int(chunk.size[i])}: "
+                                               "the device could not read it (poisoned)")
+                        self._stop = True
+        except BaseException:
+            while device.reads_in_flight():  # never leave slots BUSY behind: close() would wait for them
+                device.read_reap()
+            raise
+
+
+    def _device_call(self, chunk: Chunk, arena: IoArena, idx: np.ndarray, keep_read_data: bool,
+                     staging: np.ndarray):
+        """One readv/writev of the I/Os at `idx` (same direction and size): (issue time,
+        latency, [hits, misses] of this call - counted per thread by the device)."""
+        n = idx.shape[0]
+        size = int(chunk.size[idx[0]])
+        slots = chunk.slot[idx]
+        offsets = chunk.offset[idx]
+        write = bool(chunk.direction[idx[0]])
+        contiguous = size == arena.slot_bytes and bool((np.diff(slots) == 1).all())
+        if contiguous:  # zero copy: consecutive whole slots are one flat buffer
+            buf = arena.data[int(slots[0]) * size:(int(slots[-1]) + 1) * size]
+        else:
+            buf = staging[:n * size]
+            if write:
+                for i, slot in enumerate(slots.tolist()):
+                    buf[i * size:(i + 1) * size] = arena.view(slot, size)
+        share = self.share
+        hits0, misses0 = share.hits_misses()
+        issued = time.monotonic_ns()
+        if write:
+            share.handle.writev(offsets, size, buf)
+        else:
+            share.handle.readv(offsets, size, buf)
+        lat = time.monotonic_ns() - issued
+        hits1, misses1 = share.hits_misses()
+        if not write and not contiguous and keep_read_data:
+            for i, slot in enumerate(slots.tolist()):
+                arena.view(slot, size)[:] = buf[i * size:(i + 1) * size]
+        return issued, lat, (hits1 - hits0, misses1 - misses0)
+
+    def _execute_model(self, chunk: Chunk, arena: IoArena, deadline_ns: int) -> Completed:
+        """The model clock's event loop: I/O i is issued when a slot of the iodepth frees
+        up (clocks.ModelLoop) and completes when the timing model says so."""
+        n_total = len(chunk)
+        clat = np.zeros(n_total, np.int64)
+        cache = np.zeros((2, 2), np.int64)
+        loop, device = self._loop, self.share.handle.device
+        offsets, sizes, directions = chunk.offset.tolist(), chunk.size.tolist(), chunk.direction.tolist()
+        addrs = (arena.base + chunk.slot * arena.slot_bytes).tolist()
+        done = 0
+        for i in range(n_total):
+            if loop.next_issue_ns() >= deadline_ns:
+                loop.reach(deadline_ns)
+                break
+            hits0, misses0 = device.thread_hits_misses()
+            write = bool(directions[i])
+            clat[i] = round(loop.issue(lambda t: device.access_one(offsets[i], sizes[i], addrs[i], write,
+                                                                    issue_ns=t)))
+            hits1, misses1 = device.thread_hits_misses()
+            cache[int(write)] += (hits1 - hits0, misses1 - misses0)
+            done += 1
+        submits = np.zeros(7, np.int64)
+        submits[submit_bucket(1)] += done  # one I/O per submission, as the loop issues them
+        return Completed(done, np.zeros(done, np.int64), clat[:done], loop.now_ns(), min(self.iodepth, max(done, 1)),
+                         submits, cache)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        if self._loop is not None:
+            self._loop.drain()
+
+
+def warm_split_reads(device, hpa: int, buf: np.ndarray) -> None:
+    """Compile the device's split-phase read paths (a miss on the block at `hpa`, a
+    start refused while it is in flight, a reap; a streamed read) before a job's clock
+    runs."""
+    if not getattr(device, "splits_reads", False):
+        return
+    extent = (np.array([hpa], np.int64), np.array([buf.shape[0]], np.int64), np.array([buf.ctypes.data], np.int64))
+    device.read_start(*extent)
+    device.read_start(*extent)  # WOULD_BLOCK: its block is in flight
+    while device.reads_in_flight():
+        device.read_reap()
+    device.read_stream(*extent, 1)
+
+
+def _same_direction(direction: np.ndarray, start: int, most: int) -> int:
+    """Length of the run of I/Os from `start` (at most `most`) in one direction."""
+    run = direction[start:start + most]
+    change = np.flatnonzero(run != run[0])
+    return int(change[0]) if change.size else run.shape[0]
+
+
+def _overlapping_writes(chunk: Chunk) -> bool:
+    """Whether the chunk has a write overlapping another I/O of it (their order matters)."""
+    if not chunk.direction.any():
+        return False
+    order = np.argsort(chunk.offset, kind="stable")
+    return bool((chunk.offset[order][1:] < (chunk.offset[order] + chunk.size[order])[:-1]).any())
+
+
+def _groups(direction: np.ndarray, offset: np.ndarray, size: np.ndarray):
+    """Index arrays of one direction and size, one device call each. When no two I/Os of
+    the batch overlap, order does not matter and all same-kind I/Os share a call; when
+    some overlap, groups are consecutive runs in issue order so the last write wins."""
+    n = direction.shape[0]
+    if n == 0:
+        return
+    change = np.flatnonzero((direction[1:] != direction[:-1]) | (size[1:] != size[:-1])) + 1
+    if change.size == 0:
+        yield np.arange(n)
+        return
+    order = np.argsort(offset, kind="stable")
+    if bool((offset[order][1:] < (offset[order] + size[order])[:-1]).any()):
+        yield from np.split(np.arange(n), change)
+        return
+    keys = direction.astype(np.int64) * (1 << 40) + size
+    for key in np.unique(keys):
+        yield np.flatnonzero(keys == key)
+
+
+class IoUringEngine:
+    """Raw O_DIRECT io_uring on a plain file: the baseline the device is compared with."""
+    name = "io_uring"
+
+    def __init__(self, path: str, file_size: int, iodepth: int, *, serialize_overlap: bool = False):
+        self.iodepth = iodepth
+        self.serialize_overlap = serialize_overlap
+        self.ssd = SsdBackend(path, file_size, max(iodepth, 1), source=f"filename={path}")
+        self._ops = np.zeros((0, 4), np.int64)
+
+    def now_ns(self) -> int:
+        return time.monotonic_ns()
+
+    def drain(self) -> int:
+        return time.monotonic_ns()  # the closed loop returns only when its I/Os completed
+
+    def execute(self, chunk: Chunk, arena: IoArena, deadline_ns: int, *, keep_read_data: bool) -> Completed:
+        n = len(chunk)
+        if self._ops.shape[0] < n:
+            self._ops = np.zeros((n, 4), np.int64)
+        ops = self._ops[:n]
+        ops[:, 0] = arena.base + chunk.slot * arena.slot_bytes
+        ops[:, 1] = chunk.size
+        ops[:, 2] = chunk.offset
+        ops[:, 3] = chunk.direction
+        res, lat = self.ssd.run_closed_loop(ops, self.iodepth, deadline_ns, serialize_overlap=self.serialize_overlap)
+        end = self.now_ns()
+        done = res.shape[0]
+        bad = np.flatnonzero(res != chunk.size[:done])
+        if bad.size:
+            i = int(bad[0])
+            errno_ = -int(res[i]) if res[i] < 0 else 5
+            raise EngineError(errno_, f"{'write' if chunk.direction[i] else 'read'} at offset {int(chunk.offset[i])}, "
+                                      f"length {int(chunk.size[i])}: {os.strerror(errno_) if res[i] < 0 else 'short transfer'}")
+        # the native loop refills one slot per completion after the first full submit
+        submits = np.zeros(7, np.int64)
+        if done:
+            submits[submit_bucket(min(self.iodepth, done))] += 1
+            submits[submit_bucket(1)] += max(done - self.iodepth, 0)
+        return Completed(done, None, lat, end, min(self.iodepth, max(done, 1)), submits, np.zeros((2, 2), np.int64))
+
+    def close(self) -> None:
+        self.ssd.close()

@@ -1,0 +1,141 @@
+"""What a job may name as its file and its device profile, checked before anything is
+created, laid out or opened: one error naming the option and what is accepted, never a
+traceback from deep inside the run, never a hang on a special file."""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+import numpy as np
+
+NAME_MAX = 255  # bytes per path component (Linux file systems)
+PATH_MAX = 4095
+MAX_PROFILE_BYTES = 1 << 20  # a device profile is a short YAML file
+# Pseudo file systems: their "regular" files (/proc/self/mem, /sys/...) are not storage
+PSEUDO_ROOTS = ("/proc", "/sys")
+LAYOUT_CHUNK = 1 << 20
+
+
+def job_filename(job, clone: int) -> str:
+    """The file a job clone works on: filename=, or fio's JOBNAME.CLONE.0. fio reads
+    `a:b` as a list of files; one file per job is supported, and `\\:` is a colon."""
+    text = job["filename"]
+    if not text:
+        return f"{job.name}.{clone}.0"
+    if ":" in text.replace("\\:", ""):
+        raise job.error("filename", f"{text!r} is a list of files (fio's a:b form); one file per job is "
+                                    "supported here (write a colon in a name as '\\:')")
+    return text.replace("\\:", ":")
+
+
+def check_target(job, path: str) -> None:
+    """The job's file: a name the file system can hold, in a folder that exists, a
+    regular file (or none yet) on a real file system."""
+    encoded = os.fsencode(path)
+    if len(encoded) > PATH_MAX:
+        raise job.error("filename", f"the path is {len(encoded)} bytes long; at most {PATH_MAX} are accepted")
+    longest = max(encoded.split(b"/"), key=len)
+    if len(longest) > NAME_MAX:
+        raise job.error("filename", f"a name in {path[:60]!r}... is {len(longest)} bytes long; "
+                                    f"at most {NAME_MAX} per name are accepted")
+    real = os.path.realpath(path)
+    for root in PSEUDO_ROOTS:
+        if real == root or real.startswith(root + "/"):
+            raise job.error("filename", f"{path} is on the {root} pseudo file system, not storage; "
+                                        "name a file on a disk (or a block device)")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise job.error("filename", f"the folder {folder} does not exist")
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise job.error("filename", f"cannot use {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise job.error("filename", f"{path} is not a regular file")
+
+
+def check_profile(job) -> None:
+    """cxlhm_profile names a built-in profile or a YAML file: a regular file of at most
+    MAX_PROFILE_BYTES (a special file such as /dev/zero would be read forever)."""
+    text = job["cxlhm_profile"]
+    if not text or not (text.endswith((".yaml", ".yml")) or "/" in text):
+        return  # a profile name: the configuration loader says which exist
+    try:
+        st = os.stat(text)
+    except OSError as exc:
+        raise job.error("cxlhm_profile", f"cannot read {text}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise job.error("cxlhm_profile", f"{text} is not a regular file; a profile is a YAML file or a "
+                                         "built-in profile name")
+    if st.st_size > MAX_PROFILE_BYTES:
+        raise job.error("cxlhm_profile", f"{text} is {st.st_size} bytes; a profile is at most "
+                                         f"{MAX_PROFILE_BYTES >> 10} KiB of YAML")
+
+
+def extend(job, path: str, end: int) -> None:
+    """Give a written file its size up front (fio allocates it before the job), so a
+    size the file system cannot hold is an error about `size` before anything runs."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise setup_error(job, path, exc, "cannot create") from None
+    try:
+        if os.fstat(fd).st_size < end:
+            os.ftruncate(fd, end)
+    except OSError as exc:
+        raise setup_error(job, path, exc, f"cannot size to {end} bytes:") from None
+    finally:
+        os.close(fd)
+
+
+def setup_error(job, path: str, exc: OSError, what: str):
+    """A JobFileError for an OSError met while creating, laying out or opening `path`."""
+    option = "size" if exc.errno in (errno.EFBIG, errno.ENOSPC, errno.EDQUOT) else "filename"
+    return job.error(option, f"{what} {path}: {exc.strerror or exc}")
+
+
+def lay_out(path: str, start: int, end: int, log=print) -> None:
+    """Give [start, end) real blocks where it is a hole, as fio lays out a file before
+    a read job: reads of sparse regions never touch the disk and would be far too fast."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        holes = [(max(start, size), end)] if end > size else []  # past the end: all hole
+        pos, end_now = start, min(end, size)
+        while pos < end_now:
+            try:
+                hole = os.lseek(fd, pos, os.SEEK_HOLE)
+            except OSError:
+                hole = pos
+            if hole >= end_now:
+                break
+            try:
+                data = os.lseek(fd, hole, os.SEEK_DATA)
+            except OSError:  # no data after the hole
+                data = end_now
+            holes.append((hole, min(data, end_now)))
+            pos = data
+        if not holes:
+            return
+        total = sum(b - a for a, b in holes)
+        st = os.fstatvfs(fd)
+        free = st.f_bavail * st.f_frsize
+        if total > free:  # before writing anything: fio would fail the same way, only later
+            raise OSError(errno.ENOSPC, f"laying it out needs {total} bytes; its file system has {free} free")
+        if size < end:
+            os.ftruncate(fd, end)
+        log(f"{os.path.basename(path)}: Laying out IO file (1 file / {total >> 20}MiB)")
+        pattern = np.random.default_rng(0x1A1D).integers(0, 256, LAYOUT_CHUNK, dtype=np.uint8).tobytes()
+        for a, b in holes:
+            a -= a % 4096
+            while a < b:
+                n = min(LAYOUT_CHUNK, b - a)
+                os.pwrite(fd, pattern[:n], a)
+                a += n
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # later O_DIRECT reads must hit the disk
+    finally:
+        os.close(fd)

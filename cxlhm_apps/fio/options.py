@@ -1,0 +1,338 @@
+"""The option table: every job-file option cxlhm-fio accepts, with its type, default
+and help. The parser validates against it, `cxlhm fio --cmdhelp` prints it, and an
+option that is not here is an error (never silently ignored).
+
+Values are parsed by the option's `kind`; sizes need the job's kb_base, so every
+parse function takes it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from cxlhm_apps.fio import values as V
+from cxlhm_apps.fio.distributions import parse_distribution
+
+DIRECTIONS = ("read", "write", "trim")
+READ, WRITE = 0, 1
+
+
+# ---------------------------------------------------------------- compound values
+
+@dataclasses.dataclass(frozen=True)
+class RwMode:
+    """``rw=randread:8`` -> RwMode("randread", random=True, reads=True, writes=False, modifier=8)."""
+    name: str
+    random: bool
+    reads: bool
+    writes: bool
+    modifier: int = 0  # random: I/Os per new offset; sequential: bytes skipped after each I/O
+
+    @property
+    def mixed(self) -> bool:
+        return self.reads and self.writes
+
+
+_RW_MODES = {
+    "read": (False, True, False), "write": (False, False, True),
+    "randread": (True, True, False), "randwrite": (True, False, True),
+    "rw": (False, True, True), "readwrite": (False, True, True), "randrw": (True, True, True),
+}
+MAX_RW_MODIFIER = 2**31 - 1
+_UNSUPPORTED_RW = ("trim", "randtrim", "trimwrite", "randtrimwrite")
+
+
+def parse_rw(text: str, kb_base: int) -> RwMode:
+    mode, sep, modifier_text = text.strip().partition(":")
+    mode = mode.strip().lower()
+    if mode in _UNSUPPORTED_RW:
+        raise ValueError(f"{mode!r} is not supported: the emulated device has no trim (supported: {', '.join(_RW_MODES)})")
+    if mode not in _RW_MODES:
+        raise ValueError(f"unknown I/O pattern {mode!r}; accepted: {', '.join(_RW_MODES)} (optionally with :N)")
+    random, reads, writes = _RW_MODES[mode]
+    modifier = 0
+    if sep:
+        # random patterns count I/Os per new offset; sequential ones skip a size after each I/O
+        modifier = V.parse_int(modifier_text) if random else V.parse_size(modifier_text, kb_base=kb_base)
+        if modifier < (1 if random else 0):
+            raise ValueError(f"the :N suffix must be {'at least 1' if random else 'a non-negative size'}, got {modifier_text!r}")
+        if modifier > MAX_RW_MODIFIER:  # fio keeps it in a C int
+            raise ValueError(f"the :N suffix must be at most {MAX_RW_MODIFIER}, got {modifier_text!r}")
+    return RwMode("rw" if mode == "readwrite" else mode, random, reads, writes, modifier)
+
+
+def parse_bs(text: str, kb_base: int) -> tuple[int | None, int | None]:
+    """Per-direction block sizes (read, write); None keeps the default."""
+    out = []
+    for part in V.split_directions(text)[:2]:
+        if part is None:
+            out.append(None)
+            continue
+        n = V.parse_size(part, kb_base=kb_base)
+        if n <= 0:
+            raise ValueError(f"a block size must be positive, got {part!r}")
+        out.append(n)
+    return out[0], out[1]
+
+
+def parse_bsrange(text: str, kb_base: int) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    out = []
+    for part in V.split_directions(text.replace("/", ","))[:2]:
+        if part is None:
+            out.append(None)
+            continue
+        lo, hi = V.parse_size_range(part, kb_base=kb_base)
+        if lo <= 0:
+            raise ValueError(f"block sizes must be positive, got {part!r}")
+        out.append((lo, hi))
+    return out[0], out[1]
+
+
+Split = tuple[tuple[int, float], ...]  # (block size, percent) pairs summing to 100
+
+
+def _parse_one_split(text: str, kb_base: int) -> Split:
+    given: list[tuple[int, float | None]] = []
+    for item in text.split(":"):
+        item = item.strip()
+        if not item:
+            raise ValueError(f"empty entry in {text!r}; expected SIZE/PERCENT:SIZE/PERCENT")
+        size_text, _, pct_text = item.partition("/")
+        size = V.parse_size(size_text, kb_base=kb_base)
+        if size <= 0:
+            raise ValueError(f"block sizes must be positive, got {size_text!r}")
+        pct = V.parse_float(pct_text) if pct_text.strip() else None
+        if pct is not None and not 0 <= pct <= 100:
+            raise ValueError(f"a percentage must be within 0-100, got {pct_text!r}")
+        given.append((size, pct))
+    if len(given) > 64:
+        raise ValueError("at most 64 block sizes per direction")
+    fixed = sum(p for _, p in given if p is not None)
+    if fixed > 100 + 1e-9:
+        raise ValueError(f"percentages add up to {fixed:g}%, more than 100%")
+    blanks = [i for i, (_, p) in enumerate(given) if p is None]
+    if not blanks and abs(fixed - 100) > 1e-9:
+        raise ValueError(f"percentages add up to {fixed:g}%, not 100% (leave one blank to take the rest)")
+    share = (100.0 - fixed) / len(blanks) if blanks else 0.0  # fio fills blanks evenly
+    return tuple((size, share if pct is None else pct) for size, pct in given)
+
+
+def parse_bssplit(text: str, kb_base: int) -> tuple[Split | None, Split | None]:
+    out = []
+    for part in V.split_directions(text)[:2]:
+        out.append(None if part is None else _parse_one_split(part, kb_base))
+    return out[0], out[1]
+
+
+def parse_float_list(text: str, kb_base: int) -> tuple[float, ...]:
+    items = tuple(V.parse_float(x) for x in text.split(":") if x.strip())
+    if not items or len(items) > 20 or any(not 0 < x <= 100 for x in items):
+        raise ValueError(f"expected 1-20 percentiles in (0, 100] separated by ':', got {text!r}")
+    return tuple(sorted(items))
+
+
+# ---------------------------------------------------------------- the table
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    name: str
+    kind: str  # shown in --cmdhelp
+    parse: Callable[[str, int], Any]
+    default: Any
+    help: str
+    aliases: tuple[str, ...] = ()
+    flag: bool = False  # may be given without a value (means 1)
+    group: str = "job"
+
+
+def _choice(*choices: str) -> Callable[[str, int], str]:
+    def parse(text: str, kb_base: int) -> str:
+        word = text.strip()
+        if word not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}; got {text!r}")
+        return word
+    return parse
+
+
+def _int_at_least(lo: int, hi: int | None = None) -> Callable[[str, int], int]:
+    def parse(text: str, kb_base: int) -> int:
+        n = V.parse_int(text)
+        if n < lo or (hi is not None and n > hi):
+            raise ValueError(f"must be an integer {'from ' + str(lo) + ' to ' + str(hi) if hi is not None else '>= ' + str(lo)}, got {text!r}")
+        return n
+    return parse
+
+
+def _size(text: str, kb_base: int) -> int:
+    n = V.parse_size(text, kb_base=kb_base)
+    if n < 0:
+        raise ValueError(f"must not be negative, got {text!r}")
+    return n
+
+
+def _positive_size(text: str, kb_base: int) -> int:
+    if text.strip().startswith("-"):
+        raise ValueError(f"must be a positive size, got {text!r}")
+    n = V.parse_size(text, kb_base=kb_base)
+    if n <= 0:
+        raise ValueError(f"must be a positive size, got {text!r}")
+    return n
+
+
+def _size_or_percent(text: str, kb_base: int):
+    if text.strip().startswith("-"):
+        raise ValueError(f"must not be negative, got {text!r}")
+    return V.parse_size_or_percent(text, kb_base=kb_base)
+
+
+def _time(text: str, kb_base: int) -> int:
+    if text.strip().startswith("-"):
+        raise ValueError(f"must not be negative, got {text!r}")
+    return V.parse_time_ns(text)
+
+
+def _bool(text: str, kb_base: int) -> bool:
+    return V.parse_bool(text)
+
+
+def _text(text: str, kb_base: int) -> str:
+    return text
+
+
+def _kb_base(text: str, kb_base: int) -> int:
+    n = V.parse_int(text)
+    if n not in (1000, 1024):
+        raise ValueError(f"must be 1000 or 1024, got {text!r}")
+    return n
+
+
+def _distribution(text: str, kb_base: int):
+    return parse_distribution(text, kb_base=kb_base)
+
+
+OPTIONS: tuple[Option, ...] = (
+    # description
+    Option("name", "str", _text, None, "job name (defaults to the section name)", group="description"),
+    Option("description", "str", _text, "", "free text shown in the report", group="description"),
+    # target
+    Option("ioengine", "str", _choice("cxlhm", "io_uring"), "cxlhm",
+           "cxlhm: the emulated device (driver API); io_uring: O_DIRECT io_uring on a plain file (raw baseline)",
+           group="target"),
+    Option("filename", "str", _text, None,
+           "file to do I/O on; for ioengine=cxlhm the device's backing SSD image. Default: JOBNAME.CLONE.0 in the current folder",
+           group="target"),
+    Option("direct", "bool", _bool, True,
+           "O_DIRECT I/O. Both engines bypass the host page cache, so only 1 is accepted (default 1 here, unlike fio)",
+           group="target"),
+    # I/O pattern
+    Option("rw", "str", parse_rw, RwMode("read", False, True, False),
+           "read, write, randread, randwrite, rw/readwrite, randrw; ':N' = I/Os per new random offset, or bytes skipped after each sequential I/O",
+           aliases=("readwrite",), group="pattern"),
+    Option("rw_sequencer", "str", _choice("sequential", "identical"), "sequential",
+           "with rw=...:N on random I/O: sequential = N sequential I/Os per random offset, identical = the same offset N times",
+           group="pattern"),
+    Option("rwmixread", "int", _int_at_least(0, 100), 50, "percentage of mixed I/O that is reads", group="pattern"),
+    Option("rwmixwrite", "int", _int_at_least(0, 100), 50, "percentage of mixed I/O that is writes (sets rwmixread=100-N)", group="pattern"),
+    Option("bs", "int[,int]", parse_bs, (4096, 4096), "block size per I/O, per direction: bs=READ,WRITE (4k)",
+           aliases=("blocksize",), group="pattern"),
+    Option("bsrange", "irange[,irange]", parse_bsrange, (None, None),
+           "random block size within LO-HI (multiples of LO), per direction", aliases=("blocksize_range",), group="pattern"),
+    Option("bssplit", "str", parse_bssplit, (None, None),
+           "weighted block sizes: SIZE/PCT:SIZE/PCT[,...] per direction; blank percentages share the rest", group="pattern"),
+    Option("size", "int|%", _size_or_percent, None, "region (and, without io_size, amount) of I/O per job clone", group="pattern"),
+    Option("offset", "int|%", _size_or_percent, 0, "start of the region in the file", group="pattern"),
+    Option("io_size", "int", _positive_size, None, "bytes of I/O to do (may exceed size: wraps around)",
+           aliases=("io_limit",), group="pattern"),
+    Option("number_ios", "int", _int_at_least(1), None, "stop after this many I/Os", group="pattern"),
+    Option("random_distribution", "str", _distribution, None,
+           "random (uniform), zipf:THETA[:CENTER], pareto:H[:CENTER], normal:DEV%[:CENTER], zoned:PCT/SIZE%:..., zoned_abs:PCT/SIZE:...",
+           group="pattern"),
+    Option("randseed", "int", _int_at_least(0), 0x89, "seed for offsets, directions and block sizes", group="pattern"),
+    Option("randrepeat", "bool", _bool, True, "repeatable random sequence across runs (0: seed from the clock)", group="pattern"),
+    Option("norandommap", "bool", _bool, False, "random offsets may repeat within a pass (default: every block once per pass)",
+           flag=True, group="pattern"),
+    Option("kb_base", "int", _kb_base, 1024, "1024: 4k = 4096 (fio's default); 1000: SI prefixes, KiB/MiB for powers of two",
+           group="pattern"),
+    # queueing and timing
+    Option("iodepth", "int", _int_at_least(1, 4096), 1, "I/Os in flight per job clone (the device sees them as concurrent)", group="timing"),
+    Option("serialize_overlap", "bool", _bool, False,
+           "an I/O overlapping one in flight waits for it (without it two overlapping writes may land in either "
+           "order and verify can fail, as in fio; the cxlhm engine always applies a job's overlapping writes in order)",
+           flag=True, group="timing"),
+    Option("numjobs", "int", _int_at_least(1, 1024), 1, "identical clones of this job, run concurrently", group="timing"),
+    Option("runtime", "time", _time, None, "stop after this long (seconds unless a unit is given)", aliases=("timeout",), group="timing"),
+    Option("time_based", "bool", _bool, False, "run for the whole runtime, wrapping around the region", flag=True, group="timing"),
+    Option("ramp_time", "time", _time, 0, "run this long before recording statistics", group="timing"),
+    Option("group_reporting", "bool", _bool, False, "report each group as one job", flag=True, group="timing"),
+    Option("stonewall", "bool", _bool, False, "wait for the jobs above to finish first; starts a new reporting group",
+           aliases=("wait_for_previous",), flag=True, group="timing"),
+    Option("new_group", "bool", _bool, False, "start a new reporting group", flag=True, group="timing"),
+    # verification
+    Option("verify", "str", _choice("0", "null", "crc32c", "crc32c-intel", "md5", "xxhash"), "0",
+           "checksum written blocks (header + checksum) and check them when read: crc32c, md5, xxhash (0: off)", group="verify"),
+    Option("do_verify", "bool", _bool, True, "read back and check what a write job wrote, after it finishes", group="verify"),
+    Option("verify_fatal", "bool", _bool, False, "stop the job at the first verification failure", group="verify"),
+    Option("verify_backlog", "int", _int_at_least(0), 0, "verify every N written blocks as the job goes (0: at the end)", group="verify"),
+    # reporting
+    Option("clat_percentiles", "bool", _bool, True, "show completion-latency percentiles", group="report"),
+    Option("lat_percentiles", "bool", _bool, False, "also show total-latency percentiles", group="report"),
+    Option("slat_percentiles", "bool", _bool, False, "also show submission-latency percentiles", group="report"),
+    Option("percentile_list", "float_list", parse_float_list, None, "percentiles to report, e.g. 50:99:99.9 (default: fio's 17)",
+           group="report"),
+    # the emulated device (ioengine=cxlhm only)
+    Option("cxlhm_profile", "str", _text, None, "device profile name or YAML config (default: cmm-h)", group="device"),
+    Option("cxlhm_policy", "str", _text, None, "firmware policy (`cxlhm policies` lists them)", group="device"),
+    Option("cxlhm_dram", "int", _positive_size, None, "device DRAM bytes (default: the profile's)", group="device"),
+    Option("cxlhm_block_size", "int", _positive_size, None, "device block: caching and SSD I/O unit (default: the profile's)",
+           group="device"),
+    Option("cxlhm_clock", "str", _choice("wall", "model"), None,
+           "wall: measured time; model: the timing model (default: the profile's clock)", group="device"),
+)
+
+BY_NAME: dict[str, Option] = {}
+for _opt in OPTIONS:
+    BY_NAME[_opt.name] = _opt
+    for _alias in _opt.aliases:
+        BY_NAME[_alias] = _opt
+
+DEVICE_OPTIONS = tuple(o.name for o in OPTIONS if o.group == "device")
+GROUP_TITLES = {"description": "Description", "target": "Target", "pattern": "I/O pattern",
+                "timing": "Queueing and timing", "verify": "Data verification", "report": "Reporting",
+                "device": "Emulated device (ioengine=cxlhm)"}
+
+
+def lookup(name: str) -> Option | None:
+    return BY_NAME.get(name.strip().lower())
+
+
+def format_default(opt: Option) -> str:
+    d = opt.default
+    if d is None or d == (None, None):
+        return "-"
+    if isinstance(d, bool):
+        return "1" if d else "0"
+    if isinstance(d, RwMode):
+        return d.name
+    if isinstance(d, tuple):
+        return ",".join(str(x) for x in d) if len(set(d)) > 1 else str(d[0])
+    return str(d)
+
+
+def cmdhelp(name: str | None = None) -> str:
+    """The option listing (`cxlhm fio --cmdhelp [OPTION]`), generated from the table."""
+    if name:
+        opt = lookup(name)
+        if opt is None:
+            raise KeyError(name)
+        aliases = f" (alias: {', '.join(opt.aliases)})" if opt.aliases else ""
+        return (f"{opt.name}{aliases}\n  type: {opt.kind}\n  default: {format_default(opt)}\n  {opt.help}\n")
+    lines = []
+    for group, title in GROUP_TITLES.items():
+        lines.append(f"{title}:")
+        for opt in OPTIONS:
+            if opt.group == group:
+                names = "/".join((opt.name,) + opt.aliases)
+                lines.append(f"  {names:<28} {opt.kind:<16} default {format_default(opt):<10} {opt.help}")
+        lines.append("")
+    return "\n".join(lines)

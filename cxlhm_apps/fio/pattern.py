@@ -1,0 +1,215 @@
+"""What a job clone does next: directions, block sizes and offsets, generated a chunk
+of I/Os at a time with numpy (never one Python call per I/O on the hot path).
+
+Semantics follow fio:
+- rwmixread picks each mixed I/O's direction; sequential directions keep their own
+  position (fio's per-direction last_pos) and wrap at the end of the region.
+- bs / bsrange / bssplit per direction; bsrange sizes are multiples of the low end.
+- random offsets are aligned to the smallest block size of the job; uniform random
+  I/O covers every block once per pass (fio's random map) unless norandommap, the
+  skewed distributions never use the map (as in fio). With mixed block sizes the map's
+  cells are the largest size, so I/Os of one pass never overlap (as with fio's map).
+- rw=randread:N issues N I/Os per random offset (rw_sequencer: sequential or
+  identical); rw=read:SIZE skips SIZE after each sequential I/O.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from cxlhm_apps.fio.distributions import BlockPermutation, BlockSampler, DistSpec
+from cxlhm_apps.fio.options import READ, WRITE, RwMode
+
+
+@dataclasses.dataclass(frozen=True)
+class SizeChoice:
+    """How one direction picks block sizes."""
+    fixed: int | None = None
+    low: int = 0
+    high: int = 0
+    split_sizes: tuple[int, ...] = ()
+    split_p: tuple[float, ...] = ()
+
+    @property
+    def min(self) -> int:
+        return self.fixed or (self.low if self.low else min(self.split_sizes))
+
+    @property
+    def max(self) -> int:
+        return self.fixed or (self.high if self.high else max(self.split_sizes))
+
+    def draw(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        if self.fixed:
+            return np.full(n, self.fixed, np.int64)
+        if self.split_sizes:
+            return np.asarray(self.split_sizes, np.int64)[rng.choice(len(self.split_sizes), size=n, p=self.split_p)]
+        steps = self.high // self.low  # sizes low, 2*low, ..., <= high
+        return self.low * rng.integers(1, steps + 1, size=n, dtype=np.int64)
+
+
+def size_choices(values: dict) -> tuple[SizeChoice, SizeChoice]:
+    """Per-direction size choice from bs/bsrange/bssplit (bssplit wins, then bsrange, as in fio)."""
+    out = []
+    for d in (READ, WRITE):
+        split, rng_, bs = values["bssplit"][d], values["bsrange"][d], values["bs"][d]
+        if split is not None:
+            sizes = tuple(s for s, p in split if p > 0) or (split[0][0],)
+            probs = np.array([p for s, p in split if p > 0] or [100.0])
+            out.append(SizeChoice(split_sizes=sizes, split_p=tuple(probs / probs.sum())))
+        elif rng_ is not None and rng_[0] != rng_[1]:
+            out.append(SizeChoice(low=rng_[0], high=rng_[1]))
+        else:
+            out.append(SizeChoice(fixed=rng_[0] if rng_ is not None else (bs or 4096)))
+    return out[0], out[1]
+
+
+@dataclasses.dataclass
+class Chunk:
+    direction: np.ndarray  # int8: 0 read, 1 write
+    offset: np.ndarray  # int64 bytes in the file
+    size: np.ndarray  # int64 bytes
+    slot: np.ndarray  # int64 arena slot holding the I/O's buffer
+    serial: np.ndarray | None = None  # int64 per write: its number among the job's writes (verify)
+
+    def __len__(self) -> int:
+        return self.offset.shape[0]
+
+    def take(self, start: int, stop: int | None = None) -> "Chunk":
+        s = slice(start, stop)
+        return Chunk(self.direction[s], self.offset[s], self.size[s], self.slot[s],
+                     None if self.serial is None else self.serial[s])
+
+
+class IoGenerator:
+    def __init__(self, *, rw: RwMode, sequencer: str, rwmixread: int, sizes: tuple[SizeChoice, SizeChoice],
+                 region_start: int, region_len: int, distribution: DistSpec | None, randommap: bool,
+                 seed: int, bytes_budget: int | None, ios_budget: int | None):
+        self.rw, self.sequencer, self.rwmixread = rw, sequencer, rwmixread
+        self.sizes = sizes
+        active = [sizes[d] for d in (READ, WRITE) if (rw.reads, rw.writes)[d]]
+        self.align = min(c.min for c in active)
+        self.max_bs = max(c.max for c in active)
+        self.start = region_start
+        self.length = region_len - region_len % self.align
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        self.uniform = distribution is None or distribution.kind == "random"
+        self.randommap = randommap and self.uniform
+        # fio's random map marks every block an I/O covers, so I/Os of one pass never
+        # overlap; with mixed sizes the map here works in cells of the largest size
+        self.unit = self.max_bs if self.randommap else self.align
+        self.nblocks = max(1, self.length // self.unit)
+        self.sampler = BlockSampler(distribution, self.nblocks, seed + 1, block_bytes=self.align)
+        self.permutation = BlockPermutation(self.nblocks, seed + 2) if self.randommap else None
+        self._pass, self._drawn = 0, 0  # random-map pass and position in it
+        self.seq_pos = [0, 0]  # per-direction sequential position (relative to the region)
+        self.bytes_left = bytes_budget
+        self.ios_left = ios_budget
+        self.issued = 0
+
+    @property
+    def exhausted(self) -> bool:
+        return (self.bytes_left is not None and self.bytes_left < self.align) or (self.ios_left is not None and self.ios_left <= 0)
+
+    def next_chunk(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Up to `n` I/Os: (direction, offset, size). Empty when the budget is spent."""
+        if self.exhausted:
+            empty = np.zeros(0, np.int64)
+            return empty.astype(np.int8), empty, empty
+        if self.ios_left is not None:
+            n = min(n, self.ios_left)
+        if self.rw.mixed:
+            direction = (self.rng.random(n) * 100.0 >= self.rwmixread).astype(np.int8)
+        else:
+            direction = np.full(n, WRITE if self.rw.writes else READ, np.int8)
+        size = np.empty(n, np.int64)
+        for d in (READ, WRITE):
+            mask = direction == d
+            if mask.any():
+                size[mask] = self.sizes[d].draw(int(mask.sum()), self.rng)
+        if self.bytes_left is not None:  # cut at the byte budget
+            keep = int(np.searchsorted(np.cumsum(size), self.bytes_left, side="right"))
+            direction, size = direction[:keep], size[:keep]
+            n = keep
+        offset = self._random_offsets(size, direction) if self.rw.random else self._sequential_offsets(size, direction)
+        if self.bytes_left is not None:
+            self.bytes_left -= int(size.sum())
+        if self.ios_left is not None:
+            self.ios_left -= n
+        self.issued += n
+        return direction, offset, size
+
+    # ------------------------------------------------------------ offsets
+    def _sequential_offsets(self, size: np.ndarray, direction: np.ndarray) -> np.ndarray:
+        offset = np.empty(size.shape[0], np.int64)
+        hole = self.rw.modifier
+        for d in (READ, WRITE):
+            idx = np.flatnonzero(direction == d)
+            if not idx.size:
+                continue
+            sz = size[idx]
+            step = sz + hole
+            uniform = bool((sz == sz[0]).all()) and self.length % int(step[0]) == 0
+            if uniform:  # the common case: wrap by modulo
+                rel = (self.seq_pos[d] + np.arange(idx.size, dtype=np.int64) * int(step[0])) % self.length
+                self.seq_pos[d] = int((rel[-1] + step[0]) % self.length)
+            else:  # mixed sizes or holes: an I/O that would cross the end restarts at the start
+                rel = np.empty(idx.size, np.int64)
+                pos = self.seq_pos[d]
+                for i, (s, st) in enumerate(zip(sz.tolist(), step.tolist())):
+                    if pos + s > self.length:
+                        pos = 0
+                    rel[i] = pos
+                    pos += st
+                    if pos >= self.length:
+                        pos = 0
+                self.seq_pos[d] = pos
+            offset[idx] = self.start + rel
+        return offset
+
+    def _random_blocks(self, count: int, direction: np.ndarray) -> np.ndarray:
+        if self.randommap:
+            blocks = np.empty(count, np.int64)
+            done = 0
+            while done < count:  # a new pass (new order) each time the map is covered
+                take = min(count - done, self.nblocks - self._drawn)
+                positions = np.arange(self._drawn, self._drawn + take, dtype=np.int64)
+                blocks[done:done + take] = self.permutation(positions)
+                done += take
+                self._drawn += take
+                if self._drawn == self.nblocks:
+                    self._pass += 1
+                    self._drawn = 0
+                    self.permutation = BlockPermutation(self.nblocks, self.seed * 1_000_003 + self._pass)
+            return blocks
+        if self.sampler.spec.kind in ("zoned", "zoned_abs") and self.rw.mixed:
+            blocks = np.empty(count, np.int64)
+            for d in (READ, WRITE):
+                mask = direction == d
+                if mask.any():
+                    blocks[mask] = self.sampler.sample(int(mask.sum()), d)
+            return blocks
+        return self.sampler.sample(count, int(direction[0]) if count else 0)
+
+    def _random_offsets(self, size: np.ndarray, direction: np.ndarray) -> np.ndarray:
+        n = size.shape[0]
+        per_offset = max(1, self.rw.modifier)
+        groups = -(-n // per_offset)
+        bases = self.start + self._random_blocks(groups, direction[::per_offset]) * self.unit
+        offset = np.repeat(bases, per_offset)[:n]
+        if per_offset > 1 and self.sequencer == "sequential":
+            # within a group, each I/O follows the previous one
+            within = np.arange(n) % per_offset
+            prev = np.concatenate(([0], size[:-1]))
+            prev[within == 0] = 0
+            run = np.cumsum(prev)
+            group_start = np.repeat(run[::per_offset], per_offset)[:n]
+            # the run continues sequentially, wrapping at the end of the region like fio
+            offset = self.start + (offset - self.start + (run - group_start)) % self.length
+        end = self.start + self.length
+        over = offset + size > end  # keep every I/O inside the region
+        if over.any():
+            offset[over] = self.start if per_offset > 1 and self.sequencer == "sequential" else end - size[over]
+            offset[over] -= (offset[over] - self.start) % self.align
+        return np.maximum(offset, self.start)

@@ -1,0 +1,559 @@
+"""Runs parsed jobs: files and devices, one thread per job clone, statistics.
+
+Order of events, as in fio: every file a reading job needs is laid out first (a read
+of a never-written, sparse region would never reach the disk); jobs run in phases
+(`stonewall` starts a new one), all clones of a phase concurrently; each clone runs
+ramp_time unrecorded, then until its runtime, byte or I/O budget ends; a writing job
+with verify then reads back and checks what it wrote.
+
+Devices (ioengine=cxlhm) are shared by every clone whose filename is the same backing
+file, opened before the first phase and closed (dirty DRAM flushed) after the last.
+"""
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import resource
+import sys
+import threading
+import time
+
+import numpy as np
+
+from cxlhm.config import ConfigError, load_config
+from cxlhm_apps.fio import clocks, files
+from cxlhm_apps.fio import verify as VF
+from cxlhm_apps.fio.engines import CxlhmEngine, DeviceShare, EngineError, IoArena, IoUringEngine, warm_split_reads
+from cxlhm_apps.fio.jobfile import JobSpec
+from cxlhm_apps.fio.options import READ, WRITE
+from cxlhm_apps.fio.pattern import Chunk, IoGenerator, size_choices
+from cxlhm_apps.fio.progress import Progress
+from cxlhm_apps.fio.stats import SAMPLE_WINDOW_NS, JobStats
+from cxlhm_apps.fio.values import Percent
+from firmware_policies.base import PolicyParamError
+
+# I/Os generated per chunk (bounded by memory when verifying). A chunk's reads are one
+# stream that drains at its end (~1.4 ms with no read in flight while the next chunk is
+# made), so chunks are long; at low depth shorter (CHUNK_IOS_PER_DEPTH per unit of
+# iodepth), so progress and rate limits still see a chunk end every fraction of a second.
+CHUNK_IOS = 16384
+CHUNK_IOS_PER_DEPTH = 512
+VERIFY_ARENA_BYTES = 64 << 20
+MAX_REPORTED_VERIFY_ERRORS = 10
+NEVER = 2**62
+
+
+@dataclasses.dataclass
+class ClonePlan:
+    job: JobSpec
+    clone: int
+    groupid: int
+    phase: int
+    filename: str
+    region_start: int
+    region_len: int
+    file_end: int  # bytes of the file this clone touches (offset + size)
+
+
+@dataclasses.dataclass
+class CloneResult:
+    plan: ClonePlan
+    stats: JobStats
+    engine: str
+    device: dict | None  # device summary for ioengine=cxlhm
+
+
+@dataclasses.dataclass
+class RunResult:
+    clones: list[CloneResult]
+    started: float  # time.time() when the first job started
+    devices: list[dict]
+    messages: list[str]
+
+    @property
+    def failed(self) -> bool:
+        return any(c.stats.error for c in self.clones)
+
+
+# ---------------------------------------------------------------- planning
+
+def _resolve(value, total: int | None, job: JobSpec, name: str, align: int = 1) -> int:
+    if isinstance(value, Percent):
+        if not total:
+            raise job.error(name, f"{value} needs an existing file to take a share of")
+        return value.of(total, align)
+    return int(value)
+
+
+def plan_clones(jobs: list[JobSpec]) -> list[ClonePlan]:
+    plans: list[ClonePlan] = []
+    groupid, phase = 0, 0
+    for k, job in enumerate(jobs):
+        if k and (job["stonewall"] or job["new_group"]):
+            groupid += 1
+        if k and job["stonewall"]:
+            phase += 1
+        sizes = size_choices(job.values)
+        active = [sizes[d] for d in (READ, WRITE) if (job["rw"].reads, job["rw"].writes)[d]]
+        min_bs, max_bs = min(c.min for c in active), max(c.max for c in active)
+        if job["ioengine"] == "cxlhm":
+            files.check_profile(job)
+        for clone in range(job["numjobs"]):
+            filename = files.job_filename(job, clone)
+            files.check_target(job, filename)
+            existing = os.path.getsize(filename) if os.path.isfile(filename) else 0
+            offset = _resolve(job["offset"], existing, job, "offset", min_bs)
+            if job["size"] is None:
+                if existing <= offset:
+                    raise job.error("size", f"size= is needed: {filename} does not exist or is empty")
+                size = existing - offset
+            else:
+                size = _resolve(job["size"], existing, job, "size", min_bs)
+            if size < max_bs:
+                raise job.error("size", f"the region ({size} bytes) is smaller than the block size ({max_bs} bytes)")
+            plans.append(ClonePlan(job, clone, groupid, phase, filename, offset, size, offset + size))
+    return plans
+
+
+# ---------------------------------------------------------------- devices
+
+_DEVICE_OPTION_FOR_KEY = {"dram_bytes": "cxlhm_dram", "block_size": "cxlhm_block_size",
+                          "firmware.policy": "cxlhm_policy", "firmware.params": "cxlhm_policy", "clock": "cxlhm_clock"}
+
+
+def _option_for_key(job: JobSpec, key: str) -> str | None:
+    """The job option a device configuration error is about (None: the device's
+    configuration as a whole, when no option of the job set it)."""
+    if key in _DEVICE_OPTION_FOR_KEY:
+        return _DEVICE_OPTION_FOR_KEY[key]
+    if key.startswith("backend."):
+        return "filename"
+    if key == "capacity":
+        return "size"
+    return "cxlhm_profile" if job["cxlhm_profile"] else None
+
+
+def _device_settings(job: JobSpec) -> tuple:
+    return tuple(job[name] for name in ("cxlhm_profile", "cxlhm_policy", "cxlhm_dram", "cxlhm_block_size", "cxlhm_clock"))
+
+
+def open_devices(plans: list[ClonePlan]) -> dict[str, DeviceShare]:
+    """One device per backing file, sized for every clone that uses it."""
+    from host_runtime.driver import open_device
+
+    by_path: dict[str, list[ClonePlan]] = {}
+    for plan in plans:
+        if plan.job["ioengine"] == "cxlhm":
+            by_path.setdefault(os.path.realpath(plan.filename), []).append(plan)
+    shares: dict[str, DeviceShare] = {}
+    try:
+        for path, users in by_path.items():
+            first = users[0].job
+            for other in users[1:]:
+                if _device_settings(other.job) != _device_settings(first):
+                    raise other.job.error("cxlhm_profile", f"uses the same device ({path}) as job {first.name!r} "
+                                          "with different cxlhm_* settings")
+            shares[path] = _open_device(first, path, max(p.file_end for p in users), open_device)
+    except BaseException:
+        for share in shares.values():
+            share.handle.close()
+        raise
+    return shares
+
+
+def _open_device(job: JobSpec, path: str, needed: int, open_device) -> DeviceShare:
+    overrides: dict = {"backend": {"path": path}}
+    if job["cxlhm_policy"]:
+        overrides["firmware"] = {"policy": job["cxlhm_policy"]}
+    if job["cxlhm_dram"]:
+        overrides["dram_bytes"] = job["cxlhm_dram"]
+    if job["cxlhm_block_size"]:
+        overrides["block_size"] = job["cxlhm_block_size"]
+    try:
+        cfg = load_config(job["cxlhm_profile"], overrides)
+        clock_name = job["cxlhm_clock"] or cfg.clock
+        if clock_name == "model" and clocks.model_clock_unavailable():
+            raise job.error("cxlhm_clock" if job["cxlhm_clock"] else "cxlhm_profile", clocks.model_clock_unavailable())
+        # The device is sized to the jobs' region (at least its DRAM), plus two scratch
+        # blocks past it that warm up the compiled access paths before any job starts.
+        block = cfg.block_size
+        capacity = -(-max(needed, cfg.dram_bytes) // block) * block + 2 * block
+        cfg = load_config(job["cxlhm_profile"], {**overrides, "capacity": capacity, "clock": clock_name})
+        handle = open_device(cfg)
+    except ConfigError as exc:
+        raise job.error(_option_for_key(job, exc.key), str(exc)) from None
+    except PolicyParamError as exc:
+        raise job.error("cxlhm_policy", str(exc)) from None
+    except OSError as exc:
+        raise files.setup_error(job, path, exc, "cannot open the device's image") from None
+    scratch = np.zeros(block, np.uint8)
+    first = capacity - 2 * block
+    if clock_name == "wall":  # a dirty block would cost the model clock a write-back later in the job
+        handle.writev(np.array([first]), block, scratch)  # compile the write and read paths now
+    handle.readv(np.array([first]), block, scratch)
+    warm_split_reads(handle.device, capacity - block, scratch)
+    return DeviceShare(handle, clocks.clock_for(clock_name, handle))
+
+
+def describe_device(share: DeviceShare) -> dict:
+    cfg = share.handle.config
+    return {"backing_file": cfg.backend.path, "profile": cfg.name, "policy": cfg.firmware.policy,
+            "dram_bytes": cfg.dram_bytes, "block_size": cfg.block_size, "capacity": cfg.capacity,
+            "clock": share.clock.name}
+
+
+# ---------------------------------------------------------------- one clone
+
+class Worker:
+    """Runs one job clone in its own thread."""
+
+    def __init__(self, plan: ClonePlan, share: DeviceShare | None, seed: int):
+        self.plan, self.share, self.job = plan, share, plan.job
+        job = self.job
+        self.stats = JobStats(job.name, plan.groupid, iodepth=job["iodepth"])
+        self.verify_kind = VF.TYPES.get(job["verify"], 0)
+        sizes = size_choices(job.values)
+        self.seed = seed
+        rw = job["rw"]
+        budget = None
+        if not job["time_based"]:
+            budget = job["io_size"] or plan.region_len
+        self.gen = IoGenerator(rw=rw, sequencer=job["rw_sequencer"], rwmixread=job["rwmixread"], sizes=sizes,
+                               region_start=plan.region_start, region_len=plan.region_len,
+                               distribution=job["random_distribution"], randommap=not job["norandommap"],
+                               seed=seed, bytes_budget=budget, ios_budget=job["number_ios"])
+        qd = job["iodepth"]
+        if self.verify_kind:
+            slots = max(qd, min(CHUNK_IOS // 4, VERIFY_ARENA_BYTES // self.gen.max_bs))
+            self.chunk_ios = slots - slots % qd if slots >= qd else qd
+            if job["verify_fatal"]:  # check after every batch, to stop at the first bad block
+                self.chunk_ios = qd
+        else:
+            slots = qd
+            most = min(CHUNK_IOS, CHUNK_IOS_PER_DEPTH * qd)
+            self.chunk_ios = max(qd, most - most % qd)
+        self.arena = IoArena(slots, self.gen.max_bs, seed)
+        self.verify_arena: IoArena | None = None
+        self.state = "_"
+        self.progress_bytes = [0, 0]
+        self.progress_ios = [0, 0]
+        # fio's write history and which header fields its verify checks (see VF.VerifyLog)
+        uniform = job["random_distribution"] is None or job["random_distribution"].kind == "random"
+        self.vlog = VF.VerifyLog(ordered_by_offset=not (rw.random and uniform and not job["norandommap"]),
+                                 max_bs=self.gen.max_bs, align=self.gen.align)
+        self.check_seed = rw.reads and rw.writes and not job["verify_backlog"]
+        fixed_bs = min(c.min for c in sizes) == max(c.max for c in sizes)
+        self.check_numberio = rw.writes and fixed_bs and not job["time_based"]
+        self.backlog_due = 0  # writes logged since the last backlog verify
+        self.writes_done = 0
+        self.messages: list[str] = []
+        self.engine = None
+        self._t_start = 0
+        self._wall_start = 0
+        self._budget_total = budget
+        self._stop = threading.Event()
+
+    # -------------------------------------------------------- progress helpers
+    def fraction_done(self) -> float | None:
+        job = self.job
+        if self.state == "_":
+            return 0.0
+        if self.state in ("E", "D"):
+            return 1.0
+        if job["runtime"]:
+            elapsed = self.engine.now_ns() - self._t_start  # the job's clock: runtime is in it
+            frac = elapsed / (job["runtime"] + job["ramp_time"])
+            if job["time_based"]:
+                return min(frac, 1.0)
+        else:
+            frac = 0.0
+        if self._budget_total:
+            frac = max(frac, 1.0 - (self.gen.bytes_left or 0) / self._budget_total)
+        return min(frac, 1.0)
+
+    def eta_s(self) -> float | None:
+        frac = self.fraction_done()
+        if not frac or self._wall_start == 0:
+            return None
+        elapsed = (time.monotonic_ns() - self._wall_start) / 1e9
+        return elapsed * (1 - frac) / frac
+
+    # -------------------------------------------------------- the run
+    def open_engine(self) -> None:
+        if self.job["ioengine"] == "cxlhm":
+            self.engine = CxlhmEngine(self.share, self.job["iodepth"], self.arena.slot_bytes)
+        else:
+            try:
+                self.engine = IoUringEngine(self.plan.filename, self.plan.file_end, self.job["iodepth"],
+                                             serialize_overlap=self.job["serialize_overlap"])
+            except ConfigError as exc:
+                raise self.job.error("filename", str(exc).split(": ", 1)[-1]) from None
+
+    def run(self) -> None:
+        ru0 = resource.getrusage(resource.RUSAGE_THREAD)
+        wall0 = time.monotonic_ns()
+        try:
+            self._run()
+        except Exception as exc:  # noqa: BLE001 - a job that dies is an error of that job, never a silent end
+            code = exc.errno if isinstance(exc, OSError) and exc.errno else errno.EIO
+            text = str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+            self.stats.error, self.stats.error_text = code, text
+            self.messages.append(f"fio: job {self.job.name!r}: {text}")
+            self.state = "E"
+        finally:
+            if self.engine is not None:
+                try:  # on the model clock, other jobs on the device stop waiting for this one
+                    self.engine.drain()
+                except Exception:  # noqa: BLE001 - the run's own error, if any, is what counts
+                    pass
+            ru1 = resource.getrusage(resource.RUSAGE_THREAD)
+            helper_usr, helper_sys = getattr(self.engine, "helper_cpu", (0.0, 0.0))  # its submitter threads
+            self.stats.usr_s = ru1.ru_utime - ru0.ru_utime + helper_usr
+            self.stats.sys_s = ru1.ru_stime - ru0.ru_stime + helper_sys
+            self.stats.ctx = (ru1.ru_nvcsw + ru1.ru_nivcsw) - (ru0.ru_nvcsw + ru0.ru_nivcsw)
+            self.stats.majf = ru1.ru_majflt - ru0.ru_majflt
+            self.stats.minf = ru1.ru_minflt - ru0.ru_minflt
+            self.stats.cpu_wall_s = (time.monotonic_ns() - wall0) / 1e9  # what the CPU times are shares of
+            if self.state != "E":
+                self.state = "D"
+
+    def _run(self) -> None:
+        job, engine = self.job, self.engine
+        rw = job["rw"]
+        self.state = "m" if rw.mixed else ("w" if rw.writes else "r")
+        self._wall_start = time.monotonic_ns()
+        t0 = self._t_start = engine.now_ns()
+        ramp_end = t0 + job["ramp_time"]
+        job_end = ramp_end + job["runtime"] if job["runtime"] else NEVER
+        measuring = job["ramp_time"] == 0
+        self._measure_start = t0
+        self._window = [t0, [0, 0], [0, 0]]
+        pending: Chunk | None = None
+        now = t0
+        while not self._stop.is_set():
+            if pending is None or len(pending) == 0:
+                pending = self._next_chunk()
+                if len(pending) == 0:
+                    break
+            if now >= job_end:
+                break
+            deadline = min(job_end, self._window[0] + SAMPLE_WINDOW_NS, NEVER if measuring else ramp_end)
+            done = engine.execute(pending, self.arena, deadline, keep_read_data=bool(self.verify_kind))
+            executed, pending = pending.take(0, done.count), pending.take(done.count)
+            now = done.end_ns
+            self._account(executed, done, measuring)
+            if not measuring and now >= ramp_end:
+                measuring = True
+                self._reset_stats(now)
+            self._sample(now)
+            if self.verify_kind and job["verify_backlog"] and self.backlog_due >= job["verify_backlog"]:
+                self._verify_pass(self.vlog.take(self.backlog_due), record=measuring, seeds_from=None)
+                self.backlog_due = 0
+        if self.verify_kind and job["do_verify"] and len(self.vlog) and not self._stop.is_set():
+            self.state = "V"
+            # fio draws the writes' seeds again from the start for its verify phase
+            self._verify_pass(self.vlog.take(), record=True, seeds_from=0 if self.check_seed else None)
+        end = engine.drain()  # the job's last I/O has completed
+        self._sample(end, final=True)
+        stats = self.stats  # a new object if ramp_time reset it
+        run_ms = max(1, (end - self._measure_start) // 1_000_000)
+        stats.run_ms = run_ms
+        stats.elapsed_s = max(1, round((end - t0) / 1e9))
+        for d in stats.dirs:
+            d.runtime_ms = run_ms if d.ios else 0
+            d.slat_measured = job["ioengine"] == "cxlhm"
+        if stats.verify_errors:
+            stats.error = errno.EILSEQ
+            stats.error_text = f"{stats.verify_errors} verification failure(s)"
+
+    def _next_chunk(self) -> Chunk:
+        direction, offset, size = self.gen.next_chunk(self.chunk_ios)
+        n = offset.shape[0]
+        slot = np.arange(n, dtype=np.int64) % self.arena.slots
+        chunk = Chunk(direction, offset, size, slot)
+        if self.verify_kind:
+            chunk.serial = np.full(n, -1, np.int64)
+            for i in np.flatnonzero(direction == WRITE).tolist():
+                serial = chunk.serial[i] = self.writes_done
+                self.writes_done += 1
+                VF.stamp(self.arena.view(int(slot[i]), int(size[i])), self.verify_kind, int(offset[i]),
+                         VF.seed_of(self.seed, serial), serial)
+        return chunk
+
+    def _account(self, chunk: Chunk, done, measuring: bool) -> None:
+        if done.count == 0:
+            return
+        stats = self.stats
+        for d in (READ, WRITE):
+            mask = chunk.direction == d
+            if not mask.any():
+                continue
+            nbytes, nios = int(chunk.size[mask].sum()), int(mask.sum())
+            self.progress_bytes[d] += nbytes
+            self.progress_ios[d] += nios
+            self._window[1][d] += nbytes
+            self._window[2][d] += nios
+            if measuring:
+                slat = done.slat[mask] if done.slat is not None else None
+                stats.record(d, nbytes, nios, slat, done.clat[mask], done.depth)
+                stats.dirs[d].cache_hits += int(done.cache[d][0])
+                stats.dirs[d].cache_misses += int(done.cache[d][1])
+        if measuring:
+            stats.submit_map += done.submits
+            stats.complete_map += done.submits
+        if self.verify_kind:
+            self._after_verified_io(chunk)
+
+    def _after_verified_io(self, chunk: Chunk) -> None:
+        """Log the chunk's writes (fio's history); check its reads where fio does: every
+        read of a job that only reads (the header names its own seed). A job that also
+        writes checks only what its verify phase or verify_backlog reads back."""
+        writes_in_job = self.job["rw"].writes
+        for i in range(len(chunk)):
+            offset, size = int(chunk.offset[i]), int(chunk.size[i])
+            if chunk.direction[i] == WRITE:
+                serial = int(chunk.serial[i])
+                self.vlog.add(VF.Written(offset, size, VF.seed_of(self.seed, serial), serial))
+                self.backlog_due += 1
+            elif not writes_in_job:
+                self.stats.verified_blocks += 1
+                failure = VF.check(self.arena.view(int(chunk.slot[i]), size), self.verify_kind, offset)
+                if failure:
+                    self._verify_failed(failure)
+
+    def _verify_failed(self, failure: VF.VerifyFailure) -> None:
+        self.stats.verify_errors += 1
+        if self.stats.verify_errors <= MAX_REPORTED_VERIFY_ERRORS:
+            self.messages.append(failure.message(self.plan.filename))
+        if self.job["verify_fatal"]:
+            self._stop.set()
+
+    def _verify_pass(self, blocks: list[VF.Written], *, record: bool, seeds_from: int | None) -> None:
+        """Read back `blocks` in order and check each one as fio does: the seed of the
+        j-th block checked is the (seeds_from + j)-th write's seed (None: the header's
+        own), its write number where fio checks it."""
+        engine = self.engine
+        if self.verify_arena is None:  # its own buffers: the main arena may hold stamped, unissued writes
+            self.verify_arena = IoArena(self.arena.slots, self.arena.slot_bytes, self.seed + 1)
+        arena = self.verify_arena
+        step = arena.slots
+        for start in range(0, len(blocks), step):
+            part = blocks[start:start + step]
+            n = len(part)
+            chunk = Chunk(np.zeros(n, np.int8), np.array([b.offset for b in part], np.int64),
+                          np.array([b.size for b in part], np.int64), np.arange(n, dtype=np.int64))
+            pos = 0  # blocks of `part` already read back
+            while len(chunk):
+                done = engine.execute(chunk, arena, NEVER, keep_read_data=True)
+                executed, chunk = chunk.take(0, done.count), chunk.take(done.count)
+                if record:
+                    self.stats.record(READ, int(executed.size.sum()), len(executed),
+                                      done.slat, done.clat, done.depth)
+                    self.stats.submit_map += done.submits
+                    self.stats.complete_map += done.submits
+                self.progress_bytes[READ] += int(executed.size.sum())
+                self.progress_ios[READ] += len(executed)
+                for i in range(len(executed)):
+                    j = start + pos + i
+                    entry = blocks[j]
+                    seed = None if seeds_from is None else VF.seed_of(self.seed, seeds_from + j)
+                    numberio = entry.numberio if self.check_numberio else None
+                    self.stats.verified_blocks += 1
+                    failure = VF.check(arena.view(int(executed.slot[i]), entry.size), self.verify_kind,
+                                       entry.offset, seed, numberio)
+                    if failure:
+                        self._verify_failed(failure)
+                        if self._stop.is_set():
+                            return
+                pos += len(executed)
+
+    def _reset_stats(self, now: int) -> None:
+        self.stats = JobStats(self.job.name, self.plan.groupid, iodepth=self.job["iodepth"])
+        self._measure_start = now
+        self._window = [now, [0, 0], [0, 0]]
+
+    def _sample(self, now: int, final: bool = False) -> None:
+        start, nbytes, nios = self._window
+        elapsed = now - start
+        first = not self.stats.dirs[READ].bw.samples and not self.stats.dirs[WRITE].bw.samples
+        # a final partial window counts if it is long enough, or if it is all there is
+        if elapsed <= 0 or (elapsed < SAMPLE_WINDOW_NS and not (final and (first or elapsed > SAMPLE_WINDOW_NS // 2))):
+            return
+        rw = self.job["rw"]
+        for d in (READ, WRITE):
+            if (rw.reads, rw.writes)[d] or nios[d]:
+                self.stats.dirs[d].bw.add(nbytes[d] / (elapsed / 1e9) / 1024.0)
+                self.stats.dirs[d].iops.add(nios[d] / (elapsed / 1e9))
+        self._window = [now, [0, 0], [0, 0]]
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+        self.arena.close()
+        if self.verify_arena is not None:
+            self.verify_arena.close()
+
+
+# ---------------------------------------------------------------- the whole run
+
+def _seed_for(job: JobSpec, clone: int) -> int:
+    base = job["randseed"] if job["randrepeat"] or "randseed" in job.given else int.from_bytes(os.urandom(4), "little")
+    return (base * 1_000_003 + job.index * 1_009 + clone) & 0x7FFFFFFF
+
+
+def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None) -> RunResult:
+    """Run every job; raises JobFileError for problems found while setting up."""
+    log = log or (lambda text: print(text, file=sys.stderr))
+    plans = plan_clones(jobs)
+    for plan in plans:
+        if plan.job["rw"].reads:
+            try:
+                files.lay_out(plan.filename, plan.region_start, plan.file_end, log)
+            except OSError as exc:
+                raise files.setup_error(plan.job, plan.filename, exc, "cannot lay out") from None
+        else:
+            files.extend(plan.job, plan.filename, plan.file_end)
+    shares = open_devices(plans)
+    workers: list[Worker] = []
+    started = time.time()
+    try:
+        for plan in plans:
+            share = shares.get(os.path.realpath(plan.filename)) if plan.job["ioengine"] == "cxlhm" else None
+            worker = Worker(plan, share, _seed_for(plan.job, plan.clone))
+            workers.append(worker)
+            worker.open_engine()
+        meter = Progress(workers) if progress else None
+        if meter:
+            meter.start()
+        try:
+            for phase in sorted({p.phase for p in plans}):
+                threads = [threading.Thread(target=w.run, name=f"cxlhm-fio-{w.job.name}.{w.plan.clone}")
+                           for w in workers if w.plan.phase == phase]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                for w in workers:
+                    if w.plan.phase == phase and w.state not in ("D", "E"):  # its thread died past run()'s guard
+                        w.stats.error, w.stats.error_text = errno.EIO, "the job's thread ended without finishing"
+                        w.messages.append(f"fio: job {w.job.name!r}: {w.stats.error_text}")
+                        w.state = "E"
+        finally:
+            if meter:
+                meter.stop()
+    finally:
+        for worker in workers:
+            worker.close()
+        devices = []
+        for share in shares.values():
+            info = describe_device(share)
+            info["counters"] = share.handle.stats()
+            devices.append(info)
+            share.handle.close()
+    messages = [m for w in workers for m in w.messages]
+    device_by_path = {d["backing_file"]: d for d in devices}
+    clones = [CloneResult(w.plan, w.stats, w.job["ioengine"],
+                          device_by_path.get(os.path.realpath(w.plan.filename)) if w.job["ioengine"] == "cxlhm" else None)
+              for w in workers]
+    return RunResult(clones, started, devices, messages)

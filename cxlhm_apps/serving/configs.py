@@ -1,0 +1,155 @@
+"""The compared systems, each at the same DRAM budget D (ServingParams.dram_bytes):
+
+  recompute       GPU prefix cache only; everything else is recomputed (vLLM, no offload)
+  lmcache-local   + host-DRAM store of D, LRU, over PCIe (LMCache's local CPU backend)
+  cxlhm-lru       + CXL-HM: D of device DRAM before an SSD holding every chunk, LRU
+                  firmware, no hints (a CMM-H-like device with generic firmware)
+  cxlhm-hymcache  the same device with the hymcache firmware and the KV store's
+                  session-lifecycle hints (HyMCache)
+  mooncake-dram   + a distributed DRAM pool of pool_factor x D (16 x D: the paper's 1 TB),
+                  LRU, over RDMA (Mooncake Store)
+  ideal           + unbounded host DRAM over PCIe (every reusable chunk is found)
+
+Any registered firmware policy joins as `cxlhm:<policy>` (the CXL-HM device with that
+firmware, no hints) or `cxlhm:<policy>+hints` (with the KV store's lifecycle hints):
+cxlhm-lru is cxlhm:lru, cxlhm-hymcache is cxlhm:hymcache+hints; an outside package's
+policy (entry point group cxlhm.firmware_policies) is named the same way.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from cxlhm_apps.serving.params import ServingParams, device_timing
+from cxlhm.registry import Registry, RegistryError, UnknownName
+from cxlhm_apps.serving.tiers import CxlHmTier, LruDramTier, NoTier, Tier, gpu_links
+
+def _as_system(obj):
+    if isinstance(obj, type):  # a configuration class: its defaults
+        obj = obj()
+    if not callable(getattr(obj, "make_tier", None)):
+        raise TypeError(f"{type(obj).__name__} has no make_tier(ctx): not a serving configuration")
+    return obj
+
+
+# Built-ins below; outside packages add configurations under the entry-point group
+# cxlhm.serving_systems (an object, or a zero-argument factory of one, with make_tier(ctx)).
+SYSTEMS: Registry = Registry("serving configuration", "cxlhm.serving_systems", check=_as_system)
+CONFIG_ORDER = ("recompute", "lmcache-local", "cxlhm-lru", "cxlhm-hymcache", "mooncake-dram", "ideal")
+
+
+@dataclasses.dataclass(frozen=True)
+class TierContext:
+    """What a configuration needs to build its tier."""
+    params: ServingParams
+    n_chunks: int            # chunk ids are 0 .. n_chunks-1
+    chunk_stride: int        # bytes between chunk addresses on the device (a full chunk)
+    n_gpus: int
+    pcie_bandwidth: float    # measured host <-> GPU (bench/data)
+    pcie_latency_ns: float
+
+
+def _pcie(ctx: TierContext):
+    return (gpu_links(ctx.n_gpus, ctx.pcie_bandwidth, ctx.pcie_latency_ns, "pcie-h2d"),
+            gpu_links(ctx.n_gpus, ctx.pcie_bandwidth, ctx.pcie_latency_ns, "pcie-d2h"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Recompute:
+    paper: str = "vLLM with its GPU prefix cache only"
+
+    def make_tier(self, ctx: TierContext) -> Tier:
+        return NoTier()
+
+
+@dataclasses.dataclass(frozen=True)
+class LmcacheLocal:
+    paper: str = "LMCache, local CPU-DRAM backend (D of host DRAM, LRU)"
+
+    def make_tier(self, ctx: TierContext) -> Tier:
+        down, up = _pcie(ctx)
+        return LruDramTier(ctx.params.dram_bytes, down, up, "lmcache-local", "host DRAM")
+
+
+@dataclasses.dataclass(frozen=True)
+class CxlHm:
+    policy: str = "lru"
+    hints: bool = False
+    paper: str = ""
+
+    def make_tier(self, ctx: TierContext) -> Tier:
+        p = ctx.params
+        params = dict(p.hymcache_params) if self.policy == "hymcache" else {}
+        down, up = _pcie(ctx)
+        return CxlHmTier(p.dram_bytes, self.policy, ctx.n_chunks, ctx.chunk_stride, down, up, params=params,
+                         hints=self.hints, profile=p.device_profile, coarsen=p.nand_coarsening,
+                         write_mode=p.device_write_mode or None, timing=device_timing(p))
+
+
+
+
+@dataclasses.dataclass(frozen=True)
+class MooncakeDram:
+    paper: str = "Mooncake Store: distributed DRAM pool (16 x D, the paper's 1 TB) over RDMA"
+
+    def make_tier(self, ctx: TierContext) -> Tier:
+        p = ctx.params
+        down = gpu_links(ctx.n_gpus, p.rdma_bandwidth, p.rdma_latency_ns, "rdma-in")
+        up = gpu_links(ctx.n_gpus, p.rdma_bandwidth, p.rdma_latency_ns, "rdma-out")
+        return LruDramTier(p.dram_bytes * p.pool_factor, down, up, "mooncake-dram", "pool DRAM")
+
+
+@dataclasses.dataclass(frozen=True)
+class Ideal:
+    paper: str = "upper bound: unbounded host DRAM"
+
+    def make_tier(self, ctx: TierContext) -> Tier:
+        down, up = _pcie(ctx)
+        return LruDramTier(math.inf, down, up, "ideal", "host DRAM")
+
+
+DEVICE_PREFIX = "cxlhm:"
+HINTS_SUFFIX = "+hints"
+
+
+def device_system(name: str) -> CxlHm:
+    """`cxlhm:<policy>[+hints]`: the CXL-HM device with any registered firmware policy."""
+    import firmware_policies
+    policy = name[len(DEVICE_PREFIX):]
+    hints = policy.endswith(HINTS_SUFFIX)
+    if hints:
+        policy = policy[:-len(HINTS_SUFFIX)]
+    if not policy or "+" in policy:
+        raise UnknownName(f"configuration {name!r}: write cxlhm:<policy> or cxlhm:<policy>+hints with one of "
+                          f"the firmware policies {', '.join(firmware_policies.available())}")
+    try:
+        firmware_policies.get(policy)
+    except firmware_policies.UnknownPolicy as exc:  # unknown, or a broken outside package (named)
+        raise UnknownName(f"configuration {name!r}: {exc}") from None
+    return CxlHm(policy, hints, f"CXL-HM with the {policy} firmware, {'with' if hints else 'no'} lifecycle hints")
+
+
+SYSTEMS.register("recompute", Recompute)
+SYSTEMS.register("lmcache-local", LmcacheLocal)
+SYSTEMS.register("cxlhm-lru", lambda: CxlHm("lru", False, "CXL-HM (CMM-H-like) with generic LRU firmware"))
+SYSTEMS.register("cxlhm-hymcache", lambda: CxlHm("hymcache", True, "HyMCache: CXL-HM + hint-driven firmware"))
+SYSTEMS.register("mooncake-dram", MooncakeDram)
+SYSTEMS.register("ideal", Ideal)
+
+
+def make_system(name: str):
+    if name.startswith(DEVICE_PREFIX):
+        return device_system(name)
+    try:
+        return SYSTEMS.get(name)
+    except RegistryError as exc:
+        raise UnknownName(f"{exc}; or cxlhm:<policy>[+hints] for any firmware policy") from None
+
+
+def parse_configs(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()] if text != "all" else list(CONFIG_ORDER)
+    if not names:
+        raise UnknownName(f"no configuration given; known: {', '.join(SYSTEMS.names())}, or cxlhm:<policy>[+hints]")
+    for n in names:
+        make_system(n)  # raises UnknownName naming the configuration (and a broken entry point)
+    return names

@@ -1,0 +1,139 @@
+"""The serving model's parameters: one frozen dataclass, every default with its source.
+A workload file's `serving:` mapping or command-line flags override them."""
+from __future__ import annotations
+
+import dataclasses
+
+from cxlhm.units import parse_size
+from cxlhm_apps.serving.yamlspec import Spec
+
+GiB = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingParams:
+    # The DRAM budget D every configuration gets (host DRAM, device DRAM; the pool 16 x D).
+    # Paper: Mooncake on 1 TB of DRAM vs 16x less for HyMCache -> D = 1 TB / 16 ~ 64 GiB.
+    dram_bytes: int = 64 * GiB
+    pool_factor: float = 16.0
+    # The served model and GPU (cxlhm_apps.serving.gpu: MODELS, GPUS): the cost model, and the
+    # KV bytes per token.
+    model: str = "llama3-8b"
+    gpu: str = "h200"
+    # The GPU's KV memory; 0: derived from the model and GPU as vLLM sizes it (HBM x 0.9 -
+    # weights - ~8 GB activations/workspace per GPU: 95 GiB for Llama-3-8B on an H200).
+    # Running requests pin their KV in it; the rest is the GPU prefix cache (present in
+    # every configuration).
+    gpu_kv_bytes: int = 0
+    max_batched_tokens: int = 16384   # new tokens per prefill iteration (assumed, vLLM-like)
+    max_running: int = 256            # vLLM's max_num_seqs default
+    # SLO for "max QPS": p90 TTFT <= 2 s (assumed: interactive chat; a parameter).
+    slo_ttft_s: float = 2.0
+    # ... and p90 TBT <= 100 ms (assumed: ~10 tokens/s, faster than reading). Without it a
+    # prefill-first scheduler keeps TTFT low by starving decode, and "max QPS" would not
+    # be a throughput the service can deliver.
+    slo_tbt_ms: float = 100.0
+    slo_percentile: float = 90.0
+    prefill_model: str = "measured"   # gpu.py: measured (engine-like calibration) | analytic (roofline)
+    decode_model: str = "measured"    # gpu.py: measured (CUDA-graph steps) | analytic (roofline)
+    # Hints: agent tool calls have an expected duration; the store announces the next
+    # prefix this long before the tool is expected back (NEXT_PREFIX with a deadline).
+    prefetch_lead_s: float = 1.0
+    # A chat with no new turn for this long is over: SESSION_END (assumed chat timeout).
+    session_timeout_s: float = 600.0
+    # Mooncake-store's pool is read over RDMA with GPUDirect: one 400 Gb/s ConnectX-7 per
+    # GPU (DGX H200 reference design) at ~85% of line rate for large transfers (assumed).
+    rdma_bandwidth: float = 400e9 / 8 * 0.85
+    rdma_latency_ns: float = 5_000.0
+    # The KV store skips a store when the tier already has this much write work queued
+    # (a bounded write queue: KV can always be recomputed, while loads stuck behind an
+    # unbounded NAND program backlog would not be). Assumed; docs/serving.md.
+    max_store_backlog_s: float = 0.1
+    device_profile: str = "cmm-h"     # cxlhm/profiles: CMM-H-like hybrid device
+    # The device firmware's write mode; "" = the policy's own (lru: write-back, hymcache:
+    # write-buffer). write-through keeps device DRAM clean: no dirty victim ever lands on
+    # a read's path (docs/serving.md, section 8).
+    device_write_mode: str = ""
+    nand_coarsening: int = 16         # tiers.NAND_COARSENING (docs/serving.md: within 5%)
+    # Overrides of the device profile's timing, (key, value) pairs as in a profile's
+    # `timing:` (e.g. (("nand_channel_rate", "2.4GB/s"),)): the sensitivity sweep varies
+    # the SSD's read bandwidth, and so its load/recompute ratio, alone.
+    device_timing: tuple = ()
+    # hymcache firmware overrides: its fill_ns (expected SSD read of one block, used to drop
+    # prefetches that cannot meet a NEXT_PREFIX deadline) defaults to 60 us for 64 KiB
+    # blocks; a lone 2 MiB block takes ~1.1 ms on the serving device model (measured).
+    hymcache_params: tuple = (("fill_ns", 1_000_000),)
+
+    def replace(self, **changes) -> ServingParams:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def kv_pool_bytes(self) -> int:
+        """The GPU KV pool in effect: gpu_kv_bytes, or the model and GPU's derived size."""
+        if self.gpu_kv_bytes:
+            return self.gpu_kv_bytes
+        from cxlhm_apps.serving.gpu import kv_pool_bytes, shape_named, spec_named
+        return kv_pool_bytes(shape_named(self.model), spec_named(self.gpu))
+
+    def gpu_cost_model(self):
+        from cxlhm_apps.serving.gpu import gpu_model
+        return gpu_model(self.model, self.gpu, prefill=self.prefill_model, decode=self.decode_model)
+
+
+def device_timing(params: ServingParams) -> dict:
+    """The device profile's `timing:` with params.device_timing on top (ValueError naming
+    a wrong key or value)."""
+    from cxlhm.config import ConfigError, load_config
+    from cxlhm.timing.params import parse_timing
+    timing = {**load_config(params.device_profile).timing, **dict(params.device_timing)}
+    try:
+        parse_timing(timing, "serving.device_timing")
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    return timing
+
+
+SIZE_KEYS = ("dram_bytes", "gpu_kv_bytes")
+WRITE_MODES = ("", "write-back", "write-through", "write-buffer")
+
+
+def params_from(spec_items: tuple, base: ServingParams | None = None, spec: Spec | None = None) -> ServingParams:
+    """Apply (key, value) pairs (from a workload file's `serving:` mapping)."""
+    base = base or ServingParams()
+    fields = {f.name: f for f in dataclasses.fields(ServingParams)}
+    changes = {}
+    for key, value in spec_items:
+        if key not in fields:
+            msg = f"unknown serving parameter; accepted: {', '.join(fields)}"
+            raise spec.error(f"serving.{key}", msg) if spec else ValueError(f"{key}: {msg}")
+        try:
+            if key in SIZE_KEYS:
+                value = parse_size(value)
+            elif key in ("hymcache_params", "device_timing"):
+                value = tuple(sorted(dict(value).items()))
+                if key == "device_timing":
+                    device_timing(base.replace(device_timing=value))  # keys and values checked now
+            elif isinstance(getattr(base, key), float):
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ValueError(f"must be a number, got {value!r}")
+                value = float(value)
+            elif isinstance(getattr(base, key), int):
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise ValueError(f"must be an integer, got {value!r}")
+            elif isinstance(getattr(base, key), str) and not isinstance(value, str):
+                raise ValueError(f"must be a string, got {value!r}")
+            if key == "model":
+                from cxlhm_apps.serving.gpu import shape_named
+                shape_named(value)
+            if key == "gpu":
+                from cxlhm_apps.serving.gpu import spec_named
+                spec_named(value)
+            if key == "device_write_mode" and value not in WRITE_MODES:
+                raise ValueError(f"must be one of {', '.join(repr(m) for m in WRITE_MODES)}, got {value!r}")
+        except (ValueError, TypeError) as exc:
+            raise spec.error(f"serving.{key}", str(exc)) if spec else ValueError(f"{key}: {exc}") from None
+        changes[key] = value
+    return base.replace(**changes)
+
+
+SERVING_KEYS = tuple(f.name for f in dataclasses.fields(ServingParams))

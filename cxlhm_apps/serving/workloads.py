@@ -1,0 +1,430 @@
+"""Workloads: lists of requests with their KV chunks, sessions and arrival rules.
+
+* `mooncake` - the Mooncake conversation trace (shared/traces): sessions recovered from
+  the hash-id chains (cxlhm.traces.sessions), one chunk per 512-token hash id, arrivals
+  at the trace's timestamps (open loop; the speed factor divides them).
+* `agent` - synthetic agent sessions: a shared system prompt and tool descriptions,
+  then model turns alternating with tool calls; each tool's output is appended, so the
+  context grows every turn; the next turn arrives a sampled tool pause after the
+  previous one finished (closed loop). New sessions arrive as a Poisson process.
+* `qa` - LMCache's multi-round QA benchmark: users x rounds, a shared system prompt, a
+  per-user history, questions and answers appended each round; requests are released at
+  `qps` (round robin over users), and a user's next question waits for the answer.
+
+A chunk is `chunk_tokens` (512) consecutive tokens of a context; equal chunk ids are the
+same KV (the prefix-hash scheme: a chunk's id covers its tokens and everything before
+it), so a chunk is reusable only as part of a prefix. The last chunk of a context is
+usually partial; it gets its own id, which the next turn (whose chunk there is longer)
+does not share - exactly what the trace's hash ids do.
+
+Every parameter can be set in YAML (`--workload FILE.yaml`); errors name the line.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from cxlhm.registry import Registry
+from cxlhm_apps.serving.yamlspec import Spec, SpecError, load_yaml, number
+from cxlhm.traces.mooncake import BLOCK_TOKENS, DEFAULT_TRACE, read_requests
+from cxlhm.traces.sessions import recover_sessions
+
+S = 1_000_000_000  # ns per second
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    index: int
+    session: int                 # 1-based
+    turn: int
+    chunk_ids: np.ndarray        # int64: the context's chunks, in order
+    chunk_tokens: np.ndarray     # int64: tokens in each chunk (the last may be partial)
+    output_tokens: int
+    arrival_ns: float            # release time at speed 1 (scaled by 1/speed in a replay)
+    parent: int = -1             # the session's previous turn, -1 for the first
+    after_parent_ns: float | None = None  # closed loop: arrive this long after the parent finished
+    last_turn: bool = True
+    expected_pause_ns: int = 0   # what the serving runtime expects before the next turn (0: unknown)
+
+    @property
+    def input_tokens(self) -> int:
+        return int(self.chunk_tokens.sum())
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    name: str
+    requests: tuple[Request, ...]
+    description: str
+    chunk_tokens: int = BLOCK_TOKENS
+    open_loop: bool = True       # True: arrivals are fixed times; False: sessions run closed loop
+
+    @property
+    def max_chunk_id(self) -> int:
+        return max(int(r.chunk_ids.max()) for r in self.requests if r.chunk_ids.size)
+
+    @property
+    def span_ns(self) -> float:
+        return max(r.arrival_ns for r in self.requests) - min(r.arrival_ns for r in self.requests)
+
+    def summary(self) -> dict:
+        sessions = {r.session for r in self.requests}
+        ids = np.concatenate([r.chunk_ids for r in self.requests])
+        reusable = ids.size - np.unique(ids).size
+        return {"requests": len(self.requests), "sessions": len(sessions),
+                "mean_input_tokens": float(np.mean([r.input_tokens for r in self.requests])),
+                "mean_output_tokens": float(np.mean([r.output_tokens for r in self.requests])),
+                "reusable_chunk_share": reusable / max(1, ids.size)}
+
+
+# ---------------------------------------------------------------- distributions
+@dataclasses.dataclass(frozen=True)
+class Dist:
+    """A sampled parameter: constant, lognormal(median, sigma), uniform(low, high) or
+    exponential(mean)."""
+    kind: str
+    a: float
+    b: float = 0.0
+
+    def sample(self, rng: np.random.Generator) -> float:
+        if self.kind == "constant":
+            return self.a
+        if self.kind == "lognormal":
+            return float(math.exp(rng.normal(math.log(self.a), self.b)))
+        if self.kind == "uniform":
+            return float(rng.uniform(self.a, self.b))
+        return float(rng.exponential(self.a))  # exponential
+
+    def median(self) -> float:
+        return {"constant": self.a, "lognormal": self.a, "uniform": (self.a + self.b) / 2,
+                "exponential": self.a * math.log(2)}[self.kind]
+
+    def tokens(self, rng: np.random.Generator) -> int:
+        return max(1, int(round(self.sample(rng))))
+
+
+_DIST_KEYS = {"constant": ("value",), "lognormal": ("median", "sigma"), "uniform": ("low", "high"),
+              "exponential": ("mean",)}
+
+
+def _parse_dist(spec: Spec, key: str, value) -> Dist:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return Dist("constant", float(number(spec, key, value, minimum=0)))
+    if not isinstance(value, Mapping) or "dist" not in value:
+        raise spec.error(key, "must be a number or a mapping such as {dist: lognormal, median: 300, sigma: 0.8}; "
+                              f"got {value!r}")
+    kind = value["dist"]
+    if kind not in _DIST_KEYS:
+        raise spec.error(f"{key}.dist", f"must be one of {', '.join(_DIST_KEYS)}, got {kind!r}")
+    need = _DIST_KEYS[kind]
+    for k in value:
+        if k != "dist" and k not in need:
+            raise spec.error(f"{key}.{k}", f"unknown key for a {kind} distribution; it takes {', '.join(need)}")
+    args = []
+    for k in need:
+        if k not in value:
+            raise spec.error(key, f"a {kind} distribution needs {k!r}")
+        args.append(float(number(spec, f"{key}.{k}", value[k], minimum=0)))
+    if kind == "lognormal" and args[0] <= 0:
+        raise spec.error(f"{key}.median", "must be > 0")
+    if kind == "uniform" and args[1] < args[0]:
+        raise spec.error(f"{key}.high", f"must be >= low ({args[0]:g})")
+    return Dist(kind, *args)
+
+
+def parse_config(cls, spec: Spec, *, skip=()):
+    """Fill dataclass `cls` from a YAML mapping, checking each value against the field's
+    type; errors name the line and the key."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    spec.check_keys(set(fields) | set(skip), cls.__name__)
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for key, value in spec.data.items():
+        if key in skip:
+            continue
+        kind = hints[key]
+        if kind is Dist:
+            values[key] = _parse_dist(spec, key, value)
+        elif kind is int:
+            values[key] = number(spec, key, value, minimum=0, integer=True)
+        elif kind is float:
+            values[key] = float(number(spec, key, value, minimum=0))
+        elif kind is str:
+            if not isinstance(value, str):
+                raise spec.error(key, f"must be a string, got {value!r}")
+            values[key] = value
+        elif kind == (int | None):
+            values[key] = None if value is None else number(spec, key, value, minimum=1, integer=True)
+        else:  # pragma: no cover - a field type this parser does not know
+            raise TypeError(f"{cls.__name__}.{key}: unsupported field type {kind}")
+    try:
+        return cls(**values)
+    except ValueError as exc:
+        raise spec.error("", str(exc)) from None
+
+
+# ---------------------------------------------------------------- generators
+WORKLOADS: Registry = Registry("workload", "cxlhm.serving_workloads")
+
+
+class _ChunkIds:
+    """Dense chunk ids: shared-prefix chunks first, then fresh ids per session chunk."""
+
+    def __init__(self, first_free: int):
+        self.next = first_free
+        self.full: dict[tuple[int, int], int] = {}
+
+    def context(self, session: int, shared_tokens: int, total_tokens: int, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+        n = -(-total_tokens // chunk)
+        ids = np.empty(n, np.int64)
+        tokens = np.full(n, chunk, np.int64)
+        tokens[-1] = total_tokens - chunk * (n - 1)
+        for j in range(n):
+            end = min(total_tokens, (j + 1) * chunk)
+            if end <= shared_tokens and tokens[j] == chunk:
+                ids[j] = j  # entirely inside the shared prompt: the same KV for every session
+            elif tokens[j] == chunk:
+                ids[j] = self.full.setdefault((session, j), self._fresh())
+            else:
+                ids[j] = self._fresh()  # a partial chunk: the next turn's chunk here is longer
+        return ids, tokens
+
+    def _fresh(self) -> int:
+        self.next += 1
+        return self.next - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class MooncakeConfig:
+    trace: str = str(DEFAULT_TRACE)
+    requests: int | None = None       # the first N requests of the trace (None: all)
+    # The published trace's timestamps are quantised to ~3 s (about ten requests share
+    # each); replayed as they are, every group is a burst and TTFT measures the burst.
+    # 1: spread each group evenly over the gap to the next timestamp (at most 3 s).
+    spread_groups: int = 1
+
+
+@WORKLOADS.provides("mooncake")
+def mooncake(cfg: MooncakeConfig) -> Workload:
+    reqs = read_requests(cfg.trace, limit=cfg.requests)
+    turns = recover_sessions(reqs)
+    has_child = {t.parent for t in turns if t.parent >= 0}
+    arrivals = _spread(np.array([r.timestamp_ms for r in reqs], np.float64)) if cfg.spread_groups else \
+        np.array([r.timestamp_ms for r in reqs], np.float64)
+    out = []
+    for req, turn, at_ms in zip(reqs, turns, arrivals):
+        n = req.hash_ids.size
+        tokens = np.full(n, BLOCK_TOKENS, np.int64)
+        if n:
+            tokens[-1] = max(1, req.input_length - BLOCK_TOKENS * (n - 1))
+        out.append(Request(turn.index, turn.session, turn.turn, req.hash_ids.astype(np.int64), tokens,
+                           max(1, req.output_length), float(at_ms) * 1e6, turn.parent, None,
+                           turn.index not in has_child, 0))
+    return Workload("mooncake", tuple(out), f"Mooncake conversation trace {Path(cfg.trace).name}, "
+                                            f"{len(out)} requests, timestamps x 1/speed", open_loop=True)
+
+
+def _spread(ts_ms: np.ndarray, max_gap_ms: float = 3000.0) -> np.ndarray:
+    """Requests sharing a timestamp, spread evenly (in trace order) over the gap to the
+    next distinct timestamp (at most max_gap_ms); order is kept."""
+    out = ts_ms.copy()
+    if ts_ms.size and np.any(np.diff(ts_ms) < 0):
+        return out  # not in time order: groups are not contiguous, leave the trace as it is
+    values, starts, counts = np.unique(ts_ms, return_index=True, return_counts=True)
+    for g, (t, first, k) in enumerate(zip(values, starts, counts)):
+        gap = min(max_gap_ms, values[g + 1] - t) if g + 1 < values.size else max_gap_ms
+        out[first:first + k] = t + np.arange(k) * gap / k
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentConfig:
+    """Defaults sketch a coding/tool-using agent (SWE-agent-like trajectories: tens of
+    model turns, tool outputs of ~1-2k tokens appended each turn, tools that take
+    seconds to minutes). They are a priori choices, not fitted to any result."""
+    seed: int = 0
+    sessions: int = 300
+    session_rate: float = 0.1               # new sessions per second at speed 1 (Poisson)
+    system_prompt_tokens: int = 2048        # shared by every session
+    tool_description_tokens: int = 4096     # shared by every session (tool schemas)
+    task_prompt_tokens: Dist = Dist("lognormal", 500, 0.6)   # the user's task, first turn only
+    turns: Dist = Dist("uniform", 5, 30)    # model turns per session
+    model_output_tokens: Dist = Dist("lognormal", 200, 0.6)  # reasoning + the tool call
+    tool_output_tokens: Dist = Dist("lognormal", 1000, 1.0)  # appended to the context
+    tool_pause_s: Dist = Dist("lognormal", 8.0, 1.0)         # tool latency between turns
+    max_context_tokens: int = 100_000
+
+    def __post_init__(self):
+        if self.sessions < 1:
+            raise ValueError("sessions must be at least 1")
+        if self.session_rate <= 0:
+            raise ValueError("session_rate must be > 0")
+
+
+@WORKLOADS.provides("agent")
+def agent(cfg: AgentConfig) -> Workload:
+    rng = np.random.default_rng(cfg.seed)
+    shared = cfg.system_prompt_tokens + cfg.tool_description_tokens
+    ids = _ChunkIds(shared // BLOCK_TOKENS)
+    expected_pause = int(cfg.tool_pause_s.median() * S)
+    out: list[Request] = []
+    start = 0.0
+    for session in range(1, cfg.sessions + 1):
+        start += rng.exponential(1.0 / cfg.session_rate) * S
+        turns = max(1, int(round(cfg.turns.sample(rng))))
+        context = shared + cfg.task_prompt_tokens.tokens(rng)
+        parent = -1
+        for turn in range(turns):
+            output = cfg.model_output_tokens.tokens(rng)
+            chunk_ids, chunk_tokens = ids.context(session, shared, context, BLOCK_TOKENS)
+            last = turn == turns - 1 or context + output >= cfg.max_context_tokens
+            pause = cfg.tool_pause_s.sample(rng) * S
+            out.append(Request(len(out), session, turn, chunk_ids, chunk_tokens, output,
+                               start if parent < 0 else 0.0, parent, None if parent < 0 else prev_pause,
+                               last, 0 if last else expected_pause))
+            if last:
+                break
+            parent, prev_pause = len(out) - 1, pause
+            context = min(cfg.max_context_tokens - 1, context + output + cfg.tool_output_tokens.tokens(rng))
+    return Workload("agent", tuple(out), f"synthetic agent sessions (seed {cfg.seed}): {cfg.sessions} sessions at "
+                                         f"{cfg.session_rate:g}/s x speed, {shared} shared prompt tokens",
+                    open_loop=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class QaConfig:
+    """Defaults after LMCache's benchmarks/multi-round-qa (its README's example run)."""
+    seed: int = 0
+    users: int = 40
+    rounds: int = 10
+    qps: float = 0.5                      # requests released per second at speed 1
+    shared_prompt_tokens: int = 1000      # --shared-system-prompt
+    history_tokens: int = 20000           # --user-history-prompt: each user's own long context
+    question_tokens: Dist = Dist("lognormal", 60, 0.5)
+    answer_tokens: int = 100              # --answer-len
+
+    def __post_init__(self):
+        if self.users < 1 or self.rounds < 1:
+            raise ValueError("users and rounds must be at least 1")
+        if self.qps <= 0:
+            raise ValueError("qps must be > 0")
+
+
+@WORKLOADS.provides("qa")
+def qa(cfg: QaConfig) -> Workload:
+    rng = np.random.default_rng(cfg.seed)
+    ids = _ChunkIds(cfg.shared_prompt_tokens // BLOCK_TOKENS)
+    context = [cfg.shared_prompt_tokens + cfg.history_tokens] * cfg.users
+    last_request = [-1] * cfg.users
+    out: list[Request] = []
+    for i in range(cfg.users * cfg.rounds):
+        user, rnd = i % cfg.users, i // cfg.users
+        context[user] += cfg.question_tokens.tokens(rng)
+        chunk_ids, chunk_tokens = ids.context(user + 1, cfg.shared_prompt_tokens, context[user], BLOCK_TOKENS)
+        parent = last_request[user]
+        out.append(Request(i, user + 1, rnd, chunk_ids, chunk_tokens, cfg.answer_tokens, i / cfg.qps * S,
+                           parent, None if parent < 0 else 0.0, rnd == cfg.rounds - 1, 0))
+        last_request[user] = i
+        context[user] += cfg.answer_tokens
+    return Workload("qa", tuple(out), f"multi-round QA (LMCache style): {cfg.users} users x {cfg.rounds} rounds "
+                                      f"at {cfg.qps:g} QPS x speed", open_loop=False)
+
+
+CONFIGS = {"mooncake": MooncakeConfig, "agent": AgentConfig, "qa": QaConfig}
+
+
+# ---------------------------------------------------------------- specs and files
+@dataclasses.dataclass(frozen=True)
+class WorkloadSpec:
+    """What to build: a generator name and its config (hashable, so built once per process)."""
+    kind: str
+    config: object
+    serving: tuple = ()      # (key, value) overrides of the serving parameters from the file
+    source: str = ""
+    reuse_keep: float = 1.0  # share of sessions that keep their reuse (keep_reuse; 1: all)
+
+    @property
+    def label(self) -> str:
+        return Path(self.source).stem if self.source else self.kind
+
+
+def default_spec(kind: str, **changes) -> WorkloadSpec:
+    if kind not in CONFIGS:
+        raise ValueError(f"unknown workload {kind!r}; known: {', '.join(CONFIGS)} or a YAML file")
+    return WorkloadSpec(kind, dataclasses.replace(CONFIGS[kind](), **changes))
+
+
+def spec_from_yaml(path: str | Path, serving_keys=()) -> WorkloadSpec:
+    """A workload file: `kind: agent|qa|mooncake`, the generator's parameters, and an
+    optional `serving:` mapping (validated by the caller against `serving_keys`)."""
+    spec = load_yaml(path)
+    kind = spec.data.get("kind")
+    if kind not in CONFIGS:
+        raise spec.error("kind", f"must be one of {', '.join(CONFIGS)}, got {kind!r}")
+    cfg = parse_config(CONFIGS[kind], spec, skip=("kind", "serving"))
+    serving = spec.section("serving")
+    if serving_keys:
+        from cxlhm_apps.serving.params import params_from  # values checked here, while lines are known
+        serving.check_keys(serving_keys, "serving")
+        params_from(tuple(serving.data.items()), spec=spec)
+    return WorkloadSpec(kind, cfg, tuple(sorted(serving.data.items())), str(path))
+
+
+def resolve(name_or_path: str, **changes) -> WorkloadSpec:
+    if name_or_path in CONFIGS:
+        return default_spec(name_or_path, **changes)
+    if name_or_path.endswith((".yaml", ".yml")):
+        from cxlhm_apps.serving.params import SERVING_KEYS
+        spec = spec_from_yaml(name_or_path, SERVING_KEYS)
+        return dataclasses.replace(spec, config=dataclasses.replace(spec.config, **changes)) if changes else spec
+    raise SpecError(name_or_path, 0, "", f"unknown workload; use {', '.join(CONFIGS)} or a YAML file")
+
+
+def spec_at_speed(spec: WorkloadSpec, speed: float) -> WorkloadSpec:
+    """What a replay at `speed` runs. A trace (and the QA benchmark, whose users are its
+    fixed concurrency, as in LMCache's) is the same request list at every speed. The
+    agent generator is an open stream of sessions, each running closed loop: a faster
+    replay must bring *more* sessions over the same arrival window (sessions / rate).
+    With a fixed set, a fast replay starts every session at once and the throughput is
+    capped by the sessions' own tool pauses - the population, not the system, would set
+    "max QPS" (docs/serving.md, section 7). So: round(sessions x speed) sessions, at
+    least one; the first ones are the same sessions at every speed (one RNG stream)."""
+    if spec.kind == "agent" and speed != 1.0:
+        sessions = max(1, round(spec.config.sessions * speed))
+        return dataclasses.replace(spec, config=dataclasses.replace(spec.config, sessions=sessions))
+    return spec
+
+
+@lru_cache(maxsize=8)
+def build(spec: WorkloadSpec) -> Workload:
+    """The workload's requests (cached per process: sweeps build each one once)."""
+    return keep_reuse(WORKLOADS.get(spec.kind)(spec.config), spec.reuse_keep)
+
+
+def keep_reuse(w: Workload, keep: float, seed: int = 0) -> Workload:
+    """The same requests - lengths, outputs, arrivals, sessions - with the reuse of a share
+    1 - `keep` of the sessions (drawn with `seed`) taken away: every turn of such a session
+    gets chunk ids no other request has, so nothing of its context was computed before,
+    its own earlier turns and shared prompts included. Varies the reusable share alone."""
+    if not 0.0 <= keep <= 1.0:
+        raise ValueError(f"reuse_keep must be in [0, 1], got {keep!r}")
+    if keep == 1.0:
+        return w
+    sessions = sorted({r.session for r in w.requests})
+    draws = np.random.default_rng(seed).random(len(sessions))  # the first sessions draw the same at any count
+    dropped = {s for s, u in zip(sessions, draws) if u >= keep}
+    next_id = w.max_chunk_id + 1
+    out = []
+    for r in w.requests:
+        if r.session in dropped:
+            r = dataclasses.replace(r, chunk_ids=np.arange(next_id, next_id + r.chunk_ids.size, dtype=np.int64))
+            next_id += r.chunk_ids.size
+        out.append(r)
+    return dataclasses.replace(w, requests=tuple(out),
+                               description=f"{w.description}; reuse kept by {keep:.0%} of sessions")
