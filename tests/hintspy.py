@@ -3,18 +3,9 @@ the real one: the mailbox delivers hints with `hint_batch`, so both entry points
 replaced, the batch one calling the stand-in once per entry, in order."""
 from __future__ import annotations
 
-from cxlhm.mailbox.hints import DeviceBusy
+from cxlhm.mailbox.hints import deliver_each
 
 
 def route_hints_through(device, hint) -> None:
-    def hint_batch(kind, sessions, first_blocks, n_blocks, args, *, lock_timeout: float = -1) -> int:
-        declined = 0
-        for i, entry in enumerate(zip(sessions.tolist(), first_blocks.tolist(), n_blocks.tolist(), args.tolist())):
-            try:
-                declined += hint(kind, *entry) is False
-            except DeviceBusy as busy:
-                raise DeviceBusy(str(busy), delivered=i, declined=declined) from None
-        return declined
-
     device.hint = hint
-    device.hint_batch = hint_batch
+    device.hint_batch = lambda kind, *columns, lock_timeout=-1: deliver_each(hint, kind, *columns)

@@ -12,6 +12,7 @@ entry's index), and that a client killed in the middle of a command (or giving u
 one) leaves a doorbell the next client waits out (busy_timeout) instead of a wedged
 mailbox.
 """
+import fcntl
 import json
 import signal
 import subprocess
@@ -87,11 +88,14 @@ class HintLog:
         self.calls: list[tuple[int, int]] = []
         self.lock = threading.Lock()
         self.entered = threading.Event()
+        self.gate: threading.Event | None = None  # when set: each hint waits for it to open
 
     def __call__(self, kind, session, first_block, n_blocks, arg=0):
         self.entered.set()
         if self.delay_s:
             time.sleep(self.delay_s)
+        if self.gate is not None:
+            self.gate.wait(60)
         with self.lock:
             self.calls.append((int(kind), int(session)))
         return self.real(kind, session, first_block, n_blocks, arg)
@@ -188,19 +192,36 @@ def test_a_client_killed_in_the_middle_of_a_command_does_not_wedge_the_mailbox(s
     record_figure("concurrency", "mailbox_processes", "killed_mid_command_recovered", 1)
 
 
+def _held_by_another_process(path) -> bool:
+    """Whether some other process holds the register file's flock (a client mid-command)."""
+    with open(path, "rb") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        return False
+
+
 def test_a_client_that_gave_up_leaves_the_doorbell_to_the_next_one(served):
-    dev, mb, log = served(policy="lru", delay_s=2.0)
+    dev, mb, log = served(policy="lru")
+    log.gate = threading.Event()  # the quitter's hint stays in the firmware until the next client is in
     quitter = MailboxClient(mb.path, timeout=0.05)  # like cxl_pci after its 2 s timeout
     with pytest.raises(MailboxTimeout):
         quitter.hints.session_end(7)
-    other = subprocess.run(
+    other = subprocess.Popen(
         [sys.executable, "-c",
          "import sys, json; from host_runtime.mailbox import MailboxClient\n"
          "c = MailboxClient(sys.argv[1], timeout=30, busy_timeout=30)\n"
          "print(json.dumps([c.identify()['component_type'], c.busy_waits]))\n", mb.path],
-        capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert other.returncode == 0, other.stderr[-2000:]
-    assert json.loads(other.stdout) == [3, 1]
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    deadline = time.monotonic() + 120
+    while not _held_by_another_process(mb.path) and other.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    log.gate.set()  # the next client holds the lock and found the doorbell still rung
+    out, err = other.communicate(timeout=120)
+    assert other.returncode == 0, err[-2000:]
+    assert json.loads(out) == [3, 1]
     quitter.close()
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from cxlhm import blocktable as btm
 from cxlhm import counters as C
 from cxlhm import firmware as fw
-from cxlhm.mailbox.hints import DeviceBusy, HintKind
+from cxlhm.mailbox.hints import DeviceBusy, HintKind, deliver_each
 from firmware_policies.base import JOB_FLUSH, JOB_PREFETCH, no_background
 
 JOB_SLOTS = 256  # background jobs the policy may hand out per round
@@ -69,14 +69,7 @@ class BackgroundWork:
         DeviceBusy when the data path held the device past `lock_timeout` s (its
         `delivered` says how many hints went through first)."""
         if kind in (HintKind.PIN, HintKind.UNPIN):
-            declined = 0
-            for i, entry in enumerate(zip(sessions.tolist(), first_blocks.tolist(), n_blocks.tolist(),
-                                          args.tolist())):
-                try:
-                    declined += self.hint(kind, *entry, lock_timeout=lock_timeout) is False
-                except DeviceBusy as busy:
-                    raise DeviceBusy(str(busy), delivered=i, declined=declined) from None
-            return declined
+            return deliver_each(self.hint, kind, sessions, first_blocks, n_blocks, args, lock_timeout=lock_timeout)
         if not self._lock.acquire(timeout=lock_timeout):
             raise DeviceBusy(f"the device was busy for {lock_timeout} s")
         try:

@@ -48,3 +48,16 @@ class DeviceBusy(RuntimeError):
     def __init__(self, message: str = "", *, delivered: int = 0, declined: int = 0):
         super().__init__(message)
         self.delivered, self.declined = delivered, declined  # of a batch, before the wait ran out
+
+
+def deliver_each(hint, kind: int, sessions, first_blocks, n_blocks, args, **options) -> int:
+    """hint_batch() for a device that takes hints one at a time: `hint(kind, session,
+    first_block, n_blocks, arg, **options)` per entry, in order; returns how many were
+    declined. DeviceBusy from one entry is re-raised saying how many went through first."""
+    declined = 0
+    for i, entry in enumerate(zip(sessions.tolist(), first_blocks.tolist(), n_blocks.tolist(), args.tolist())):
+        try:
+            declined += hint(kind, *entry, **options) is False
+        except DeviceBusy as busy:
+            raise DeviceBusy(str(busy), delivered=i, declined=declined) from None
+    return declined

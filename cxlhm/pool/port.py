@@ -11,7 +11,7 @@ session to the firmware. Geometry answers (Identify) describe the host's window.
 """
 from __future__ import annotations
 
-from cxlhm.mailbox.hints import DeviceBusy, HintKind
+from cxlhm.mailbox.hints import HintKind, deliver_each
 from cxlhm.mailbox.poison import PoisonList, PoisonRecord, poison_list
 
 SESSION_BITS = 40
@@ -48,13 +48,7 @@ class HostPort:
     def hint_batch(self, kind: int, sessions, first_blocks, n_blocks, args, *, lock_timeout: float = -1) -> int:
         """Each hint through hint(), which moves it into the device's terms; DeviceBusy
         (from the device, after `lock_timeout` s) says how many went through before."""
-        declined = 0
-        for i, entry in enumerate(zip(sessions.tolist(), first_blocks.tolist(), n_blocks.tolist(), args.tolist())):
-            try:
-                declined += self.hint(kind, *entry, lock_timeout=lock_timeout) is False
-            except DeviceBusy as busy:
-                raise DeviceBusy(str(busy), delivered=i, declined=declined) from None
-        return declined
+        return deliver_each(self.hint, kind, sessions, first_blocks, n_blocks, args, lock_timeout=lock_timeout)
 
     def hint(self, kind: int, session: int, first_block: int, n_blocks: int, arg: int = 0, *,
              lock_timeout: float = -1) -> bool:

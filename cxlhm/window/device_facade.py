@@ -17,6 +17,7 @@ import numpy as np
 
 from cxlhm.config import DeviceConfig
 from cxlhm.device.interface import DeviceCaps
+from cxlhm.mailbox.hints import deliver_each
 from cxlhm.mailbox.poison import PoisonList, records_of
 from cxlhm.window.options import WindowOptions
 from cxlhm.window.window import Window
@@ -112,8 +113,7 @@ class WindowDevice:
         """Hints of one kind, in order; returns how many were not followed. Each is one
         call into the fault service's firmware (no interpreter work per hint there),
         which never holds a lock a hint must wait for (`lock_timeout` is not needed)."""
-        return sum(self.hint(kind, *entry) is False for entry in zip(sessions.tolist(), first_blocks.tolist(),
-                                                                      n_blocks.tolist(), args.tolist()))
+        return deliver_each(self.hint, kind, sessions, first_blocks, n_blocks, args)
 
     def prefetch(self, blocks, owners=None) -> int:
         return self.window.prefetch_blocks(blocks, owners)
