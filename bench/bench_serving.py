@@ -1,21 +1,23 @@
 """HyMCache serving reproduction for every (model, GPU) pair at the paper's equal-DRAM
 setting (D = 64 GiB; Mooncake store on 16 x D): the Mooncake conversation trace and the
-agent workload, colocated and disaggregated, on the model clock; then a sensitivity map
-of hymcache / lmcache-local and hymcache / mooncake-dram against the GPU KV pool, the
-load/recompute cost ratio and the share of reuse the GPU pool alone serves
+agent workload, colocated and disaggregated, on the model clock; then three one-axis
+sensitivity sweeps around the first pair (colocated), each varying one thing: the GPU
+KV pool, the SSD's read bandwidth (so the load/recompute ratio of a chunk), and the share
+of sessions that keep their reuse (so the workload's reusable share)
 (docs/serving.md explains every number).
 
-    python bench/bench_serving.py                        # every pair (long on 2 cores)
-    python bench/bench_serving.py --pairs llama3-8b@h200 --requests 2000 --sessions 150
-    python bench/bench_serving.py --quick                # the smoke version
+    python bench/bench_serving.py                        # every pair and the sweeps (long on 2 cores)
+    python bench/bench_serving.py --pairs llama3-8b@h200 --requests 2000 --sessions 150 --sweeps ""
+    python bench/bench_serving.py --quick --sweeps-only  # the three sweeps, small workloads
 
-Prints each pair's table with the command and the machine, then the summary and the
-sensitivity map; writes results.json, table.txt and the PNG plots per pair, and
-summary.json and sensitivity.png, to --out.
+Prints each run's table with the command and the machine, then the summary; writes
+results.json, table.txt and the PNG plots per run, and summary.json, pairs.png (the ratios
+across pairs) and sensitivity.png (one panel per swept axis), to --out.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -25,11 +27,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command, machine  # noqa: E402
 
 from cxlhm_apps.serving.boundary import boundary  # noqa: E402
-from cxlhm_apps.serving.comparison import QUICK_SIZES, parse_comparison  # noqa: E402
+from cxlhm_apps.serving.comparison import QUICK_SIZES, Comparison, parse_comparison  # noqa: E402
+from cxlhm_apps.serving.configs import CxlHm, make_system  # noqa: E402
 from cxlhm_apps.serving.gpu import PAIRS  # noqa: E402
-from cxlhm_apps.serving.params import ServingParams  # noqa: E402
+from cxlhm_apps.serving.params import ServingParams, device_timing  # noqa: E402
 from cxlhm_apps.serving.report import LEGEND, format_table, plot_all, search_notes, write_json  # noqa: E402
-from cxlhm_apps.serving.sweep import run_grid  # noqa: E402
+from cxlhm_apps.serving.sweep import Task, run_grid  # noqa: E402
+from cxlhm_apps.serving.workloads import build  # noqa: E402
 from cxlhm.units import parse_size  # noqa: E402
 
 RATIO_CONFIGS = "recompute,lmcache-local,cxlhm-hymcache,mooncake-dram,ideal"
@@ -53,6 +57,53 @@ def ratio(block: dict, a: str, b: str) -> float:
     return qa / qb if qa and qb else float("nan")
 
 
+@dataclasses.dataclass
+class Run:
+    label: str
+    comparison: Comparison
+    params: ServingParams
+    sweep: str = "pairs"   # pairs, or the axis a sensitivity sweep varies: pool | ratio | reuse
+    point: str = ""        # the swept value, as given
+
+
+def sweep_runs(base: ServingParams, sweeps: list[str], args, sizes: dict, refine: int) -> list[Run]:
+    """One-axis sensitivity sweeps around `base` (colocated): each varies the GPU KV pool,
+    the SSD's read bandwidth (so its load/recompute ratio) or the share of sessions that
+    keep their reuse, and nothing else. The first point of each is `base` itself."""
+    pair = f"{base.model}@{base.gpu}"
+    runs = []
+
+    def add(sweep, point, params, keep=1.0):
+        comp = parse_comparison("mooncake,agent", args.sweep_configs, params, [], "colocated", refine=refine,
+                                sizes=sizes, reuse_keep=keep)
+        runs.append(Run(f"{pair} {sweep} {point}", comp, params, sweep, point))
+    if "pool" in sweeps:
+        add("pool", f"{base.kv_pool_bytes >> 30} GiB", base)
+        for pool in (parse_size(p) for p in args.pools.split(",") if p.strip()):
+            add("pool", f"{pool >> 30} GiB", base.replace(gpu_kv_bytes=pool))
+    if "ratio" in sweeps:
+        add("ratio", str(device_timing(base)["nand_channel_rate"]).replace(" ", ""), base)
+        for rate in (r.strip() for r in args.ssd_rates.split(",") if r.strip()):
+            add("ratio", rate, base.replace(device_timing=(("nand_channel_rate", rate),)))
+    if "reuse" in sweeps:
+        add("reuse", "1", base)
+        for keep in (float(k) for k in args.reuse.split(",") if k.strip()):
+            add("reuse", f"{keep:g}", base, keep)
+    return runs
+
+
+def unique_tasks(tasks: list[Task]) -> tuple[list[Task], list[int]]:
+    """The distinct cells, and for each task its cell. A configuration without the device
+    does not depend on the device's timing: the ratio sweep runs its cells once."""
+    def key(t: Task) -> Task:
+        if t.params.device_timing and not isinstance(make_system(t.config), CxlHm):
+            return dataclasses.replace(t, params=t.params.replace(device_timing=()))
+        return t
+    index: dict[Task, int] = {}
+    where = [index.setdefault(key(t), len(index)) for t in tasks]
+    return list(index), where
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", default="all", help="MODEL@GPU,... or all (default: every pair of gpu.PAIRS)")
@@ -63,24 +114,31 @@ def main() -> int:
     parser.add_argument("--refine", type=int, default=None, help="bisection steps of the max-QPS search "
                         "(step 2^(1/2^refine): 4 -> 4.4%%, 3 -> 9%%, 2 -> 19%%; default 4, --quick 2)")
     parser.add_argument("--dram", default="64GiB")
-    parser.add_argument("--topology", default="both", choices=("colocated", "disagg", "both"))
+    parser.add_argument("--topology", default="both", help="both (colocated and disagg), or registered topologies")
     parser.add_argument("--disagg-pairs", default="all",
                         help="MODEL@GPU,... that also run disaggregated (default all; the rest colocated only)")
-    parser.add_argument("--pools", default="16GiB,48GiB",
-                        help="extra GPU KV pool sizes for the sensitivity map (first pair, colocated)")
-    parser.add_argument("--pools-only", action="store_true",
-                        help="run only the pool-size cells of the first pair (to add them to an earlier run)")
+    parser.add_argument("--sweeps", default="pool,ratio,reuse",
+                        help="one-axis sensitivity sweeps around the first pair, colocated: pool (GPU KV pool), "
+                             "ratio (the SSD's read bandwidth: its load/recompute ratio), reuse (share of sessions "
+                             "keeping their reuse); '' for none")
+    parser.add_argument("--sweeps-only", action="store_true", help="run only the sweeps (not the pairs)")
+    parser.add_argument("--pools-only", action="store_true", help="run only the pool sweep")
+    parser.add_argument("--sweep-configs", default="lmcache-local,cxlhm-hymcache,mooncake-dram")
+    parser.add_argument("--pools", default="16GiB,32GiB,48GiB", help="pool sweep: GPU KV pools besides the pair's own")
+    parser.add_argument("--ssd-rates", default="0.3GB/s,0.6GB/s,2.4GB/s",
+                        help="ratio sweep: NAND channel rates besides the profile's (cmm-h: 8 channels x 1.2 GB/s)")
+    parser.add_argument("--reuse", default="0.25,0.5,0.75",
+                        help="reuse sweep: shares of sessions that keep their reuse, besides all (1)")
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--ray", default=None)
     parser.add_argument("--out", default="out/bench-serving")
     parser.add_argument("--map-from", nargs="+", metavar="SUMMARY_JSON",
-                        help="draw the sensitivity map from earlier runs' summary.json files, run nothing")
+                        help="draw the plots from earlier runs' summary.json files, run nothing")
     args = parser.parse_args()
     if args.map_from:
         summary = [s for path in args.map_from for s in json.loads(Path(path).read_text())]
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        plot_sensitivity(summary, Path(args.out) / "sensitivity.png")
-        print(f"sensitivity map of {len(summary)} cells: {Path(args.out) / 'sensitivity.png'}")
+        print("\n".join(draw(summary, Path(args.out))))
         return 0
 
     pairs = parse_pairs(args.pairs)
@@ -91,7 +149,12 @@ def main() -> int:
     if args.sessions:
         sizes.setdefault("agent", {})["sessions"] = args.sessions
     base = ServingParams(dram_bytes=parse_size(args.dram))
-    runs = []  # (label, comparison, params)
+    sweeps = ["pool"] if args.pools_only else [s.strip() for s in args.sweeps.split(",") if s.strip()]
+    unknown = set(sweeps) - {"pool", "ratio", "reuse"}
+    if unknown:
+        raise SystemExit(f"bench_serving: error: --sweeps: unknown {', '.join(sorted(unknown))}; "
+                         "accepted: pool, ratio, reuse")
+    runs: list[Run] = []
     disagg = pairs if args.disagg_pairs == "all" else parse_pairs(args.disagg_pairs)
     for model, gpu in pairs:
         params = base.replace(model=model, gpu=gpu)
@@ -99,57 +162,57 @@ def main() -> int:
             print(f"{model} on {gpu}: skipped, the weights leave no KV pool")
             continue
         topology = args.topology if (model, gpu) in disagg or args.topology != "both" else "colocated"
-        runs.append((f"{model}@{gpu}", parse_comparison("mooncake,agent", args.configs, params, [], topology,
-                                                        refine=refine, sizes=sizes), params))
-    pools = [parse_size(p) for p in args.pools.split(",") if p.strip()]
-    if runs and pools:
-        first = runs[0][2]
-        for pool in pools:
-            p = first.replace(gpu_kv_bytes=pool)
-            runs.append((f"{first.model}@{first.gpu} pool {pool >> 30} GiB",
-                         parse_comparison("mooncake,agent", args.configs, p, [], "colocated", refine=refine,
-                                          sizes=sizes), p))
-        if args.pools_only:
-            runs = runs[len(runs) - len(pools):]
+        runs.append(Run(f"{model}@{gpu}", parse_comparison("mooncake,agent", args.configs, params, [], topology,
+                                                           refine=refine, sizes=sizes), params))
+    if runs and sweeps:
+        swept = sweep_runs(runs[0].params, sweeps, args, sizes, refine)
+        runs = swept if args.sweeps_only or args.pools_only else runs + swept
     print(f"command: {command()}")
     print(f"machine: {machine()} (model clock: the figures do not depend on it)")
     print(f"sizes: {sizes or 'bench defaults (Mooncake: whole trace prefix per workload file; agent 150)'}; "
           f"max-QPS search step 2^(1/2^{refine}) = x{2 ** (1 / 2 ** refine):.3f}")
     tasks, spans = [], []
-    for label, comp, params in runs:
-        t = comp.tasks()
+    for run in runs:
+        t = run.comparison.tasks()
         spans.append((len(tasks), len(tasks) + len(t)))
         tasks += t
-        gpu = params.gpu_cost_model()
-        print(f"{label}: {gpu.describe()}; GPU KV pool {params.kv_pool_bytes / 2**30:g} GiB; "
-              f"{len(t)} cells")
+        print(f"{run.label}: {run.params.gpu_cost_model().describe()}; GPU KV pool in this run "
+              f"{run.params.kv_pool_bytes / 2**30:g} GiB; {len(t)} cells")
+    cells, where = unique_tasks(tasks)
+    print(f"{len(cells)} distinct cells")
     start = time.time()
     done = [0]
 
     def progress(n):
         done[0] += n
-        print(f"  {done[0]}/{len(tasks)} cells after {time.time() - start:.0f} s", file=sys.stderr, flush=True)
-    results = run_grid(tasks, workers=args.workers, ray=args.ray, progress=progress)
+        print(f"  {done[0]}/{len(cells)} cells after {time.time() - start:.0f} s", file=sys.stderr, flush=True)
+    ran = run_grid(cells, workers=args.workers, ray=args.ray, progress=progress)
+    results = [ran[i] for i in where]
     out = Path(args.out)
     write_json(results, out / "all_results.json")  # before any formatting: nothing computed is lost
     summary = []
-    for (label, comp, params), (a, b) in zip(runs, spans):
+    for run, (a, b) in zip(runs, spans):
         res = results[a:b]
+        params = run.params
         dram_gib = params.dram_bytes / 2**30
         table = format_table(res, dram_gib) + "\n".join(search_notes(res, dram_gib))
-        print(f"\n######## {label}: {params.gpu_cost_model().describe()}\n{table}")
-        folder = out / label.replace("@", "_").replace(" ", "_")
+        print(f"\n######## {run.label}: {params.gpu_cost_model().describe()}; GPU KV pool in this run "
+              f"{params.kv_pool_bytes / 2**30:g} GiB\n{table}")
+        folder = out / run.label.replace("@", "_").replace(" ", "_").replace("/", "_")
         write_json(res, folder / "results.json")
         plot_all(res, folder, dram_gib, (params.slo_ttft_s, params.slo_percentile))
         (folder / "table.txt").write_text(table + "\n" + LEGEND + "\n")
         gpu = params.gpu_cost_model()
         b8k = boundary(gpu, params, 8192)
+        reusable = {spec.label: build(spec).summary()["reusable_chunk_share"] for spec, _ in run.comparison.specs()}
         for workload, topology in dict.fromkeys((r["workload"], r["topology"]) for r in res):
             block = {r["config"]: r for r in res if r["workload"] == workload and r["topology"] == topology}
             lmc = block.get("lmcache-local", {}).get("reference", {})
-            summary.append({"pair": label, "model": params.model, "gpu": params.gpu, "source": gpu.source,
+            summary.append({"pair": run.label, "model": params.model, "gpu": params.gpu, "source": gpu.source,
+                            "sweep": run.sweep, "point": run.point,
                             "workload": workload, "topology": topology, "gpu_pool_gib": params.kv_pool_bytes / 2**30,
                             "ssd_load_over_recompute": b8k.load_over_recompute[SSD],
+                            "reusable_share": reusable.get(workload, float("nan")),
                             "gpu_hit_share": lmc.get("hit_gpu", float("nan")),
                             "hym_over_lmc": ratio(block, "cxlhm-hymcache", "lmcache-local"),
                             "hym_over_moon": ratio(block, "cxlhm-hymcache", "mooncake-dram"),
@@ -157,24 +220,83 @@ def main() -> int:
                             "max_qps": {c: r.get("max_qps") for c, r in block.items()},
                             "search_step": max((r.get("search_step", 1.0) for r in block.values()), default=1.0)})
     print(f"\nwall time {time.time() - start:.0f} s")
-    print("\n== summary: max-QPS ratios per (model, GPU) [paper: 3.0x lmcache-local colocated, 1.45x disaggregated, "
+    print("\n== summary: max-QPS ratios [paper: 3.0x lmcache-local colocated, 1.45x disaggregated, "
           "~0.7x mooncake-dram]")
-    print(f"{'pair':<34} {'workload':<9} {'topology':<9} {'pool GiB':>8} {'SSD/recomp':>10} {'GPU hits':>8} "
-          f"{'hym/lmc':>7} {'hym/moon':>8} {'ideal/lmc':>9} {'step':>6}")
+    print(f"{'run':<40} {'workload':<9} {'topology':<9} {'pool GiB':>8} {'SSD/recomp':>10} {'reusable':>8} "
+          f"{'GPU hits':>8} {'hym/lmc':>7} {'hym/moon':>8} {'ideal/lmc':>9} {'step':>6}")
     for s in summary:
-        print(f"{s['pair']:<34} {s['workload']:<9} {s['topology']:<9} {s['gpu_pool_gib']:>8.0f} "
-              f"{s['ssd_load_over_recompute']:>10.2f} {s['gpu_hit_share']:>8.2f} {s['hym_over_lmc']:>7.2f} "
-              f"{s['hym_over_moon']:>8.2f} {s['ideal_over_lmc']:>9.2f} {s['search_step']:>6.3f}")
+        print(f"{s['pair']:<40} {s['workload']:<9} {s['topology']:<9} {s['gpu_pool_gib']:>8.0f} "
+              f"{s['ssd_load_over_recompute']:>10.2f} {s['reusable_share']:>8.2f} {s['gpu_hit_share']:>8.2f} "
+              f"{s['hym_over_lmc']:>7.2f} {s['hym_over_moon']:>8.2f} {s['ideal_over_lmc']:>9.2f} "
+              f"{s['search_step']:>6.3f}")
     print("SSD/recomp: a cold 512-token chunk's load from the CXL-HM SSD over its recompute after 8k tokens; "
-          "GPU hits: share of reusable tokens the GPU pool alone served (lmcache-local); step: max-QPS search step")
+          "reusable: share of the workload's context chunks an earlier request computed; GPU hits: share of "
+          "reusable tokens the GPU pool alone served (lmcache-local); step: max-QPS search step")
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
-    plot_sensitivity(summary, out / "sensitivity.png")
-    print(f"results, tables and plots in {out}/ (sensitivity map: {out / 'sensitivity.png'})")
+    print("\n".join(draw(summary, out)))
+    print(f"results, tables and plots in {out}/")
     return 0
 
 
-def plot_sensitivity(summary: list[dict], path: Path) -> None:
+def draw(summary: list[dict], out: Path) -> list[str]:
+    """The plots the summary has rows for; one line naming each."""
+    lines = []
+    pairs = [s for s in summary if s.get("sweep", "pairs") == "pairs"]
+    if pairs:
+        plot_pairs(pairs, out / "pairs.png")
+        lines.append(f"ratios across (model, GPU) pairs ({len(pairs)} cells): {out / 'pairs.png'}")
+    swept = [s for s in summary if s.get("sweep", "pairs") != "pairs"]
+    if swept:
+        plot_sweeps(swept, out / "sensitivity.png")
+        lines.append(f"sensitivity, one axis at a time ({len(swept)} cells): {out / 'sensitivity.png'}")
+    return lines
+
+
+AXES = {  # sweep -> (summary key on x, label, log scale)
+    "pool": ("gpu_pool_gib", "GPU KV pool (GiB)", True),
+    "ratio": ("ssd_load_over_recompute", "cold SSD load / recompute of a 512-token chunk (after 8k)", True),
+    "reuse": ("reusable_share", "reusable share of the workload's context chunks", False),
+}
+
+
+def plot_sweeps(summary: list[dict], path: Path) -> None:
+    """One panel per axis: hymcache / lmcache-local and hymcache / mooncake-dram against
+    the swept value, per workload; everything else as in the base pair."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    sweeps = [s for s in AXES if any(r["sweep"] == s for r in summary)]
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(5.2 * len(sweeps), 4.4), squeeze=False)
+    styles = {("mooncake", "hym_over_lmc"): ("tab:blue", "-", "o"), ("mooncake", "hym_over_moon"): ("tab:blue", "--", "s"),
+              ("agent", "hym_over_lmc"): ("tab:orange", "-", "^"), ("agent", "hym_over_moon"): ("tab:orange", "--", "D")}
+    names = {"hym_over_lmc": "hymcache / lmcache-local", "hym_over_moon": "hymcache / mooncake-dram"}
+    for ax, sweep in zip(axes[0], sweeps):
+        key, xlabel, log = AXES[sweep]
+        rows = [r for r in summary if r["sweep"] == sweep]
+        for (workload, ratio_key), (colour, dash, marker) in styles.items():
+            pts = sorted((r[key], r[ratio_key]) for r in rows if r["workload"] == workload and r[ratio_key] == r[ratio_key])
+            if pts:
+                ax.plot(*zip(*pts), color=colour, linestyle=dash, marker=marker, label=f"{workload}: {names[ratio_key]}")
+        for y, text in ((3.0, "paper 3.0x (lmcache-local)"), (0.7, "paper ~0.7x (mooncake-dram)")):
+            ax.axhline(y, color="grey", linestyle=":", linewidth=0.8)
+            ax.text(ax.get_xlim()[0], y, text, fontsize=6, va="bottom", color="grey")
+        if log:
+            ax.set_xscale("log", base=2)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_ylabel("max-QPS ratio")
+        base = rows[0]
+        ax.set_title(f"{sweep}: {base['model']} on {base['gpu']}, colocated, the rest fixed", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.suptitle(f"one axis at a time (max-QPS search step x{max(r['search_step'] for r in summary):.3f}: "
+                 "closer ratios are not told apart)", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_pairs(summary: list[dict], path: Path) -> None:
     """Two panels (hymcache / lmcache-local, hymcache / mooncake-dram): each colocated and
     disaggregated cell placed by its GPU KV pool and its SSD load / recompute ratio, coloured
     by the ratio, labelled with the share of reuse the GPU pool alone served."""

@@ -12,7 +12,9 @@ and name the layer that last set the offending key.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import os
 import stat
 from collections.abc import Callable, Mapping
@@ -99,7 +101,9 @@ def _optional_path(value: Any) -> str | None:
 
 
 def _backend_kind(value: Any) -> str:
-    from cxlhm.media.registry import backend_kinds  # names only: no back end is imported
+    from cxlhm.media.registry import BACKENDS, backend_kinds  # names only: no back end is imported
+    if value in BACKENDS:  # a built-in answers at once; listing every name scans the installed entry points
+        return value
     return _choice(*backend_kinds())(value)
 
 
@@ -302,9 +306,24 @@ def available_profiles() -> list[str]:
 
 def profile_path(name: str) -> Path:
     path = PROFILE_DIR / f"{name}.yaml"
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        found = False
+    if not found:
         raise ConfigError("profile", "profile", f"no profile named {name!r}; available: {', '.join(available_profiles())}")
     return path
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed_profile(path: str) -> Any:
+    return _read_yaml(Path(path))
+
+
+def _profile_layer(path: str) -> Any:
+    """A shipped profile, parsed once per process (every load_config reads one, and the
+    pure-Python YAML parser takes milliseconds); each caller gets its own copy."""
+    return copy.deepcopy(_parsed_profile(path))
 
 
 def _defaults() -> dict[str, Any]:
@@ -332,7 +351,7 @@ def load_config(spec: str | Path | Mapping | None = None, overrides: Mapping | N
             path = Path(text)
             layers.append((str(path), _read_yaml(path)))
         else:
-            layers.append((str(profile_path(text)), _read_yaml(profile_path(text))))
+            layers.append((str(profile_path(text)), _profile_layer(str(profile_path(text)))))
     if overrides:
         layers.append(("overrides", dict(overrides)))
 
@@ -344,7 +363,7 @@ def load_config(spec: str | Path | Mapping | None = None, overrides: Mapping | N
             base_name = raw["profile"]
     base_path = str(profile_path(base_name))
     if not any(source == base_path for source, _ in layers):
-        layers.insert(0, (base_path, _read_yaml(Path(base_path))))
+        layers.insert(0, (base_path, _profile_layer(base_path)))
 
     values, provenance = _defaults(), {}
     for source, raw in layers:

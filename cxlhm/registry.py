@@ -43,6 +43,13 @@ class BrokenEntry(RegistryError):
         super().__init__(message)
         self.name, self.source = name, source
 
+    def __reduce__(self):  # survives the trip out of a worker process (name and source are keywords)
+        return _rebuild_broken, (type(self), str(self), self.name, self.source)
+
+
+def _rebuild_broken(cls, message, name, source):
+    return cls(message, name=name, source=source)
+
 
 def _import_target(spec: str) -> object:
     module, _, attr = spec.partition(":")

@@ -140,6 +140,48 @@ DEVICE = [
                              "--set", f"capacity={2**80}"]),
 ]
 
+# calibrate: every case must fail before it measures (8 points of --runtime) or writes a
+# byte; the backend never exists, so a check that let a case through cannot lay out a file
+_NO_IMG = "/nonexistent/dir/ssd.img"
+_TMP_IMG = os.path.join(tempfile.gettempdir(), "cxlhm-hostile-calibrate-never-created.img")
+_CAL = ["calibrate", "--backend", _NO_IMG, "--size", "16MiB", "--runtime", "0.01s"]
+CALIBRATE = [
+    ("no backend", ["calibrate"]),
+    ("backend missing folder", _CAL),
+    ("backend /dev/zero", ["calibrate", "--backend", "/dev/zero", "--size", "16MiB", "--runtime", "0.01s"]),
+    ("backend /proc/self/mem", ["calibrate", "--backend", "/proc/self/mem", "--size", "16MiB", "--runtime", "0.01s"]),
+    ("backend is a folder", ["calibrate", "--backend", H, "--size", "16MiB", "--runtime", "0.01s"]),
+    ("backend holds data", ["calibrate", "--backend", f"{H}/tiny.jsonl", "--size", "16MiB", "--runtime", "0.01s"]),
+    ("backend name too long", ["calibrate", "--backend", "/tmp/" + "x" * 300, "--size", "16MiB", "--runtime", "0.01s"]),
+    ("size 0", ["calibrate", "--backend", _TMP_IMG, "--size", "0"]),
+    ("size 1e", ["calibrate", "--backend", _TMP_IMG, "--size", "1e"]),
+    ("size not MiB-aligned", ["calibrate", "--backend", _TMP_IMG, "--size", "17000000"]),
+    ("size 2^80", ["calibrate", "--backend", _TMP_IMG, "--size", str(2**80), "--runtime", "0.01s"]),
+    ("size 1PiB", ["calibrate", "--backend", _TMP_IMG, "--size", "1PiB", "--runtime", "0.01s"]),
+    ("runtime 0", _CAL[:-1] + ["0"]),
+    ("runtime nan", _CAL[:-1] + ["nan"]),
+    ("runtime 1e30s", _CAL[:-1] + ["1e30s"]),
+    ("runtime 100000h", _CAL[:-1] + ["100000h"]),
+    ("runtime text", _CAL[:-1] + ["soon"]),
+    ("device unknown", _CAL + ["--device", "warp9"]),
+    ("device /dev/zero", _CAL + ["--device", "/dev/zero"]),
+    ("device not nand", _CAL + ["--device", "cxl-dram"]),
+    ("device deep yaml", _CAL + ["--device", f"{H}/deep.yaml"]),
+    ("device binary", _CAL + ["--device", f"{H}/binary.yaml"]),
+    ("output missing folder", _CAL + ["-o", "/nonexistent/dir/fragment.yaml"]),
+    ("output is a folder", _CAL + ["-o", H]),
+    ("output /dev/full", _CAL + ["-o", "/dev/full"]),
+    ("seed negative", _CAL + ["--seed=-1"]),
+    ("seed 2^70", _CAL + ["--seed", str(2**70)]),
+    ("seed text", _CAL + ["--seed", "x"]),
+]
+# what the error line must name: the check that is meant to catch the case, not a later one
+CALIBRATE_BLAMES = {"size 2^80": "--size", "size 1PiB": "--size", "runtime 100000h": "--runtime",
+                    "output missing folder": "--output", "output is a folder": "--output",
+                    "output /dev/full": "--output", "seed negative": "--seed", "seed 2^70": "--seed",
+                    "backend /dev/zero": "/dev/zero", "backend is a folder": "Is a directory",
+                    "device not nand": "backing"}
+
 POLICIES = [
     ("unknown name", ["policies", "nosuch"]),
 ]
@@ -156,7 +198,8 @@ DEVICE += [
     ("state is a file", _SERVE + [f"{H}/tiny.jsonl"]),
     ("state not creatable", _SERVE + [f"{H}/tiny.jsonl/state"]),
 ]
-CASES = [(f"{args[0] if args else 'cxlhm'}: {name}", args) for group in (RUN, MRC, MAILBOX, DEVICE, POLICIES, CLI)
+CASES = [(f"{args[0] if args else 'cxlhm'}: {name}", args) for group in (RUN, MRC, MAILBOX, DEVICE, CALIBRATE,
+                                                                                   POLICIES, CLI)
          for name, args in group]
 
 
@@ -215,7 +258,7 @@ def test_hostile_input_gets_one_clear_error(argv):
     assert "Traceback" not in err and "Traceback" not in out, err
     assert "internal error" not in err, err
     assert status not in (0, None), f"exit 0 for bad input; stdout: {out[-500:]}"
-    if command in {"run", "mrc", "mailbox", "policies"}:
+    if command in {"run", "mrc", "mailbox", "policies", "calibrate"}:
         lines = [line for line in err.splitlines() if line.strip()]
         assert lines and lines[-1].startswith(f"cxlhm {command}: error: "), err
         assert len(lines[-1]) < 2000, "one line, not a dump"
@@ -234,5 +277,15 @@ def test_every_subcommand_is_covered():
     from cxlhm_apps.cli import COMMANDS
     covered = {args[0] for _, args in CASES if args}
     # fio and serve-bench keep their hostile inputs with their own tests
-    missing = set(COMMANDS.builtin_names()) - covered - {"fio", "serve-bench", "calibrate"}
+    missing = set(COMMANDS.builtin_names()) - covered - {"fio", "serve-bench"}
     assert not missing, f"no hostile cases for: {', '.join(sorted(missing))}"
+
+
+@pytest.mark.parametrize("name", sorted(CALIBRATE_BLAMES))
+def test_calibrate_refuses_before_measuring_and_names_the_option(name):
+    argv = dict(CALIBRATE)[name]
+    status, _, err, _ = run_forked(argv)
+    line = [entry for entry in err.splitlines() if entry.strip()][-1]
+    assert status == 2 and line.startswith("cxlhm calibrate: error: "), err
+    assert CALIBRATE_BLAMES[name] in line, line
+    assert not os.path.exists(_TMP_IMG), "a refused calibration created its backend file"

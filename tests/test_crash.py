@@ -26,6 +26,7 @@ writes, only a machine crash would.
 import json
 import os
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cxlhm.config import ConfigError
 from cxlhm.device import DeviceClosed
 from cxlhm.integrity import PoisonError
 from host_runtime.driver import open_device
@@ -338,6 +340,20 @@ def _run_child(image, report, policy, faults, kill, n_ops, seed, delay_s=None, t
     return status
 
 
+def reopen(config, timeout_s: float = 10.0):
+    """open_device once the killed writer's image lock is gone: the kernel drops a dead
+    process's io_uring file references asynchronously, a few milliseconds after it is
+    reaped, and the lock goes with the last one."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return open_device(config)
+        except ConfigError as exc:
+            if "already open" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
 def _verify_after_crash(image, report_path, policy) -> dict:
     lines = Path(report_path).read_text().splitlines()
     assert not any(l.startswith(("EXC", "BAD")) for l in lines), [l for l in lines if l.startswith(("EXC", "BAD"))]
@@ -356,7 +372,7 @@ def _verify_after_crash(image, report_path, policy) -> dict:
     durable = {k for k in (committed if clean else committed[:durable_upto]) if k not in removing}
     out = {"committed": len(committed), "durable": len(durable), "corrupt": 0, "missing_durable": 0,
            "present": 0, "clean": clean}
-    with open_device(_kv_config(image, policy)) as h:
+    with reopen(_kv_config(image, policy)) as h:
         store = KVStore(h)
         try:
             store.check()  # the recovered index and allocator agree: no leak, no overlap
@@ -449,6 +465,8 @@ def _crash_campaign(tmp_path, points: int, n_ops: int, seed: int) -> dict:
         summary["chunks_read"] += result["present"]
         for suffix in ("", ".kvindex", ".cxlhm.json", ".cxlhm.sums", ".cxlhm.ilog"):  # keep tmp small
             Path(str(image) + suffix).unlink(missing_ok=True)
+        if (i + 1) % 100 == 0:
+            print(f"  kv store: {i + 1}/{points} crash points", file=sys.stderr, flush=True)
     return summary
 
 

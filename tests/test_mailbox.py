@@ -506,11 +506,11 @@ def test_a_host_clearing_the_ready_bit_does_not_disable_the_mailbox(open_mailbox
 def test_capability_registers_written_by_a_host_are_put_back(open_mailbox):
     _, mb, client = open_mailbox()
     client.identify()
-    header = client.regs._mm[:0x80]
+    header = client.regs.read_bytes(0, 0x80)
     caps = client.regs.read32(client.regs.mailbox_offset)
-    client.regs._mm[:0x80] = bytes(0x80)
+    client.regs.write_bytes(0, bytes(0x80))
     client.regs.write32(client.regs.mailbox_offset, 0x1F)
-    _wait_for(lambda: client.regs._mm[:0x80] == header and client.regs.read32(client.regs.mailbox_offset) == caps,
+    _wait_for(lambda: client.regs.read_bytes(0, 0x80) == header and client.regs.read32(client.regs.mailbox_offset) == caps,
               "the capability registers were not re-asserted")
     fresh = MailboxClient(mb.path)  # a new client discovers the mailbox again
     assert fresh.identify()["max_message_size"] == 2048

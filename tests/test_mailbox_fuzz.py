@@ -1,7 +1,6 @@
 """Untrusted input: random opcodes, lengths, payloads and doorbell abuse thrown at the
 mailbox. Every command must end with a spec return code, the firmware must never
 crash or hang, and the bytes stored on the device must not change."""
-import os
 import time
 
 import numpy as np
@@ -90,56 +89,65 @@ def _wait_doorbell_clear(regs) -> None:
         time.sleep(0.0002)
 
 
-def _run_fuzz(policy: str, tmp_path, max_examples: int) -> None:
-    dev = open_device({"capacity": CAPACITY, "block_size": BLOCK, "dram_bytes": 4 * BLOCK,
-                       "backend": {"path": str(tmp_path / "ssd.img")}, "firmware": {"policy": policy}})
-    # small thresholds so the background path is exercised too
-    mailbox = Mailbox(dev.device, background_min_blocks=8, background_step_blocks=2).start()
-    client = MailboxClient(mailbox, timeout=HANG_S, background_timeout=HANG_S)
-    try:
-        stored = np.random.default_rng(5).integers(0, 256, CAPACITY, np.uint8)
-        dev.write_from(0, stored)  # 1 MiB through 16 KiB of DRAM: most of it lives on the SSD
-        regs = client.regs
+class MailboxFuzz:
+    """A device holding 1 MiB of known bytes (most of it on the SSD behind 16 KiB of
+    DRAM), its mailbox and a client; `check(case)` throws one case at it,
+    `check_after()` checks what must hold once the fuzzing stops."""
 
-        @settings(max_examples=max_examples, deadline=None, database=None,
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-        @given(fuzz_input)
-        def throw(case):
-            if case[0] == "command":
-                _, opcode, payload, length = case
-                reply = client.execute(opcode, payload, length=length)
-                assert reply.rc in SPEC_CODES
-                assert len(reply.output) <= client.payload_size
-                if reply.rc not in (ReturnCode.SUCCESS, ReturnCode.BACKGROUND_STARTED):
-                    assert reply.output == b""
-                if opcode not in COMMANDS:
-                    assert reply.rc in (ReturnCode.UNSUPPORTED, ReturnCode.BUSY)
-            else:
-                for what, value, data in case[1]:
-                    if what == "ring":
-                        regs.command = value
-                        regs.set_doorbell()
-                    elif what == "clear":
-                        regs.clear_doorbell()
-                    elif what == "command":
-                        regs.command = value
-                    elif what == "payload":
-                        regs.write_payload(data)
-                    else:
-                        mailbox.kick()
-                mailbox.kick()
-                _wait_doorbell_clear(regs)
-            assert R.decode_status(regs.status)[0] in SPEC_CODES
-            assert R.decode_background(regs.background_status)[2] in SPEC_CODES
+    def __init__(self, policy: str, folder):
+        self.dev = open_device({"capacity": CAPACITY, "block_size": BLOCK, "dram_bytes": 4 * BLOCK,
+                                "backend": {"path": str(folder / "ssd.img")}, "firmware": {"policy": policy}})
+        # small thresholds so the background path is exercised too
+        self.mailbox = Mailbox(self.dev.device, background_min_blocks=8, background_step_blocks=2).start()
+        self.client = MailboxClient(self.mailbox, timeout=HANG_S, background_timeout=HANG_S)
+        self.stored = np.random.default_rng(5).integers(0, 256, CAPACITY, np.uint8)
+        self.dev.write_from(0, self.stored)
 
-        throw()
+    def __enter__(self) -> "MailboxFuzz":
+        return self
 
-        _wait_doorbell_clear(regs)
+    def __exit__(self, *exc) -> None:
+        self.client.close()
+        self.mailbox.close()
+        self.dev.close()
+
+    def check(self, case) -> None:
+        client, regs, mailbox = self.client, self.client.regs, self.mailbox
+        if case[0] == "command":
+            _, opcode, payload, length = case
+            reply = client.execute(opcode, payload, length=length)
+            assert reply.rc in SPEC_CODES
+            assert len(reply.output) <= client.payload_size
+            if reply.rc not in (ReturnCode.SUCCESS, ReturnCode.BACKGROUND_STARTED):
+                assert reply.output == b""
+            if opcode not in COMMANDS:
+                assert reply.rc in (ReturnCode.UNSUPPORTED, ReturnCode.BUSY)
+        else:
+            for what, value, data in case[1]:
+                if what == "ring":
+                    regs.command = value
+                    regs.set_doorbell()
+                elif what == "clear":
+                    regs.clear_doorbell()
+                elif what == "command":
+                    regs.command = value
+                elif what == "payload":
+                    regs.write_payload(data)
+                else:
+                    mailbox.kick()
+            mailbox.kick()
+            _wait_doorbell_clear(regs)
+        assert R.decode_status(regs.status)[0] in SPEC_CODES
+        assert R.decode_background(regs.background_status)[2] in SPEC_CODES
+
+    def check_after(self) -> None:
+        client, dev = self.client, self.dev
+        _wait_doorbell_clear(client.regs)
         try:
             client.wait_background()
         except MailboxCommandError as exc:  # a background batch may end in an error code
             assert int(exc.rc) in SPEC_CODES
-        assert mailbox._threads[0].is_alive(), "the firmware thread died"
+        assert self.mailbox._threads[0].is_alive(), "the firmware thread died"
         for _ in range(3):  # a last abused command may still answer BUSY once
             reply = client.execute(Opcode.IDENTIFY)
             if reply.rc == ReturnCode.SUCCESS:
@@ -147,13 +155,21 @@ def _run_fuzz(policy: str, tmp_path, max_examples: int) -> None:
         assert reply.rc == ReturnCode.SUCCESS
         back = np.empty(CAPACITY, np.uint8)
         dev.read_into(0, back)
-        assert np.array_equal(back, stored), "a mailbox command changed stored bytes"
-        dev.write_from(0, stored[:BLOCK][::-1].copy())  # and the device still takes writes
-        assert dev.load(0, BLOCK) == stored[:BLOCK][::-1].tobytes()
-    finally:
-        client.close()
-        mailbox.close()
-        dev.close()
+        assert np.array_equal(back, self.stored), "a mailbox command changed stored bytes"
+        dev.write_from(0, self.stored[:BLOCK][::-1].copy())  # and the device still takes writes
+        assert dev.load(0, BLOCK) == self.stored[:BLOCK][::-1].tobytes()
+
+
+def _run_fuzz(policy: str, tmp_path, max_examples: int) -> None:
+    with MailboxFuzz(policy, tmp_path) as world:
+        @settings(max_examples=max_examples, deadline=None, database=None,
+                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+        @given(fuzz_input)
+        def throw(case):
+            world.check(case)
+
+        throw()
+        world.check_after()
 
 
 def test_fuzz_mailbox_lru(tmp_path):
@@ -165,11 +181,3 @@ def test_fuzz_mailbox_lru(tmp_path):
 @pytest.mark.slow
 def test_fuzz_mailbox_every_policy(policy, tmp_path):
     _run_fuzz(policy, tmp_path, max_examples=1500)
-
-
-@pytest.mark.skipif(not os.environ.get("CXLHM_FUZZ_CASES"), reason="the volume run: make fuzz")
-def test_fuzz_mailbox_at_volume(tmp_path):
-    """`make fuzz`: CXLHM_FUZZ_CASES mailbox cases (commands and raw register abuse)."""
-    cases = int(os.environ["CXLHM_FUZZ_CASES"])
-    _run_fuzz("lru", tmp_path, max_examples=cases)
-    print(f"mailbox payload fuzz: {cases} cases, 0 failures")

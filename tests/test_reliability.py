@@ -221,3 +221,79 @@ if __name__ == "__main__":
     for key in sorted(data):
         group, name, metric = key.split("/")
         print(f"  {group:10s} {name:34s} {metric:28s} {data[key]['value']}")
+
+
+def test_register_traffic_survives_another_process_truncating_the_file(tmp_path):
+    """A hostile process truncates the register file over and over while four client
+    threads run commands: the device process must never fault (a mapped register page
+    past the new end of the file would be SIGBUS), and the mailbox works afterwards."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from cxlhm.mailbox import Opcode
+    from host_runtime.mailbox import MailboxClient, MailboxError
+    from cxlhm.mailbox.registers import NotARegisterFile
+
+    config = {"capacity": 64 * BLOCK, "block_size": BLOCK, "dram_bytes": SLOTS * BLOCK,
+              "backend": {"path": str(tmp_path / "warm.img")}}
+    with open_device(config) as dev:  # compile the firmware's kernels before the fork
+        MailboxClient(dev.device.start_mailbox()).identify()
+    to_parent, from_child = os.pipe()
+    to_child, from_parent = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the device process
+        code = 3
+        try:
+            with open_device({**config, "backend": {"path": str(tmp_path / "dev.img")}}) as dev:
+                mailbox = dev.device.start_mailbox()
+                os.write(from_child, mailbox.path.encode() + b"\n")
+                os.read(to_child, 1)  # until the parent is done
+                os.write(from_child, f"{mailbox.registers_restored} {int(mailbox._threads[0].is_alive())}\n".encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(from_child)  # so a dead child reads as end of file, never a hang
+    os.close(to_child)
+    try:
+        path = os.read(to_parent, 4096).decode().strip()
+        assert path, "the device process died before it served"
+        stop = threading.Event()
+        commands = [0]
+        truncations = [0]
+
+        def traffic():
+            while not stop.is_set():
+                try:
+                    with MailboxClient(path, timeout=5, ready_timeout=5, busy_timeout=2) as client:
+                        for _ in range(50):
+                            client.execute(Opcode.IDENTIFY)
+                            client.execute(Opcode.GET_HEALTH_INFO)
+                            commands[0] += 2
+                except (MailboxError, NotARegisterFile, ValueError):
+                    pass  # a client that met a truncated file may fail; the device must not
+
+        clients = [threading.Thread(target=traffic) for _ in range(4)]
+        for t in clients:
+            t.start()
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            os.truncate(path, 0)
+            truncations[0] += 1
+            time.sleep(0.0005)
+        stop.set()
+        for t in clients:
+            t.join(30)
+        with MailboxClient(path, timeout=10, busy_timeout=5) as client:
+            assert client.identify()["max_message_size"] >= 2048
+        os.write(from_parent, b"x")
+        restored, alive = map(int, os.read(to_parent, 4096).split())
+    finally:
+        os.close(from_parent)
+        os.close(to_parent)
+        _, status = os.waitpid(pid, 0)
+    assert not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGBUS), "the device process died of SIGBUS"
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    assert alive, "the firmware thread died"
+    assert truncations[0] > 100 and commands[0] > 100 and restored > 0

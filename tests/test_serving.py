@@ -11,7 +11,7 @@ from cxlhm_apps.serving import workloads as W
 from cxlhm_apps.serving.gpu import gpu_model
 from cxlhm_apps.serving.metrics import max_speed_under_slo, summarize
 from cxlhm_apps.serving.params import ServingParams
-from cxlhm_apps.serving.scheduler import replay
+from cxlhm_apps.serving.topologies import replay
 from cxlhm_apps.serving.sweep import Task, run_grid
 from cxlhm_apps.serving.yamlspec import SpecError
 from cxlhm.traces import TraceError
@@ -375,3 +375,30 @@ def test_grid_on_a_local_ray_instance():
     local = run_grid(tasks, workers=1)
     assert [r["reference"]["ttft_mean_s"] for r in results] == [r["reference"]["ttft_mean_s"] for r in local]
     assert not math.isnan(results[0]["reference"]["ttft_mean_s"])
+
+
+def test_errors_with_their_own_arguments_cross_a_process_boundary():
+    """A worker's exception comes back pickled: one whose constructor takes other
+    arguments than its message (a device ConfigError, a broken registry entry) used to
+    fail to unpickle, which broke the whole process pool and hid the error."""
+    import pickle
+
+    from cxlhm.config import ConfigError
+    from cxlhm.registry import BrokenEntry
+    from firmware_policies import BrokenPolicy
+    for exc in (ConfigError("cmm-h.yaml", "timing.nand_channels", "must be positive"),
+                BrokenEntry("boom", name="twoq", source="entry point x"), BrokenPolicy("boom", name="p", source="s")):
+        back = pickle.loads(pickle.dumps(exc))
+        assert type(back) is type(exc) and str(back) == str(exc) and back.args == exc.args
+        assert vars(back) == vars(exc)
+
+
+def test_a_failing_cell_comes_back_naming_itself_and_its_error():
+    from cxlhm_apps.serving.sweep import CellFailed
+    spec = W.default_spec("agent", sessions=2)
+    bad = ServingParams(device_profile="no-such-profile", gpu_kv_bytes=3 << 30)
+    tasks = [Task(spec, "ideal", ServingParams(), reference_speed=1.0),
+             Task(spec, "cxlhm-hymcache", bad, reference_speed=1.0)]
+    with pytest.raises(CellFailed, match=r"cxlhm-hymcache / agent / colocated / D 64 GiB / GPU pool 3 GiB failed: "
+                                         r"ConfigError: profile: profile: no profile named 'no-such-profile'"):
+        run_grid(tasks, workers=2)

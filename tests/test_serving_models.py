@@ -19,7 +19,7 @@ from cxlhm_apps.serving.gpu import GPUS, LLAMA3_8B, MODELS, PAIRS, fit_table, gp
 from cxlhm_apps.serving.params import ServingParams, params_from
 from cxlhm.registry import UnknownName
 from cxlhm_apps.serving.report import COLUMNS, LEGEND, search_notes
-from cxlhm_apps.serving.scheduler import replay
+from cxlhm_apps.serving.topologies import replay
 from cxlhm_apps.serving.tiers import Link, LruDramTier
 
 

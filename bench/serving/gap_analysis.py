@@ -19,6 +19,9 @@ and, first, for every (model, GPU) pair of the reproduction, the transfer-vs-rec
 boundary: the device bandwidth above which loading a chunk beats recomputing it and the
 chunk size above which it does at each path's bandwidth (`--boundary` prints only that).
 
+`--bounds` prints each committed calibration table's prefill and decode figures against
+their roofline bounds: how many are within 2x, and every one beyond with its reason.
+
 It writes stack_distance.png (the capacity curve) to --out.
 """
 from __future__ import annotations
@@ -36,10 +39,11 @@ from _common import command, machine  # noqa: E402
 from cxlhm_apps.serving.comparison import REFERENCE_SPEED  # noqa: E402
 from cxlhm_apps.serving.configs import CONFIG_ORDER, TierContext, make_system  # noqa: E402
 from cxlhm_apps.serving.boundary import boundary_lines  # noqa: E402
-from cxlhm_apps.serving.gpu import PAIRS  # noqa: E402
+from cxlhm_apps.serving.bounds import report as bounds_report  # noqa: E402
+from cxlhm_apps.serving.gpu import PAIRS, TABLES  # noqa: E402
 from cxlhm_apps.serving.metrics import summarize  # noqa: E402
 from cxlhm_apps.serving.params import ServingParams  # noqa: E402
-from cxlhm_apps.serving.scheduler import replay  # noqa: E402
+from cxlhm_apps.serving.topologies import replay  # noqa: E402
 from cxlhm_apps.serving.workloads import Workload, build, default_spec, spec_at_speed  # noqa: E402
 
 GiB = 1 << 30
@@ -200,15 +204,21 @@ def main() -> int:
     ap.add_argument("--class-configs", default="recompute,lmcache-local,cxlhm-hymcache,mooncake-dram",
                     help="configurations in the per-class table")
     ap.add_argument("--boundary", action="store_true", help="print the transfer-vs-recompute boundary only")
+    ap.add_argument("--bounds", action="store_true",
+                    help="print the calibration tables' figures against their roofline bounds only")
     ap.add_argument("--model", default="llama3-8b")
     ap.add_argument("--gpu", default="h200")
     ap.add_argument("--out", default="out/gap-analysis")
     args = ap.parse_args()
     params = ServingParams(model=args.model, gpu=args.gpu)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     print(f"command: {command()}")
     print(f"machine: {machine()} (model clock: the figures do not depend on it)")
+    if args.bounds:
+        text, unexplained = bounds_report([t for t in TABLES.values() if t.exists()])
+        print(text)
+        return 1 if unexplained else 0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     print(f"GPU KV pool {params.kv_pool_bytes / GiB:g} GiB, D = {params.dram_bytes / GiB:g} GiB, "
           f"pool {params.pool_factor:g} x D")
     print("\n== transfer vs recompute: per model and GPU, the bandwidth above which loading a chunk beats "

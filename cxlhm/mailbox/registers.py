@@ -21,10 +21,16 @@ Layout (offsets from the start of the block, which is the start of the file):
 Device status sits at 0x80 and the mailbox at 0x88, as in QEMU's Type-3 model;
 hosts should still find them through the capability headers, as Linux does.
 
-Why a file: the register block is shared memory (MAP_SHARED of a file, by default
-under /dev/shm), so a host in another process maps the same registers, exactly
-as it would map a BAR. Accesses are aligned 32/64-bit loads and stores; on x86-64
-(total store order) that is all the ordering the doorbell protocol needs.
+Why a file: the register block is shared memory (a file, by default under /dev/shm),
+so a host in another process reaches the same registers, as it would through a BAR.
+This module reads and writes them with pread/pwrite on the file's descriptor, not
+through a mapping: both go to the same page-cache pages a mapping of the file would
+show (another host may map it), and a file that another process truncated reads short
+and takes writes, where a mapped page past the new end would kill the process with
+SIGBUS on its next touch - at any moment, since the truncation can land between any
+size check and the access. Each access is one aligned 32/64-bit read or write of a
+register, issued in program order; every syscall orders them, which is all the
+doorbell protocol needs.
 """
 from __future__ import annotations
 
@@ -33,8 +39,6 @@ import os
 import struct
 import tempfile
 from pathlib import Path
-
-from cxlhm.sharedfile import attach_shared
 
 CAP_ARRAY_ID = 0x0000
 CAP_DEVICE_STATUS = 0x0001
@@ -163,8 +167,8 @@ class RegisterFile:
     existing one (host side, any process) and finds the mailbox through the
     capability headers."""
 
-    def __init__(self, path: str, mm: mmap.mmap, fd: int, *, owner: bool, remove_on_close: bool):
-        self.path, self._mm, self._fd = path, mm, fd
+    def __init__(self, path: str, fd: int, size: int, *, owner: bool, remove_on_close: bool):
+        self.path, self._fd, self._size = path, fd, size
         self.owner, self._remove_on_close = owner, remove_on_close
         self._discover()
         if owner:
@@ -190,12 +194,12 @@ class RegisterFile:
             remove = False
         try:
             os.ftruncate(fd, size)
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
             if remove:
                 os.unlink(name)
             raise
+        layout = bytearray(size)
         headers = [(CAP_DEVICE_STATUS, 2, DEVICE_STATUS_OFFSET, DEVICE_STATUS_LENGTH),
                    (CAP_PRIMARY_MAILBOX, 1, MAILBOX_OFFSET, mailbox_len),
                    (CAP_MEMDEV_STATUS, 1, memdev_off, MEMDEV_STATUS_LENGTH)]
@@ -203,22 +207,26 @@ class RegisterFile:
         # early sees count 0 (not yet a register block) rather than half a layout.
         for i, (cap, version, offset, length) in enumerate(headers):
             at = CAP_HEADERS_OFFSET + i * CAP_HEADER_SIZE
-            _U64.pack_into(mm, at, cap | (version << 16) | (offset << 32))
-            _U32.pack_into(mm, at + 8, length)
-        _U32.pack_into(mm, MAILBOX_OFFSET + MB_CAPS, payload_size_log2)
-        _U64.pack_into(mm, 0, CAP_ARRAY_ID | (1 << 16) | (len(headers) << 32))
-        return cls(name, mm, fd, owner=True, remove_on_close=remove)
+            _U64.pack_into(layout, at, cap | (version << 16) | (offset << 32))
+            _U32.pack_into(layout, at + 8, length)
+        _U32.pack_into(layout, MAILBOX_OFFSET + MB_CAPS, payload_size_log2)
+        os.pwrite(fd, bytes(layout[8:]), 8)
+        os.pwrite(fd, _U64.pack(CAP_ARRAY_ID | (1 << 16) | (len(headers) << 32)), 0)
+        try:
+            return cls(name, fd, size, owner=True, remove_on_close=remove)
+        except BaseException:
+            os.close(fd)
+            raise
 
     # ------------------------------------------------------------ what the device owns
     def snapshot_read_only(self) -> None:
         """Remember the registers that are read-only from the host's view (capability
         array and headers, mailbox capabilities), so `reassert` can put them back."""
-        self._read_only = (bytes(self._mm[:DEVICE_STATUS_OFFSET]), self.read32(self.mailbox_offset + MB_CAPS))
-        self._size = len(self._mm)
+        self._read_only = (self.read_bytes(0, DEVICE_STATUS_OFFSET), self.read32(self.mailbox_offset + MB_CAPS))
 
     def intact(self) -> bool:
         """The file still has its full size (another process may ftruncate it: touching
-        a page past the end would be SIGBUS). The device re-extends it when not."""
+        a page past the end would read short). The device re-extends it when not."""
         try:
             return os.fstat(self._fd).st_size >= self._size
         except OSError:
@@ -233,8 +241,8 @@ class RegisterFile:
             os.ftruncate(self._fd, self._size)  # the pages come back zeroed: rewrite what they held
             restored = True
         header, caps = self._read_only
-        if restored or self._mm[:DEVICE_STATUS_OFFSET] != header:
-            self._mm[:DEVICE_STATUS_OFFSET] = header
+        if restored or self.read_bytes(0, DEVICE_STATUS_OFFSET) != header:
+            self.write_bytes(0, header)
             restored = True
         if self.read32(self.mailbox_offset + MB_CAPS) != caps:
             self.write32(self.mailbox_offset + MB_CAPS, caps)
@@ -251,22 +259,28 @@ class RegisterFile:
         if pid is not None and not _alive(pid):
             raise StaleRegisterFile(f"{name}: its device process {pid} is gone (a stale register file; "
                                     "the next device start removes it)")
-        return attach_shared(name, DEVICE_STATUS_OFFSET,
-                             lambda size: NotARegisterFile(f"{name}: {size} bytes is too small for a register block"),
-                             lambda mm, fd: cls(name, mm, fd, owner=False, remove_on_close=False))
+        fd = os.open(name, os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            if size < DEVICE_STATUS_OFFSET:
+                raise NotARegisterFile(f"{name}: {size} bytes is too small for a register block")
+            return cls(name, fd, size, owner=False, remove_on_close=False)
+        except BaseException:
+            os.close(fd)
+            raise
 
     def _discover(self) -> None:
         """Find the capabilities by walking the array, like cxl_probe_device_regs."""
-        size = len(self._mm)
-        array = _U64.unpack_from(self._mm, 0)[0]
+        size = self._size
+        array = self.read64(0)
         count = (array >> 32) & 0xFFFF
         if array & 0xFFFF != CAP_ARRAY_ID or not 1 <= count <= (DEVICE_STATUS_OFFSET - CAP_HEADERS_OFFSET) // CAP_HEADER_SIZE:
             raise NotARegisterFile(f"{self.path}: no device capabilities array at offset 0")
         caps = {}
         for i in range(count):
             at = CAP_HEADERS_OFFSET + i * CAP_HEADER_SIZE
-            head = _U64.unpack_from(self._mm, at)[0]
-            length = _U32.unpack_from(self._mm, at + 8)[0]
+            head = self.read64(at)
+            length = self.read32(at + 8)
             offset = head >> 32
             if offset + length > size:
                 raise NotARegisterFile(f"{self.path}: capability {head & 0xFFFF:#06x} lies outside the file")
@@ -284,27 +298,35 @@ class RegisterFile:
         self.payload_offset = self.mailbox_offset + MB_PAYLOAD
 
     # ------------------------------------------------------------ raw access
+    def read_bytes(self, offset: int, n: int) -> bytes:
+        """`n` bytes at `offset`; what lies past the end of a truncated file reads as zeros."""
+        data = os.pread(self._fd, n, offset)
+        return data if len(data) == n else data + bytes(n - len(data))
+
+    def write_bytes(self, offset: int, data: bytes | bytearray | memoryview) -> None:
+        os.pwrite(self._fd, data, offset)
+
     def read32(self, offset: int) -> int:
-        return _U32.unpack_from(self._mm, offset)[0]
+        return _U32.unpack(self.read_bytes(offset, 4))[0]
 
     def write32(self, offset: int, value: int) -> None:
-        _U32.pack_into(self._mm, offset, value & 0xFFFFFFFF)
+        os.pwrite(self._fd, _U32.pack(value & 0xFFFFFFFF), offset)
 
     def read64(self, offset: int) -> int:
-        return _U64.unpack_from(self._mm, offset)[0]
+        return _U64.unpack(self.read_bytes(offset, 8))[0]
 
     def write64(self, offset: int, value: int) -> None:
-        _U64.pack_into(self._mm, offset, value & 0xFFFFFFFFFFFFFFFF)
+        os.pwrite(self._fd, _U64.pack(value & 0xFFFFFFFFFFFFFFFF), offset)
 
     def read_payload(self, n: int) -> bytes:
         """A private copy of the first `n` payload bytes (n is clamped to the area)."""
         n = max(0, min(n, self.payload_size))
-        return self._mm[self.payload_offset:self.payload_offset + n]
+        return self.read_bytes(self.payload_offset, n)
 
     def write_payload(self, data: bytes | bytearray | memoryview) -> None:
         if len(data) > self.payload_size:
             raise ValueError(f"{len(data)} bytes do not fit the {self.payload_size}-byte payload area")
-        self._mm[self.payload_offset:self.payload_offset + len(data)] = bytes(data)
+        os.pwrite(self._fd, bytes(data), self.payload_offset)
 
     # ------------------------------------------------------------ named registers
     def _mb(self, reg: int) -> int:
@@ -367,14 +389,13 @@ class RegisterFile:
 
     @property
     def closed(self) -> bool:
-        return self._mm is None
+        return self._fd is None
 
     def close(self) -> None:
-        if self._mm is None:
+        if self._fd is None:
             return
-        self._mm.close()
-        self._mm = None
-        os.close(self._fd)
+        fd, self._fd = self._fd, None
+        os.close(fd)
         if self._remove_on_close:
             try:
                 os.unlink(self.path)

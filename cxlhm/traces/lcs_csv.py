@@ -70,6 +70,19 @@ def parse_csv_spec(text: str) -> CsvSpec:
     return CsvSpec(**cols)
 
 
+def _csv_rows(reader, path: str):
+    """The reader's rows; its own errors (a bare carriage return inside a field, ...) as a
+    TraceError naming the line."""
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise TraceError(path, str(reader.line_num), f"not CSV: {exc}") from None
+        yield row
+
+
 def read_csv(path: str | Path, spec: CsvSpec | str, *, block_size: int = 4096, limit: int | None = None) -> BlockTrace:
     spec = parse_csv_spec(spec) if isinstance(spec, str) else spec
     path = str(path)
@@ -83,7 +96,7 @@ def read_csv(path: str | Path, spec: CsvSpec | str, *, block_size: int = 4096, l
     except OSError as exc:
         raise TraceError(path, "0", f"cannot open trace: {exc.strerror}") from None
     with handle:
-        for lineno, row in enumerate(csv.reader(text_lines(handle, path), delimiter=spec.delimiter), 1):
+        for lineno, row in enumerate(_csv_rows(csv.reader(text_lines(handle, path), delimiter=spec.delimiter), path), 1):
             if limit is not None and len(ids) >= limit:
                 break
             if not row or (len(row) == 1 and not row[0].strip()):

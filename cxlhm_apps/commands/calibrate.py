@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+import stat
 import sys
 
 import yaml
@@ -40,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed for the random offsets (default 0)")
 
 
+MAX_RUNTIME_S = 3600.0  # per measurement point: 8 points, so a mistyped unit cannot run for days
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         size = parse_size(args.size)
@@ -49,8 +54,13 @@ def run(args: argparse.Namespace) -> int:
         runtime_s = parse_duration_ns(args.runtime, default_unit="s") / 1e9
     except ValueError as exc:
         raise ConfigError("--runtime", "runtime", str(exc)) from None
-    if runtime_s <= 0:
-        raise ConfigError("--runtime", "runtime", f"must be positive, got {args.runtime!r}")
+    if not 0 < runtime_s <= MAX_RUNTIME_S:
+        raise ConfigError("--runtime", "runtime", f"must be positive and at most {MAX_RUNTIME_S:g} s per point, "
+                          f"got {args.runtime!r}")
+    if not 0 <= args.seed < 2**63:
+        raise ConfigError("--seed", "seed", f"must be 0..2**63-1, got {args.seed}")
+    _check_room(args.backend, size)
+    _check_output(args.output)
     cfg = load_config(args.device)
     base = parse_timing(cfg.timing, cfg.source_of("timing"))
     if base.backing != "nand":
@@ -78,6 +88,40 @@ def run(args: argparse.Namespace) -> int:
     else:
         print("\n" + text)
     return 0
+
+
+def _check_room(path: str, size: int) -> None:
+    """A new or regular backend file is laid out in full: refuse a size its file system
+    cannot hold before writing anything (a block device is checked when it is opened)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        return
+    try:
+        vfs = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return  # a missing folder: opening the backend names it
+    room = vfs.f_bavail * vfs.f_frsize + (st.st_blocks * 512 if st is not None else 0)
+    if size > room:
+        raise ConfigError("--size", "size", f"{format_size(size)} does not fit: the file system of {path} has "
+                          f"{format_size(room)} free (calibration writes the whole region)")
+
+
+def _check_output(path: str | None) -> None:
+    """Where the fragment goes must be writable before minutes of measuring, not after."""
+    if path is None:
+        return
+    if os.path.isdir(path):
+        raise ConfigError("--output", "output", f"{path} is a folder; give a file name such as {path}/timing.yaml")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ConfigError("--output", "output", f"{path} is not a regular file")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ConfigError("--output", "output", f"folder {folder} does not exist")
+    if not os.access(path if os.path.exists(path) else folder, os.W_OK):
+        raise ConfigError("--output", "output", f"{path} is not writable")
 
 
 def comparison_table(measured: cal.Measurement, model: cal.Figures) -> str:

@@ -51,7 +51,9 @@ def add_arguments(parser):
     parser.add_argument("--dram", default="64GiB", help="DRAM budget D (default 64GiB: the paper's 1 TB / 16)")
     parser.add_argument("--budgets", default=None,
                         help="extra budgets for the throughput-vs-DRAM plot (default 16GiB,256GiB; none in --quick)")
-    parser.add_argument("--topology", default="colocated", choices=("colocated", "disagg", "both"))
+    parser.add_argument("--topology", default="colocated",
+                        help="colocated (default), disagg, both, or comma-separated registered topologies "
+                             "(entry-point group cxlhm.serving_topologies)")
     parser.add_argument("--quick", action="store_true", help="small workloads, one budget: under two minutes")
     parser.add_argument("--speed", type=float, default=None, help="replay speed of the TTFT columns")
     parser.add_argument("--no-search", action="store_true", help="skip the max-QPS search")

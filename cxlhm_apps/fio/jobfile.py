@@ -179,9 +179,14 @@ def read_sections(text: str, path: str = "<stdin>", *, _depth: int = 0, _in_sect
             if _depth >= MAX_INCLUDE_DEPTH:
                 raise JobFileError(path, lineno, None, f"includes nested deeper than {MAX_INCLUDE_DEPTH} (a cycle?)")
             inc_path = Path(target) if Path(target).is_absolute() else base_dir / target
-            if not inc_path.exists():
+            try:
+                found, regular = inc_path.exists(), inc_path.is_file()
+            except (OSError, ValueError) as exc:  # a name too long for the file system, a NUL byte
+                raise JobFileError(path, lineno, None, f"include: cannot use {str(inc_path)[:120]!r}: "
+                                   f"{getattr(exc, 'strerror', None) or exc}") from None
+            if not found:
                 raise JobFileError(path, lineno, None, f"include: no such file {str(inc_path)!r}")
-            if not inc_path.is_file():
+            if not regular:
                 raise JobFileError(path, lineno, None, f"include: {str(inc_path)!r} is not a regular file; "
                                                        "include takes a job file")
             read_sections(_read_text(inc_path), str(inc_path), _depth=_depth + 1, _in_section=current, _include=True)

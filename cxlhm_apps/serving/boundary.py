@@ -13,7 +13,7 @@ import dataclasses
 import math
 
 from cxlhm_apps.serving.gpu import GpuModel
-from cxlhm_apps.serving.params import ServingParams
+from cxlhm_apps.serving.params import ServingParams, device_timing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,9 +33,8 @@ def recompute_per_token_s(gpu: GpuModel, context: int, chunk: int = 512) -> floa
 def device_ssd_path(params: ServingParams) -> Path:
     """The CXL-HM device's cold path: NAND channels, capped by the CXL link; one page read
     of latency (tR) before data flows."""
-    from cxlhm.config import load_config
     from cxlhm.timing.params import parse_timing
-    t = parse_timing(load_config(params.device_profile).timing, params.device_profile)
+    t = parse_timing(device_timing(params), params.device_profile)
     return Path("CXL-HM SSD (cold)", min(t.nand_channels * t.nand_channel_rate, t.link_bandwidth),
                 t.nand_read_latency / 1e9 + 2 * t.link_latency / 1e9)
 

@@ -14,6 +14,7 @@ from cxlhm_apps.serving.params import ServingParams, params_from
 from cxlhm_apps.serving.report import (LEGEND, QUICK_CAVEAT, format_budget_table, format_table, plot_all, search_notes,
                                    write_json)
 from cxlhm_apps.serving.sweep import Task, run_grid
+from cxlhm_apps.serving.topologies import parse_topologies
 from cxlhm_apps.serving.workloads import WorkloadSpec, resolve
 
 # Per workload: the replay speed of the TTFT columns (the same offered load for every
@@ -39,6 +40,7 @@ class Comparison:
     budget_refine: int | None = None  # bisection steps for the extra-budget cells (None: refine)
     budget_topologies: tuple = ("colocated",)  # the DRAM sweep runs in these topologies
     sizes: dict | None = None        # workload config overrides, e.g. {"mooncake": {"requests": 2000}}
+    reuse_keep: float = 1.0          # share of sessions that keep their reuse (workloads.keep_reuse)
 
     def specs(self) -> list[tuple[WorkloadSpec, ServingParams]]:
         out = []
@@ -48,7 +50,7 @@ class Comparison:
                 kind_changes.update(QUICK_SIZES[name])
             if self.sizes and name in self.sizes:
                 kind_changes.update(self.sizes[name])
-            spec = resolve(name, **kind_changes)
+            spec = dataclasses.replace(resolve(name, **kind_changes), reuse_keep=self.reuse_keep)
             params = params_from(spec.serving, self.params) if spec.serving else self.params
             out.append((spec, params))
         return out
@@ -94,7 +96,7 @@ class Comparison:
 
 def parse_comparison(workloads: str, configs: str, params: ServingParams, budgets: list[int], topology: str,
                      **kwargs) -> Comparison:
-    topologies = ["colocated", "disagg"] if topology == "both" else [topology]
+    topologies = parse_topologies(topology)
     names = [w.strip() for w in workloads.split(",") if w.strip()]
     return Comparison(names, parse_configs(configs), params, budgets, topologies, **kwargs)
 

@@ -20,9 +20,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from cxlhm_apps.serving.params import ServingParams
-from cxlhm.registry import Registry, RegistryError
-from cxlhm.registry import UnknownName
+from cxlhm_apps.serving.params import ServingParams, device_timing
+from cxlhm.registry import Registry, RegistryError, UnknownName
 from cxlhm_apps.serving.tiers import CxlHmTier, LruDramTier, NoTier, Tier, gpu_links
 
 def _as_system(obj):
@@ -84,7 +83,7 @@ class CxlHm:
         down, up = _pcie(ctx)
         return CxlHmTier(p.dram_bytes, self.policy, ctx.n_chunks, ctx.chunk_stride, down, up, params=params,
                          hints=self.hints, profile=p.device_profile, coarsen=p.nand_coarsening,
-                         write_mode=p.device_write_mode or None)
+                         write_mode=p.device_write_mode or None, timing=device_timing(p))
 
 
 

@@ -55,6 +55,10 @@ class ServingParams:
     # a read's path (docs/serving.md, section 8).
     device_write_mode: str = ""
     nand_coarsening: int = 16         # tiers.NAND_COARSENING (docs/serving.md: within 5%)
+    # Overrides of the device profile's timing, (key, value) pairs as in a profile's
+    # `timing:` (e.g. (("nand_channel_rate", "2.4GB/s"),)): the sensitivity sweep varies
+    # the SSD's read bandwidth, and so its load/recompute ratio, alone.
+    device_timing: tuple = ()
     # hymcache firmware overrides: its fill_ns (expected SSD read of one block, used to drop
     # prefetches that cannot meet a NEXT_PREFIX deadline) defaults to 60 us for 64 KiB
     # blocks; a lone 2 MiB block takes ~1.1 ms on the serving device model (measured).
@@ -76,6 +80,19 @@ class ServingParams:
         return gpu_model(self.model, self.gpu, prefill=self.prefill_model, decode=self.decode_model)
 
 
+def device_timing(params: ServingParams) -> dict:
+    """The device profile's `timing:` with params.device_timing on top (ValueError naming
+    a wrong key or value)."""
+    from cxlhm.config import ConfigError, load_config
+    from cxlhm.timing.params import parse_timing
+    timing = {**load_config(params.device_profile).timing, **dict(params.device_timing)}
+    try:
+        parse_timing(timing, "serving.device_timing")
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    return timing
+
+
 SIZE_KEYS = ("dram_bytes", "gpu_kv_bytes")
 WRITE_MODES = ("", "write-back", "write-through", "write-buffer")
 
@@ -92,8 +109,10 @@ def params_from(spec_items: tuple, base: ServingParams | None = None, spec: Spec
         try:
             if key in SIZE_KEYS:
                 value = parse_size(value)
-            elif key == "hymcache_params":
+            elif key in ("hymcache_params", "device_timing"):
                 value = tuple(sorted(dict(value).items()))
+                if key == "device_timing":
+                    device_timing(base.replace(device_timing=value))  # keys and values checked now
             elif isinstance(getattr(base, key), float):
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
                     raise ValueError(f"must be a number, got {value!r}")

@@ -28,7 +28,8 @@ A request's life:
               over (or, for chats, after session_timeout_s without a new turn); a
               closed-loop session's next turn is released.
 
-Disaggregation (prefill and decode on separate GPUs) is in disagg.py.
+This is the colocated topology; topologies.py maps topology names to engines (the
+disaggregated one extends this class) and replays through them.
 """
 from __future__ import annotations
 
@@ -422,15 +423,3 @@ class Engine:
     def on_handover_done(self, now: float, payload) -> None:  # disaggregation only
         raise NotImplementedError
 
-
-def replay(workload: Workload, config: str, params: ServingParams = ServingParams(), speed: float = 1.0,
-           topology: str = "colocated", gpu: GpuModel | None = None, *, fail_fast: bool = False) -> ReplayResult:
-    """Replay `workload` at `speed` through configuration `config`. `fail_fast`: raise
-    SloMissed as soon as the TTFT percentile of params' SLO is surely missed (the max-QPS
-    search's overloaded probes, which otherwise run their growing queues to the end)."""
-    if topology == "colocated":
-        return Engine(workload, config, params, speed, gpu, fail_fast).run()
-    if topology == "disagg":
-        from cxlhm_apps.serving.disagg import DisaggEngine
-        return DisaggEngine(workload, config, params, speed, gpu, fail_fast).run()
-    raise ValueError(f"unknown topology {topology!r}; use colocated or disagg")

@@ -27,7 +27,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from cxlhm_apps.serving.configs import CxlHm, make_system
 from cxlhm_apps.serving.metrics import max_speed_under_slo, summarize
 from cxlhm_apps.serving.params import ServingParams
-from cxlhm_apps.serving.scheduler import SloMissed, replay
+from cxlhm_apps.serving.scheduler import SloMissed
+from cxlhm_apps.serving.topologies import replay
 from cxlhm_apps.serving.workloads import AgentConfig, WorkloadSpec, build, spec_at_speed
 
 # Order cells so the slow ones (device configurations) start first.

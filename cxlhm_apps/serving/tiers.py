@@ -302,7 +302,7 @@ class CxlHmTier(Tier):
     def __init__(self, dram_bytes: int, policy: str, n_chunks: int, stride: int, pcie_down: list[Link],
                  pcie_up: list[Link],
                  *, params: dict | None = None, hints: bool = True, profile: str = "cmm-h",
-                 coarsen: int = NAND_COARSENING, write_mode: str | None = None):
+                 coarsen: int = NAND_COARSENING, write_mode: str | None = None, timing: dict | None = None):
         from cxlhm.config import load_config
         from host_runtime.driver import open_device
         self.name = f"cxlhm-{policy}"
@@ -310,10 +310,9 @@ class CxlHmTier(Tier):
         self.stride = stride
         dram = max(2, int(dram_bytes) // self.block) * self.block
         capacity = -(-max(n_chunks * stride, dram) // GiB) * GiB  # sparse: unused capacity costs nothing
-        base = load_config(profile)
-        timing = dict(base.timing)
+        timing = dict(load_config(profile).timing if timing is None else timing)
         if coarsen > 1:
-            timing.update(coarse_timing(base.timing, coarsen))
+            timing.update(coarse_timing(timing, coarsen))
         firmware = {"policy": policy, "background": "manual", "params": dict(params or {})}
         if write_mode:
             firmware["write_mode"] = write_mode

@@ -347,6 +347,7 @@ class WorkloadSpec:
     config: object
     serving: tuple = ()      # (key, value) overrides of the serving parameters from the file
     source: str = ""
+    reuse_keep: float = 1.0  # share of sessions that keep their reuse (keep_reuse; 1: all)
 
     @property
     def label(self) -> str:
@@ -403,4 +404,27 @@ def spec_at_speed(spec: WorkloadSpec, speed: float) -> WorkloadSpec:
 @lru_cache(maxsize=8)
 def build(spec: WorkloadSpec) -> Workload:
     """The workload's requests (cached per process: sweeps build each one once)."""
-    return WORKLOADS.get(spec.kind)(spec.config)
+    return keep_reuse(WORKLOADS.get(spec.kind)(spec.config), spec.reuse_keep)
+
+
+def keep_reuse(w: Workload, keep: float, seed: int = 0) -> Workload:
+    """The same requests - lengths, outputs, arrivals, sessions - with the reuse of a share
+    1 - `keep` of the sessions (drawn with `seed`) taken away: every turn of such a session
+    gets chunk ids no other request has, so nothing of its context was computed before,
+    its own earlier turns and shared prompts included. Varies the reusable share alone."""
+    if not 0.0 <= keep <= 1.0:
+        raise ValueError(f"reuse_keep must be in [0, 1], got {keep!r}")
+    if keep == 1.0:
+        return w
+    sessions = sorted({r.session for r in w.requests})
+    draws = np.random.default_rng(seed).random(len(sessions))  # the first sessions draw the same at any count
+    dropped = {s for s, u in zip(sessions, draws) if u >= keep}
+    next_id = w.max_chunk_id + 1
+    out = []
+    for r in w.requests:
+        if r.session in dropped:
+            r = dataclasses.replace(r, chunk_ids=np.arange(next_id, next_id + r.chunk_ids.size, dtype=np.int64))
+            next_id += r.chunk_ids.size
+        out.append(r)
+    return dataclasses.replace(w, requests=tuple(out),
+                               description=f"{w.description}; reuse kept by {keep:.0%} of sessions")
