@@ -289,3 +289,35 @@ def test_a_stream_of_reads_and_writes_is_its_issue_order(tmp_path_factory, ops, 
         dev.read_into(0, back)
         assert (back == expected).all()
         assert dev.stats()["checksum_mismatches"] == 0
+
+
+def test_a_write_stream_writes_its_dirty_victims_back_on_its_ring_and_loses_nothing(tmp_path, monkeypatch):
+    """Every write evicts a dirty block: the victims go to the SSD on the stream's ring
+    (never the synchronous path), and every byte, and every checksum, is right after."""
+    from cxlhm.device.media import MediaPath
+    sync_calls = []
+    real = MediaPath.write_rows
+    monkeypatch.setattr(MediaPath, "write_rows", lambda self, rows, **kw: sync_calls.append(len(rows))
+                        or real(self, rows, **kw))
+    path = tmp_path / "w.img"
+    rng = np.random.default_rng(3)
+    with _rw_device(path, dram_blocks=8) as dev:
+        first = rng.integers(0, 256, 8 * BLOCK, dtype=np.uint8)
+        result = dev.device.read_stream(np.arange(8, dtype=np.int64) * BLOCK, np.full(8, BLOCK, np.int64),
+                                        first.ctypes.data + np.arange(8, dtype=np.int64) * BLOCK, 4,
+                                        writes=np.ones(8, np.uint8))
+        assert result.count == 8  # DRAM now full of dirty blocks
+        data = rng.integers(0, 256, 32 * BLOCK, dtype=np.uint8)
+        offsets = (8 + np.arange(32, dtype=np.int64)) * BLOCK
+        result = dev.device.read_stream(offsets, np.full(32, BLOCK, np.int64),
+                                        data.ctypes.data + np.arange(32, dtype=np.int64) * BLOCK, 8,
+                                        writes=np.ones(32, np.uint8))
+        assert result.count == 32 and sync_calls == []
+        assert dev.stats()["writebacks"] >= 24
+        back = np.zeros(40 * BLOCK, np.uint8)
+        dev.read_into(0, back)
+        assert (back[:8 * BLOCK] == first).all() and (back[8 * BLOCK:] == data).all()
+    with _rw_device(path, dram_blocks=4) as dev:  # from the SSD, each block checked against its recorded sum
+        back = np.zeros(40 * BLOCK, np.uint8)
+        dev.read_into(0, back)
+        assert (back[8 * BLOCK:] == data).all() and dev.stats()["checksum_mismatches"] == 0
