@@ -1,5 +1,5 @@
-"""The compiled copies between host buffers and device-DRAM slots (firmware.copy_extents
-and copy_extents_each) against a byte-by-byte numpy model. They merge blocks that sit
+"""The compiled copy between a host buffer and device-DRAM slots (firmware.copy_extents)
+against a byte-by-byte numpy model. They merge blocks that sit
 in consecutive slots into one memcpy, so the cases mix consecutive runs, gaps, reversed
 slots and extents that start and end inside a block."""
 import numpy as np
@@ -73,23 +73,3 @@ def test_copy_extents_matches_a_byte_model(case):
     fw.copy_extents(arena.ctypes.data, BLOCK, slots, hpas, lens, user.ctypes.data, to_user)
     assert np.array_equal(arena, want_arena)
     assert np.array_equal(user, want_user)  # including the 8 bytes past the end: untouched
-
-
-@settings(max_examples=100, deadline=None)
-@given(_case())
-def test_copy_extents_each_matches_copy_extents_per_buffer(case):
-    hpas, lens, slots, to_user = case
-    blocks = (hpas + lens - 1) // BLOCK - hpas // BLOCK + 1
-    first = np.concatenate(([0], np.cumsum(blocks)[:-1])).astype(np.int64)
-    rng = np.random.default_rng(7)
-    arena = rng.integers(0, 256, N_SLOTS * BLOCK, dtype=np.uint8)
-    buffers = [rng.integers(0, 256, int(n), dtype=np.uint8) for n in lens.tolist()]
-    want_arena, want = arena.copy(), [b.copy() for b in buffers]
-    for e in range(hpas.shape[0]):
-        _model(want_arena, want[e], slots[first[e]:].tolist(), hpas[e:e + 1], lens[e:e + 1], to_user)
-    addrs = np.array([b.ctypes.data for b in buffers], np.int64)
-    which = np.arange(hpas.shape[0], dtype=np.int64)[::-1].copy()  # any order
-    fw.copy_extents_each(arena.ctypes.data, BLOCK, slots, first, hpas, lens, addrs, which, to_user)
-    assert np.array_equal(arena, want_arena)
-    for got, expected in zip(buffers, want):
-        assert np.array_equal(got, expected)
