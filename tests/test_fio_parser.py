@@ -235,3 +235,14 @@ def test_random_job_files_never_crash(text):
         jobs_of(text, "fuzz.fio")
     except JobFileError as exc:
         assert str(exc).startswith("fuzz.fio")
+
+
+def test_an_engine_added_to_the_registry_can_be_named_in_a_job_file():
+    from cxlhm_apps.fio.engines import ENGINES, EngineKind
+    with pytest.raises(JobFileError, match="ioengine.*must be one of cxlhm, io_uring"):
+        one("[j]\nioengine=nullio\n")
+    ENGINES.add("nullio", EngineKind(uses_device=False, measures_slat=False, open=lambda worker: None))
+    try:
+        assert one("[j]\nioengine=nullio\n")["ioengine"] == "nullio"
+    finally:
+        ENGINES.unregister("nullio")

@@ -155,6 +155,16 @@ def _choice(*choices: str) -> Callable[[str, int], str]:
     return parse
 
 
+def _ioengine(text: str, kb_base: int) -> str:
+    """A registered ioengine (built-in, or an outside package's through the
+    cxlhm.fio_engines entry points)."""
+    from cxlhm_apps.fio.engines import ENGINES  # the engines import this table's types
+    word = text.strip()
+    if word not in ENGINES:
+        raise ValueError(f"must be one of {', '.join(ENGINES.names())}; got {text!r}")
+    return word
+
+
 def _int_at_least(lo: int, hi: int | None = None) -> Callable[[str, int], int]:
     def parse(text: str, kb_base: int) -> int:
         n = V.parse_int(text)
@@ -216,7 +226,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("name", "str", _text, None, "job name (defaults to the section name)", group="description"),
     Option("description", "str", _text, "", "free text shown in the report", group="description"),
     # target
-    Option("ioengine", "str", _choice("cxlhm", "io_uring"), "cxlhm",
+    Option("ioengine", "str", _ioengine, "cxlhm",
            "cxlhm: the emulated device (driver API); io_uring: O_DIRECT io_uring on a plain file (raw baseline)",
            group="target"),
     Option("filename", "str", _text, None,
