@@ -52,9 +52,7 @@ class DisaggEngine(Engine):
     def prefilled(self, inst: GpuInstance, i: int, now: float) -> None:
         r = self.reqs[i]
         ids, nbytes, *_ = self.plan[i]
-        self.first_token_at(i, now)
-        inst.pool.materialize(ids)
-        self.computed[ids] = True
+        self.record_prefill(inst, i, now)
         done = self.store(inst, i, now)  # prefix-cache stores (may be skipped under backlog)
         missing = ~self.handover.has_many(ids.tolist())
         # pinned before storing: the store's own eviction must not drop the chunks it hands over

@@ -336,13 +336,16 @@ class Engine:
                 raise SloMissed(f"{self.late} of {len(self.reqs)} requests over the TTFT SLO")
 
     def prefilled(self, inst: GpuInstance, i: int, now: float) -> None:
-        r = self.reqs[i]
-        ids, nbytes, *_ = self.plan[i]
+        self.record_prefill(inst, i, now)
+        self.store(inst, i, now)
+        self.join_decode(inst, i, now)
+
+    def record_prefill(self, inst: GpuInstance, i: int, now: float) -> None:
+        """Request i's prefill is done: its first token is out, its chunks are in the GPU pool."""
+        ids = self.plan[i][0]
         self.first_token_at(i, now)
         inst.pool.materialize(ids)
         self.computed[ids] = True
-        self.store(inst, i, now)
-        self.join_decode(inst, i, now)
 
     def store(self, inst: GpuInstance, i: int, now: float) -> float:
         """LMCache-style: every chunk of the context the tier lacks is stored after prefill."""
