@@ -382,6 +382,29 @@ def test_index_survives_a_clean_restart(dev_factory, image):
     s2.close()
 
 
+def test_index_survives_a_clean_restart_in_window_mode(dev_factory, image):
+    """A window device offers no block checksums: its chunks are kept without a
+    fingerprint, and a reopen must not try to take one."""
+    from cxlhm.window import probe
+    if probe() is not None:
+        pytest.skip(f"userfaultfd window unavailable: {probe()}")
+    h = dev_factory(mode="window")
+    s = KVStore(h)
+    t = s.tenant("alice")
+    keys = t.prefix_keys(np.arange(64), 16)
+    for i, k in enumerate(keys):
+        t.put_from(k, chunk(i))
+    s.close()
+    h.close()
+    s2 = KVStore(dev_factory(mode="window"))
+    t2 = s2.tenant("alice")
+    out = np.empty(CHUNK, np.uint8)
+    assert t2.lookup_prefix(keys) == 4
+    for i, k in enumerate(keys):
+        assert t2.get_into(k, out) == CHUNK and (out == i % 251).all()
+    s2.close()
+
+
 def crash(store, handle):
     """Simulate the host dying: no store close, the device image marked unclean."""
     os.close(store._journal.fd)

@@ -86,12 +86,12 @@ class PersistenceMixin:
         # its durable bytes (taken at the flush after its commit) - metadata only, from the
         # device's crash-consistent block checksums: a chunk whose blocks no longer hold
         # those bytes (lost, torn, or reused for another chunk) is dropped, never served.
-        checksums = device.caps.integrity
+        has_checksums = device.caps.integrity  # a device without them gives no fingerprints
         for (tid, key), (hpa, nbytes, pos, fp) in replayed.live.items():
             if (unclean and pos > replayed.last_flush) or tid not in self._tenant_ids:
                 self.counters["dropped_on_open"] += 1  # its bytes may never have reached the SSD
                 continue
-            if unclean and checksums and (fp is None or self._fingerprint(hpa, nbytes) != fp):
+            if unclean and has_checksums and (fp is None or self._fingerprint(hpa, nbytes) != fp):
                 self.counters["dropped_on_open"] += 1
                 self.counters["failed_verification"] += 1
                 continue
@@ -107,7 +107,7 @@ class PersistenceMixin:
             # A chunk kept without a fingerprint (from an index that had none for it) gets
             # one now: after a clean start the SSD holds exactly its durable bytes, and
             # without one the next unclean start could not tell it from a lost chunk.
-            entry.fp = fp if fp is not None or checksums is None else self._fingerprint(hpa, nbytes)
+            entry.fp = fp if fp is not None or not has_checksums else self._fingerprint(hpa, nbytes)
             t._index[key] = entry
             t.used_bytes += self._extent_bytes(entry)
             self._stamp_entry(entry)
