@@ -246,12 +246,12 @@ static inline int64_t now_ns(void)
  * or -errno, lat_ns[i] submission-to-completion latency (-1 if never issued).
  * Returns the number of ops issued, or -errno if the ring itself failed.
  */
-static int overlaps_in_flight(const struct cxlhm_io *ops, const int64_t *lat_ns,
-                              const int64_t *res, int64_t next, const struct cxlhm_io *op)
+static int overlaps_in_flight(const struct cxlhm_io *ops, const int64_t *res, int64_t from,
+                              int64_t to, const struct cxlhm_io *op)
 {
-    /* in flight: issued (lat_ns set) and not completed (res still the marker) */
-    for (int64_t j = 0; j < next; j++)
-        if (res[j] == INT64_MIN && lat_ns[j] >= 0 &&
+    /* ops[from, to) were issued; the ones in flight still hold the marker in res */
+    for (int64_t j = from; j < to; j++)
+        if (res[j] == INT64_MIN &&
             ops[j].offset < op->offset + (int64_t)op->len &&
             op->offset < ops[j].offset + (int64_t)ops[j].len)
             return 1;
@@ -266,7 +266,7 @@ int64_t cxlhm_io_qd(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops,
     int inflight = 0;
     if (qd > (int)r->depth)
         qd = (int)r->depth;
-    int64_t oldest = 0; /* ops before it have all completed */
+    int64_t oldest = 0; /* ops before it have all completed (kept for serialize_overlap) */
     for (int64_t i = 0; i < n; i++) {
         lat_ns[i] = -1;
         res[i] = INT64_MIN;
@@ -277,13 +277,14 @@ int64_t cxlhm_io_qd(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops,
         int64_t t = now_ns();
         while (!stop && inflight < qd && next < n) {
             const struct cxlhm_io *op = &ops[next];
-            while (oldest < next && res[oldest] != INT64_MIN)
-                oldest++;
             /* fio's serialize_overlap: an I/O overlapping one in flight waits for it,
              * since the device may complete the two in either order */
-            if (serialize_overlap && inflight > 0 &&
-                overlaps_in_flight(ops + oldest, lat_ns + oldest, res + oldest, next - oldest, op))
-                break;
+            if (serialize_overlap && inflight > 0) {
+                while (oldest < next && res[oldest] != INT64_MIN)
+                    oldest++;
+                if (overlaps_in_flight(ops, res, oldest, next, op))
+                    break;
+            }
             struct io_uring_sqe *sqe = uring.get_sqe(r->opaque);
             if (!sqe)
                 break;
