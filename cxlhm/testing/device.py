@@ -28,6 +28,18 @@ BLOCK = 4096
 CAPACITY = 64 * BLOCK
 
 
+def store_bytes(dev: HostDevice, hpa: int, data) -> None:
+    """Write `data` (bytes or any buffer) at `hpa` through the device's own access path."""
+    buf = np.frombuffer(bytearray(data), np.uint8)
+    dev.access_one(hpa, buf.shape[0], buf.ctypes.data, True)
+
+
+def load_bytes(dev: HostDevice, hpa: int, n: int) -> bytes:
+    buf = np.zeros(n, np.uint8)
+    dev.access_one(hpa, n, buf.ctypes.data, False)
+    return buf.tobytes()
+
+
 class DeviceTests:
     overrides: dict = {}
 
@@ -49,16 +61,8 @@ class DeviceTests:
         yield dev
         dev.close()
 
-    @staticmethod
-    def store(dev: HostDevice, hpa: int, data: bytes) -> None:
-        buf = np.frombuffer(bytearray(data), np.uint8)
-        dev.access_one(hpa, buf.shape[0], buf.ctypes.data, True)
-
-    @staticmethod
-    def load(dev: HostDevice, hpa: int, n: int) -> bytes:
-        buf = np.zeros(n, np.uint8)
-        dev.access_one(hpa, n, buf.ctypes.data, False)
-        return buf.tobytes()
+    store = staticmethod(store_bytes)
+    load = staticmethod(load_bytes)
 
     def test_is_a_host_device_with_declared_caps(self, device):
         assert isinstance(device, HostDevice) and isinstance(device.caps, DeviceCaps)

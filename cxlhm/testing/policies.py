@@ -31,6 +31,7 @@ from cxlhm.traces.mooncake_blocks import mooncake_block_trace
 from cxlhm.traces.synthetic import zipf_trace
 from cxlhm.config import load_config
 from cxlhm.device import Device
+from cxlhm.testing.device import load_bytes, store_bytes
 
 __all__ = ["PolicyConformance", "DeviceMatchesModels", "FifoModel", "LruModel", "ClockModel", "SieveModel",
            "BLOCK", "DRAM_SLOTS"]
@@ -48,13 +49,10 @@ class _Host:
         self.device = Device(load_config(None, overrides))
 
     def store(self, hpa: int, data: np.ndarray) -> None:
-        data = np.ascontiguousarray(data, np.uint8)
-        self.device.access_one(hpa, data.shape[0], data.ctypes.data, True)
+        store_bytes(self.device, hpa, data)
 
     def load(self, hpa: int, n: int) -> bytes:
-        out = np.empty(n, np.uint8)
-        self.device.access_one(hpa, n, out.ctypes.data, False)
-        return out.tobytes()
+        return load_bytes(self.device, hpa, n)
 
     def stats(self) -> dict:
         return self.device.stats()
