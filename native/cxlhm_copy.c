@@ -22,6 +22,7 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
@@ -154,8 +155,14 @@ int64_t cxlhm_copy_many(struct cxlhm_copy *jobs, int64_t n)
     pthread_mutex_lock(&pool.lock);
     pool.current = NULL; /* from here the helper joins no more */
     pthread_mutex_unlock(&pool.lock);
-    while (atomic_load(&pool.helper_in)) /* it runs its last job: at most one */
-        cpu_relax();
+    /* it runs its last job, at most one: spin a little, then yield (on a busy machine
+     * the helper may have lost its core, maybe to this thread) */
+    for (int spins = 0; atomic_load(&pool.helper_in); spins++) {
+        if (spins < 4096)
+            cpu_relax();
+        else
+            sched_yield();
+    }
     int64_t helper_ran = atomic_load(&helper_ran_total) - before;
     pthread_mutex_unlock(&pool.busy);
     return helper_ran;
