@@ -16,6 +16,7 @@ again in another process.
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib.util
 import os
@@ -26,6 +27,7 @@ import time
 import types
 from pathlib import Path
 
+import llvmlite.binding as llvm
 import numba
 from numba.core import caching
 
@@ -131,11 +133,22 @@ def njit_without_refcounts(fn):
     firmware's kernels once per access over arrays their caller owns and keeps alive:
     the incref/decref of every block-table and policy array around each call (atomic
     operations) would otherwise cost more than the access itself. Such a function must
-    not allocate arrays."""
+    not allocate arrays. Cached on disk like `njit` unless it is a closure (never found
+    again in another process, see the module docstring)."""
+    cache = fn.__closure__ is None and Path(fn.__code__.co_filename).is_file()
     try:
-        return numba.njit(nogil=True, _nrt=False)(fn)
+        return numba.njit(nogil=True, cache=cache, _nrt=False)(fn)
     except (KeyError, TypeError):  # a numba without the private flag: correct, just slower
-        return numba.njit(nogil=True)(fn)
+        return numba.njit(nogil=True, cache=cache)(fn)
+
+
+def c_function(symbol: str, function: ctypes._CFuncPtr, signature) -> numba.types.ExternalFunction:
+    """The C `function` (from a library ctypes loaded) as compiled code calls it: by
+    `symbol`, which the JIT's linker resolves to its address in this process. Code that
+    holds a ctypes function's address is not cached on disk (numba: "dynamic globals");
+    code that calls a symbol is. `signature`: numba's, pointers as intp."""
+    llvm.add_symbol(symbol, ctypes.cast(function, ctypes.c_void_p).value)
+    return numba.types.ExternalFunction(symbol, signature)
 
 
 def generated_module(name: str, source: str) -> types.ModuleType | None:
