@@ -41,11 +41,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numba
 import numpy as np
 
 from cxlhm import blocktable as btm
 from cxlhm import firmware as fw
+from cxlhm.jit import njit
 from cxlhm.streamstate import (  # noqa: F401 - the stream's names, used by the driver as rs.*
     FINISHED, BLOCKED, WRITE_BACK, DEVICE_FULL, VERIFY, SLICE, WIDE, LOG_WRITES, ISSUED, WB_FAILED, VERIFY_NONE,
     VERIFY_HERE, VERIFY_ALL, REAP_AT_ONCE, SLICE_NS, NEXT, IN_FLIGHT, SLOTS, FILLS, PARKED, PARKED_FILLS,
@@ -71,7 +71,7 @@ def kernels_for(policy: Policy) -> tuple:
     return _KERNELS[key]
 
 
-@numba.njit(nogil=True)
+@njit
 def clean_prefix(hpas, lens, block_size, special):
     """Length of the longest prefix of reads touching none of `special` (sorted blocks)."""
     if special.shape[0] == 0:
@@ -87,7 +87,7 @@ def clean_prefix(hpas, lens, block_size, special):
     return hpas.shape[0]
 
 
-@numba.njit(nogil=True)
+@njit
 def blocks_per_read(hpas, lens, block_size):
     """The most blocks one of the reads touches."""
     most = 0
@@ -97,7 +97,7 @@ def blocks_per_read(hpas, lens, block_size):
     return most
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(inline="always")
 def _block_of_fill(arrays, block_size, hpas, fill_tag):
     """The device block a fill (its io_uring tag: read tag * max_blocks + row) reads."""
     tag_read, tag_slots, row_pos = arrays[1], arrays[6], arrays[8]
@@ -106,14 +106,14 @@ def _block_of_fill(arrays, block_size, hpas, fill_tag):
     return hpas[tag_read[tag]] // block_size + row_pos[tag, fill_tag % max_blocks]
 
 
-@numba.njit(nogil=True)
+@njit
 def reaped_blocks(arrays, block_size, hpas, tags, n, out):
     """The device block each of `n` reaped fills read."""
     for j in range(n):
         out[j] = _block_of_fill(arrays, block_size, hpas, tags[j]) if tags[j] >= 0 else -1  # < 0: a write-back
 
 
-@numba.njit(nogil=True)
+@njit
 def slot_of_reaped(arrays, tag):
     """The device-DRAM slot a reaped fill (its tag) read into."""
     tag_slots, row_pos = arrays[6], arrays[8]
@@ -121,7 +121,7 @@ def slot_of_reaped(arrays, tag):
     return tag_slots[tag // max_blocks, row_pos[tag // max_blocks, tag % max_blocks]]
 
 
-@numba.njit(nogil=True)
+@njit
 def missing_blocks(index_keys, index_slots, hpa, n, block_size, most):
     """How many blocks of [hpa, hpa+n) are not in device DRAM, counting up to `most`
     (a hint, read unlocked)."""
