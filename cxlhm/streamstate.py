@@ -13,7 +13,7 @@ from numba.types import int32, intp
 
 from cxlhm import _native
 from cxlhm import firmware as fw
-from cxlhm.jit import c_function
+from cxlhm.jit import c_function, njit
 
 # What `run` hands back (the driver's next move)
 FINISHED = 0  # every read up to `stop` is complete (or the deadline passed with none in flight)
@@ -268,7 +268,7 @@ def _writeback_done(arrays, w):
         st[N_READY] += 1
 
 
-@numba.njit(nogil=True)
+@njit  # called by the driver: cached on disk (the others are compiled into their callers)
 def settle_writebacks(arrays, rows, free):
     """The driver settled these write-back rows: their I/Os go on (unless they landed
     through the ring, which told them already); with `free`, the rows are released."""
