@@ -1,8 +1,8 @@
 """Compile flags and the on-disk compile cache shared by cxlhm's compiled code.
 
 Compiling the firmware takes tens of seconds, so every compiled function of the firmware
-(cxlhm's block table and firmware runtime, the policies in firmware_policies) is built
-with numba's ``cache=True`` and lands in one cache folder,
+(cxlhm's block table and firmware runtime, the streamed I/O loop, the policies in
+firmware_policies) is built with numba's ``cache=True`` and lands in one cache folder,
 ``$CXLHM_CACHE_DIR/numba/<stamp>`` (default ``~/.cache/cxlhm``). numba checks only the
 timestamp of the file a cached function is defined in, but a function compiled here has
 its callees from other files inlined; so the stamp is a hash of every source file those
@@ -12,7 +12,9 @@ folder.
 A policy's hooks reach the firmware kernels as module globals of a module generated per
 policy (`generated_module`), not as closure cells: numba's cache keys a closure by its
 pickled cells, and a pickled dispatcher carries a random id, so a closure is never found
-again in another process.
+again in another process. For the same reason compiled code calls C functions by symbol
+name (`c_function`), not through ctypes: numba does not cache code that holds a ctypes
+function's address.
 """
 from __future__ import annotations
 
