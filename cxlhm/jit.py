@@ -35,9 +35,10 @@ from numba.core import caching
 
 _PACKAGE = Path(__file__).resolve().parent
 _POLICIES = _PACKAGE.parent / "firmware_policies"
-# the sources whose functions the firmware's compiled code may call
+# the sources whose functions the firmware's compiled code may call, and the C headers
+# whose constants and function signatures it has compiled in (a checkout's)
 _SOURCES = [*sorted(_PACKAGE.glob("*.py")), _PACKAGE / "mailbox" / "hints.py", _PACKAGE / "window" / "firmware_cfuncs.py",
-            *sorted(_POLICIES.glob("*.py"))]
+            *sorted(_POLICIES.glob("*.py")), *sorted((_PACKAGE.parent / "native").glob("*.h"))]
 
 
 def cache_dir() -> Path:
