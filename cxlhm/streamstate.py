@@ -1,17 +1,19 @@
 """A stream's state and the pieces its compiled loop (cxlhm/readstream.py) is built
 from: what the loop hands back to the driver, the stream's scalars and per-tag arrays
 (`StreamState`), the write-back table of its dirty victims, and the thread's io_uring
-ring as compiled code reaches it (the native extension's queue and reap, through
-ctypes)."""
+ring as compiled code reaches it (the native extension's queue and reap, bound by symbol
+name so the compiled loop is cached on disk)."""
 from __future__ import annotations
 
 import ctypes
 
 import numba
 import numpy as np
+from numba.types import int32, intp
 
 from cxlhm import _native
 from cxlhm import firmware as fw
+from cxlhm.jit import c_function, njit
 
 # What `run` hands back (the driver's next move)
 FINISHED = 0  # every read up to `stop` is complete (or the deadline passed with none in flight)
@@ -84,18 +86,11 @@ WB_FREE, WB_STAGE, WB_RING, WB_LAND, WB_FAIL = range(5)
 WBLOCKS = 4096
 
 _CLOCK_MONOTONIC = 1
-_libc = ctypes.CDLL(None)
-_clock_gettime = _libc.clock_gettime
-_clock_gettime.argtypes = [ctypes.c_int, ctypes.c_void_p]
-_clock_gettime.restype = ctypes.c_int
+_clock_gettime = c_function("cxlhm_stream_clock_gettime", ctypes.CDLL(None).clock_gettime, int32(int32, intp))
 # The cffi extension's own symbols (the same loaded object, so the same liburing table).
 _lib = ctypes.CDLL(_native.__file__)
-_queue = _lib.cxlhm_io_queue
-_queue.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
-_queue.restype = ctypes.c_int
-_reap = _lib.cxlhm_io_reap
-_reap.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-_reap.restype = ctypes.c_int
+_queue = c_function("cxlhm_stream_io_queue", _lib.cxlhm_io_queue, int32(intp, int32, intp, int32, intp))
+_reap = c_function("cxlhm_stream_io_reap", _lib.cxlhm_io_reap, int32(intp, int32, int32, intp, intp))
 
 
 @numba.njit(nogil=True)
@@ -273,7 +268,7 @@ def _writeback_done(arrays, w):
         st[N_READY] += 1
 
 
-@numba.njit(nogil=True)
+@njit  # called by the driver: cached on disk (the others are compiled into their callers)
 def settle_writebacks(arrays, rows, free):
     """The driver settled these write-back rows: their I/Os go on (unless they landed
     through the ring, which told them already); with `free`, the rows are released."""
