@@ -9,16 +9,19 @@ much as the SSD read itself at QD32. A stream runs the whole loop in one compile
     plan     the firmware's planner, for the next read, while fewer than `depth` are
              in flight; its fills are queued on the thread's io_uring ring
     reap     hand the queue to the kernel and wait for >= 1 completion (nogil)
-    copy     each completed fill's block is copied to its read's host buffer at once,
-             so a long read's copies overlap its other blocks' I/O; a read whose fills
-             are all in releases its slots (BUSY -> idle)
+    copy     each reaped fill's block is copied to its read's host buffer at once, so
+             a long read's copies overlap its other blocks' I/O; the copies and
+             checksums of one reap run on the copy engine (cxlhm/copyengine.py), whose
+             helper thread takes a share of a long run (large blocks: a reap takes all
+             completions that are in); a read whose fills are all in releases its slots
+             (BUSY -> idle)
 
 and returns to the driver (Device.read_stream) for what compiled code cannot do:
 dirty victims' checksums to log before their write-backs go on the ring (and to record
 once they land), a block another thread holds busy (wait for it without the lock),
 reaped blocks to verify in Python (only where xxhash's C function is out of reach:
 otherwise each block with a checksum record is hashed in the loop right after
-its copy, cxlhm/sumtable.py), or the end of the slice (the lock is let go, so other
+its copy, by the copy engine), or the end of the slice (the lock is let go, so other
 threads, the mailbox and the firmware's background work get their turn; their waits
 are bounded by SLICE_NS).
 

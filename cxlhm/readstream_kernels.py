@@ -7,6 +7,8 @@ Each policy runs its own copy of this module, like the firmware kernels
 cache with the `_policy = ...` line below naming the policy, so the planner is a module
 global and numba caches the compiled loop on disk (cxlhm/jit.py says why not closures).
 """
+import numpy as np
+
 import firmware_policies
 from cxlhm import firmware as fw
 from cxlhm import sumtable
@@ -17,9 +19,10 @@ from cxlhm.streamstate import (
     FINISHED, BLOCKED, WRITE_BACK, DEVICE_FULL, VERIFY, SLICE, WIDE, LOG_WRITES, ISSUED, WB_FAILED, VERIFY_HERE,
     VERIFY_ALL, REAP_AT_ONCE, SLICE_NS, NEXT, IN_FLIGHT, SLOTS, FILLS, PARKED_WBS, DONE, FAILED, HITS, MISSES,
     REAPED, ERRNO, QUEUED, PEAK, WRITTEN, W_HITS, W_MISSES, N_PARKED, N_READY, WB_USED, WB_STAGED, WB_LANDED,
-    WB_FAILED_N, RING, STAGE_SHARE, STAGE_BYTES, WB_STAGE, WB_LAND, WB_FAIL, _reap, _now_ns, _copy_piece,
+    WB_FAILED_N, RING, STAGE_SHARE, STAGE_BYTES, WB_STAGE, WB_LAND, WB_FAIL, WIDE_BLOCK, _reap, _now_ns,
     _copy_write_in, _in_sorted, _touches_writebacks, _queue_all, _submit_bucket, _WB_ROWS, _WB_STATE, _WB_OWNER,
-    _WB_FREE, _WB_STAGED, _WB_LANDED, _WB_FAILED, _TAG_WBS, _landed_sum, _writeback_done, _queue_writebacks)
+    _WB_FREE, _WB_STAGED, _WB_LANDED, _WB_FAILED, _TAG_WBS, _COPY_JOBS, _COPY_OF, _COPY_EXPECTED, _COPY_CHECKED,
+    _landed_sum, _writeback_done, _queue_writebacks, _copy_many, _copy_piece, _piece_job)
 
 _policy = firmware_policies.get("lru")  # the policy of this copy
 _firmware = fw.kernels_for(_policy)
@@ -32,18 +35,53 @@ def complete(bt, ps, clock, base, block_size, hpas, lens, addrs, kinds, clat, fa
              bad, n, sum_keys, sum_values):
     """Take `n` reaped completions: fills (tag = read tag * max_blocks + row) and
     write-backs (tag < 0). bad[j]: fill j read the wrong bytes (its checksum did not
-    match). A block with a record in the sum table (empty: none) is hashed right
-    after its fill (a read: after its copy out, while its bytes are in the CPU's
-    cache); a mismatch fails its I/O like a failed fill (the driver runs it again
-    through the verifying path, which poisons it). A write (kinds[i]) whose fills
-    are all in copies its bytes into its slots. A landed write-back lets its I/O go
-    on once its last one is in; a failed one waits for the driver (WB_FAILED)."""
+    match). First the copy engine runs every good fill's work as one run (a read's
+    copy out; a checksum of each block with a record in the sum table - empty: none -
+    right after its copy, while its bytes are in the CPU's cache), shared with its
+    helper thread when the run is long; then each completion is settled: a mismatch
+    fails its I/O like a failed fill (the driver runs it again through the verifying
+    path, which poisons it). A write (kinds[i]) whose fills are all in copies its bytes
+    into its slots. A landed write-back lets its I/O go on once its last one is in; a
+    failed one waits for the driver (WB_FAILED)."""
     st, tag_read, tag_pending, tag_k, tag_failed, tag_issued, tag_slots, tag_installed, row_pos, row_bad, \
         free_tags = arrays[:11]
     wb_rows, wb_state, wb_landed, wb_failed = arrays[_WB_ROWS], arrays[_WB_STATE], arrays[_WB_LANDED], \
         arrays[_WB_FAILED]
     max_blocks = tag_slots.shape[1]
     now = _now_ns(arrays[14])
+    jobs, job_of, expected, checked = arrays[_COPY_JOBS], arrays[_COPY_OF], arrays[_COPY_EXPECTED], \
+        arrays[_COPY_CHECKED]
+    n_jobs = 0
+    for j in range(n):
+        job_of[j] = -1
+        if tags[j] < 0 or res[j] != block_size or bad[j]:
+            continue
+        tag = tags[j] // max_blocks
+        i = tag_read[tag]
+        p = row_pos[tag, tags[j] % max_blocks]
+        slot = tag_slots[tag, p]
+        block = hpas[i] // block_size + p
+        if kinds[i]:  # a write's fill: its bytes go in once all its fills are in
+            for c in range(5):
+                jobs[n_jobs, c] = 0
+        else:
+            _piece_job(jobs, n_jobs, base, block_size, slot, block, hpas[i], lens[i], addrs[i])
+        checked[n_jobs] = 0
+        if sum_keys.shape[0]:
+            # a block an I/O evicted and places again (its own victim) has its new sum here
+            landed, want = _landed_sum(arrays, block, block_size)
+            if not landed:
+                b = sumtable.find(sum_keys, block)
+                landed, want = b >= 0, sum_values[max(b, 0)]
+            if landed:
+                jobs[n_jobs, 3] = base + slot * block_size
+                jobs[n_jobs, 4] = block_size
+                expected[n_jobs] = want
+                checked[n_jobs] = 1
+        job_of[j] = n_jobs
+        n_jobs += 1
+    if n_jobs:
+        _copy_many(jobs.ctypes.data, n_jobs)
     for j in range(n):
         st[FILLS] -= 1
         st[RING] -= 1
@@ -63,19 +101,9 @@ def complete(bt, ps, clock, base, block_size, hpas, lens, addrs, kinds, clat, fa
         row = tags[j] % max_blocks
         i = tag_read[tag]
         p = row_pos[tag, row]
-        good = res[j] == block_size and not bad[j]
-        if good:
-            slot = tag_slots[tag, p]
-            if not kinds[i]:
-                _copy_piece(base, block_size, slot, hpas[i] // block_size + p, hpas[i], lens[i], addrs[i])
-            if sum_keys.shape[0]:
-                block = hpas[i] // block_size + p
-                # a block an I/O evicted and places again (its own victim) has its new sum here
-                landed, expected = _landed_sum(arrays, block, block_size)
-                if not landed:
-                    b = sumtable.find(sum_keys, block)
-                    landed, expected = b >= 0, sum_values[max(b, 0)]
-                good = not landed or sumtable.hash_block(base + slot * block_size, block_size) == expected
+        good = job_of[j] >= 0
+        if good and checked[job_of[j]]:
+            good = np.uint64(jobs[job_of[j], 5]) == expected[job_of[j]]  # (the engine's int64 is the sum's bits)
         if not good:  # failed, short or corrupt: the caller runs it again, verifying
             tag_failed[tag] = 1
             row_bad[tag, row] = 1
@@ -293,7 +321,8 @@ def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs
         if st[QUEUED] > 0:
             submits[_submit_bucket(st[QUEUED])] += 1
             st[QUEUED] = 0
-        got = _reap(ring, 1, REAP_AT_ONCE, reaped_tags.ctypes.data, reaped_res.ctypes.data)
+        got = _reap(ring, 1, REAP_AT_ONCE if block_size < WIDE_BLOCK else reaped_tags.shape[0],
+                    reaped_tags.ctypes.data, reaped_res.ctypes.data)
         if got < 0:
             st[ERRNO] = got
             return VERIFY  # the driver raises; nothing was taken
