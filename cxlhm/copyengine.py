@@ -16,6 +16,7 @@ from cxlhm import _native, sumtable
 
 SRC, DST, LEN, HASH_AT, HASH_LEN, HASH = range(6)
 FIELDS = 6
+HELPER_MIN_BYTES = _native.lib.CXLHM_COPY_HELPER_MIN_BYTES  # shorter runs stay on the calling thread
 
 if sumtable.COMPILED_HASH:
     _native.lib.cxlhm_copy_set_hash(_native.ffi.cast("void *", ctypes.cast(sumtable._xxh3, ctypes.c_void_p).value))

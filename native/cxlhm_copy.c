@@ -29,9 +29,6 @@
 
 #include "cxlhm_copy.h"
 
-/* Runs below this many bytes (copies plus checksums) stay on the calling thread: waking
- * the helper costs ~10-30 us in a VM. */
-#define HELPER_MIN_BYTES (192 * 1024)
 
 #if defined(__x86_64__) || defined(__i386__)
 #define cpu_relax() __builtin_ia32_pause()
@@ -136,7 +133,7 @@ int64_t cxlhm_copy_many(struct cxlhm_copy *jobs, int64_t n)
     int64_t bytes = 0;
     for (int64_t i = 0; i < n; i++)
         bytes += jobs[i].len + (jobs[i].hash_at ? jobs[i].hash_len : 0);
-    if (n < 2 || bytes < HELPER_MIN_BYTES || pthread_mutex_trylock(&pool.busy) != 0) {
+    if (n < 2 || bytes < CXLHM_COPY_HELPER_MIN_BYTES || pthread_mutex_trylock(&pool.busy) != 0) {
         take_jobs(&c);
         return 0;
     }

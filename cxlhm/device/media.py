@@ -181,8 +181,12 @@ class MediaPath:
         self.counters[C.SSD_WRITE_BYTES] += n * self.block_size
 
     def hash_slots(self, addrs: np.ndarray) -> np.ndarray:
-        """xxh3-64 of the whole slot at each address (compiled when xxhash allows; a run of
-        them shared with the copy engine's helper thread)."""
+        """xxh3-64 of the whole slot at each address (compiled when xxhash allows; a long
+        run shared with the copy engine's helper thread)."""
+        if sumtable.COMPILED_HASH and addrs.shape[0] * self.block_size < copyengine.HELPER_MIN_BYTES:
+            sums = np.empty(addrs.shape[0], np.uint64)  # one compiled call costs less than the engine's
+            sumtable.hash_blocks(np.ascontiguousarray(addrs), self.block_size, sums)
+            return sums
         if sumtable.COMPILED_HASH:
             jobs = copyengine.new_jobs(addrs.shape[0])
             jobs[:, copyengine.HASH_AT] = addrs
