@@ -29,6 +29,11 @@ class WindowOptions:
     # Prefetched blocks are not parked for this long after install, so a prefetched
     # range is read without faults.
     prefetch_grace_ms: float = 2000.0
+    # Prefetched 2 MiB-aligned regions are rebuilt as transparent huge pages
+    # (MADV_COLLAPSE, Linux 6.1+), so reading them costs what reading ordinary memory
+    # with huge pages does; a prefetch takes longer by the collapse. Eviction, a first
+    # store or a sampled access splits a region back into 4 KiB pages.
+    huge_pages: bool = True
 
     def granule_for(self, block_size: int) -> int:
         granule = self.dirty_granule or block_size
