@@ -218,6 +218,34 @@ def test_kill9_after_a_collapse_loses_only_the_block_written_since(tmp_path):
                 assert dev.load(block * BLOCK, BLOCK) == b"A" * BLOCK, block
 
 
+def test_sampler_parks_a_page_of_a_huge_page_and_the_bytes_survive(tmp_path):
+    """The recency sampler moves one page of an idle block out of the window: on a huge
+    page that splits it; the sampled access brings the page back, bytes unchanged."""
+    path = tmp_path / "img"
+    options = WindowOptions(sample_interval_ms=5, sample_min_age_ms=1, sample_fraction=1.0, prefetch_grace_ms=0)
+    w = open_window(config(path, 40), options)
+    try:
+        if w.huge_pages_unavailable():
+            pytest.skip(f"no huge pages for the window on this kernel: {w.huge_pages_unavailable()}")
+        model = fill(w, REGION, seed=6)
+        evict_all(w)
+        prefetch_region(w)
+        assert w.stats()["huge_collapses"] == 1  # before the sampler's first park (it waits while busy)
+        deadline = time.monotonic() + 30
+        while w.stats()["samples"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert w.stats()["samples"] > 0
+        assert np.array_equal(w.ndarray(0, REGION, np.uint8), model)
+        view = w.ndarray(0, REGION, np.uint8)
+        view[7 * BLOCK] = model[7 * BLOCK] = model[7 * BLOCK] ^ 1
+        assert np.array_equal(view, model)
+        del view
+    finally:
+        w.close()
+    with open_device(config(path, 8)) as dev:
+        assert dev.load(0, REGION) == model.tobytes()
+
+
 def test_switched_off_the_window_keeps_small_pages(tmp_path):
     w = open_window(config(tmp_path / "img", 40), WindowOptions(sample_interval_ms=0, huge_pages=False))
     try:
