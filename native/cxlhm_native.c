@@ -26,6 +26,8 @@
 #define RING_OPAQUE_BYTES 1024
 
 #define CXLHM_SETUP_COOP_TASKRUN (1U << 8)
+#define CXLHM_SETUP_SINGLE_ISSUER (1U << 12)
+#define CXLHM_SETUP_DEFER_TASKRUN (1U << 13)
 
 typedef int (*queue_init_fn)(unsigned, void *, unsigned);
 typedef void (*queue_exit_fn)(void *);
@@ -91,7 +93,7 @@ int cxlhm_uring_load(const char *path, char *err, int errlen)
     return 0;
 }
 
-struct cxlhm_ring *cxlhm_ring_open(unsigned depth, int *err)
+static struct cxlhm_ring *ring_open(unsigned depth, unsigned flags, int *err)
 {
     struct cxlhm_ring *r;
     if (!uring.handle) {
@@ -102,16 +104,21 @@ struct cxlhm_ring *cxlhm_ring_open(unsigned depth, int *err)
         *err = ENOMEM;
         return NULL;
     }
-    memset(r, 0, sizeof(*r));
-    /* COOP_TASKRUN: a completion is handed to the submitting thread when it next enters
-     * the kernel, instead of interrupting it. (Not SINGLE_ISSUER: the window's fault
-     * service submits on a ring another thread made.) Kernels before 5.19 refuse the
-     * flag: then a plain ring. CXLHM_URING_PLAIN=1 forces the plain one. */
+    /* Kernels that do not know a flag refuse it: fall back flag by flag, as fio does.
+     * CXLHM_URING_PLAIN=1 forces the plain ring. */
     const char *plain = getenv("CXLHM_URING_PLAIN");
-    int rc = plain && *plain == '1' ? -EINVAL : uring.queue_init(depth, r->opaque, CXLHM_SETUP_COOP_TASKRUN);
-    if (rc == -EINVAL) {
+    if (plain && *plain == '1')
+        flags = 0;
+    int rc;
+    for (;;) {
         memset(r, 0, sizeof(*r));
-        rc = uring.queue_init(depth, r->opaque, 0);
+        rc = uring.queue_init(depth, r->opaque, flags);
+        if (rc != -EINVAL || flags == 0)
+            break;
+        if (flags & CXLHM_SETUP_DEFER_TASKRUN)
+            flags &= ~(CXLHM_SETUP_DEFER_TASKRUN | CXLHM_SETUP_SINGLE_ISSUER);
+        else
+            flags = 0;
     }
     if (rc < 0) {
         *err = -rc;
@@ -121,6 +128,25 @@ struct cxlhm_ring *cxlhm_ring_open(unsigned depth, int *err)
     r->depth = depth;
     *err = 0;
     return r;
+}
+
+/* COOP_TASKRUN: a completion is handed to the submitting thread when it next enters the
+ * kernel, instead of interrupting it. Not SINGLE_ISSUER: the window's fault service
+ * submits on a ring another thread made. */
+struct cxlhm_ring *cxlhm_ring_open(unsigned depth, int *err)
+{
+    return ring_open(depth, CXLHM_SETUP_COOP_TASKRUN, err);
+}
+
+/* A ring only its creating thread submits on (the SSD back end's rings are per thread):
+ * also SINGLE_ISSUER | DEFER_TASKRUN, fio's io_uring engine's setup. Completions are then
+ * posted only while that thread waits in io_uring_enter(GETEVENTS), in one batch, instead
+ * of as task work run whenever the kernel gets to it. 4 KiB random reads at QD32 in the
+ * closed loop (cxlhm_io_qd) on the development machine's virtio disk: 79.0k IOPS vs 75.9k
+ * with COOP_TASKRUN alone (medians of 4 alternating 4 s runs; fio 3.33: 88.0k). */
+struct cxlhm_ring *cxlhm_ring_open_owned(unsigned depth, int *err)
+{
+    return ring_open(depth, CXLHM_SETUP_COOP_TASKRUN | CXLHM_SETUP_SINGLE_ISSUER | CXLHM_SETUP_DEFER_TASKRUN, err);
 }
 
 void cxlhm_ring_close(struct cxlhm_ring *r)

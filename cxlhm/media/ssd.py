@@ -48,12 +48,14 @@ class SsdBackend(Backend):
             raise
 
     def _open_ring(self):
-        """A new io_uring ring of queue_depth entries, closed with the back end."""
+        """A new io_uring ring of queue_depth entries, closed with the back end. Only the
+        calling thread may submit on it (rings are per thread): the kernel then posts
+        completions in batches, when the thread waits for them."""
         err = self._ffi.new("int *")
         with self._rings_lock:
             if self.fd < 0:
                 raise OSError(errno.EBADF, "the SSD back end is closed")
-            ring = self._lib.cxlhm_ring_open(self.queue_depth, err)
+            ring = self._lib.cxlhm_ring_open_owned(self.queue_depth, err)
             if ring == self._ffi.NULL:
                 raise OSError(err[0], f"io_uring setup failed: {os.strerror(err[0])}")
             self._rings.append(ring)
