@@ -894,7 +894,6 @@ static int64_t place(struct cxlhm_window *w, int64_t block, int64_t owner, uint6
     return st;
 }
 
-
 static int failed(struct cxlhm_window *w)
 {
     return __atomic_load_n(&w->failed_errno, __ATOMIC_RELAXED) != 0;
