@@ -201,7 +201,9 @@ class Window:
     # ------------------------------------------------------------ device operations
     def prefetch(self, hpa: int, n: int, *, wait: bool = True, session: int = 0) -> int:
         """Install the blocks of [hpa, hpa+n) ahead of use (UFFDIO_COPY: reading them
-        later takes no fault). Returns the number of blocks requested."""
+        later takes no fault). Returns the number of blocks requested. With
+        WindowOptions.huge_pages, the 2 MiB-aligned regions it completes are then
+        collapsed into huge pages by the service thread (wait_idle() waits for that)."""
         self.check_extent(int(hpa), int(n))
         if n == 0:
             return 0
@@ -263,7 +265,8 @@ class Window:
         return int(r)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """Wait until queued prefetches, flushes and the policy's background work are done."""
+        """Wait until queued prefetches (and their huge-page collapses), flushes and the
+        policy's background work are done."""
         self._open()
         return bool(self._lib.cxlhm_window_wait_idle(self._w, int((timeout or 0) * 1e9)))
 
