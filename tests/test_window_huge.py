@@ -202,6 +202,9 @@ def test_kill9_after_a_collapse_loses_only_the_block_written_since(tmp_path):
         w.ndarray({CAPACITY // 2}, 40 * {BLOCK}, np.uint8).sum()
         w.prefetch(0, {REGION})
         assert w.wait_idle(timeout=60)
+        if w.stats()["collapse_failures"]:
+            print("skip the kernel had no huge page to collapse the region into", flush=True)
+            sys.exit(0)
         assert w.huge_page_bytes(0, {REGION}) == {REGION}
         w.ndarray(3 * {BLOCK}, 1, np.uint8)[0] = ord("B")
         print("written", flush=True)
