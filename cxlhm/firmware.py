@@ -233,19 +233,29 @@ def policy_tag(policy: Policy) -> str:
 
 
 def _load_kernels(policy: Policy) -> Kernels:
-    source = _TEMPLATE.read_text()
-    assert _POLICY_LINE in source, "firmware_kernels.py must bind its policy on one line"
+    module = policy_module(_TEMPLATE, "firmware", policy, f"the {policy.name} firmware")
+    return Kernels(*(getattr(module, name) for name in Kernels._fields))
+
+
+def policy_module(template: Path, kind: str, policy: Policy, what: str):
+    """`policy`'s copy of the compiled-code module `template`, whose one line
+    `_POLICY_LINE` names the policy its functions inline (cxlhm/firmware_kernels.py is
+    one): for a registered policy a generated module in the compile cache (compiled once
+    per install, cxlhm/jit.py; `what` is said to be compiling the first time), for any
+    other object a namespace compiled in memory, every process."""
+    source = template.read_text()
+    assert _POLICY_LINE in source, f"{template.name} must bind its policy on one line"
     module = None
     if registered(policy):
-        name = f"firmware_{policy.name}_{policy_tag(policy)}"
-        jit.compiling_notice(f"the {policy.name} firmware", jit.cache_dir() / "numba" / jit.STAMP / f"{name}_{jit.STAMP}")
+        name = f"{kind}_{policy.name}_{policy_tag(policy)}"
+        jit.compiling_notice(what, jit.cache_dir() / "numba" / jit.STAMP / f"{name}_{jit.STAMP}")
         module = jit.generated_module(name, source.replace(_POLICY_LINE, f"_policy = firmware_policies.get({policy.name!r})"))
     if module is None:  # an unregistered policy object, or no cache folder: compiled in memory, every process
-        namespace = {"__name__": f"cxlhm_firmware_{policy.name}", "_given_policy": policy}
-        exec(compile(source.replace(_POLICY_LINE, "_policy = _given_policy"), f"<cxlhm firmware for {policy.name}>",
+        namespace = {"__name__": f"cxlhm_{kind}_{policy.name}", "_given_policy": policy}
+        exec(compile(source.replace(_POLICY_LINE, "_policy = _given_policy"), f"<cxlhm {kind} for {policy.name}>",
                      "exec"), namespace)
         module = types.SimpleNamespace(**namespace)
-    return Kernels(*(getattr(module, name) for name in Kernels._fields))
+    return module
 
 
 def new_io_rows(n: int) -> np.ndarray:

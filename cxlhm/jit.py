@@ -1,8 +1,8 @@
 """Compile flags and the on-disk compile cache shared by cxlhm's compiled code.
 
 Compiling the firmware takes tens of seconds, so every compiled function of the firmware
-(cxlhm's block table and firmware runtime, the policies in firmware_policies) is built
-with numba's ``cache=True`` and lands in one cache folder,
+(cxlhm's block table and firmware runtime, the streamed I/O loop, the policies in
+firmware_policies) is built with numba's ``cache=True`` and lands in one cache folder,
 ``$CXLHM_CACHE_DIR/numba/<stamp>`` (default ``~/.cache/cxlhm``). numba checks only the
 timestamp of the file a cached function is defined in, but a function compiled here has
 its callees from other files inlined; so the stamp is a hash of every source file those
@@ -12,10 +12,13 @@ folder.
 A policy's hooks reach the firmware kernels as module globals of a module generated per
 policy (`generated_module`), not as closure cells: numba's cache keys a closure by its
 pickled cells, and a pickled dispatcher carries a random id, so a closure is never found
-again in another process.
+again in another process. For the same reason compiled code calls C functions by symbol
+name (`c_function`), not through ctypes: numba does not cache code that holds a ctypes
+function's address.
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib.util
 import os
@@ -26,14 +29,16 @@ import time
 import types
 from pathlib import Path
 
+import llvmlite.binding as llvm
 import numba
 from numba.core import caching
 
 _PACKAGE = Path(__file__).resolve().parent
 _POLICIES = _PACKAGE.parent / "firmware_policies"
-# the sources whose functions the firmware's compiled code may call
+# the sources whose functions the firmware's compiled code may call, and the C headers
+# whose constants and function signatures it has compiled in (a checkout's)
 _SOURCES = [*sorted(_PACKAGE.glob("*.py")), _PACKAGE / "mailbox" / "hints.py", _PACKAGE / "window" / "firmware_cfuncs.py",
-            *sorted(_POLICIES.glob("*.py"))]
+            *sorted(_POLICIES.glob("*.py")), *sorted((_PACKAGE.parent / "native").glob("*.h"))]
 
 
 def cache_dir() -> Path:
@@ -131,11 +136,22 @@ def njit_without_refcounts(fn):
     firmware's kernels once per access over arrays their caller owns and keeps alive:
     the incref/decref of every block-table and policy array around each call (atomic
     operations) would otherwise cost more than the access itself. Such a function must
-    not allocate arrays."""
+    not allocate arrays. Cached on disk like `njit` unless it is a closure (never found
+    again in another process, see the module docstring)."""
+    cache = fn.__closure__ is None and Path(fn.__code__.co_filename).is_file()
     try:
-        return numba.njit(nogil=True, _nrt=False)(fn)
+        return numba.njit(nogil=True, cache=cache, _nrt=False)(fn)
     except (KeyError, TypeError):  # a numba without the private flag: correct, just slower
-        return numba.njit(nogil=True)(fn)
+        return numba.njit(nogil=True, cache=cache)(fn)
+
+
+def c_function(symbol: str, function: ctypes._CFuncPtr, signature) -> numba.types.ExternalFunction:
+    """The C `function` (from a library ctypes loaded) as compiled code calls it: by
+    `symbol`, which the JIT's linker resolves to its address in this process. Code that
+    holds a ctypes function's address is not cached on disk (numba: "dynamic globals");
+    code that calls a symbol is. `signature`: numba's, pointers as intp."""
+    llvm.add_symbol(symbol, ctypes.cast(function, ctypes.c_void_p).value)
+    return numba.types.ExternalFunction(symbol, signature)
 
 
 def generated_module(name: str, source: str) -> types.ModuleType | None:

@@ -10,14 +10,14 @@ is given to the firmware's background work (Device.advance_to).
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from cxlhm import counters as C
+from cxlhm.jit import njit
 from cxlhm.timing import TimingModel, charge_access, charge_background_read, charge_background_write
 
 
-@numba.njit(nogil=True)
+@njit
 def _ready_of_hits(slot_ready, slots, installed, k, issue_ns, counters):
     """Latest landing time of prefetched blocks this access hits; counts late prefetches
     (hit while still in flight) and the time the host waited for them."""
@@ -34,7 +34,7 @@ def _ready_of_hits(slot_ready, slots, installed, k, issue_ns, counters):
     return ready
 
 
-@numba.njit(nogil=True)
+@njit
 def _set_ready(slot_ready, slots, k, when):
     for i in range(k):
         slot_ready[slots[i]] = when

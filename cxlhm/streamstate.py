@@ -1,17 +1,19 @@
 """A stream's state and the pieces its compiled loop (cxlhm/readstream.py) is built
 from: what the loop hands back to the driver, the stream's scalars and per-tag arrays
 (`StreamState`), the write-back table of its dirty victims, and the thread's io_uring
-ring as compiled code reaches it (the native extension's queue and reap, through
-ctypes)."""
+ring as compiled code reaches it (the native extension's queue and reap, bound by symbol
+name so the compiled loop is cached on disk)."""
 from __future__ import annotations
 
 import ctypes
 
 import numba
 import numpy as np
+from numba.types import int32, int64, intp
 
-from cxlhm import _native
+from cxlhm import _native, copyengine
 from cxlhm import firmware as fw
+from cxlhm.jit import c_function, njit
 
 # What `run` hands back (the driver's next move)
 FINISHED = 0  # every read up to `stop` is complete (or the deadline passed with none in flight)
@@ -36,6 +38,10 @@ VERIFY_ALL = 2  # every reap goes to the driver (this xxhash build gives compile
 # 75k with 2 (fio: 82k; 1, 2 and 4 were alike, 2 costs the least CPU). Completions still
 # waiting are taken on the next pass without entering the kernel.
 REAP_AT_ONCE = 2
+# Blocks this large are copied and checksummed by the copy engine in runs: a reap takes
+# every completion that is in (the blocks of a wide read tend to land together), so the
+# engine's helper thread can share the run.
+WIDE_BLOCK = 32 << 10
 
 SLICE_NS = 500_000  # longest lock hold: what other threads may wait (3% of a slice is the round trip)
 
@@ -84,18 +90,13 @@ WB_FREE, WB_STAGE, WB_RING, WB_LAND, WB_FAIL = range(5)
 WBLOCKS = 4096
 
 _CLOCK_MONOTONIC = 1
-_libc = ctypes.CDLL(None)
-_clock_gettime = _libc.clock_gettime
-_clock_gettime.argtypes = [ctypes.c_int, ctypes.c_void_p]
-_clock_gettime.restype = ctypes.c_int
+_clock_gettime = c_function("cxlhm_stream_clock_gettime", ctypes.CDLL(None).clock_gettime, int32(int32, intp))
 # The cffi extension's own symbols (the same loaded object, so the same liburing table).
 _lib = ctypes.CDLL(_native.__file__)
-_queue = _lib.cxlhm_io_queue
-_queue.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
-_queue.restype = ctypes.c_int
-_reap = _lib.cxlhm_io_reap
-_reap.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-_reap.restype = ctypes.c_int
+_queue = c_function("cxlhm_stream_io_queue", _lib.cxlhm_io_queue, int32(intp, int32, intp, int32, intp))
+_reap = c_function("cxlhm_stream_io_reap", _lib.cxlhm_io_reap, int32(intp, int32, int32, intp, intp))
+# the device's copy engine (cxlhm/copyengine.py, which also gives it the checksum function)
+_copy_many = c_function("cxlhm_stream_copy_many", _lib.cxlhm_copy_many, int64(intp, int64))
 
 
 @numba.njit(nogil=True)
@@ -125,6 +126,19 @@ def _copy_write_in(base, block_size, slots, k, hpa, length, addr):
     first = hpa // block_size
     for q in range(k):
         _copy_in_piece(base, block_size, slots[q], first + q, hpa, length, addr)
+
+
+@numba.njit(nogil=True)
+def _piece_job(jobs, row, base, block_size, slot, block, hpa, length, addr):
+    """Job `row` copies the part of read [hpa, hpa+length) that lies in `block` out of
+    its slot (as _copy_piece does) and checksums nothing yet."""
+    start = max(hpa, block * block_size)
+    end = min(hpa + length, (block + 1) * block_size)
+    jobs[row, 0] = base + slot * block_size + (start - block * block_size)
+    jobs[row, 1] = addr + (start - hpa)
+    jobs[row, 2] = end - start
+    jobs[row, 3] = 0
+    jobs[row, 4] = 0
 
 
 @numba.njit(nogil=True)
@@ -219,13 +233,20 @@ class StreamState:
         self.wb_failed = np.zeros(rows, np.int64)
         self.wb_tag = np.zeros(1, np.int64)
         self.tag_wbs = np.zeros(depth, np.int64)  # per parked I/O: its write-backs not yet landed
+        # a reap's copies and checksums, run by the copy engine: per reaped fill its job
+        # row (-1: none), per job the checksum it must match (checked: _SUM_CHECKED)
+        self.copy_jobs = copyengine.new_jobs(depth * max_blocks)
+        self.copy_of = np.full(depth * max_blocks, -1, np.int64)
+        self.copy_expected = np.zeros(depth * max_blocks, np.uint64)
+        self.copy_checked = np.zeros(depth * max_blocks, np.uint8)
 
     def arrays(self) -> tuple:
         return (self.st, self.tag_read, self.tag_pending, self.tag_k, self.tag_failed, self.tag_issued,
                 self.tag_slots, self.tag_installed, self.row_pos, self.row_bad, self.free_tags, self.writebacks,
                 self.fills, self.fill_tags, self.ts, self.reaped_tags, self.reaped_res, self.bad, self.submits,
                 self.wblocks, self.parked, self.wb_rows, self.wb_state, self.wb_owner, self.wb_free,
-                self.wb_staged, self.wb_landed, self.wb_failed, self.wb_tag, self.tag_wbs, self.wb_sum)
+                self.wb_staged, self.wb_landed, self.wb_failed, self.wb_tag, self.tag_wbs, self.wb_sum,
+                self.copy_jobs, self.copy_of, self.copy_expected, self.copy_checked)
 
     def reset(self) -> None:
         """For a new stream: no I/O, no write-back."""
@@ -247,6 +268,7 @@ class StreamState:
 
 # positions of the write-back table in StreamState.arrays()
 _WB_ROWS, _WB_STATE, _WB_OWNER, _WB_FREE, _WB_STAGED, _WB_LANDED, _WB_FAILED, _WB_TAG, _TAG_WBS, _WB_SUM = range(21, 31)
+_COPY_JOBS, _COPY_OF, _COPY_EXPECTED, _COPY_CHECKED = range(31, 35)
 
 
 @numba.njit(nogil=True)
@@ -273,7 +295,7 @@ def _writeback_done(arrays, w):
         st[N_READY] += 1
 
 
-@numba.njit(nogil=True)
+@njit  # called by the driver: cached on disk (the others are compiled into their callers)
 def settle_writebacks(arrays, rows, free):
     """The driver settled these write-back rows: their I/Os go on (unless they landed
     through the ring, which told them already); with `free`, the rows are released."""

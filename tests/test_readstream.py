@@ -321,3 +321,27 @@ def test_a_write_stream_writes_its_dirty_victims_back_on_its_ring_and_loses_noth
         back = np.zeros(40 * BLOCK, np.uint8)
         dev.read_into(0, back)
         assert (back[8 * BLOCK:] == data).all() and dev.stats()["checksum_mismatches"] == 0
+
+
+@pytest.mark.parametrize("block", [BLOCK, 64 << 10])
+def test_rot_under_a_wide_streamed_read_is_poison_and_the_rest_arrives(tmp_path, block):
+    """A wide read's blocks land together and are copied and checksummed as one run by the
+    copy engine (large blocks: shared with its helper thread): one rotten block among them
+    fails the read with poison naming it, never its bytes; the blocks around it read back."""
+    n_blocks = 24
+    with _device(tmp_path, blocks=2 * n_blocks, dram_blocks=n_blocks + 8, block=block) as dev:
+        data = np.random.default_rng(block).integers(0, 256, n_blocks * block, dtype=np.uint8)
+        dev.write_from(0, data)
+        dev.flush()
+        dev.store(n_blocks * block, bytes(n_blocks * block))  # evicts the written blocks: all on the SSD
+        dev.read_into(n_blocks * block, np.empty(n_blocks * block, np.uint8))
+        rotten = 13
+        with open(tmp_path / "s.img", "r+b") as f:
+            f.seek(rotten * block + 7)
+            f.write(b"rot")
+        out = np.zeros(n_blocks * block, np.uint8)
+        with pytest.raises(PoisonError, match=f"block {rotten}"):
+            dev.read_into(0, out)
+        assert dev.stats()["checksum_mismatches"] == 1
+        assert dev.load(0, rotten * block) == data[:rotten * block].tobytes()
+        assert dev.load((rotten + 1) * block, (n_blocks - rotten - 1) * block) == data[(rotten + 1) * block:].tobytes()

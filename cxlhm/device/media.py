@@ -17,7 +17,7 @@ import numpy as np
 from cxlhm import blocktable as btm
 from cxlhm import counters as C
 from cxlhm import firmware as fw
-from cxlhm import sumtable
+from cxlhm import copyengine, sumtable
 from cxlhm.device.errors import MediaError, PoisonError
 from cxlhm.integrity import BlockChecksums, PoisonTable, checksum
 
@@ -181,11 +181,14 @@ class MediaPath:
         self.counters[C.SSD_WRITE_BYTES] += n * self.block_size
 
     def hash_slots(self, addrs: np.ndarray) -> np.ndarray:
-        """xxh3-64 of the whole slot at each address (compiled when xxhash allows)."""
+        """xxh3-64 of the whole slot at each address (compiled when xxhash allows; a run of
+        them shared with the copy engine's helper thread)."""
         if sumtable.COMPILED_HASH:
-            sums = np.empty(addrs.shape[0], np.uint64)
-            sumtable.hash_blocks(np.ascontiguousarray(addrs), self.block_size, sums)
-            return sums
+            jobs = copyengine.new_jobs(addrs.shape[0])
+            jobs[:, copyengine.HASH_AT] = addrs
+            jobs[:, copyengine.HASH_LEN] = self.block_size
+            copyengine.copy_many(jobs)
+            return jobs[:, copyengine.HASH].view(np.uint64)
         slots = self.dram.slots
         return np.fromiter((checksum(slots[(a - self.dram.base_address) // self.block_size]) for a in addrs.tolist()),
                            np.uint64, addrs.shape[0])

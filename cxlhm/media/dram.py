@@ -5,6 +5,8 @@ import mmap
 
 import numpy as np
 
+HUGE_PAGE = 2 << 20
+
 
 def _ask_for_huge_pages(arena: mmap.mmap) -> None:
     """Back the arena with transparent huge pages where the kernel allows it (THP
@@ -28,9 +30,15 @@ class DeviceDram:
         self.n_slots, self.block_size = n_slots, block_size
         self.nbytes = n_slots * block_size if data else 0
         if data:
-            self._map = mmap.mmap(-1, self.nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            # mmap places the arena at any 4 KiB boundary; THP backs only whole 2 MiB-aligned
+            # extents, so an arena of a few MiB could get none: map 2 MiB more and start
+            # the slots at the first 2 MiB boundary
+            pad = HUGE_PAGE if self.nbytes >= HUGE_PAGE else 0
+            self._map = mmap.mmap(-1, self.nbytes + pad, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             _ask_for_huge_pages(self._map)
-            self.slots = np.frombuffer(self._map, np.uint8).reshape(n_slots, block_size)
+            whole = np.frombuffer(self._map, np.uint8)
+            start = -whole.ctypes.data % HUGE_PAGE if pad else 0
+            self.slots = whole[start:start + self.nbytes].reshape(n_slots, block_size)
             self.base_address = self.slots.ctypes.data
         else:
             self._map = None

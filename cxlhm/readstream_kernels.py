@@ -1,0 +1,341 @@
+"""The streamed I/O loop of one policy (cxlhm/readstream.py says what it does): `run`,
+one time slice of a stream, and `complete`, which takes reaped completions, with the
+policy's planner inlined.
+
+Each policy runs its own copy of this module, like the firmware kernels
+(cxlhm/firmware_kernels.py): `cxlhm.readstream.kernels_for` writes it to the compile
+cache with the `_policy = ...` line below naming the policy, so the planner is a module
+global and numba caches the compiled loop on disk (cxlhm/jit.py says why not closures).
+"""
+import numpy as np
+
+import firmware_policies
+from cxlhm import firmware as fw
+from cxlhm import sumtable
+from cxlhm import counters as C
+from cxlhm import blocktable as btm
+from cxlhm.jit import njit_without_refcounts
+from cxlhm.streamstate import (
+    FINISHED, BLOCKED, WRITE_BACK, DEVICE_FULL, VERIFY, SLICE, WIDE, LOG_WRITES, ISSUED, WB_FAILED, VERIFY_HERE,
+    VERIFY_ALL, REAP_AT_ONCE, SLICE_NS, NEXT, IN_FLIGHT, SLOTS, FILLS, PARKED_WBS, DONE, FAILED, HITS, MISSES,
+    REAPED, ERRNO, QUEUED, PEAK, WRITTEN, W_HITS, W_MISSES, N_PARKED, N_READY, WB_USED, WB_STAGED, WB_LANDED,
+    WB_FAILED_N, RING, STAGE_SHARE, STAGE_BYTES, WB_STAGE, WB_LAND, WB_FAIL, WIDE_BLOCK, _reap, _now_ns,
+    _copy_write_in, _in_sorted, _touches_writebacks, _queue_all, _submit_bucket, _WB_ROWS, _WB_STATE, _WB_OWNER,
+    _WB_FREE, _WB_STAGED, _WB_LANDED, _WB_FAILED, _TAG_WBS, _COPY_JOBS, _COPY_OF, _COPY_EXPECTED, _COPY_CHECKED,
+    _landed_sum, _writeback_done, _queue_writebacks, _copy_many, _copy_piece, _piece_job)
+
+_policy = firmware_policies.get("lru")  # the policy of this copy
+_firmware = fw.kernels_for(_policy)
+plan, invalidate = _firmware.plan, _firmware.invalidate
+finish, touches_busy = fw.finish, fw.touches_busy
+
+
+@njit_without_refcounts
+def complete(bt, ps, clock, base, block_size, hpas, lens, addrs, kinds, clat, failed_out, arrays, tags, res,
+             bad, n, sum_keys, sum_values):
+    """Take `n` reaped completions: fills (tag = read tag * max_blocks + row) and
+    write-backs (tag < 0). bad[j]: fill j read the wrong bytes (its checksum did not
+    match). First the copy engine runs every good fill's work as one run (a read's
+    copy out; a checksum of each block with a record in the sum table - empty: none -
+    right after its copy, while its bytes are in the CPU's cache), shared with its
+    helper thread when the run is long; then each completion is settled: a mismatch
+    fails its I/O like a failed fill (the driver runs it again through the verifying
+    path, which poisons it). A write (kinds[i]) whose fills are all in copies its bytes
+    into its slots. A landed write-back lets its I/O go on once its last one is in; a
+    failed one waits for the driver (WB_FAILED)."""
+    st, tag_read, tag_pending, tag_k, tag_failed, tag_issued, tag_slots, tag_installed, row_pos, row_bad, \
+        free_tags = arrays[:11]
+    wb_rows, wb_state, wb_landed, wb_failed = arrays[_WB_ROWS], arrays[_WB_STATE], arrays[_WB_LANDED], \
+        arrays[_WB_FAILED]
+    max_blocks = tag_slots.shape[1]
+    now = _now_ns(arrays[14])
+    jobs, job_of, expected, checked = arrays[_COPY_JOBS], arrays[_COPY_OF], arrays[_COPY_EXPECTED], \
+        arrays[_COPY_CHECKED]
+    n_jobs = 0
+    for j in range(n):
+        job_of[j] = -1
+        if tags[j] < 0 or res[j] != block_size or bad[j]:
+            continue
+        tag = tags[j] // max_blocks
+        i = tag_read[tag]
+        p = row_pos[tag, tags[j] % max_blocks]
+        slot = tag_slots[tag, p]
+        block = hpas[i] // block_size + p
+        if kinds[i]:  # a write's fill: its bytes go in once all its fills are in
+            for c in range(5):
+                jobs[n_jobs, c] = 0
+        else:
+            _piece_job(jobs, n_jobs, base, block_size, slot, block, hpas[i], lens[i], addrs[i])
+        checked[n_jobs] = 0
+        if sum_keys.shape[0]:
+            # a block an I/O evicted and places again (its own victim) has its new sum here
+            landed, want = _landed_sum(arrays, block, block_size)
+            if not landed:
+                b = sumtable.find(sum_keys, block)
+                landed, want = b >= 0, sum_values[max(b, 0)]
+            if landed:
+                jobs[n_jobs, 3] = base + slot * block_size
+                jobs[n_jobs, 4] = block_size
+                expected[n_jobs] = want
+                checked[n_jobs] = 1
+        job_of[j] = n_jobs
+        n_jobs += 1
+    if n_jobs:
+        _copy_many(jobs.ctypes.data, n_jobs)
+    for j in range(n):
+        st[FILLS] -= 1
+        st[RING] -= 1
+        if tags[j] < 0:
+            w = -1 - tags[j]
+            if res[j] == wb_rows[w, 1]:
+                wb_state[w] = WB_LAND
+                wb_landed[st[WB_LANDED]] = w
+                st[WB_LANDED] += 1
+                _writeback_done(arrays, w)
+            else:
+                wb_state[w] = WB_FAIL
+                wb_failed[st[WB_FAILED_N]] = w
+                st[WB_FAILED_N] += 1
+            continue
+        tag = tags[j] // max_blocks
+        row = tags[j] % max_blocks
+        i = tag_read[tag]
+        p = row_pos[tag, row]
+        good = job_of[j] >= 0
+        if good and checked[job_of[j]]:
+            good = np.uint64(jobs[job_of[j], 5]) == expected[job_of[j]]  # (the engine's int64 is the sum's bits)
+        if not good:  # failed, short or corrupt: the caller runs it again, verifying
+            tag_failed[tag] = 1
+            row_bad[tag, row] = 1
+        tag_pending[tag] -= 1
+        if tag_pending[tag] > 0:
+            continue
+        k = tag_k[tag]
+        if tag_failed[tag]:
+            r = 0
+            for q in range(k):
+                if tag_installed[tag, q]:
+                    # a write's newly placed blocks hold nothing it wrote: all go
+                    if kinds[i] or row_bad[tag, r]:
+                        invalidate(bt, ps, tag_slots[tag, q], clock[0])
+                    row_bad[tag, r] = 0
+                    r += 1
+            failed_out[st[FAILED]] = i
+            st[FAILED] += 1
+            tag_failed[tag] = 0
+            clat[i] = -1
+        else:
+            if kinds[i]:
+                _copy_write_in(base, block_size, tag_slots[tag], k, hpas[i], lens[i], addrs[i])
+            clat[i] = now - tag_issued[tag]
+        finish(bt, tag_slots[tag], k)
+        st[SLOTS] -= k
+        st[IN_FLIGHT] -= 1
+        st[DONE] += 1
+        tag_read[tag] = -1
+        free_tags[tag_k.shape[0] - 1 - st[IN_FLIGHT] - st[N_PARKED]] = tag  # a stack over the tags in use
+
+
+@njit_without_refcounts
+def _issue(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, slat, clat,
+           arrays, tag, n_fill, begin, resumed, ring, fd):
+    """Queue the planned I/O's fills, or - none needed - complete it now (a read
+    whose blocks are all in DRAM, a write that replaces whole blocks or hits).
+    `begin`: when planning it began; `resumed`: it was parked for its victims (its
+    submission time is in tag_issued)."""
+    st, tag_read, tag_pending, tag_k, tag_failed, tag_issued, tag_slots, tag_installed, row_pos, row_bad, \
+        free_tags = arrays[:11]
+    fills, fill_tags, ts = arrays[12], arrays[13], arrays[14]
+    max_blocks = tag_slots.shape[1]
+    i = tag_read[tag]
+    k = tag_k[tag]
+    write = kinds[i] != 0
+    # Submitted once planned (fio's slat: taken -> submitted); the copies of blocks
+    # already in device DRAM are completion work, in clat like the fills' wait.
+    now = _now_ns(ts)
+    submitted = tag_issued[tag] if resumed else now
+    if not resumed:
+        slat[i] = now - begin
+    first = hpas[i] // block_size
+    r = 0
+    for q in range(k):
+        if tag_installed[tag, q]:
+            block = first + q
+            # plan() fills a newly placed block unless a write replaces all of it
+            if write and block * block_size >= hpas[i] and (block + 1) * block_size <= hpas[i] + lens[i]:
+                continue
+            row_pos[tag, r] = q
+            fill_tags[r] = tag * max_blocks + r
+            r += 1
+        elif not write:  # resident and not busy (checked before planning): its bytes are good
+            _copy_piece(base, block_size, tag_slots[tag, q], first + q, hpas[i], lens[i], addrs[i])
+    if n_fill == 0:
+        if write:
+            _copy_write_in(base, block_size, tag_slots[tag], k, hpas[i], lens[i], addrs[i])
+        clat[i] = _now_ns(ts) - submitted
+        finish(bt, tag_slots[tag], k)
+        st[DONE] += 1
+        tag_read[tag] = -1
+        free_tags[tag_k.shape[0] - 1 - st[IN_FLIGHT] - st[N_PARKED]] = tag  # a stack over the tags in use
+        return
+    tag_fills = fills[tag * max_blocks:(tag + 1) * max_blocks]
+    _queue_all(ring, fd, tag_fills.ctypes.data, n_fill, fill_tags.ctypes.data)
+    st[RING] += n_fill
+    tag_pending[tag] = n_fill
+    tag_issued[tag] = submitted
+    st[IN_FLIGHT] += 1
+    st[PEAK] = max(st[PEAK], st[IN_FLIGHT])
+    st[SLOTS] += k
+    st[FILLS] += n_fill
+    st[QUEUED] += 1
+
+
+@njit_without_refcounts
+def step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, stop, deadline_ns,
+         slat, clat, arrays, ring, fd, ring_room, other_slots, n_slots, owner, victims):
+    """Queue the write-backs the driver has logged, issue the I/Os whose write-backs
+    have landed, then plan and issue I/Os until `depth` are out (or the ring, the
+    slots or the I/Os run out). An I/O with dirty victims is parked: its victims are
+    staged for the driver to log their checksums (WRITE_BACK), go on the ring with
+    the next step, and the I/O is issued when the last one lands - meanwhile the
+    stream keeps planning. `victims`: blocks other streams are writing back."""
+    st, tag_read, tag_pending, tag_k, tag_failed, tag_issued, tag_slots, tag_installed, row_pos, row_bad, \
+        free_tags, writebacks, fills = arrays[:13]
+    ts, wblocks, parked = arrays[14], arrays[19], arrays[20]
+    wb_rows, wb_state, wb_owner, wb_free, wb_staged = arrays[_WB_ROWS], arrays[_WB_STATE], \
+        arrays[_WB_OWNER], arrays[_WB_FREE], arrays[_WB_STAGED]
+    tag_wbs = arrays[_TAG_WBS]
+    depth = tag_k.shape[0]
+    n_rows = wb_free.shape[0]
+    _queue_writebacks(arrays, ring, fd)
+    while st[N_READY] > 0:  # their victims are on the SSD now
+        st[N_READY] -= 1
+        st[N_PARKED] -= 1  # (before _issue: the tag stack counts in-flight and parked tags)
+        tag = parked[st[N_READY]]
+        st[SLOTS] -= tag_k[tag]  # counted while parked (its slots were BUSY); _issue counts them again
+        st[FILLS] -= tag_pending[tag]  # reserved while parked; _issue counts them again
+        _issue(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, slat, clat,
+               arrays, tag, tag_pending[tag], 0, True, ring, fd)
+    st[PARKED_WBS] = 0
+    while True:
+        wait = ISSUED  # (run hands staged victims to the driver before it waits on an empty ring)
+        out = st[IN_FLIGHT] + st[N_PARKED] > 0
+        if st[NEXT] >= stop or st[IN_FLIGHT] + st[N_PARKED] >= depth:
+            return wait
+        i = st[NEXT]
+        one_hpa = hpas[i:i + 1]
+        one_len = lens[i:i + 1]
+        write = kinds[i] != 0
+        blocks, busy = touches_busy(bt, one_hpa, one_len, block_size)
+        if blocks > tag_slots.shape[1]:
+            return wait if out else WIDE
+        # no I/O may miss on a victim's block before its bytes are on the SSD and the
+        # driver recorded their checksum (nothing out: only the recording is left)
+        if _touches_writebacks(wb_rows, wb_state, hpas[i], lens[i], block_size):
+            return wait if out else WRITE_BACK
+        if busy or _in_sorted(victims, hpas[i], lens[i], block_size):
+            return wait if out else BLOCKED
+        room = n_slots - bt.scalars[btm.N_PINNED] - other_slots - st[SLOTS]
+        if blocks > room or st[FILLS] + blocks > ring_room:
+            return wait if out else BLOCKED
+        if write and st[WRITTEN] + blocks > wblocks.shape[0]:
+            return LOG_WRITES
+        if st[WB_USED] + blocks > n_rows:  # the table is full: free the landed rows, or wait for some
+            return WRITE_BACK if st[WB_LANDED] or st[WB_STAGED] else wait
+        begin = _now_ns(ts)
+        if deadline_ns > 0 and begin >= deadline_ns:
+            return wait
+        tag = free_tags[depth - 1 - st[IN_FLIGHT] - st[N_PARKED]]
+        tag_read[tag] = i
+        hits0 = counters[C.HITS]
+        misses0 = counters[C.MISSES]
+        ok, k, n_wb, n_fill = plan(bt, ps, counters, clock, one_hpa, one_len, write, write_mode, owner, base,
+                                   block_size, tag_slots[tag], tag_installed[tag], writebacks,
+                                   fills[tag * tag_slots.shape[1]:(tag + 1) * tag_slots.shape[1]])
+        st[HITS] += counters[C.HITS] - hits0
+        st[MISSES] += counters[C.MISSES] - misses0
+        if write:
+            st[W_HITS] += counters[C.HITS] - hits0
+            st[W_MISSES] += counters[C.MISSES] - misses0
+        st[NEXT] = i + 1
+        tag_k[tag] = k
+        if not ok:
+            # victims already unmapped have been written back by nobody: hand them
+            # over (writebacks[:PARKED_WBS]); the driver writes them, then reports full
+            for q in range(k):
+                if tag_installed[tag, q]:
+                    invalidate(bt, ps, tag_slots[tag, q], clock[0])
+            finish(bt, tag_slots[tag], k)
+            tag_read[tag] = -1
+            st[PARKED_WBS] = n_wb
+            return DEVICE_FULL
+        if write:  # dirty now: the driver logs them (after this I/O's victims' checksums)
+            first = hpas[i] // block_size
+            for q in range(k):
+                wblocks[st[WRITTEN]] = first + q
+                st[WRITTEN] += 1
+        if n_wb > 0:  # parked until its victims land; the stream plans on meanwhile
+            for r in range(n_wb):
+                w = wb_free[n_rows - 1 - st[WB_USED]]
+                st[WB_USED] += 1
+                for c in range(wb_rows.shape[1]):
+                    wb_rows[w, c] = writebacks[r, c]
+                wb_state[w] = WB_STAGE
+                wb_owner[w] = tag
+                wb_staged[st[WB_STAGED]] = w
+                st[WB_STAGED] += 1
+            now = _now_ns(ts)
+            slat[i] = now - begin
+            tag_issued[tag] = now  # submitted: its completion latency runs from here
+            tag_pending[tag] = n_fill
+            tag_wbs[tag] = n_wb
+            st[SLOTS] += k  # BUSY while its victims are written back (other threads plan around them)
+            st[FILLS] += n_wb + n_fill  # the ring's room: its write-backs, and its fills to come
+            st[N_PARKED] += 1
+            continue
+        _issue(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, slat, clat,
+               arrays, tag, n_fill, begin, False, ring, fd)
+
+
+@njit_without_refcounts
+def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, stop, deadline_ns,
+        slat, clat, failed_out, arrays, ring, fd, ring_room, other_slots, n_slots, owner, verify, sum_keys,
+        sum_values, victims):
+    """The stream's loop for one time slice (see the module docstring). A reap goes
+    back to the driver for verification: always (VERIFY_ALL), or when one of its
+    blocks does not match its record in the sum table (VERIFY_HERE)."""
+    st, ts, reaped_tags, reaped_res, bad, submits = arrays[0], arrays[14], arrays[15], arrays[16], arrays[17], \
+        arrays[18]
+    tag_slots = arrays[6]
+    stage_batch = max(1, min(tag_slots.shape[0] // STAGE_SHARE, STAGE_BYTES // (block_size * tag_slots.shape[1])))
+    slice_end = _now_ns(ts) + SLICE_NS
+    while True:
+        status = step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, stop,
+                      deadline_ns, slat, clat, arrays, ring, fd, ring_room, other_slots, n_slots, owner, victims)
+        if status != ISSUED:
+            return status
+        if st[IN_FLIGHT] + st[N_PARKED] == 0:
+            return FINISHED
+        if st[WB_STAGED] and (st[WB_STAGED] >= stage_batch or st[RING] == 0):
+            return WRITE_BACK
+        if st[QUEUED] > 0:
+            submits[_submit_bucket(st[QUEUED])] += 1
+            st[QUEUED] = 0
+        got = _reap(ring, 1, REAP_AT_ONCE if block_size < WIDE_BLOCK else reaped_tags.shape[0],
+                    reaped_tags.ctypes.data, reaped_res.ctypes.data)
+        if got < 0:
+            st[ERRNO] = got
+            return VERIFY  # the driver raises; nothing was taken
+        st[REAPED] = got
+        if verify == VERIFY_ALL:
+            return VERIFY
+        for j in range(got):
+            bad[j] = 0
+        complete(bt, ps, clock, base, block_size, hpas, lens, addrs, kinds, clat, failed_out, arrays,
+                 reaped_tags, reaped_res, bad, got, sum_keys if verify == VERIFY_HERE else sum_keys[:0],
+                 sum_values)
+        st[REAPED] = 0
+        if st[WB_FAILED_N]:
+            return WB_FAILED
+        if _now_ns(ts) >= slice_end:
+            return SLICE

@@ -1,0 +1,15 @@
+/* The device's copy engine: copies out of device DRAM and block checksums, run by the
+ * calling thread and a helper thread together. Also fed to cffi's cdef. */
+
+/* One job, laid out as six int64 (numba fills them as an (n, 6) array). */
+struct cxlhm_copy {
+    int64_t src;      /* bytes to copy (device DRAM) */
+    int64_t dst;      /* where to (the host's buffer); 0: nothing to copy */
+    int64_t len;      /* bytes to copy */
+    int64_t hash_at;  /* a block to checksum after the copy (its slot); 0: none */
+    int64_t hash_len; /* its bytes */
+    int64_t hash;     /* out: xxh3-64 of the block (as set by cxlhm_copy_set_hash) */
+};
+
+void cxlhm_copy_set_hash(void *xxh3_64bits);
+int64_t cxlhm_copy_many(struct cxlhm_copy *jobs, int64_t n);
