@@ -133,6 +133,30 @@ def test_evicting_one_clean_block_of_a_huge_page_drops_only_that_block(huge_wind
     assert np.array_equal(w.ndarray(0, REGION, np.uint8), model)
 
 
+def window_mappings(w) -> int:
+    """Mappings (VMAs) over the window's range, from /proc/self/maps."""
+    start, end = w.address(0), w.address(0) + w.capacity
+    with open("/proc/self/maps") as f:
+        spans = [[int(x, 16) for x in line.split()[0].split("-")] for line in f]
+    return sum(1 for lo, hi in spans if lo < end and hi > start)
+
+
+def test_collapses_leave_the_window_one_mapping(huge_window):
+    """Each collapse flips its region's huge-page advice and back; the kernel must merge
+    the region back, or every collapse would cost a mapping (of vm.max_map_count)."""
+    w = huge_window(120)
+    n = 3 * REGION
+    model = fill(w, n, seed=7)
+    evict_all(w)
+    w.prefetch(0, n)
+    assert w.wait_idle(timeout=60)
+    if w.stats()["collapse_failures"]:
+        pytest.skip("the kernel had no huge page to collapse the region into (MADV_COLLAPSE failed)")
+    assert w.huge_page_bytes(0, n) == n
+    assert window_mappings(w) == 1
+    assert np.array_equal(w.ndarray(0, n, np.uint8), model)
+
+
 def test_a_region_is_collapsed_again_after_it_was_split(huge_window):
     w = huge_window(40)
     model = fill(w, REGION, seed=3)
