@@ -27,21 +27,27 @@ COMMANDS: Registry = Registry(
               for info in pkgutil.iter_modules(commands.__path__) if not info.name.startswith("_")})
 
 
-def _command_modules():
-    loaded, broken = COMMANDS.load_all()
+def _command_modules(names=None):
+    loaded, broken = COMMANDS.load_all(names)
     for exc in broken:
         print(f"cxlhm: warning: {exc}", file=sys.stderr)
     return [loaded[name] for name in sorted(loaded)]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _named_command(argv: list[str]) -> str | None:
+    """The command `argv` runs, when its first word names one: only that command's module
+    is imported then (each pulls in its own libraries; all of them took over a second)."""
+    return argv[0] if argv and argv[0] in COMMANDS else None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cxlhm",
         description="cxlhm: an emulated CXL hybrid-memory device (device DRAM in front of an SSD) "
                     "with swappable firmware policies, a hint mailbox and a KV-cache store.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in _command_modules():
+    for module in _command_modules(None if only is None else [only]):
         p = sub.add_parser(module.NAME, help=module.HELP, description=getattr(module, "DESCRIPTION", module.HELP),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(p)
@@ -50,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(_named_command(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()
