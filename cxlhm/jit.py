@@ -25,6 +25,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import types
 from pathlib import Path
@@ -154,6 +155,9 @@ def c_function(symbol: str, function: ctypes._CFuncPtr, signature) -> numba.type
     return numba.types.ExternalFunction(symbol, signature)
 
 
+_IMPORTING = threading.RLock()
+
+
 def generated_module(name: str, source: str) -> types.ModuleType | None:
     """Import `source` as module `name` from a file in the cache folder, so numba can
     cache what it compiles (the file name carries the source stamp). None when no cache
@@ -170,13 +174,21 @@ def generated_module(name: str, source: str) -> types.ModuleType | None:
     except OSError:
         return None
     module_name = f"cxlhm_generated_{name}_{STAMP}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # numba's cache re-imports the module by name
-    spec.loader.exec_module(module)
-    return module
+    # One thread imports it; others wait: sys.modules holds it from before its code runs,
+    # and a thread that found it there half run would miss its functions. (Reentrant: a
+    # module's code asks for the firmware's module.)
+    with _IMPORTING:
+        if module_name in sys.modules:
+            return sys.modules[module_name]
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module  # numba's cache re-imports the module by name
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[module_name]
+            raise
+        return module
 
 
 def compiling_notice(what: str, folder: Path) -> None:

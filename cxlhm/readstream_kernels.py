@@ -309,6 +309,9 @@ def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs
     tag_slots = arrays[6]
     stage_batch = max(1, min(tag_slots.shape[0] // STAGE_SHARE, STAGE_BYTES // (block_size * tag_slots.shape[1])))
     slice_end = _now_ns(ts) + SLICE_NS
+    # reads of many large blocks: a reap takes every completion that is in, as one run for
+    # the copy engine (one block per I/O: two at a time, so new I/Os go out between them)
+    wide_reads = block_size >= WIDE_BLOCK and tag_slots.shape[1] > 1
     while True:
         status = step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, stop,
                       deadline_ns, slat, clat, arrays, ring, fd, ring_room, other_slots, n_slots, owner, victims)
@@ -321,8 +324,8 @@ def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs
         if st[QUEUED] > 0:
             submits[_submit_bucket(st[QUEUED])] += 1
             st[QUEUED] = 0
-        got = _reap(ring, 1, REAP_AT_ONCE if block_size < WIDE_BLOCK else reaped_tags.shape[0],
-                    reaped_tags.ctypes.data, reaped_res.ctypes.data)
+        got = _reap(ring, 1, reaped_tags.shape[0] if wide_reads else REAP_AT_ONCE, reaped_tags.ctypes.data,
+                    reaped_res.ctypes.data)
         if got < 0:
             st[ERRNO] = got
             return VERIFY  # the driver raises; nothing was taken

@@ -38,9 +38,9 @@ VERIFY_ALL = 2  # every reap goes to the driver (this xxhash build gives compile
 # 75k with 2 (fio: 82k; 1, 2 and 4 were alike, 2 costs the least CPU). Completions still
 # waiting are taken on the next pass without entering the kernel.
 REAP_AT_ONCE = 2
-# Blocks this large are copied and checksummed by the copy engine in runs: a reap takes
-# every completion that is in (the blocks of a wide read tend to land together), so the
-# engine's helper thread can share the run.
+# Blocks this large, read several to an I/O, are copied and checksummed by the copy
+# engine in runs: a reap takes every completion that is in (the blocks of a wide read
+# tend to land together), so the engine's helper thread can share the run.
 WIDE_BLOCK = 32 << 10
 
 SLICE_NS = 500_000  # longest lock hold: what other threads may wait (3% of a slice is the round trip)

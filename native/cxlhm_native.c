@@ -38,6 +38,7 @@ typedef int (*submit_and_wait_fn)(void *, unsigned);
 typedef int (*wait_cqe_fn)(void *, struct io_uring_cqe **);
 typedef void (*cqe_seen_fn)(void *, struct io_uring_cqe *);
 typedef int (*peek_cqe_fn)(void *, struct io_uring_cqe **);
+typedef unsigned (*cq_ready_fn)(const void *);
 
 static struct {
     void *handle;
@@ -51,6 +52,7 @@ static struct {
     wait_cqe_fn wait_cqe;
     cqe_seen_fn cqe_seen;
     peek_cqe_fn peek_cqe;
+    cq_ready_fn cq_ready;
 } uring;
 
 struct cxlhm_ring {
@@ -58,6 +60,17 @@ struct cxlhm_ring {
     unsigned depth;
     unsigned queued; /* SQEs prepared by cxlhm_io_queue, not yet handed to the kernel */
 };
+
+/* A completion already in the CQ ring, read from memory: 0 and *cqe, or -EAGAIN. On a
+ * DEFER_TASKRUN ring io_uring_peek_cqe enters the kernel whenever the CQ ring is empty
+ * (to run deferred completions); the loops below enter it only to submit or to wait,
+ * which runs them too. */
+static int take_ready(struct cxlhm_ring *r, struct io_uring_cqe **cqe)
+{
+    if (uring.cq_ready(r->opaque) == 0)
+        return -EAGAIN;
+    return uring.peek_cqe(r->opaque, cqe);
+}
 
 int cxlhm_uring_load(const char *path, char *err, int errlen)
 {
@@ -88,6 +101,7 @@ int cxlhm_uring_load(const char *path, char *err, int errlen)
     LOAD(wait_cqe, "io_uring_wait_cqe");
     LOAD(cqe_seen, "io_uring_cqe_seen");
     LOAD(peek_cqe, "io_uring_peek_cqe");
+    LOAD(cq_ready, "io_uring_cq_ready");
 #undef LOAD
     uring.handle = h;
     return 0;
@@ -176,7 +190,7 @@ static int submit_and_get_cqe(struct cxlhm_ring *r, int queued, struct io_uring_
         if (rc < 0)
             return rc;
     }
-    if (uring.peek_cqe(r->opaque, cqe) == 0)
+    if (take_ready(r, cqe) == 0)
         return 0;
     return uring.wait_cqe(r->opaque, cqe);
 }
@@ -252,7 +266,7 @@ int cxlhm_io_batch(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops,
                 if ((uint64_t)res[i] < ops[i].len)
                     pending[npending++] = i;
             }
-        } while (uring.peek_cqe(r->opaque, &cqe) == 0);
+        } while (take_ready(r, &cqe) == 0);
     }
     free(pending);
     return failed;
@@ -340,7 +354,7 @@ int64_t cxlhm_io_qd(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops,
             lat_ns[i] = done - lat_ns[i];
             uring.cqe_seen(r->opaque, cqe);
             inflight--;
-        } while (uring.peek_cqe(r->opaque, &cqe) == 0);
+        } while (take_ready(r, &cqe) == 0);
     }
     return next;
 }
@@ -382,7 +396,7 @@ int cxlhm_io_reap(struct cxlhm_ring *r, int min, int max, int64_t *tags, int64_t
 {
     struct io_uring_cqe *cqe;
     int got = 0;
-    if (r->queued || (min > 0 && uring.peek_cqe(r->opaque, &cqe) != 0)) {
+    if (r->queued || (min > 0 && uring.cq_ready(r->opaque) == 0)) {
         int rc;
         do
             rc = uring.submit_and_wait(r->opaque, (unsigned)(min > 0 ? 1 : 0));
@@ -393,7 +407,7 @@ int cxlhm_io_reap(struct cxlhm_ring *r, int min, int max, int64_t *tags, int64_t
             return rc;
     }
     while (got < max) {
-        if (uring.peek_cqe(r->opaque, &cqe) != 0) {
+        if (take_ready(r, &cqe) != 0) {
             if (got >= min)
                 break;
             int rc = uring.wait_cqe(r->opaque, &cqe);

@@ -112,3 +112,27 @@ def test_the_cache_stamp_covers_what_the_compiled_kernels_call(policy):
     called = {path for path in _compiled_callees(kernels) if path.parent != generated}
     assert Path(rs.__file__).with_name("readstream_kernels.py").resolve() in sources
     assert called and called <= sources, sorted(map(str, called - sources))
+
+
+def test_threads_that_ask_for_a_generated_module_at_once_all_get_it_whole(tmp_path, monkeypatch):
+    """The first import of a generated module runs its code (compiles, for the kernels);
+    a thread asking meanwhile waits for it instead of taking the half-run module."""
+    import threading
+
+    monkeypatch.setenv("CXLHM_CACHE_DIR", str(tmp_path))
+    source = "import time\ntime.sleep(0.3)\n\ndef ready():\n    return 42\n"
+    name = f"slow_{os.getpid()}_{threading.get_ident()}"
+    got, errors = [], []
+
+    def ask():
+        try:
+            got.append(jit.generated_module(name, source).ready())
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and got == [42] * 4
