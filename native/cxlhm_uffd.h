@@ -43,6 +43,7 @@ struct cxlhm_window_params {
     uint64_t sample_bytes;        /* bytes of a sampled block parked (a rotating part of it) */
     int64_t sample_min_age_ns;    /* blocks with an access signal this recent are left alone */
     int64_t prefetch_grace_ns;    /* prefetched blocks are left alone this long after install */
+    int64_t huge_pages;           /* map prefetched 2 MiB-aligned regions with transparent huge pages */
     /* Crash consistency, in the explicit mode's integrity-log format (cxlhm/integrity.py) */
     int32_t log_fd;               /* the integrity log, opened O_APPEND; 0 or less: record nothing */
     void *hash;                   /* uint64_t (*)(const void *, size_t): xxh3-64; NULL: no checksums */
@@ -77,6 +78,11 @@ int64_t cxlhm_window_flush(struct cxlhm_window *w);
 int cxlhm_window_wait_idle(struct cxlhm_window *w, int64_t timeout_ns);
 /* Bytes of device DRAM in use: present pages of the window plus the sampler's side area. */
 int64_t cxlhm_window_resident_bytes(struct cxlhm_window *w);
+/* Bytes of [offset, offset+len) of the window mapped by 2 MiB (PMD) pages, or -errno. */
+int64_t cxlhm_window_huge_bytes(struct cxlhm_window *w, uint64_t offset, uint64_t len);
+/* 1: prefetched regions are collapsed into huge pages; 0: switched off by the caller;
+ * -errno: the kernel refused (no MADV_COLLAPSE, THP disabled), see cxlhm_window_error. */
+int cxlhm_window_huge_pages(struct cxlhm_window *w);
 
 int cxlhm_window_stat_count(void);
 const char *cxlhm_window_stat_name(int i);

@@ -29,6 +29,12 @@ class WindowOptions:
     # Prefetched blocks are not parked for this long after install, so a prefetched
     # range is read without faults.
     prefetch_grace_ms: float = 2000.0
+    # Prefetched 2 MiB-aligned regions are rebuilt as transparent huge pages
+    # (MADV_COLLAPSE, Linux 6.1+) by the service thread once the prefetch queue is
+    # drained (1-3 ms of its time per region; wait_idle() waits for them), so reading
+    # them costs what reading ordinary memory with huge pages does. Eviction, a first
+    # store or a sampler park splits a region back into 4 KiB pages.
+    huge_pages: bool = True
 
     def granule_for(self, block_size: int) -> int:
         granule = self.dirty_granule or block_size

@@ -162,6 +162,7 @@ class Window:
         p.sample_bytes = self.sample_bytes
         p.sample_min_age_ns = int(o.sample_min_age_ms * MS)
         p.prefetch_grace_ns = int(o.prefetch_grace_ms * MS)
+        p.huge_pages = int(o.huge_pages)
         self.persistence.fill_params(ffi, p)
         stage, err_no, message = ffi.new("int *"), ffi.new("int *"), ffi.new("char[256]")
         w = lib.cxlhm_window_open(p, stage, err_no, message, 256)
@@ -200,7 +201,9 @@ class Window:
     # ------------------------------------------------------------ device operations
     def prefetch(self, hpa: int, n: int, *, wait: bool = True, session: int = 0) -> int:
         """Install the blocks of [hpa, hpa+n) ahead of use (UFFDIO_COPY: reading them
-        later takes no fault). Returns the number of blocks requested."""
+        later takes no fault). Returns the number of blocks requested. With
+        WindowOptions.huge_pages, the 2 MiB-aligned regions it completes are then
+        collapsed into huge pages by the service thread (wait_idle() waits for that)."""
         self.check_extent(int(hpa), int(n))
         if n == 0:
             return 0
@@ -262,7 +265,8 @@ class Window:
         return int(r)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """Wait until queued prefetches, flushes and the policy's background work are done."""
+        """Wait until queued prefetches (and their huge-page collapses), flushes and the
+        policy's background work are done."""
         self._open()
         return bool(self._lib.cxlhm_window_wait_idle(self._w, int((timeout or 0) * 1e9)))
 
@@ -270,6 +274,26 @@ class Window:
         """Device DRAM in use: present pages of the window and of the sampler's side area."""
         self._open()
         return int(self._lib.cxlhm_window_resident_bytes(self._w))
+
+    def huge_page_bytes(self, hpa: int, n: int) -> int:
+        """Bytes of [hpa, hpa+n) mapped by 2 MiB pages right now (the kernel's page
+        tables, as /proc/self/smaps' AnonHugePages counts them)."""
+        self._open()
+        self.check_extent(int(hpa), int(n))
+        r = int(self._lib.cxlhm_window_huge_bytes(self._w, int(hpa), int(n)))
+        if r < 0:
+            raise OSError(-r, f"reading the window's page tables: {os.strerror(-r)}")
+        return r
+
+    def huge_pages_unavailable(self) -> str | None:
+        """None when prefetched regions become huge pages, else why they do not."""
+        self._open()
+        state = int(self._lib.cxlhm_window_huge_pages(self._w))
+        if state > 0:
+            return None
+        if state == 0:
+            return "switched off (WindowOptions(huge_pages=False))"
+        return self.last_error() or f"the kernel refused: {os.strerror(-state)}"
 
     def last_error(self) -> str:
         if self._w is None:
