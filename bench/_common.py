@@ -73,6 +73,16 @@ def rate(n: int, fn) -> float:
     return n / (time.perf_counter() - start)
 
 
+def without_sidecars(path) -> str:
+    """`path`, its device sidecars (checksums, integrity log, metadata) removed: a bench
+    lays out its image and opens a device on it with its own geometry each time, so the
+    device starts over on the image's bytes rather than refusing records made for another
+    block size."""
+    for sidecar in Path(path).parent.glob(Path(path).name + ".cxlhm.*"):
+        sidecar.unlink()
+    return str(path)
+
+
 def twin_of(path: Path) -> Path:
     """A second file beside `path`, laid out like it: a raw baseline reads it while a
     device holds `path` (one device owns an image at a time)."""

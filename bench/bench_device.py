@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import alternate, bench_dir, command, lay_out, machine, twin_of  # noqa: E402
+from _common import alternate, bench_dir, command, lay_out, machine, twin_of, without_sidecars  # noqa: E402
 
 from cxlhm.media.ssd import SsdBackend  # noqa: E402
 from host_runtime.driver import open_device  # noqa: E402
@@ -52,7 +52,7 @@ def bench_random_miss(path: Path, seconds: float, trials: int) -> dict:
     cursor = {"stream": 0, "closed": 0, "device": 0, "raw": 0}
 
     dev = open_device({"capacity": FILE_SIZE, "block_size": "4KiB", "dram_bytes": "1MiB",
-                       "backend": {"path": str(path), "queue_depth": QD}})
+                       "backend": {"path": without_sidecars(path), "queue_depth": QD}})
     out = np.frombuffer(mmap.mmap(-1, QD * 4 * KIB), np.uint8)
     # the closed loops: LOOP reads per call, each into one of QD buffers (fio's layout)
     loop_addrs = out.ctypes.data + (np.arange(LOOP) % QD) * 4 * KIB
@@ -104,7 +104,7 @@ def bench_random_miss(path: Path, seconds: float, trials: int) -> dict:
 def bench_dram_hit(path: Path, seconds: float, trials: int) -> dict:
     hot = 16  # 32 MiB hot set: larger than the CPU caches, so both sides copy from memory
     dev = open_device({"capacity": FILE_SIZE, "block_size": "2MiB", "dram_bytes": "64MiB",
-                       "backend": {"path": str(path)}})
+                       "backend": {"path": without_sidecars(path)}})
     out = np.empty(2 * MIB, np.uint8)
     for b in range(hot):
         dev.read_into(b * 2 * MIB, out)  # warm: now resident

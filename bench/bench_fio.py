@@ -13,7 +13,10 @@ wall clock), on the same file:
 Target for each: >= 0.95 x fio. Runs alternate fio / cxlhm for --rounds rounds and report
 medians, because this machine is shared and noisy; each cxlhm row also shows where its
 time went (the effective depth by Little's law, fio's and ours, and the device's SSD
-traffic per host I/O). The backing file must be on a disk (not tmpfs): O_DIRECT.
+traffic per host I/O). For random reads each round also runs the native io_uring closed
+loop (what the device's stream drives) into fio's reused buffers and into slots rotating
+over a device-DRAM-sized arena, so the gap to fio splits into the loop, where the bytes
+land, and the device's own work. The backing file must be on a disk (not tmpfs): O_DIRECT.
 """
 from __future__ import annotations
 
@@ -28,10 +31,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from cxlhm_apps.fio import report
 from cxlhm_apps.fio.jobfile import build_jobs, read_sections
 from cxlhm_apps.fio.files import lay_out
 from cxlhm_apps.fio.runner import run_jobs
+from cxlhm_apps.fio.values import parse_size
 
 WORKLOADS = (
     # name, rw, bs, iodepth, extra options, device block, device DRAM, metric, target
@@ -98,6 +104,37 @@ def why_below(ratio: float, f_lat: float, c_lat: float, c_depth: float, qd: int,
             "(plan, copy between device DRAM and the host buffer, checksums) on the SSD's critical path")
 
 
+def raw_loops(path: str, region: int, bs: int, qd: int, dram: int, seconds: int) -> dict:
+    """The native io_uring closed loop (what cxlhm's raw engine and the device's stream
+    use) at `qd` on random `bs` reads of the region: into `qd` reused buffers (fio's
+    layout), and into slots rotating over a device-DRAM-sized arena, in the order an
+    all-miss LRU device reuses them (the device's fills land there). IOPS of each."""
+    from cxlhm.media.dram import DeviceDram
+    from cxlhm.media.ssd import SsdBackend
+
+    backend = SsdBackend(path, region, qd)
+    rng = np.random.default_rng(7)
+    per_call = 8192
+    reused = DeviceDram(qd, bs)
+    arena = DeviceDram(max(qd, dram // bs), bs)
+    out = {}
+    for name, base, n_slots in (("reused", reused.base_address, qd), ("spread", arena.base_address, arena.n_slots)):
+        ops = np.zeros((per_call, 4), np.int64)
+        ops[:, 1] = bs
+        done, turn, start = 0, 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            ops[:, 0] = base + (np.arange(turn, turn + per_call) % n_slots) * bs
+            ops[:, 2] = rng.integers(0, region // bs, per_call) * bs
+            res, _ = backend.run_closed_loop(ops, qd)
+            done += int((res == bs).sum())
+            turn += per_call
+        out[name] = done / (time.perf_counter() - start)
+    backend.close()
+    reused.close()
+    arena.close()
+    return out
+
+
 def load() -> str:
     one, five, _ = os.getloadavg()
     return f"load average {one:.2f} (1 min), {five:.2f} (5 min)"
@@ -137,19 +174,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fio     : {fio_version} (ioengine=io_uring, direct=1)")
     print(f"file    : {path}, region {args.size}, {args.runtime} s per run, {args.rounds} rounds, medians")
     print(f"started : {time.strftime('%Y-%m-%d %H:%M:%S')}, {load()}\n")
-    from cxlhm_apps.fio.values import parse_size
     lay_out(path, 0, parse_size(args.size), log=lambda text: print(f"(laying out {path})"))
 
-    rows = []
+    rows, decompositions = [], []
     for name, rw, bs, qd, extra, block, dram, metric, target in WORKLOADS:
         if args.only and args.only.lower() not in name.lower():
             continue
         fio_text = job_text(name, rw, bs, qd, extra, path, args.size, args.runtime, "ioengine=io_uring\ndirect=1")
         cx_text = job_text(name, rw, bs, qd, extra, path, args.size, args.runtime,
                            f"ioengine=cxlhm\ncxlhm_block_size={block}\ncxlhm_dram={dram}\ncxlhm_clock=wall")
-        fio_runs, cx_runs = [], []
+        fio_runs, cx_runs, raw_runs = [], [], []
         for _ in range(args.rounds):
             fio_runs.append(run_real_fio(fio_text, fio))
+            if rw == "randread":  # where a random read's time goes, at the same moments
+                raw_runs.append(raw_loops(path, parse_size(args.size), parse_size(bs), qd, parse_size(dram),
+                                          args.runtime))
             # fio wrote the file as a plain file: the device starts over on its bytes (its
             # sidecars' checksums describe the bytes it last wrote back, not fio's)
             for sidecar in Path(path).parent.glob(Path(path).name + ".cxlhm.*"):
@@ -163,6 +202,13 @@ def main(argv: list[str] | None = None) -> int:
                      med(cx_runs, "lat_us"), med(fio_runs, "depth"), med(cx_runs, "depth"),
                      med(cx_runs, "cachehit"), med(cx_runs, "ssd_per_io"), med(cx_runs, "cpu_pct"),
                      med(cx_runs, "wb_per_io"), qd))
+        if raw_runs:
+            reused, spread = med(raw_runs, "reused"), med(raw_runs, "spread")
+            decompositions.append(
+                f"{name}: fio {f_val:,.0f} IOPS; the native io_uring closed loop into {qd} reused buffers "
+                f"{reused:,.0f} ({reused / f_val:.2f}x fio: the loop itself); the same into {bs} slots rotating over "
+                f"{dram} of device DRAM, where the device's fills land, {spread:,.0f} ({spread / f_val:.2f}x); "
+                f"cxlhm {c_val:,.0f} ({c_val / spread:.2f}x of that: plan, copy out, checksums, the driver)")
         print(f"  done: {name}", flush=True)
 
     print(f"\n{'workload':<22} {'metric':<9} {'fio':>12} {'cxlhm':>12} {'ratio':>7} {'target':>7}  "
@@ -184,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     if notes:
         print("\nwhy the cases below target stay there (from the figures above):")
         for note in notes:
+            print(f"  {note}")
+    if decompositions:
+        print("\nrandom reads, measured apart in the same rounds (medians):")
+        for note in decompositions:
             print(f"  {note}")
     print(f"\nload    : {load()} at the end (2 cores: above ~1 the figures are noisy)")
     return 0

@@ -29,11 +29,10 @@ import sys
 import time
 from pathlib import Path
 
-import numba
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import bench_dir, command, lay_out, machine, resident_buffer, twin_of  # noqa: E402
+from _common import bench_dir, command, lay_out, machine, resident_buffer, twin_of, without_sidecars  # noqa: E402
 
 from cxlhm import copyengine  # noqa: E402
 from cxlhm.media.ssd import SsdBackend  # noqa: E402
@@ -63,7 +62,7 @@ def interleaved(seconds: float, nbytes: int, **fns) -> dict[str, float]:
 
 def device(path: Path, dram: str, block: int):
     return open_device({"capacity": FILE_SIZE, "block_size": block, "dram_bytes": dram,
-                        "backend": {"path": str(path), "queue_depth": QD}})
+                        "backend": {"path": without_sidecars(path), "queue_depth": QD}})
 
 
 def bench_dram(path: Path, chunk: int, block: int, seconds: float, trials: int) -> dict:
@@ -171,7 +170,6 @@ def bench_ssd(path: Path, chunk: int, block: int, seconds: float, trials: int) -
     return {**r, **w, "hit_ratio": hit_ratio, "extra_us": extra_us, "get_4k": r4k["get"], "raw_4k": r4k["raw"]}
 
 
-@numba.njit(nogil=True)
 def _copy_out_and_hash(slots, host, block, jobs):
     """What the stream does with a reap of landed blocks: one run on the copy engine that
     copies each to the host, then hashes its slot (still in the CPU's cache), shared with
