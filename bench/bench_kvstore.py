@@ -164,10 +164,12 @@ def bench_ssd(path: Path, chunk: int, block: int, seconds: float, trials: int) -
         assert (res == block).all()
 
     w = interleaved(seconds * trials, chunk, put=put, raw_write=raw_write)
+    put_us = put_side_costs_us(raw, rows, chunk, block, dram, raw_write)
     raw.close()
     store.close()
     h.close()
-    return {**r, **w, "hit_ratio": hit_ratio, "extra_us": extra_us, "get_4k": r4k["get"], "raw_4k": r4k["raw"]}
+    return {**r, **w, "hit_ratio": hit_ratio, "extra_us": extra_us, "put_us": put_us, "get_4k": r4k["get"],
+            "raw_4k": r4k["raw"]}
 
 
 def _copy_out_and_hash(slots, host, block, jobs):
@@ -216,6 +218,39 @@ def device_side_costs_us(raw: SsdBackend, rows: np.ndarray, extents: list[int], 
     us = {name: float(np.median(v)) * 1e6 for name, v in (("landing", landing), ("rotating", rotating),
                                                           ("fixed", fixed))}
     return {"landing": us["landing"], "fill": us["rotating"] - us["fixed"], "fixed": us["fixed"]}
+
+
+def put_side_costs_us(raw: SsdBackend, rows: np.ndarray, chunk: int, block: int, dram: int, raw_write) -> dict:
+    """Median µs of the parts of a put into a full device DRAM, each timed on its own in
+    this run: the victims' write-back (the raw write of a chunk, from slots rotating over
+    a DRAM-sized arena), their checksums (hashed and logged before the write-back, on
+    the copy engine) and the copy of the new bytes into the slots after it."""
+    arena = resident_buffer(dram)
+    host = resident_buffer(chunk)
+    jobs = copyengine.new_jobs(chunk // block)
+    reused = rows[:, 0].copy()
+    write, sums, copy_in = [], [], []
+    for i in range(40):
+        slots = arena.ctypes.data + (i * chunk) % dram + np.arange(chunk // block, dtype=np.int64) * block
+        rows[:, 0] = slots
+        start = time.perf_counter()
+        raw_write()
+        write.append(time.perf_counter() - start)
+        jobs[:] = 0
+        jobs[:, copyengine.HASH_AT] = slots
+        jobs[:, copyengine.HASH_LEN] = block
+        start = time.perf_counter()
+        copyengine.copy_many(jobs)
+        sums.append(time.perf_counter() - start)
+        jobs[:] = 0
+        jobs[:, copyengine.SRC] = host.ctypes.data + np.arange(chunk // block, dtype=np.int64) * block
+        jobs[:, copyengine.DST] = slots
+        jobs[:, copyengine.LEN] = block
+        start = time.perf_counter()
+        copyengine.copy_many(jobs)
+        copy_in.append(time.perf_counter() - start)
+    rows[:, 0] = reused
+    return {name: float(np.median(v)) * 1e6 for name, v in (("write", write), ("sums", sums), ("copy_in", copy_in))}
 
 
 def bench_lookup(path: Path, trials: int) -> dict:
@@ -289,6 +324,16 @@ def main() -> int:
                      f"later passes). A get took {get_us:.0f} us: {get_us - floor:+.0f} us beyond those - the "
                      f"firmware's plan of the chunk's blocks, the stream's time slices and the interpreter's path "
                      f"(store index, device call, driver)")
+        p = s["put_us"]
+        put_took = chunk / (s["put"] * 1e9) * 1e6
+        parts = p["write"] + p["sums"] + p["copy_in"]
+        notes.append(f"{label}, put into a full DRAM: the victims' write-back {p['write']:.0f} us (a raw write of the "
+                     f"chunk from rotating slots); their checksums, logged before it, +{p['sums']:.0f} us; the new "
+                     f"bytes copied in after it +{p['copy_in']:.0f} us -> a put with no other cost would reach "
+                     f"{p['write'] / parts:.2f}x of a raw write (a synchronous put cannot overlap them: the slots it "
+                     f"writes into are the victims'). A put took {put_took:.0f} us: {put_took - parts:+.0f} us beyond "
+                     f"those - the firmware's plan, the integrity log's write-ahead records, the index and the "
+                     f"interpreter's path")
     lk = bench_lookup(path, args.trials)
     print(f"command: {command()}")
     print(f"machine: {machine()}, load average {os.getloadavg()[0]:.1f} (shared: other jobs run beside the bench)")

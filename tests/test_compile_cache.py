@@ -119,6 +119,8 @@ def test_threads_that_ask_for_a_generated_module_at_once_all_get_it_whole(tmp_pa
     a thread asking meanwhile waits for it instead of taking the half-run module."""
     import threading
 
+    from threads import run_all
+
     monkeypatch.setenv("CXLHM_CACHE_DIR", str(tmp_path))
     source = "import time\ntime.sleep(0.3)\n\ndef ready():\n    return 42\n"
     name = f"slow_{os.getpid()}_{threading.get_ident()}"
@@ -130,9 +132,5 @@ def test_threads_that_ask_for_a_generated_module_at_once_all_get_it_whole(tmp_pa
         except Exception as exc:  # reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=ask) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_all([threading.Thread(target=ask) for _ in range(4)], hang="an import never finished")
     assert errors == [] and got == [42] * 4

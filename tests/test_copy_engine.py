@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from cxlhm import copyengine as ce
 from cxlhm import sumtable
+from threads import run_all
 
 BLOCK = 64 << 10
 
@@ -88,11 +89,7 @@ def test_callers_on_several_threads_at_once():
         except AssertionError as e:  # pragma: no cover - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=caller) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_all([threading.Thread(target=caller) for _ in range(4)], hang="a caller never returned")
     assert not errors
 
 
