@@ -169,9 +169,12 @@ class Mailbox:
             regs.write_payload(out)
         regs.command = R.encode_command(opcode, len(out))
         regs.status = R.encode_status(rc, background=self.engine.running, ext=ext)
-        regs.clear_doorbell()
+        # counted before the doorbell clears: a host that saw it clear finds the command
+        # counted (it polls the doorbell; the count only paces its waits)
         with self._completed:
             self.commands_serviced += 1
+        regs.clear_doorbell()
+        with self._completed:
             self._completed.notify_all()
 
     def _execute(self, opcode: int, length: int, payload: bytes) -> tuple[ReturnCode, bytes, int]:
