@@ -13,6 +13,8 @@ import ctypes
 import numpy as np
 
 from cxlhm import _native, sumtable
+from cxlhm import firmware as fw
+from cxlhm.jit import njit
 
 SRC, DST, LEN, HASH_AT, HASH_LEN, HASH = range(6)
 FIELDS = 6
@@ -32,3 +34,48 @@ def copy_many(jobs: np.ndarray) -> int:
     if jobs.dtype != np.int64 or jobs.ndim != 2 or jobs.shape[1] != FIELDS or not jobs.flags.c_contiguous:
         raise ValueError(f"jobs must be a C-contiguous (n, {FIELDS}) int64 array")
     return int(_native.lib.cxlhm_copy_many(_native.ffi.cast("struct cxlhm_copy *", jobs.ctypes.data), jobs.shape[0]))
+
+
+RUN_BYTES = 1 << 20  # the longest job a copy of extents is cut into (both threads get a share)
+
+
+@njit
+def extent_jobs(base, block_size, slots, ext_hpa, ext_len, user_addr, to_user, jobs, run_bytes):
+    """The jobs (copies only) that firmware.copy_extents' memcpys make: each extent between
+    the flat user buffer and its slots, a run of blocks in consecutive slots as one copy,
+    cut once it reaches `run_bytes`. Returns how many; `jobs` has a row per block at least."""
+    n_jobs = 0
+    k = 0
+    pos = 0
+    for e in range(ext_hpa.shape[0]):
+        hpa = ext_hpa[e]
+        left = ext_len[e]
+        while left > 0:
+            offset = hpa % block_size
+            n = min(block_size - offset, left)
+            slot_addr = base + slots[k] * block_size + offset
+            k += 1
+            while n < left and n < run_bytes and slots[k] == slots[k - 1] + 1:
+                n += min(block_size, left - n)
+                k += 1
+            jobs[n_jobs, SRC] = slot_addr if to_user else user_addr + pos
+            jobs[n_jobs, DST] = user_addr + pos if to_user else slot_addr
+            jobs[n_jobs, LEN] = n
+            jobs[n_jobs, HASH_AT] = 0
+            n_jobs += 1
+            pos += n
+            hpa += n
+            left -= n
+    return n_jobs
+
+
+def copy_extents(base: int, block_size: int, slots: np.ndarray, ext_hpa: np.ndarray, ext_len: np.ndarray,
+                 user_addr: int, to_user: bool) -> None:
+    """firmware.copy_extents, with a long copy shared with the engine's helper thread."""
+    total = int(ext_len.sum())
+    if total < HELPER_MIN_BYTES:
+        fw.copy_extents(base, block_size, slots, ext_hpa, ext_len, user_addr, to_user)
+        return
+    jobs = new_jobs(slots.shape[0])
+    n = extent_jobs(base, block_size, slots, ext_hpa, ext_len, user_addr, to_user, jobs, RUN_BYTES)
+    copy_many(jobs[:n])

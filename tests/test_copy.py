@@ -73,3 +73,23 @@ def test_copy_extents_matches_a_byte_model(case):
     fw.copy_extents(arena.ctypes.data, BLOCK, slots, hpas, lens, user.ctypes.data, to_user)
     assert np.array_equal(arena, want_arena)
     assert np.array_equal(user, want_user)  # including the 8 bytes past the end: untouched
+
+
+@settings(max_examples=200, deadline=None)
+@given(_case(), st.integers(1, 3 * BLOCK))
+def test_the_copy_engines_jobs_make_the_same_copy(case, run_bytes):
+    """copyengine.extent_jobs cuts the same copy into jobs (runs of consecutive slots, cut
+    once they reach `run_bytes`): run on the engine, the bytes match the byte model."""
+    from cxlhm import copyengine as ce
+    hpas, lens, slots, to_user = case
+    rng = np.random.default_rng(int(slots.sum()) + int(hpas.sum()))
+    arena = rng.integers(0, 256, N_SLOTS * BLOCK, dtype=np.uint8)
+    user = rng.integers(0, 256, int(lens.sum()) + 8, dtype=np.uint8)
+    want_arena, want_user = arena.copy(), user.copy()
+    _model(want_arena, want_user, slots.tolist(), hpas, lens, to_user)
+    jobs = ce.new_jobs(slots.shape[0])
+    n = ce.extent_jobs(arena.ctypes.data, BLOCK, slots, hpas, lens, user.ctypes.data, to_user, jobs, run_bytes)
+    assert 1 <= n <= slots.shape[0] and int(jobs[:n, ce.LEN].sum()) == int(lens.sum())
+    ce.copy_many(jobs[:n])
+    assert np.array_equal(arena, want_arena)
+    assert np.array_equal(user, want_user)

@@ -29,6 +29,7 @@ import numba
 import numpy as np
 
 import firmware_policies
+from cxlhm import copyengine
 from cxlhm import blocktable as btm
 from cxlhm import counters as C
 from cxlhm import firmware as fw
@@ -388,7 +389,7 @@ class Device(StreamReads, BackgroundWork, PowerLoss):
                                          f"{self.poison.describe(block)}")
                 if ok:
                     if not copied:
-                        fw.copy_extents(self.dram.base_address, self.block_size, slots, hpas, lens, user_addr,
+                        copyengine.copy_extents(self.dram.base_address, self.block_size, slots, hpas, lens, user_addr,
                                         not is_write)
                     if is_write and self._write_mode_code == fw.WRITE_THROUGH:
                         self.media.write_through(self.bt, slots[:k])
@@ -425,7 +426,7 @@ class Device(StreamReads, BackgroundWork, PowerLoss):
             res, retries, mismatch = self.media.read_verified(rows)
             copied = copy and bool((res == rows[:, 1]).all()) and (mismatch is None or not mismatch.any())
             if copied:
-                fw.copy_extents(self.dram.base_address, self.block_size, s.slots_out, hpas, lens, user_addr,
+                copyengine.copy_extents(self.dram.base_address, self.block_size, s.slots_out, hpas, lens, user_addr,
                                 not is_write)
         finally:
             if release:
