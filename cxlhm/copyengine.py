@@ -51,13 +51,7 @@ def extent_jobs(base, block_size, slots, ext_hpa, ext_len, user_addr, to_user, j
         hpa = ext_hpa[e]
         left = ext_len[e]
         while left > 0:
-            offset = hpa % block_size
-            n = min(block_size - offset, left)
-            slot_addr = base + slots[k] * block_size + offset
-            k += 1
-            while n < left and n < run_bytes and slots[k] == slots[k - 1] + 1:
-                n += min(block_size, left - n)
-                k += 1
+            slot_addr, n, k = fw.next_run(base, block_size, slots, k, hpa, left, run_bytes)
             jobs[n_jobs, SRC] = slot_addr if to_user else user_addr + pos
             jobs[n_jobs, DST] = user_addr + pos if to_user else slot_addr
             jobs[n_jobs, LEN] = n

@@ -77,6 +77,22 @@ def emit_row(ops, i, base, block_size, slot, block, write):
 
 
 @njit(inline="always")
+def next_run(base, block_size, slots, k, hpa, left, most):
+    """The next copy of an extent whose next byte is `hpa` (`left` bytes to go) and whose
+    next slot is slots[k]: the blocks that sit in consecutive slots, up to `most` bytes
+    (at least one block's part). Returns (its address in device DRAM, its bytes, the
+    index after its last slot)."""
+    offset = hpa % block_size
+    n = min(block_size - offset, left)
+    slot_addr = base + slots[k] * block_size + offset
+    k += 1
+    while n < left and n < most and slots[k] == slots[k - 1] + 1:
+        n += min(block_size, left - n)
+        k += 1
+    return slot_addr, n, k
+
+
+@njit(inline="always")
 def _copy_extent(base, block_size, slots, k, hpa, left, addr, to_user):
     """memcpy one extent between the buffer at `addr` and its slots, which start at
     slots[k]; returns the index after its last slot. A run of blocks that sit in
@@ -84,13 +100,7 @@ def _copy_extent(base, block_size, slots, k, hpa, left, addr, to_user):
     (glibc switches to non-temporal stores past a size), not 64 KiB at a time."""
     pos = 0
     while left > 0:
-        offset = hpa % block_size
-        n = min(block_size - offset, left)
-        slot_addr = base + slots[k] * block_size + offset
-        k += 1
-        while n < left and slots[k] == slots[k - 1] + 1:
-            n += min(block_size, left - n)
-            k += 1
+        slot_addr, n, k = next_run(base, block_size, slots, k, hpa, left, left)
         if to_user:
             _memcpy(addr + pos, slot_addr, n)
         else:

@@ -105,20 +105,27 @@ def _now_ns(ts):
     return ts[0] * 1_000_000_000 + ts[1]
 
 
+@numba.njit(nogil=True, inline="always")
+def _piece(base, block_size, slot, block, hpa, length, addr):
+    """The part of I/O [hpa, hpa+length) that lies in `block`: (its address in the
+    block's slot, its address in the host buffer at `addr`, its bytes)."""
+    start = max(hpa, block * block_size)
+    end = min(hpa + length, (block + 1) * block_size)
+    return base + slot * block_size + (start - block * block_size), addr + (start - hpa), end - start
+
+
 @numba.njit(nogil=True)
 def _copy_piece(base, block_size, slot, block, hpa, length, addr):
     """memcpy the part of read [hpa, hpa+length) that lies in `block` out of its slot."""
-    start = max(hpa, block * block_size)
-    end = min(hpa + length, (block + 1) * block_size)
-    fw._memcpy(addr + (start - hpa), base + slot * block_size + (start - block * block_size), end - start)
+    in_slot, in_host, n = _piece(base, block_size, slot, block, hpa, length, addr)
+    fw._memcpy(in_host, in_slot, n)
 
 
 @numba.njit(nogil=True)
 def _copy_in_piece(base, block_size, slot, block, hpa, length, addr):
     """memcpy the part of write [hpa, hpa+length) that lies in `block` into its slot."""
-    start = max(hpa, block * block_size)
-    end = min(hpa + length, (block + 1) * block_size)
-    fw._memcpy(base + slot * block_size + (start - block * block_size), addr + (start - hpa), end - start)
+    in_slot, in_host, n = _piece(base, block_size, slot, block, hpa, length, addr)
+    fw._memcpy(in_slot, in_host, n)
 
 
 @numba.njit(nogil=True)
@@ -132,13 +139,10 @@ def _copy_write_in(base, block_size, slots, k, hpa, length, addr):
 def _piece_job(jobs, row, base, block_size, slot, block, hpa, length, addr):
     """Job `row` copies the part of read [hpa, hpa+length) that lies in `block` out of
     its slot (as _copy_piece does) and checksums nothing yet."""
-    start = max(hpa, block * block_size)
-    end = min(hpa + length, (block + 1) * block_size)
-    jobs[row, 0] = base + slot * block_size + (start - block * block_size)
-    jobs[row, 1] = addr + (start - hpa)
-    jobs[row, 2] = end - start
-    jobs[row, 3] = 0
-    jobs[row, 4] = 0
+    jobs[row, copyengine.SRC], jobs[row, copyengine.DST], jobs[row, copyengine.LEN] = _piece(
+        base, block_size, slot, block, hpa, length, addr)
+    jobs[row, copyengine.HASH_AT] = 0
+    jobs[row, copyengine.HASH_LEN] = 0
 
 
 @numba.njit(nogil=True)
@@ -234,7 +238,7 @@ class StreamState:
         self.wb_tag = np.zeros(1, np.int64)
         self.tag_wbs = np.zeros(depth, np.int64)  # per parked I/O: its write-backs not yet landed
         # a reap's copies and checksums, run by the copy engine: per reaped fill its job
-        # row (-1: none), per job the checksum it must match (checked: _SUM_CHECKED)
+        # row (-1: none), per job the checksum it must match if copy_checked says so
         self.copy_jobs = copyengine.new_jobs(depth * max_blocks)
         self.copy_of = np.full(depth * max_blocks, -1, np.int64)
         self.copy_expected = np.zeros(depth * max_blocks, np.uint64)

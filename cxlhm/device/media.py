@@ -183,19 +183,19 @@ class MediaPath:
     def hash_slots(self, addrs: np.ndarray) -> np.ndarray:
         """xxh3-64 of the whole slot at each address (compiled when xxhash allows; a long
         run shared with the copy engine's helper thread)."""
-        if sumtable.COMPILED_HASH and addrs.shape[0] * self.block_size < copyengine.HELPER_MIN_BYTES:
+        if not sumtable.COMPILED_HASH:
+            slots = self.dram.slots
+            return np.fromiter((checksum(slots[(a - self.dram.base_address) // self.block_size])
+                                for a in addrs.tolist()), np.uint64, addrs.shape[0])
+        if addrs.shape[0] * self.block_size < copyengine.HELPER_MIN_BYTES:
             sums = np.empty(addrs.shape[0], np.uint64)  # one compiled call costs less than the engine's
             sumtable.hash_blocks(np.ascontiguousarray(addrs), self.block_size, sums)
             return sums
-        if sumtable.COMPILED_HASH:
-            jobs = copyengine.new_jobs(addrs.shape[0])
-            jobs[:, copyengine.HASH_AT] = addrs
-            jobs[:, copyengine.HASH_LEN] = self.block_size
-            copyengine.copy_many(jobs)
-            return jobs[:, copyengine.HASH].view(np.uint64)
-        slots = self.dram.slots
-        return np.fromiter((checksum(slots[(a - self.dram.base_address) // self.block_size]) for a in addrs.tolist()),
-                           np.uint64, addrs.shape[0])
+        jobs = copyengine.new_jobs(addrs.shape[0])
+        jobs[:, copyengine.HASH_AT] = addrs
+        jobs[:, copyengine.HASH_LEN] = self.block_size
+        copyengine.copy_many(jobs)
+        return jobs[:, copyengine.HASH].view(np.uint64)
 
     def sync(self) -> None:
         """Make what was written durable: the back end, then the integrity log."""
