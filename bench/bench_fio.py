@@ -1,6 +1,6 @@
 """cxlhm-fio against real fio, on the same backing file, in one run.
 
-    .venv/bin/python bench/bench_fio.py [--dir out/bench-fio] [--runtime 5] [--rounds 3] [--only NAME]
+    .venv/bin/python bench/bench_fio.py [--dir out/bench-fio] [--runtime 3] [--rounds 5] [--only NAME]
 
 Each workload runs under real fio (ioengine=io_uring, direct=1) and under cxlhm-fio with
 ioengine=cxlhm (device block = the I/O size, a device DRAM far smaller than the file;
@@ -10,8 +10,10 @@ wall clock), on the same file:
   4k randrw 70/30 zipf:1.2 QD16    IOPS (read + write; hot blocks hit, writes are buffered)
   4k randwrite QD32                IOPS       (each write evicts a dirty block: one SSD write)
   1M seqwrite QD16                 bandwidth
-Target for each: >= 0.95 x fio. Runs alternate fio / cxlhm for --rounds rounds and report
-medians, because this machine is shared and noisy; each cxlhm row also shows where its
+Target for each: >= 0.95 x fio. Runs alternate fio / cxlhm for --rounds rounds; the ratio
+is the median of each round's ratio (the disk's speed drifts by tens of percent between
+rounds on a shared machine, and a round's fio and cxlhm runs are seconds apart), the
+IOPS and bandwidth columns are medians; each cxlhm row also shows where its
 time went (the effective depth by Little's law, fio's and ours, and the device's SSD
 traffic per host I/O). For random reads each round also runs the native io_uring closed
 loop (what the device's stream drives) into fio's reused buffers and into slots rotating
@@ -156,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", default="out/bench-fio", help="folder for the backing file (disk, not tmpfs)")
     parser.add_argument("--size", default="2g", help="backing file region (default 2g)")
-    parser.add_argument("--runtime", type=int, default=5, help="seconds per run (default 5)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating fio/cxlhm rounds (default 3)")
+    parser.add_argument("--runtime", type=int, default=3, help="seconds per run (default 3)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating fio/cxlhm rounds (default 5)")
     parser.add_argument("--only", help="run only the workloads whose name contains this text")
     args = parser.parse_args(argv)
 
@@ -197,18 +199,26 @@ def main(argv: list[str] | None = None) -> int:
 
         def med(runs, key):
             return statistics.median(float(r[key]) for r in runs)
+        def paired(nums, dens):  # the median of each round's ratio: the disk's drift between rounds cancels
+            return statistics.median(float(a) / float(b) for a, b in zip(nums, dens))
+
+        def col(runs, key):
+            return [r[key] for r in runs]
         f_val, c_val = med(fio_runs, metric), med(cx_runs, metric)
-        rows.append((name, metric, f_val, c_val, c_val / f_val, target, med(fio_runs, "lat_us"),
+        rows.append((name, metric, f_val, c_val, paired(col(cx_runs, metric), col(fio_runs, metric)), target, med(fio_runs, "lat_us"),
                      med(cx_runs, "lat_us"), med(fio_runs, "depth"), med(cx_runs, "depth"),
                      med(cx_runs, "cachehit"), med(cx_runs, "ssd_per_io"), med(cx_runs, "cpu_pct"),
                      med(cx_runs, "wb_per_io"), qd))
         if raw_runs:
             reused, spread = med(raw_runs, "reused"), med(raw_runs, "spread")
+            fio_iops = col(fio_runs, "iops")
             decompositions.append(
                 f"{name}: fio {f_val:,.0f} IOPS; the native io_uring closed loop into {qd} reused buffers "
-                f"{reused:,.0f} ({reused / f_val:.2f}x fio: the loop itself); the same into {bs} slots rotating over "
-                f"{dram} of device DRAM, where the device's fills land, {spread:,.0f} ({spread / f_val:.2f}x); "
-                f"cxlhm {c_val:,.0f} ({c_val / spread:.2f}x of that: plan, copy out, checksums, the driver)")
+                f"{reused:,.0f} ({paired(col(raw_runs, 'reused'), fio_iops):.2f}x fio: the loop itself); the same "
+                f"into {bs} slots rotating over {dram} of device DRAM, where the device's fills land, {spread:,.0f} "
+                f"({paired(col(raw_runs, 'spread'), fio_iops):.2f}x); cxlhm {c_val:,.0f} "
+                f"({paired(col(cx_runs, 'iops'), col(raw_runs, 'spread')):.2f}x of that: plan, copy out, checksums, "
+                "the driver)")
         print(f"  done: {name}", flush=True)
 
     print(f"\n{'workload':<22} {'metric':<9} {'fio':>12} {'cxlhm':>12} {'ratio':>7} {'target':>7}  "
@@ -232,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         for note in notes:
             print(f"  {note}")
     if decompositions:
-        print("\nrandom reads, measured apart in the same rounds (medians):")
+        print("\nrandom reads, measured apart in the same rounds (medians; ratios paired by round):")
         for note in decompositions:
             print(f"  {note}")
     print(f"\nload    : {load()} at the end (2 cores: above ~1 the figures are noisy)")

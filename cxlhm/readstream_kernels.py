@@ -321,8 +321,8 @@ def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs
             return FINISHED
         if st[WB_STAGED] and (st[WB_STAGED] >= stage_batch or st[RING] == 0):
             return WRITE_BACK
-        if st[QUEUED] > 0:
-            submits[_submit_bucket(st[QUEUED])] += 1
+        if st[QUEUED] > 0:  # the ring hands each I/O to the kernel as it is prepared
+            submits[_submit_bucket(1)] += st[QUEUED]
             st[QUEUED] = 0
         got = _reap(ring, 1, reaped_tags.shape[0] if wide_reads else REAP_AT_ONCE, reaped_tags.ctypes.data,
                     reaped_res.ctypes.data)

@@ -331,3 +331,25 @@ def test_a_read_of_a_poisoned_block_ends_the_job_with_eio_after_the_reads_before
     job = out["jobs"][0]
     assert result.failed and job["error"] == 5
     assert "block 5 " in result.clones[0].stats.error_text and "poisoned" in result.clones[0].stats.error_text
+
+
+@pytest.mark.parametrize("batch, bucket", [("", "4"), ("iodepth_batch_submit=8\n", "8"), ("iodepth_batch=0\n", "16")])
+def test_io_uring_submits_as_iodepth_batch_submit_says(tmp_path, batch, bucket):
+    """fio's default submits each I/O at once; a batch hands that many to one enter
+    (0: iodepth's worth)."""
+    _, out = run(f"[r]\nfilename={tmp_path / 'f.img'}\nsize=1m\nbs=4k\nrw=randread\niodepth=16\n{batch}"
+                 f"ioengine=io_uring\n")
+    submit = out["jobs"][0]["iodepth_submit"]
+    assert submit[bucket] == 100.0 and sum(submit.values()) == 100.0
+
+
+def test_iodepth_batch_submit_refuses_a_negative_value(tmp_path):
+    with pytest.raises(JobFileError, match="iodepth_batch_submit"):
+        build_jobs([read_sections(f"[r]\nfilename={tmp_path / 'f.img'}\nsize=1m\niodepth_batch_submit=-1\n", "t.fio")])
+
+
+def test_the_device_submits_each_io_as_it_is_planned(tmp_path):
+    _, out = run(f"[r]\nfilename={tmp_path / 'f.img'}\nsize=1m\nbs=4k\nrw=randread\niodepth=16\n"
+                 f"iodepth_batch_submit=8\n{engine_lines('cxlhm')}")
+    submit = out["jobs"][0]["iodepth_submit"]
+    assert submit["4"] == 100.0

@@ -27,8 +27,12 @@ class SsdBackend(Backend):
 
     caps = BackendCaps(async_io=True, persistent=True, direct=True)
 
-    def __init__(self, path: str | None, capacity: int, queue_depth: int, *, source: str = "config"):
+    def __init__(self, path: str | None, capacity: int, queue_depth: int, *, source: str = "config",
+                 submit_batch: int = 1):
         self.capacity = capacity
+        # SQEs prepared before one io_uring_enter() hands them over; 1: each I/O at once
+        # (fio's iodepth_batch_submit; see cxlhm_ring_submit_batch)
+        self.submit_batch = submit_batch
         self.path = path
         self._ffi, self._lib = native.load()
         if self._ffi.sizeof("struct cxlhm_io") != IO_FIELDS * 8:
@@ -58,6 +62,7 @@ class SsdBackend(Backend):
             ring = self._lib.cxlhm_ring_open_owned(self.queue_depth, err)
             if ring == self._ffi.NULL:
                 raise OSError(err[0], f"io_uring setup failed: {os.strerror(err[0])}")
+            self._lib.cxlhm_ring_submit_batch(ring, self.submit_batch)
             self._rings.append(ring)
         return ring
 
@@ -141,9 +146,9 @@ class SsdBackend(Backend):
     # completes (the device's streams, cxlhm/readstream.py). They use a second ring of the
     # thread's, so submit() on the same thread never takes their completions.
     def queue(self, ops: np.ndarray, tags: np.ndarray) -> int:
-        """Prepare `ops` (tagged: a completion reports its tag) without waiting or even
-        entering the kernel; they go out with the next reap(). Returns how many were
-        queued (at most async_room())."""
+        """Prepare `ops` (tagged: a completion reports its tag) without waiting for any:
+        each goes to the kernel once `submit_batch` are prepared (1: at once), the rest
+        with the next reap(). Returns how many were queued (at most async_room())."""
         state = self._async_state()
         n = min(ops.shape[0], self.async_room())
         if n <= 0:

@@ -373,10 +373,13 @@ class IoUringEngine:
     name = "io_uring"
     helper_cpu = (0.0, 0.0)  # no helper threads: the runner's thread does all the work
 
-    def __init__(self, path: str, file_size: int, iodepth: int, *, serialize_overlap: bool = False):
+    def __init__(self, path: str, file_size: int, iodepth: int, *, serialize_overlap: bool = False,
+                 submit_batch: int = 1):
         self.iodepth = iodepth
         self.serialize_overlap = serialize_overlap
-        self.ssd = SsdBackend(path, file_size, max(iodepth, 1), source=f"filename={path}")
+        self.submit_batch = min(submit_batch or iodepth, iodepth)  # fio: 0 means iodepth
+        self.ssd = SsdBackend(path, file_size, max(iodepth, 1), source=f"filename={path}",
+                              submit_batch=self.submit_batch)
         self._ops = np.zeros((0, 4), np.int64)
 
     def now_ns(self) -> int:
@@ -403,11 +406,14 @@ class IoUringEngine:
             errno_ = -int(res[i]) if res[i] < 0 else 5
             raise EngineError(errno_, f"{'write' if chunk.direction[i] else 'read'} at offset {int(chunk.offset[i])}, "
                                       f"length {int(chunk.size[i])}: {os.strerror(errno_) if res[i] < 0 else 'short transfer'}")
-        # the native loop refills one slot per completion after the first full submit
+        # the native loop submits once `submit_batch` I/Os are prepared, or when it has to
+        # wait: with a batch of 1 every submit carries one I/O
         submits = np.zeros(7, np.int64)
         if done:
-            submits[submit_bucket(min(self.iodepth, done))] += 1
-            submits[submit_bucket(1)] += max(done - self.iodepth, 0)
+            batches, rest = divmod(done, self.submit_batch)
+            submits[submit_bucket(self.submit_batch)] += batches
+            if rest:
+                submits[submit_bucket(rest)] += 1
         return Completed(done, None, lat, end, min(self.iodepth, max(done, 1)), submits, np.zeros((2, 2), np.int64))
 
     def close(self) -> None:
@@ -431,7 +437,8 @@ def _open_cxlhm(worker) -> CxlhmEngine:
 def _open_io_uring(worker) -> IoUringEngine:
     try:
         return IoUringEngine(worker.plan.filename, worker.plan.file_end, worker.job["iodepth"],
-                             serialize_overlap=worker.job["serialize_overlap"])
+                             serialize_overlap=worker.job["serialize_overlap"],
+                             submit_batch=worker.job["iodepth_batch_submit"])
     except ConfigError as exc:
         raise worker.job.error("filename", str(exc).split(": ", 1)[-1]) from None
 

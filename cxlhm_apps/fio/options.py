@@ -266,6 +266,10 @@ OPTIONS: tuple[Option, ...] = (
            group="pattern"),
     # queueing and timing
     Option("iodepth", "int", _int_at_least(1, 4096), 1, "I/Os in flight per job clone (the device sees them as concurrent)", group="timing"),
+    Option("iodepth_batch_submit", "int", _int_at_least(0, 4096), 1,
+           "I/Os prepared before one submit (0: iodepth). ioengine=io_uring: SQEs per io_uring_enter, as in fio; "
+           "ioengine=cxlhm: the device takes each I/O as it comes and submits its own SSD I/O one at a time",
+           aliases=("iodepth_batch",), group="timing"),
     Option("serialize_overlap", "bool", _bool, False,
            "an I/O overlapping one in flight waits for it (without it two overlapping writes may land in either "
            "order and verify can fail, as in fio; the cxlhm engine always applies a job's overlapping writes in order)",
