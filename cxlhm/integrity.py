@@ -80,6 +80,9 @@ LOST_AT_UNCLEAN_SHUTDOWN = "lost at an unclean shutdown: its latest bytes were o
 # ---------------------------------------------------------------- the integrity log
 _FRAME = struct.Struct("<II")   # payload length, crc32(payload)
 _REC = struct.Struct("<cQQ")    # kind, block, value (SUM: the checksum; POISON: the reason's length)
+# the same record as a numpy dtype, for packing a batch of them in one go
+_REC_DTYPE = np.dtype([("kind", "S1"), ("block", "<u8"), ("value", "<u8")])
+assert _REC_DTYPE.itemsize == _REC.size
 SUM, DIRTY, POISON, CLEAR, RESET, REWRITTEN = b"S", b"D", b"P", b"C", b"R", b"W"
 COMPACT_MIN_RECORDS = 1 << 16
 
@@ -178,6 +181,17 @@ def _records(payload: bytes):
             yield kind, block, value
 
 
+def pack_records(kind: bytes, blocks, values=0) -> bytes:
+    """One `kind` record per block (value: values[i], or one value for all), as
+    `_REC.pack` writes each, packed in one go."""
+    blocks = np.asarray(blocks, np.int64)
+    recs = np.empty(blocks.shape[0], _REC_DTYPE)
+    recs["kind"] = kind
+    recs["block"] = blocks  # (int64 -> uint64: the bits, as struct's Q of a block number)
+    recs["value"] = np.asarray(values).astype(np.uint64, copy=False)
+    return recs.tobytes()
+
+
 def _poison_record(block: int, reason: str) -> bytes:
     raw = reason.encode("utf-8", "replace")[:1024]
     return _REC.pack(POISON, block, len(raw)) + raw
@@ -187,22 +201,30 @@ class _LoggedSums(dict):
     """block -> checksum, mirrored in a SumTable that compiled code reads (streamed reads
     verify in their loop). Dropping a block's sum (its write-back failed: the SSD holds
     neither the old nor the new bytes) is logged as DIRTY - a crash now loses it;
-    forget() drops one without a record (replay decides what the log already says)."""
-    __slots__ = ("owner", "table")
+    forget() drops one without a record (replay decides what the log already says).
+    `pending`: sums logged ahead of a write-back (SUM) and not recorded here yet - the
+    log's last word on those blocks, which a compaction must keep."""
+    __slots__ = ("owner", "table", "pending")
 
     def __init__(self):
         super().__init__()
         self.owner: BlockChecksums | None = None
         self.table = SumTable()
+        self.pending: dict[int, int] = {}
 
     def __setitem__(self, block, value):
         super().__setitem__(block, value)
         self.table.set(block, value)
+        self.pending.pop(block, None)
 
     def set_many(self, blocks: np.ndarray, sums: np.ndarray) -> None:
         """sums[i] for blocks[i] (int64 / uint64 arrays), in one call."""
-        super().update(zip(blocks.tolist(), sums.tolist()))
+        keys = blocks.tolist()
+        super().update(zip(keys, sums.tolist()))
         self.table.set_many(blocks, sums)
+        if self.pending:
+            for block in keys:
+                self.pending.pop(block, None)
 
     def update(self, *args, **kwargs):
         raise TypeError("use set_many(), which keeps the compiled mirror in step")
@@ -214,11 +236,13 @@ class _LoggedSums(dict):
 
     def forget(self, block, *default):
         self.table.discard(block)
+        self.pending.pop(block, None)
         return super().pop(block, *default)
 
     def clear(self):
         super().clear()
         self.table.clear()
+        self.pending.clear()
 
 
 class SidecarCorrupt(ValueError):
@@ -327,28 +351,40 @@ class BlockChecksums:
         (none for blocks already logged dirty), written before the caller goes on."""
         if self.log is None:
             return
-        dirty = self.dirty
-        new = [b for b in blocks if b not in dirty]
-        if not new:
-            return
-        self.log.append(b"".join(_REC.pack(DIRTY, b, 0) for b in new))
-        dirty.update(new)
+        new = [b for b in blocks if b not in self.dirty]
+        if new:
+            self.log.append(pack_records(DIRTY, new))
+            self.dirty.update(new)
 
     def note_dirty_array(self, blocks: np.ndarray) -> None:
         """note_dirty for a numpy array of block numbers (the host write path)."""
         if self.log is not None:
             self.note_dirty(blocks.tolist())
 
-    def intend(self, blocks: Iterable[int], sums: Iterable[int]) -> None:
-        """Before a write-back is submitted: the SSD is about to hold these sums."""
+    def intend(self, blocks, sums, written=()) -> None:
+        """Before a write-back is submitted: the SSD is about to hold these sums (block
+        and sum sequences or int64 / uint64 arrays). `written`: blocks written since the
+        last record, as note_dirty takes them, logged after the sums in the same
+        write(2) (one frame: a crash keeps both or neither)."""
         if self.log is None:
             return
-        # Compact first, while memory and log agree: once these SUMs are appended, the
-        # in-memory sums lag behind the log until the write completes.
+        # Compact first: once these SUMs are appended the log says more than memory
+        # until the writes complete (`pending` keeps what it says meanwhile).
         self._maybe_compact()
-        blocks = list(blocks)
-        self.log.append(b"".join(_REC.pack(SUM, b, s) for b, s in zip(blocks, sums)))
-        self.dirty.difference_update(blocks)
+        blocks, sums = np.asarray(blocks, np.int64), np.asarray(sums, np.uint64)
+        summed = blocks.tolist()
+        payload = pack_records(SUM, blocks, sums)
+        new: list[int] = []
+        if len(written):
+            dirty, just_summed = self.dirty, set(summed)
+            new = [b for b in (written.tolist() if isinstance(written, np.ndarray) else written)
+                   if b in just_summed or b not in dirty]
+            if new:
+                payload += pack_records(DIRTY, new)
+        self.log.append(payload)
+        self.sums.pending.update(zip(summed, sums.tolist()))
+        self.dirty.difference_update(summed)
+        self.dirty.update(new)
 
     def note_poison(self, block: int, reason: str | None) -> None:
         if self.log is not None:
@@ -373,13 +409,14 @@ class BlockChecksums:
             self.log.close()
 
     def _maybe_compact(self) -> None:
-        live = len(self.sums) + len(self.dirty) + (len(self.poison.blocks) if self.poison is not None else 0)
+        live = len(self.sums) + len(self.sums.pending) + len(self.dirty) + (len(self.poison.blocks) if self.poison is not None else 0)
         if self.log.records > 4 * live + COMPACT_MIN_RECORDS:
             self._compact()
 
     def _compact(self) -> None:
         parts = [_REC.pack(RESET, 0, 0)]
         parts += [_REC.pack(SUM, b, s) for b, s in self.sums.items()]
+        parts += [_REC.pack(SUM, b, s) for b, s in self.sums.pending.items()]  # after: the log's last word
         if self.poison is not None:
             parts += [_poison_record(b, r) for b, r in self.poison.blocks.items()]
             parts += [_REC.pack(REWRITTEN, b, lo << 32 | hi) for b, ranges in self.poison.valid.items()

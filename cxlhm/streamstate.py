@@ -243,8 +243,14 @@ class StreamState:
         self.copy_of = np.full(depth * max_blocks, -1, np.int64)
         self.copy_expected = np.zeros(depth * max_blocks, np.uint64)
         self.copy_checked = np.zeros(depth * max_blocks, np.uint8)
+        self._arrays = self._all_arrays()
 
     def arrays(self) -> tuple:
+        """Every array of the state, as the compiled loop takes them (the same tuple each
+        time: the arrays are filled in place, never replaced)."""
+        return self._arrays
+
+    def _all_arrays(self) -> tuple:
         return (self.st, self.tag_read, self.tag_pending, self.tag_k, self.tag_failed, self.tag_issued,
                 self.tag_slots, self.tag_installed, self.row_pos, self.row_bad, self.free_tags, self.writebacks,
                 self.fills, self.fill_tags, self.ts, self.reaped_tags, self.reaped_res, self.bad, self.submits,
@@ -264,6 +270,19 @@ class StreamState:
     def victim_blocks(self, block_size: int) -> np.ndarray:
         """The blocks of the write-back rows in use (staged, on the ring, landed)."""
         return self.wb_rows[self.wb_state != WB_FREE, 2] // block_size
+
+    def free_landed(self, rows: np.ndarray) -> None:
+        """Release write-back rows that landed and whose checksums the driver recorded
+        (settle_writebacks(arrays, rows, True) for rows in WB_LAND, whose I/Os were told
+        when they landed), without a compiled call: the driver does this on most round
+        trips, and handing the compiled code every array costs more than these lines."""
+        n = rows.shape[0]
+        used = int(self.st[WB_USED])
+        self.wb_state[rows] = WB_FREE
+        self.wb_owner[rows] = -1
+        top = self.wb_free.shape[0] - used  # the free stack grows down from the end, as settle_writebacks pushes
+        self.wb_free[top:top + n] = rows
+        self.st[WB_USED] = used - n
 
     def staged_rows(self) -> np.ndarray:
         """Indices of the write-back rows staged and not yet logged."""

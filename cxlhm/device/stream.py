@@ -169,27 +169,36 @@ class StreamReads:
         driver (write-backs to log, record or retry, written blocks to log, a reap to
         verify)."""
         state = job.state
+        self._stream_log(state)
         self._stream_writebacks(state)
-        self._stream_log_writes(state)
         if status == rs.VERIFY:
             self._stream_verify(state, job.complete, job.hpas, job.lens, job.addrs, job.kinds, job.clat, job.failed)
 
-    def _stream_writebacks(self, state: rs.StreamState) -> None:
-        """The stream's dirty victims, asynchronous on its ring: staged ones get their
-        checksums computed and logged (write-ahead) before the next slice queues them;
-        landed ones get their checksums recorded; failed ones are retried here (a victim
-        that cannot be written is poisoned, its bytes are gone). Until its checksum is
-        recorded a victim's row stays in the stream's table: no thread misses on its block
-        meanwhile (_touches_victims)."""
+    def _stream_log(self, state: rs.StreamState) -> None:
+        """The integrity log's records of the slice, in one write(2): the staged victims'
+        checksums (write-ahead: logged before the next slice queues their write-backs),
+        then the blocks the stream wrote (dirty: their bytes are newer than the SSD's,
+        logged before the stream returns their completion). Until its checksum is
+        recorded a victim's row stays in the stream's table: no thread misses on its
+        block meanwhile (_touches_victims)."""
         st = state.st
         staged = state.staged_rows()
+        n_written = int(st[rs.WRITTEN])
         if staged.shape[0]:
             rows = state.wb_rows[staged]
             sums = self.media.hash_slots(rows[:, 0])
-            blocks = rows[:, 2] // self.block_size
-            self.checksums.intend(blocks.tolist(), sums.tolist())
             state.wb_sum[staged] = sums
+            self.checksums.intend(rows[:, 2] // self.block_size, sums, state.wblocks[:n_written])
             st[rs.WB_LOGGED] = st[rs.WB_STAGED]
+        elif n_written:
+            self.checksums.note_dirty_array(state.wblocks[:n_written])
+        st[rs.WRITTEN] = 0
+
+    def _stream_writebacks(self, state: rs.StreamState) -> None:
+        """The stream's dirty victims that left its ring: landed ones get their checksums
+        recorded; failed ones are retried here (a victim that cannot be written is
+        poisoned, its bytes are gone)."""
+        st = state.st
         n = int(st[rs.WB_FAILED_N])
         if n:
             rows_at = state.wb_failed[:n].copy()
@@ -208,15 +217,17 @@ class StreamReads:
         n = int(st[rs.WB_LANDED])
         if n:
             landed = state.wb_landed[:n]
-            blocks = state.wb_rows[landed, 2] // self.block_size
-            self.checksums.sums.set_many(blocks, state.wb_sum[landed])
+            self.checksums.sums.set_many(state.wb_rows[landed, 2] // self.block_size, state.wb_sum[landed])
             st[rs.WB_LANDED] = 0
-            rs.settle_writebacks(state.arrays(), landed, True)
+            state.free_landed(landed)
 
     def victim_blocks(self, but: rs.StreamState | None = None) -> np.ndarray:
         """Under the lock: the blocks the device's streams (but `but`) are writing back,
         sorted: their bytes are not on the SSD (or their checksums not recorded) yet."""
-        held = [state.victim_blocks(self.block_size) for state in list(self._stream_states.values())
+        states = self._stream_states
+        if len(states) == 1 and but is not None and states.get(threading.get_ident()) is but:
+            return _NO_BLOCKS  # the only stream is the caller's (the common case: one per job thread)
+        held = [state.victim_blocks(self.block_size) for state in list(states.values())
                 if state is not but and state.st[rs.WB_USED]]
         return np.unique(np.concatenate(held)) if held else _NO_BLOCKS
 
@@ -228,15 +239,6 @@ class StreamReads:
             return False
         return rs.clean_prefix(np.atleast_1d(np.asarray(hpas, np.int64)), np.atleast_1d(np.asarray(lens, np.int64)),
                                self.block_size, victims) < np.atleast_1d(hpas).shape[0]
-
-    def _stream_log_writes(self, state: rs.StreamState) -> None:
-        """Under the lock, after the stream's victims' checksums are logged: its written
-        blocks hold newer bytes than the SSD (reliability: logged before the stream
-        returns their completion)."""
-        n = int(state.st[rs.WRITTEN])
-        if n:
-            self.checksums.note_dirty_array(state.wblocks[:n])
-            state.st[rs.WRITTEN] = 0
 
     def _stream_state(self, depth: int, max_blocks: int, complete) -> rs.StreamState:
         state = self._local.stream
