@@ -56,7 +56,7 @@ import os
 import struct
 import threading
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -90,11 +90,18 @@ COMPACT_MIN_RECORDS = 1 << 16
 class IntegrityLog:
     """Append-only, framed, crash-safe record of SUM / DIRTY / POISON / CLEAR events
     (see the module docstring). Thread-safe; `freeze()` makes every later append a
-    no-op (the power is gone)."""
+    no-op (the power is gone).
+
+    Compiled code may append frames itself (the streamed loop logs its victims' SUMs,
+    cxlhm/streamstate.py): `ctl[0]` is the descriptor to write to, -1 once frozen or
+    closed. It does so under the device lock, as every compaction runs, so it never
+    writes to a descriptor a compaction is replacing; O_APPEND keeps its frames whole
+    beside the ones written here."""
 
     def __init__(self, path: Path):
         self.path = path
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        self.ctl = np.array([self.fd], np.int64)
         self.records = 0  # records in the file (replayed + appended), for compaction
         self.frozen = False
         self._lock = threading.Lock()
@@ -144,6 +151,7 @@ class IntegrityLog:
             os.replace(tmp, self.path)
             os.close(self.fd)
             self.fd = fd
+            self.ctl[0] = fd
             self.records = len(payload) // _REC.size
 
     def truncate(self) -> None:
@@ -160,10 +168,12 @@ class IntegrityLog:
     def freeze(self) -> None:
         with self._lock:
             self.frozen = True
+            self.ctl[0] = -1
 
     def close(self) -> None:
         with self._lock:
             if self.fd >= 0:
+                self.ctl[0] = -1
                 os.close(self.fd)
                 self.fd = -1
 
@@ -279,6 +289,9 @@ class BlockChecksums:
         self.log: IntegrityLog | None = None
         self.poison: PoisonTable | None = None  # linked by attach_log, for compaction
         self.dirty: set[int] = set()  # blocks whose last log record is DIRTY
+        # (block, sum) arrays of SUM records compiled code logged whose write-backs are
+        # not recorded in `sums` yet (a compaction keeps them); set by the device
+        self.unrecorded: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None
         self.recovered = {"lost_dirty_blocks": 0, "log_records_replayed": 0}
 
     def load(self) -> None:
@@ -386,6 +399,22 @@ class BlockChecksums:
         self.dirty.difference_update(summed)
         self.dirty.update(new)
 
+    def logged_elsewhere(self, records: int) -> None:
+        """Compiled code appended `records` SUM records to the log itself (IntegrityLog.ctl):
+        count them for compaction, and compact if it is due (the caller holds the device
+        lock, and `unrecorded` names the write-backs they announce)."""
+        if self.log is not None:
+            with self.log._lock:
+                self.log.records += records
+            self._maybe_compact()
+
+    def summed(self, blocks: np.ndarray) -> None:
+        """Write-backs of these blocks, whose SUM records compiled code logged, settled:
+        the log's last word on them is not DIRTY (no write to a block reaches device DRAM
+        while its write-back is out, so none was logged since)."""
+        if self.dirty:
+            self.dirty.difference_update(blocks.tolist())
+
     def note_poison(self, block: int, reason: str | None) -> None:
         if self.log is not None:
             self.log.append(_poison_record(block, reason) if reason is not None else _REC.pack(CLEAR, block, 0))
@@ -414,15 +443,25 @@ class BlockChecksums:
             self._compact()
 
     def _compact(self) -> None:
-        parts = [_REC.pack(RESET, 0, 0)]
-        parts += [_REC.pack(SUM, b, s) for b, s in self.sums.items()]
-        parts += [_REC.pack(SUM, b, s) for b, s in self.sums.pending.items()]  # after: the log's last word
+        """Rewrite the log as RESET + the live state: replaying it gives what replaying
+        the log it replaces gives."""
+        sums, pending, dirty = self.sums, self.sums.pending, self.dirty
+        parts = [_REC.pack(RESET, 0, 0), _sum_records(sums), _sum_records(pending)]  # pending: the log's last word
+        if self.unrecorded is not None:
+            blocks, values = self.unrecorded()
+            parts.append(pack_records(SUM, blocks, values))
+            dirty.difference_update(blocks.tolist())  # their last record is that SUM (see summed())
         if self.poison is not None:
             parts += [_poison_record(b, r) for b, r in self.poison.blocks.items()]
             parts += [_REC.pack(REWRITTEN, b, lo << 32 | hi) for b, ranges in self.poison.valid.items()
                       for lo, hi in ranges]
-        parts += [_REC.pack(DIRTY, b, 0) for b in self.dirty]
+        parts.append(pack_records(DIRTY, np.fromiter(dirty, np.int64, len(dirty))))
         self.log.rewrite(b"".join(parts))
+
+
+def _sum_records(sums: dict[int, int]) -> bytes:
+    return pack_records(SUM, np.fromiter(sums.keys(), np.int64, len(sums)),
+                        np.fromiter(sums.values(), np.uint64, len(sums)))
 
 
 class PoisonTable:

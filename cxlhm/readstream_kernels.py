@@ -22,7 +22,7 @@ from cxlhm.streamstate import (
     WB_FAILED_N, RING, STAGE_SHARE, STAGE_BYTES, WB_STAGE, WB_LAND, WB_FAIL, WIDE_BLOCK, _reap, _now_ns,
     _copy_write_in, _in_sorted, _touches_writebacks, _queue_all, _submit_bucket, _WB_ROWS, _WB_STATE, _WB_OWNER,
     _WB_FREE, _WB_STAGED, _WB_LANDED, _WB_FAILED, _TAG_WBS, _COPY_JOBS, _COPY_OF, _COPY_EXPECTED, _COPY_CHECKED,
-    _landed_sum, _writeback_done, _queue_writebacks, _copy_many, _copy_piece, _piece_job)
+    _landed_sum, _writeback_done, _queue_writebacks, _copy_many, _copy_piece, _piece_job, _log_staged)
 
 _policy = firmware_policies.get("lru")  # the policy of this copy
 _firmware = fw.kernels_for(_policy)
@@ -300,10 +300,11 @@ def step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addr
 @njit_without_refcounts
 def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, stop, deadline_ns,
         slat, clat, failed_out, arrays, ring, fd, ring_room, other_slots, n_slots, owner, verify, sum_keys,
-        sum_values, victims):
+        sum_values, victims, log_ctl):
     """The stream's loop for one time slice (see the module docstring). A reap goes
     back to the driver for verification: always (VERIFY_ALL), or when one of its
-    blocks does not match its record in the sum table (VERIFY_HERE)."""
+    blocks does not match its record in the sum table (VERIFY_HERE). Staged victims'
+    checksums are logged here unless `log_ctl` leaves them to the driver (WRITE_BACK)."""
     st, ts, reaped_tags, reaped_res, bad, submits = arrays[0], arrays[14], arrays[15], arrays[16], arrays[17], \
         arrays[18]
     tag_slots = arrays[6]
@@ -320,7 +321,9 @@ def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs
         if st[IN_FLIGHT] + st[N_PARKED] == 0:
             return FINISHED
         if st[WB_STAGED] and (st[WB_STAGED] >= stage_batch or st[RING] == 0):
-            return WRITE_BACK
+            if not _log_staged(arrays, block_size, log_ctl):
+                return WRITE_BACK
+            continue  # the next step queues them
         if st[QUEUED] > 0:  # the ring hands each I/O to the kernel as it is prepared
             submits[_submit_bucket(1)] += st[QUEUED]
             st[QUEUED] = 0

@@ -6,12 +6,13 @@ name so the compiled loop is cached on disk)."""
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 
 import numba
 import numpy as np
-from numba.types import int32, int64, intp
+from numba.types import int32, int64, intp, uint32, uint64
 
-from cxlhm import _native, copyengine
+from cxlhm import _native, copyengine, sumtable
 from cxlhm import firmware as fw
 from cxlhm.jit import c_function, njit
 
@@ -72,7 +73,9 @@ WB_LOGGED = 22  # of those, the first WB_LOGGED are logged (queued on the ring b
 WB_LANDED = 23  # rows in `wb_landed`: on the SSD, their checksums not yet recorded by the driver
 WB_FAILED_N = 24  # rows in `wb_failed`: write-backs the ring reported failed or short
 RING = 25  # fills and write-backs on the ring, not yet reaped
-N_SCALARS = 26
+LOG_RECORDS = 26  # SUM records the loop wrote to the integrity log itself, not yet counted by the driver
+LOG_SHORT = 27  # a short write of the integrity log by the loop: 1 + the bytes that went in (0: none)
+N_SCALARS = 28
 
 # Staged victims the loop gathers before handing them to the driver (one interpreter
 # round trip logs them all), unless nothing else is on the ring to wait for: a quarter
@@ -82,6 +85,17 @@ N_SCALARS = 26
 # an eighth (90% CPU: the round trips), on the loaded 2-core machine.
 STAGE_SHARE = 4
 STAGE_BYTES = 1 << 20
+
+# Where the staged victims' checksums are logged (run's `log_ctl[0]`, the integrity
+# log's IntegrityLog.ctl): a file descriptor >= 0 - the loop hashes them and writes their
+# SUM records itself, one frame in one write(2) as IntegrityLog.append writes it, and
+# goes on without a round trip; LOG_NONE - the loop hashes them and records nothing (no
+# log, or the power is gone); LOG_IN_DRIVER - the driver does both (WRITE_BACK).
+LOG_NONE = -1
+LOG_IN_DRIVER = -2
+_FRAME_BYTES = 8  # the integrity log's frame header: payload length, crc32(payload) (u32 each)
+_SUM_RECORD_BYTES = 17  # its record: kind (b"S"), block, checksum (u8, u64, u64, little-endian)
+_SUM_KIND = ord("S")
 
 # state of a write-back row (StreamState.wb_state)
 WB_FREE, WB_STAGE, WB_RING, WB_LAND, WB_FAIL = range(5)
@@ -95,6 +109,11 @@ _clock_gettime = c_function("cxlhm_stream_clock_gettime", ctypes.CDLL(None).cloc
 _lib = ctypes.CDLL(_native.__file__)
 _queue = c_function("cxlhm_stream_io_queue", _lib.cxlhm_io_queue, int32(intp, int32, intp, int32, intp))
 _reap = c_function("cxlhm_stream_io_reap", _lib.cxlhm_io_reap, int32(intp, int32, int32, intp, intp))
+_write = c_function("cxlhm_stream_write", ctypes.CDLL(None).write, int64(int32, intp, int64))
+_libz = ctypes.util.find_library("z")
+_crc32 = c_function("cxlhm_stream_crc32", ctypes.CDLL(_libz).crc32, uint64(uint64, intp, uint32)) if _libz else None
+# whether the loop can log the staged victims itself (else the driver does: LOG_IN_DRIVER)
+COMPILED_LOG = sumtable.COMPILED_HASH and _crc32 is not None
 # the device's copy engine (cxlhm/copyengine.py, which also gives it the checksum function)
 _copy_many = c_function("cxlhm_stream_copy_many", _lib.cxlhm_copy_many, int64(intp, int64))
 
@@ -243,6 +262,8 @@ class StreamState:
         self.copy_of = np.full(depth * max_blocks, -1, np.int64)
         self.copy_expected = np.zeros(depth * max_blocks, np.uint64)
         self.copy_checked = np.zeros(depth * max_blocks, np.uint8)
+        # one frame of SUM records for every write-back row (_log_staged)
+        self.log_frame = np.zeros(_FRAME_BYTES + _SUM_RECORD_BYTES * rows, np.uint8)
         self._arrays = self._all_arrays()
 
     def arrays(self) -> tuple:
@@ -256,7 +277,7 @@ class StreamState:
                 self.fills, self.fill_tags, self.ts, self.reaped_tags, self.reaped_res, self.bad, self.submits,
                 self.wblocks, self.parked, self.wb_rows, self.wb_state, self.wb_owner, self.wb_free,
                 self.wb_staged, self.wb_landed, self.wb_failed, self.wb_tag, self.tag_wbs, self.wb_sum,
-                self.copy_jobs, self.copy_of, self.copy_expected, self.copy_checked)
+                self.copy_jobs, self.copy_of, self.copy_expected, self.copy_checked, self.log_frame)
 
     def reset(self) -> None:
         """For a new stream: no I/O, no write-back."""
@@ -291,7 +312,55 @@ class StreamState:
 
 # positions of the write-back table in StreamState.arrays()
 _WB_ROWS, _WB_STATE, _WB_OWNER, _WB_FREE, _WB_STAGED, _WB_LANDED, _WB_FAILED, _WB_TAG, _TAG_WBS, _WB_SUM = range(21, 31)
-_COPY_JOBS, _COPY_OF, _COPY_EXPECTED, _COPY_CHECKED = range(31, 35)
+_COPY_JOBS, _COPY_OF, _COPY_EXPECTED, _COPY_CHECKED, _LOG_FRAME = range(31, 36)
+
+
+@numba.njit(nogil=True, inline="always")
+def _put_le(buf, pos, value, nbytes):
+    """`value` (a uint64) as `nbytes` little-endian bytes at buf[pos:]."""
+    for k in range(nbytes):
+        buf[pos + k] = np.uint8((value >> np.uint64(8 * k)) & np.uint64(0xFF))
+
+
+if COMPILED_LOG:
+    @numba.njit(nogil=True)
+    def _log_staged(arrays, block_size, log_ctl):
+        """Write-ahead in the loop: hash each staged victim's slot (its wb_sum) and log
+        their SUM records as one frame, one write(2), before they go on the ring
+        (log_ctl[0]: see LOG_NONE). False: the driver logs them (WRITE_BACK) - its own
+        write says why the loop's failed; a short write is in st[LOG_SHORT]."""
+        st, wb_rows, wb_staged, wb_sum, frame = arrays[0], arrays[_WB_ROWS], arrays[_WB_STAGED], arrays[_WB_SUM], \
+            arrays[_LOG_FRAME]
+        fd = log_ctl[0]
+        if fd == LOG_IN_DRIVER:
+            return False
+        lo, hi = st[WB_LOGGED], st[WB_STAGED]
+        pos = _FRAME_BYTES
+        for r in range(lo, hi):
+            w = wb_staged[r]
+            s = sumtable.hash_block(wb_rows[w, 0], block_size)
+            wb_sum[w] = s
+            frame[pos] = _SUM_KIND
+            _put_le(frame, pos + 1, np.uint64(wb_rows[w, 2] // block_size), 8)
+            _put_le(frame, pos + 9, s, 8)
+            pos += _SUM_RECORD_BYTES
+        if fd >= 0:
+            length = pos - _FRAME_BYTES
+            _put_le(frame, 0, np.uint64(length), 4)
+            _put_le(frame, 4, _crc32(0, frame.ctypes.data + _FRAME_BYTES, length), 4)
+            written = _write(np.int32(fd), frame.ctypes.data, pos)
+            if written < 0:
+                return False  # nothing went in: the driver's own write says why
+            if written != pos:
+                st[LOG_SHORT] = 1 + written
+                return False
+            st[LOG_RECORDS] += hi - lo
+        st[WB_LOGGED] = hi
+        return True
+else:
+    @numba.njit(nogil=True)
+    def _log_staged(arrays, block_size, log_ctl):  # no compiled hash or crc32: the driver logs
+        return False
 
 
 @numba.njit(nogil=True)

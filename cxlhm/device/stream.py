@@ -23,6 +23,8 @@ from cxlhm.timing.recorder import record as record_latency
 
 STREAM_PASSES = 4  # passes of a wide streamed read in flight at once (_read_streamed)
 _NO_BLOCKS, _NO_SUMS = np.zeros(0, np.int64), np.zeros(0, np.uint64)  # an empty sum table: verify nothing
+# where the stream's loop logs its victims' checksums, without an integrity log (readstream's LOG_*)
+_LOG_NONE, _LOG_IN_DRIVER = np.array([rs.LOG_NONE], np.int64), np.array([rs.LOG_IN_DRIVER], np.int64)
 
 
 class _StreamJob(NamedTuple):
@@ -121,6 +123,7 @@ class StreamReads:
         job = _StreamJob(run, complete, state, ext_hpa, ext_len, addrs, kinds, slat, clat, failed,
                          *self.ssd.stream_ring(), owner)
         stop, version = self._stream_stop(ext_hpa, ext_len, n)
+        self.checksums.unrecorded = self._stream_unrecorded_sums  # what a compaction must keep of the streams' logs
         hits0, misses0 = self.thread_hits_misses()
         counted = held = 0  # fills the back end was told of, slots the device was told of
         try:
@@ -169,6 +172,7 @@ class StreamReads:
         driver (write-backs to log, record or retry, written blocks to log, a reap to
         verify)."""
         state = job.state
+        self._stream_count_logged(state.st)
         self._stream_log(state)
         self._stream_writebacks(state)
         if status == rs.VERIFY:
@@ -194,6 +198,36 @@ class StreamReads:
             self.checksums.note_dirty_array(state.wblocks[:n_written])
         st[rs.WRITTEN] = 0
 
+    def _stream_count_logged(self, st) -> None:
+        """The SUM records the loop wrote to the integrity log itself (see run's
+        log_ctl): counted (and the log compacted when that is due); a short write of
+        it fails the stream, as one of the driver's would."""
+        if st[rs.LOG_SHORT]:
+            written, st[rs.LOG_SHORT] = int(st[rs.LOG_SHORT]) - 1, 0
+            raise OSError(f"{self.checksums.log.path}: short write of the integrity log ({written} bytes of a "
+                          "frame of write-back checksums)")
+        if st[rs.LOG_RECORDS]:
+            records, st[rs.LOG_RECORDS] = int(st[rs.LOG_RECORDS]), 0
+            self.checksums.logged_elsewhere(records)
+
+    def _stream_log_ctl(self) -> np.ndarray:
+        """Under the lock: where the loop logs the checksums of the victims it stages
+        (readstream's LOG_*; the integrity log's own descriptor while it takes records)."""
+        if not rs.COMPILED_LOG:
+            return _LOG_IN_DRIVER
+        log = self.checksums.log
+        return _LOG_NONE if log is None else log.ctl
+
+    def _stream_unrecorded_sums(self) -> tuple[np.ndarray, np.ndarray]:
+        """Under the lock: the blocks and sums of the streams' write-backs out or landed,
+        their checksums not recorded yet (what their SUM records say)."""
+        blocks, sums = [_NO_BLOCKS], [_NO_SUMS]
+        for state in list(self._stream_states.values()):
+            out = (state.wb_state == rs.WB_RING) | (state.wb_state == rs.WB_LAND) | (state.wb_state == rs.WB_FAIL)
+            blocks.append(state.wb_rows[out, 2] // self.block_size)
+            sums.append(state.wb_sum[out])
+        return np.concatenate(blocks), np.concatenate(sums)
+
     def _stream_writebacks(self, state: rs.StreamState) -> None:
         """The stream's dirty victims that left its ring: landed ones get their checksums
         recorded; failed ones are retried here (a victim that cannot be written is
@@ -205,8 +239,9 @@ class StreamReads:
             rows = state.wb_rows[rows_at]
             res, retries = self.media.submit_retrying(rows, max(self.media.retries - 1, 0))
             self.counters[C.MEDIA_RETRIES] += retries + n
-            for w, block, ok in zip(rows_at.tolist(), (rows[:, 2] // self.block_size).tolist(),
-                                    (res == rows[:, 1]).tolist()):
+            blocks = rows[:, 2] // self.block_size
+            self.checksums.summed(blocks)
+            for w, block, ok in zip(rows_at.tolist(), blocks.tolist(), (res == rows[:, 1]).tolist()):
                 if ok:
                     self.checksums.sums.set_many(np.array([block], np.int64), state.wb_sum[w:w + 1])
                 else:
@@ -217,7 +252,9 @@ class StreamReads:
         n = int(st[rs.WB_LANDED])
         if n:
             landed = state.wb_landed[:n]
-            self.checksums.sums.set_many(state.wb_rows[landed, 2] // self.block_size, state.wb_sum[landed])
+            blocks = state.wb_rows[landed, 2] // self.block_size
+            self.checksums.sums.set_many(blocks, state.wb_sum[landed])
+            self.checksums.summed(blocks)
             st[rs.WB_LANDED] = 0
             state.free_landed(landed)
 
@@ -303,7 +340,7 @@ class StreamReads:
                        self.block_size, job.hpas, job.lens, job.addrs, job.kinds, stop, deadline_ns, job.slat, job.clat,
                        job.failed, job.state.arrays(), job.ring, job.fd, self.ssd.async_room() + counted,
                        self._inflight_slots - held, self.n_slots, job.owner, *self._stream_verify_mode(),
-                       self.victim_blocks(but=job.state))
+                       self.victim_blocks(but=job.state), self._stream_log_ctl())
 
     def _stream_drain(self, job: "_StreamJob", counted: int, held: int) -> None:
         """After an error: issue nothing more, wait for the stream's fills in flight and
