@@ -377,8 +377,10 @@ class BlockChecksums:
     def intend(self, blocks, sums, written=()) -> None:
         """Before a write-back is submitted: the SSD is about to hold these sums (block
         and sum sequences or int64 / uint64 arrays). `written`: blocks written since the
-        last record, as note_dirty takes them, logged after the sums in the same
-        write(2) (one frame: a crash keeps both or neither)."""
+        last record - before these write-backs were planned - logged first, as
+        note_dirty logs them, in the same write(2) (one frame: a crash keeps all of it
+        or none; a block both written and summed here ends on its SUM, which covers
+        the write)."""
         if self.log is None:
             return
         # Compact first: once these SUMs are appended the log says more than memory
@@ -386,27 +388,26 @@ class BlockChecksums:
         self._maybe_compact()
         blocks, sums = np.asarray(blocks, np.int64), np.asarray(sums, np.uint64)
         summed = blocks.tolist()
-        payload = pack_records(SUM, blocks, sums)
-        new: list[int] = []
-        if len(written):
-            dirty, just_summed = self.dirty, set(summed)
-            new = [b for b in (written.tolist() if isinstance(written, np.ndarray) else written)
-                   if b in just_summed or b not in dirty]
-            if new:
-                payload += pack_records(DIRTY, new)
-        self.log.append(payload)
+        dirty = self.dirty
+        new = [b for b in (written.tolist() if isinstance(written, np.ndarray) else written) if b not in dirty]
+        self.log.append(pack_records(DIRTY, new) + pack_records(SUM, blocks, sums))
         self.sums.pending.update(zip(summed, sums.tolist()))
-        self.dirty.difference_update(summed)
-        self.dirty.update(new)
+        dirty.update(new)
+        dirty.difference_update(summed)
 
     def logged_elsewhere(self, records: int) -> None:
-        """Compiled code appended `records` SUM records to the log itself (IntegrityLog.ctl):
+        """Compiled code appended `records` records to the log itself (IntegrityLog.ctl):
         count them for compaction, and compact if it is due (the caller holds the device
         lock, and `unrecorded` names the write-backs they announce)."""
         if self.log is not None:
             with self.log._lock:
                 self.log.records += records
             self._maybe_compact()
+
+    def dirty_logged_elsewhere(self, blocks: np.ndarray) -> None:
+        """Compiled code logged DIRTY records of these blocks itself (IntegrityLog.ctl)."""
+        if self.log is not None:
+            self.dirty.update(blocks.tolist())
 
     def summed(self, blocks: np.ndarray) -> None:
         """Write-backs of these blocks, whose SUM records compiled code logged, settled:

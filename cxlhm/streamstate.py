@@ -75,14 +75,17 @@ WB_FAILED_N = 24  # rows in `wb_failed`: write-backs the ring reported failed or
 RING = 25  # fills and write-backs on the ring, not yet reaped
 LOG_RECORDS = 26  # SUM records the loop wrote to the integrity log itself, not yet counted by the driver
 LOG_SHORT = 27  # a short write of the integrity log by the loop: 1 + the bytes that went in (0: none)
-N_SCALARS = 28
+WRITTEN_LOGGED = 28  # of the blocks in wblocks, the first WRITTEN_LOGGED were logged dirty by the loop
+N_SCALARS = 29
 
 # Staged victims the loop gathers before handing them to the driver (one interpreter
 # round trip logs them all), unless nothing else is on the ring to wait for: a quarter
 # of the depth, at most STAGE_BYTES of them (large blocks: at once, their write is long).
 # A staged victim's I/O waits for the batch, and each batch costs a round trip: 4k
 # random writes at QD32 measured 0.62 of fio's IOPS with a quarter (41% CPU), 0.57 with
-# an eighth (90% CPU: the round trips), on the loaded 2-core machine.
+# an eighth (90% CPU: the round trips), on the loaded 2-core machine. Where the loop logs
+# the victims itself (COMPILED_LOG) a batch costs one write(2), and it logs each at once:
+# a victim waiting for a batch is not at the SSD, and the closed loop's depth is fixed.
 STAGE_SHARE = 4
 STAGE_BYTES = 1 << 20
 
@@ -94,8 +97,8 @@ STAGE_BYTES = 1 << 20
 LOG_NONE = -1
 LOG_IN_DRIVER = -2
 _FRAME_BYTES = 8  # the integrity log's frame header: payload length, crc32(payload) (u32 each)
-_SUM_RECORD_BYTES = 17  # its record: kind (b"S"), block, checksum (u8, u64, u64, little-endian)
-_SUM_KIND = ord("S")
+_RECORD_BYTES = 17  # its record: kind, block, value (u8, u64, u64, little-endian)
+_SUM_KIND, _DIRTY_KIND = ord("S"), ord("D")
 
 # state of a write-back row (StreamState.wb_state)
 WB_FREE, WB_STAGE, WB_RING, WB_LAND, WB_FAIL = range(5)
@@ -262,8 +265,8 @@ class StreamState:
         self.copy_of = np.full(depth * max_blocks, -1, np.int64)
         self.copy_expected = np.zeros(depth * max_blocks, np.uint64)
         self.copy_checked = np.zeros(depth * max_blocks, np.uint8)
-        # one frame of SUM records for every write-back row (_log_staged)
-        self.log_frame = np.zeros(_FRAME_BYTES + _SUM_RECORD_BYTES * rows, np.uint8)
+        # one frame of records: a DIRTY for every written block, a SUM for every write-back row (_log_staged)
+        self.log_frame = np.zeros(_FRAME_BYTES + _RECORD_BYTES * (rows + self.wblocks.shape[0]), np.uint8)
         self._arrays = self._all_arrays()
 
     def arrays(self) -> tuple:
@@ -326,24 +329,30 @@ if COMPILED_LOG:
     @numba.njit(nogil=True)
     def _log_staged(arrays, block_size, log_ctl):
         """Write-ahead in the loop: hash each staged victim's slot (its wb_sum) and log
-        their SUM records as one frame, one write(2), before they go on the ring
-        (log_ctl[0]: see LOG_NONE). False: the driver logs them (WRITE_BACK) - its own
+        their SUM records before they go on the ring (log_ctl[0]: see LOG_NONE), after a
+        DIRTY record for each block written since the last record (a victim written in
+        this slice is written before it is evicted: its last record must be the SUM),
+        as one frame, one write(2). False: the driver logs them (WRITE_BACK) - its own
         write says why the loop's failed; a short write is in st[LOG_SHORT]."""
-        st, wb_rows, wb_staged, wb_sum, frame = arrays[0], arrays[_WB_ROWS], arrays[_WB_STAGED], arrays[_WB_SUM], \
-            arrays[_LOG_FRAME]
+        st, wblocks, wb_rows, wb_staged, wb_sum, frame = arrays[0], arrays[19], arrays[_WB_ROWS], \
+            arrays[_WB_STAGED], arrays[_WB_SUM], arrays[_LOG_FRAME]
         fd = log_ctl[0]
         if fd == LOG_IN_DRIVER:
             return False
-        lo, hi = st[WB_LOGGED], st[WB_STAGED]
         pos = _FRAME_BYTES
-        for r in range(lo, hi):
+        for q in range(st[WRITTEN_LOGGED], st[WRITTEN]):
+            frame[pos] = _DIRTY_KIND
+            _put_le(frame, pos + 1, np.uint64(wblocks[q]), 8)
+            _put_le(frame, pos + 9, np.uint64(0), 8)
+            pos += _RECORD_BYTES
+        for r in range(st[WB_LOGGED], st[WB_STAGED]):
             w = wb_staged[r]
             s = sumtable.hash_block(wb_rows[w, 0], block_size)
             wb_sum[w] = s
             frame[pos] = _SUM_KIND
             _put_le(frame, pos + 1, np.uint64(wb_rows[w, 2] // block_size), 8)
             _put_le(frame, pos + 9, s, 8)
-            pos += _SUM_RECORD_BYTES
+            pos += _RECORD_BYTES
         if fd >= 0:
             length = pos - _FRAME_BYTES
             _put_le(frame, 0, np.uint64(length), 4)
@@ -354,8 +363,9 @@ if COMPILED_LOG:
             if written != pos:
                 st[LOG_SHORT] = 1 + written
                 return False
-            st[LOG_RECORDS] += hi - lo
-        st[WB_LOGGED] = hi
+            st[LOG_RECORDS] += length // _RECORD_BYTES
+        st[WRITTEN_LOGGED] = st[WRITTEN]
+        st[WB_LOGGED] = st[WB_STAGED]
         return True
 else:
     @numba.njit(nogil=True)

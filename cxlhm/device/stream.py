@@ -172,40 +172,44 @@ class StreamReads:
         driver (write-backs to log, record or retry, written blocks to log, a reap to
         verify)."""
         state = job.state
-        self._stream_count_logged(state.st)
+        self._stream_count_logged(state)
         self._stream_log(state)
         self._stream_writebacks(state)
         if status == rs.VERIFY:
             self._stream_verify(state, job.complete, job.hpas, job.lens, job.addrs, job.kinds, job.clat, job.failed)
 
     def _stream_log(self, state: rs.StreamState) -> None:
-        """The integrity log's records of the slice, in one write(2): the staged victims'
-        checksums (write-ahead: logged before the next slice queues their write-backs),
-        then the blocks the stream wrote (dirty: their bytes are newer than the SSD's,
-        logged before the stream returns their completion). Until its checksum is
-        recorded a victim's row stays in the stream's table: no thread misses on its
-        block meanwhile (_touches_victims)."""
+        """The integrity log's records of the slice the loop left to the driver, in one
+        write(2): the blocks the stream wrote (dirty: their bytes are newer than the
+        SSD's, logged before the stream returns their completion), then the staged
+        victims' checksums (write-ahead: logged before the next slice queues their
+        write-backs). Until its checksum is recorded a victim's row stays in the
+        stream's table: no thread misses on its block meanwhile (_touches_victims)."""
         st = state.st
         staged = state.staged_rows()
-        n_written = int(st[rs.WRITTEN])
+        written = state.wblocks[int(st[rs.WRITTEN_LOGGED]):int(st[rs.WRITTEN])]
         if staged.shape[0]:
             rows = state.wb_rows[staged]
             sums = self.media.hash_slots(rows[:, 0])
             state.wb_sum[staged] = sums
-            self.checksums.intend(rows[:, 2] // self.block_size, sums, state.wblocks[:n_written])
+            self.checksums.intend(rows[:, 2] // self.block_size, sums, written)
             st[rs.WB_LOGGED] = st[rs.WB_STAGED]
-        elif n_written:
-            self.checksums.note_dirty_array(state.wblocks[:n_written])
-        st[rs.WRITTEN] = 0
+        elif written.shape[0]:
+            self.checksums.note_dirty_array(written)
+        st[rs.WRITTEN] = st[rs.WRITTEN_LOGGED] = 0
 
-    def _stream_count_logged(self, st) -> None:
-        """The SUM records the loop wrote to the integrity log itself (see run's
-        log_ctl): counted (and the log compacted when that is due); a short write of
-        it fails the stream, as one of the driver's would."""
+    def _stream_count_logged(self, state: rs.StreamState) -> None:
+        """The records the loop wrote to the integrity log itself (see run's log_ctl):
+        its DIRTY blocks join the dirty set first - before a compaction, which writes
+        that set - then the records are counted (and the log compacted when that is
+        due). A short write of it fails the stream, as one of the driver's would."""
+        st = state.st
         if st[rs.LOG_SHORT]:
             written, st[rs.LOG_SHORT] = int(st[rs.LOG_SHORT]) - 1, 0
             raise OSError(f"{self.checksums.log.path}: short write of the integrity log ({written} bytes of a "
                           "frame of write-back checksums)")
+        if st[rs.WRITTEN_LOGGED]:
+            self.checksums.dirty_logged_elsewhere(state.wblocks[:int(st[rs.WRITTEN_LOGGED])])
         if st[rs.LOG_RECORDS]:
             records, st[rs.LOG_RECORDS] = int(st[rs.LOG_RECORDS]), 0
             self.checksums.logged_elsewhere(records)
