@@ -44,7 +44,7 @@ REAP_AT_ONCE = 2
 # tend to land together), so the engine's helper thread can share the run.
 WIDE_BLOCK = 32 << 10
 
-SLICE_NS = 500_000  # longest lock hold: what other threads may wait (3% of a slice is the round trip)
+SLICE_NS = 2_000_000  # longest lock hold: what other threads may wait (3% of a slice is the round trip)
 
 # scalar state of a stream (StreamState.st)
 NEXT = 0  # index of the next read to plan
@@ -248,7 +248,7 @@ class StreamState:
         # driver recorded its checksum (its block may not be read back from the SSD before)
         # every I/O not yet complete has at most max_blocks victims, and as many again
         # may have landed since the driver last recorded them
-        rows = 2 * depth * max_blocks
+        rows = 4 * depth * max_blocks
         self.wb_rows = fw.new_io_rows(rows)
         self.wb_state = np.zeros(rows, np.uint8)
         self.wb_owner = np.full(rows, -1, np.int64)  # the tag of the I/O waiting for it

@@ -226,7 +226,7 @@ class StreamReads:
         """Under the lock: the blocks and sums of the streams' write-backs out or landed,
         their checksums not recorded yet (what their SUM records say)."""
         blocks, sums = [_NO_BLOCKS], [_NO_SUMS]
-        for state in list(self._stream_states.values()):
+        for state in self._streams_but(None):
             out = (state.wb_state == rs.WB_RING) | (state.wb_state == rs.WB_LAND) | (state.wb_state == rs.WB_FAIL)
             blocks.append(state.wb_rows[out, 2] // self.block_size)
             sums.append(state.wb_sum[out])
@@ -265,12 +265,14 @@ class StreamReads:
     def victim_blocks(self, but: rs.StreamState | None = None) -> np.ndarray:
         """Under the lock: the blocks the device's streams (but `but`) are writing back,
         sorted: their bytes are not on the SSD (or their checksums not recorded) yet."""
-        states = self._stream_states
-        if len(states) == 1 and but is not None and states.get(threading.get_ident()) is but:
-            return _NO_BLOCKS  # the only stream is the caller's (the common case: one per job thread)
-        held = [state.victim_blocks(self.block_size) for state in list(states.values())
-                if state is not but and state.st[rs.WB_USED]]
+        held = [state.victim_blocks(self.block_size) for state in self._streams_but(but) if state.st[rs.WB_USED]]
         return np.unique(np.concatenate(held)) if held else _NO_BLOCKS
+
+    def _streams_but(self, but: rs.StreamState | None) -> list[rs.StreamState]:
+        """The threads' stream states but `but` (through the weak references: the
+        dictionary's own iteration costs more than the rest of a round trip's look-ups)."""
+        return [state for state in (ref() for ref in self._stream_states.valuerefs())
+                if state is not None and state is not but]
 
     def _touches_victims(self, hpas, lens) -> bool:
         """Under the lock: whether an access touches a block a stream is writing back
