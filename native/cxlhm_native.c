@@ -168,21 +168,23 @@ struct cxlhm_ring *cxlhm_ring_open_owned(unsigned depth, int *err)
 /*
  * How many prepared SQEs wait before one io_uring_enter() hands them to the kernel,
  * fio's iodepth_batch_submit. 1 (the default, as in fio) submits each I/O the moment it
- * is prepared. On the development machine's virtio disk that matters more than the
- * enter it costs: 4 KiB random reads at QD32 in a closed loop ran at 1.2-1.3x the IOPS
- * of submitting each round's replacements together (about 11 at once), in 24 alternating
- * 2 s runs, and matched fio, which also submits one at a time.
+ * is prepared: all the SQEs of one cxlhm_io_queue() call (one I/O's fills, which the
+ * block layer may merge), each op of cxlhm_io_qd(). On the development machine's virtio
+ * disk that matters more than the enter it costs: 4 KiB random reads at QD32 in a closed
+ * loop ran at 1.2-1.3x the IOPS of submitting each round's replacements together (about
+ * 11 at once), in 24 alternating 2 s runs, and matched fio, which also submits one at a
+ * time. cxlhm_io_batch() hands its whole batch over at once: adjacent reads merge.
  */
 void cxlhm_ring_submit_batch(struct cxlhm_ring *r, unsigned n)
 {
     r->submit_batch = n ? n : 1;
 }
 
-/* Count one prepared SQE; submit what is prepared once the batch is full. A failed
+/* One I/O's SQEs are prepared: submit what is prepared once the batch is full. A failed
  * submit (-EINTR, -EAGAIN, -EBUSY) leaves the SQEs prepared: the next enter takes them. */
-static void prepared(struct cxlhm_ring *r)
+static void io_prepared(struct cxlhm_ring *r)
 {
-    if (++r->queued < r->submit_batch)
+    if (r->queued < r->submit_batch)
         return;
     int rc = uring.submit(r->opaque);
     if (rc > 0)
@@ -223,10 +225,10 @@ static int submit_and_get_cqe(struct cxlhm_ring *r, struct io_uring_cqe **cqe)
 }
 
 /*
- * Run `n` independent I/Os and wait for all of them, up to the ring's depth in
- * flight. Each SQE goes to the kernel as the ring's submit batch says (the rest with
- * the io_uring_submit_and_wait() that waits for the first completion); every
- * completion already there is reaped before the next round. Short transfers (legal for regular files) are resubmitted
+ * Run `n` independent I/Os and wait for all of them. Submission is batched: as
+ * many SQEs as the ring holds go out with one io_uring_submit_and_wait(), which
+ * also waits for the first completion; every completion already there is reaped
+ * before the next round. Short transfers (legal for regular files) are resubmitted
  * for the remainder. res[i] receives the bytes transferred or -errno for the first
  * failure of op i. Returns the number of ops that failed.
  */
@@ -262,7 +264,7 @@ int cxlhm_io_batch(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops,
                 uring.prep_read(sqe, fd, buf, len, off);
             sqe->user_data = (uint64_t)i;
             inflight++;
-            prepared(r);
+            r->queued++;
         }
         if (inflight == 0) { /* nothing queued although work is left: never spin */
             free(pending);
@@ -361,7 +363,8 @@ int64_t cxlhm_io_qd(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops,
             lat_ns[next] = t; /* issue time until completion */
             next++;
             inflight++;
-            prepared(r);
+            r->queued++;
+            io_prepared(r);
         }
         if (inflight == 0)
             break;
@@ -412,8 +415,9 @@ int cxlhm_io_queue(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops, int
         else
             uring.prep_read(sqe, fd, ops[i].buf, (unsigned)ops[i].len, ops[i].offset);
         sqe->user_data = (uint64_t)tags[i];
-        prepared(r);
+        r->queued++;
     }
+    io_prepared(r);
     return i;
 }
 

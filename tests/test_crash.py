@@ -38,6 +38,8 @@ from hypothesis import strategies as st
 
 from cxlhm.config import ConfigError
 from cxlhm.device import DeviceClosed
+from cxlhm.device import core as device_core
+from cxlhm.device.media import MediaPath
 from cxlhm.integrity import PoisonError
 from host_runtime.driver import open_device
 from host_runtime.kvstore import KVStore, PutStatus
@@ -555,3 +557,22 @@ def test_a_chunk_whose_blocks_were_reused_is_dropped_by_its_fingerprint(tmp_path
     finally:
         s2.close()
         h2.close()
+
+
+def test_kill_9_between_write_back_waves_never_serves_a_torn_chunk(tmp_path, monkeypatch):
+    """The campaign again with waves as small as a block: every put of whole blocks that
+    evicts two or more dirty ones writes them back in waves, so the kill points (the Nth
+    integrity-log append, the Nth SSD write, a random delay) land between waves too."""
+    monkeypatch.setattr(device_core, "WAVE_BYTES", BLOCK)
+    waves = []
+    real = MediaPath.write_back_in_waves
+
+    def counted(self, cut, after_wave):
+        waves.append(len(cut))
+        return real(self, cut, after_wave)
+
+    monkeypatch.setattr(MediaPath, "write_back_in_waves", counted)
+    summary = _crash_campaign(tmp_path, points=8, n_ops=100, seed=4242)
+    assert waves and max(waves) >= 2  # the warm-up in this process wrote back in waves
+    assert summary["corrupt_reads"] == 0
+    assert summary["points"] >= 6 and summary["killed"] >= 4

@@ -160,6 +160,75 @@ class MediaPath:
                 self.poison_block(block, f"write-back failed: {_why(res[i], 'short write')}")
         return failed
 
+    def write_back_in_waves(self, waves: list[np.ndarray], after_wave) -> None:
+        """write_rows(victims=True) for victims cut in `waves` (row arrays), one wave on the
+        SSD at a time, so the CPU's part of the next steps overlaps the SSD's: while wave
+        w+1 is written, `after_wave(w)` runs (the caller copies new bytes into wave w's
+        slots, free now) and wave w+2's checksums are computed and logged. Write-ahead
+        holds per wave: its SUM records are in the log before it is submitted. A wave
+        on its own is written as fast as a whole batch from a few MiB up (this disk
+        completes a batch's writes together, so waves in flight at once would land
+        together and nothing would overlap)."""
+        sums: list[np.ndarray | None] = [None] * len(waves)
+        sums[0] = self._intend(waves[0])
+        self._queue_writes(waves[0])
+        on_ssd = 0  # the wave queued and not reaped yet
+        try:
+            if len(waves) > 1:
+                sums[1] = self._intend(waves[1])
+            for w, rows in enumerate(waves):
+                res = self._reap_writes(rows)
+                on_ssd = None
+                if w + 1 < len(waves):
+                    self._queue_writes(waves[w + 1])
+                    on_ssd = w + 1
+                self._settle_writes(rows, res, sums[w])
+                after_wave(w)
+                if w + 2 < len(waves):
+                    sums[w + 2] = self._intend(waves[w + 2])
+        finally:
+            if on_ssd is not None:  # an error: the wave on the SSD is still settled (its records, the ring)
+                self._settle_writes(waves[on_ssd], self._reap_writes(waves[on_ssd]), sums[on_ssd])
+
+    def _intend(self, rows: np.ndarray) -> np.ndarray:
+        """Hash the victims' slots and log their SUM records (before they are submitted)."""
+        sums = self.hash_slots(rows[:, 0])
+        self.checksums.intend((rows[:, 2] // self.block_size).tolist(), sums.tolist())
+        return sums
+
+    def _queue_writes(self, rows: np.ndarray) -> None:
+        if rows.shape[0]:
+            queued = self.ssd.queue(rows, np.arange(rows.shape[0], dtype=np.int64))
+            if queued != rows.shape[0]:  # the caller cuts waves to the ring's room
+                raise RuntimeError(f"a wave of {rows.shape[0]} write-backs did not fit the ring ({queued} queued)")
+
+    def _reap_writes(self, rows: np.ndarray) -> np.ndarray:
+        """Wait for every row of a queued wave; results in row order."""
+        res = np.zeros(rows.shape[0], np.int64)
+        left = rows.shape[0]
+        while left:
+            tags, got = self.ssd.reap(left)
+            res[tags] = got
+            left -= tags.shape[0]
+        return res
+
+    def _settle_writes(self, rows: np.ndarray, res: np.ndarray, sums: np.ndarray) -> None:
+        """Retry a wave's failed rows (synchronously), then record the checksums of what
+        landed and poison the victims whose bytes could not be written."""
+        failed = np.flatnonzero(res != rows[:, 1])
+        if failed.size:
+            again, retried = self.submit_retrying(rows[failed], max(self.retries - 1, 0))
+            self.counters[C.MEDIA_RETRIES] += retried + failed.size
+            res = res.copy()
+            res[failed] = again
+        ok = res == rows[:, 1]
+        blocks = rows[:, 2] // self.block_size
+        self.checksums.sums.set_many(blocks[ok], sums[ok])
+        for i in np.flatnonzero(~ok).tolist():
+            block = int(blocks[i])
+            self.checksums.sums.pop(block, None)
+            self.poison_block(block, f"write-back failed: {_why(res[i], 'short write')}")
+
     def write_through(self, bt, slots: np.ndarray) -> None:
         """Write the slots' blocks to the back end now (write-through mode)."""
         unique = np.unique(slots)
