@@ -47,7 +47,11 @@ its write(2) returned (the kernel keeps it across a kill -9 of the process); flu
 also fsyncs it (Device.flush calls IntegrityLog.sync through BlockChecksums.sync). It
 is compacted (rewritten as RESET + the live state, then renamed over) when it holds
 more than 4x the live records. A DIRTY record costs one write(2) per host write that
-dirties blocks not already logged dirty, batched per firmware pass.
+dirties blocks not already logged dirty, batched per firmware pass. The streamed loop
+(cxlhm/streamstate.py) writes its frames itself - DIRTY records of the blocks it wrote,
+then the SUMs of the victims it is about to write back - to the descriptor in
+IntegrityLog.ctl, and tells this module what it wrote at its next return
+(dirty_logged_elsewhere, logged_elsewhere, summed, and `unrecorded` for compaction).
 """
 from __future__ import annotations
 

@@ -17,8 +17,11 @@ much as the SSD read itself at QD32. A stream runs the whole loop in one compile
              (BUSY -> idle)
 
 and returns to the driver (Device.read_stream) for what compiled code cannot do:
-dirty victims' checksums to log before their write-backs go on the ring (and to record
-once they land), a block another thread holds busy (wait for it without the lock),
+dirty victims' checksums to record once they land (the loop logs them itself before
+their write-backs go on the ring: hashed, and written to the integrity log as one frame
+with one write(2), after DIRTY records of the blocks written since; the driver does
+that too where this build gives compiled code no xxhash or crc32), a block another
+thread holds busy (wait for it without the lock),
 reaped blocks to verify in Python (only where xxhash's C function is out of reach:
 otherwise each block with a checksum record is hashed in the loop right after
 its copy, by the copy engine), or the end of the slice (the lock is let go, so other

@@ -205,3 +205,27 @@ def test_a_write_stream_logs_its_victims_sums_ahead_and_a_power_loss_keeps_them(
             except PoisonError:
                 assert block in lost, f"block {block} was written back, yet it is poison after the power loss"
         assert dev.stats()["checksum_mismatches"] == 0
+
+
+def test_a_frozen_log_takes_no_record_from_the_loop_and_the_stream_goes_on(tmp_path):
+    """Once the power is gone (the log frozen), the loop writes nothing to the log; its
+    writes and their write-backs still complete."""
+    path = tmp_path / "f.img"
+    rng = np.random.default_rng(2)
+    area = mmap.mmap(-1, 24 * BLOCK)
+    payload = np.frombuffer(area, np.uint8)
+    payload[:] = rng.integers(0, 256, payload.shape[0], dtype=np.uint8)
+    addrs = payload.ctypes.data + np.arange(24, dtype=np.int64) * BLOCK
+    with _device(path, blocks=24, dram_blocks=4) as dev:
+        dev.device.read_stream(np.arange(12, dtype=np.int64) * BLOCK, np.full(12, BLOCK, np.int64), addrs[:12], 4,
+                               writes=np.ones(12, np.uint8))
+        log = Path(str(path) + ".cxlhm.ilog")
+        size = log.stat().st_size
+        assert size > 0
+        dev.device.checksums.freeze()
+        result = dev.device.read_stream(np.arange(12, 24, dtype=np.int64) * BLOCK, np.full(12, BLOCK, np.int64),
+                                        addrs[12:], 4, writes=np.ones(12, np.uint8))
+        assert result.count == 12 and log.stat().st_size == size
+        back = np.zeros(24 * BLOCK, np.uint8)
+        dev.read_into(0, back)
+        assert (back == payload).all()
