@@ -227,17 +227,20 @@ def device_side_costs_us(raw: SsdBackend, rows: np.ndarray, extents: list[int], 
 def landing_times_us(raw: SsdBackend, rows: np.ndarray, extents: list[int], chunk: int, block: int,
                      passes: int = 4) -> tuple[float, float]:
     """When a chunk's blocks land, submitted as `passes` separate reads (as a stream
-    issues its passes): the median µs from submission to the first completion, and from
-    the first to the last. Copy-out can only overlap the read if blocks land early."""
-    n = chunk // block
+    issues its passes; at most a ring's worth of blocks, what a stream has in flight):
+    the median µs from submission to the first completion, and from the first to the
+    last. Copy-out can only overlap the read if blocks land early."""
+    n = min(chunk // block, raw.queue_depth)
     per = max(1, n // passes)
     firsts, spreads = [], []
     for i in range(30):
-        rows[:, 2] = extents[(i + 3) % len(extents)] + np.arange(n) * block
+        rows[:n, 2] = extents[(i + 3) % len(extents)] + np.arange(n) * block
         rows[:, 3] = 0
         start = time.perf_counter()
         for p in range(0, n, per):
-            raw.queue(rows[p:p + per], np.arange(p, min(n, p + per), dtype=np.int64))
+            q = min(n, p + per)
+            if raw.queue(rows[p:q], np.arange(p, q, dtype=np.int64)) != q - p:
+                raise RuntimeError("the ring took fewer reads than it has room for")
         times = []
         while len(times) < n:
             tags, _ = raw.reap(1)
@@ -344,14 +347,17 @@ def main() -> int:
         x = s["extra_us"]
         get_us = chunk / (s["get"] * 1e9) * 1e6
         floor = x['fixed'] + max(0.0, x['fill']) + x['landing']
+        landed = (f"submitted as 4 separate reads, the first of {min(chunk // block, QD)} blocks landed "
+                  f"{x['first_lands']:.0f} us after submission and the last {x['lands_within']:.0f} us after the "
+                  f"first (this disk completes what is in flight together)")
+        overlap = (f"The copy cannot overlap the read: {landed}." if chunk // block <= QD else
+                   f"Only later passes overlap the copy (a stream has a ring's worth in flight): {landed}.")
         notes.append(f"{label}, SSD read: raw into one reused buffer {x['fixed']:.0f} us; into slots rotating over "
                      f"device DRAM {x['fill']:+.0f} us; copy out + xxh3 of every block after they land, on the copy "
                      f"engine's two threads, +{x['landing']:.0f} us -> a device read with no other cost would reach "
-                     f"{x['fixed'] / floor:.2f}x. The copy cannot overlap the read: submitted as 4 separate reads, "
-                     f"the first block landed {x['first_lands']:.0f} us after submission and the last "
-                     f"{x['lands_within']:.0f} us after the first (this disk completes a batch together). A get took {get_us:.0f} us: {get_us - floor:+.0f} us beyond those - the "
-                     f"firmware's plan of the chunk's blocks, the stream's time slices and the interpreter's path "
-                     f"(store index, device call, driver)")
+                     f"{x['fixed'] / floor:.2f}x. {overlap} A get took {get_us:.0f} us: {get_us - floor:+.0f} us "
+                     f"beyond those - the firmware's plan of the chunk's blocks, the stream's time slices and the "
+                     f"interpreter's path (store index, device call, driver)")
         p = s["put_us"]
         put_took = chunk / (s["put"] * 1e9) * 1e6
         parts = p["write"] + p["sums"] + p["copy_in"]
