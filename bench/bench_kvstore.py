@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import bench_dir, command, lay_out, machine, resident_buffer, twin_of, without_sidecars  # noqa: E402
 
 from cxlhm import copyengine  # noqa: E402
-from cxlhm.device import core as device_core  # noqa: E402
+from cxlhm.device import waves as device_waves  # noqa: E402
 from cxlhm.media.ssd import SsdBackend  # noqa: E402
 from cxlhm.units import parse_size  # noqa: E402
 from host_runtime.driver import open_device  # noqa: E402
@@ -367,7 +367,7 @@ def main() -> int:
         p = s["put_us"]
         put_took = chunk / (s["put"] * 1e9) * 1e6
         parts = p["write"] + p["sums"] + p["copy_in"]
-        waves = min(device_core.MAX_WAVES, chunk // device_core.WAVE_BYTES)
+        waves = min(device_waves.MAX_WAVES, chunk // device_waves.WAVE_BYTES)
         if waves >= 2:  # the device overlaps all but the first wave's checksums and the last wave's copy-in
             parts = p["write"] + (p["sums"] + p["copy_in"]) / waves
             how = (f"in {waves} waves, one on the SSD at a time, so only the first wave's checksums and the last "

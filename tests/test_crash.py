@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 
 from cxlhm.config import ConfigError
 from cxlhm.device import DeviceClosed
-from cxlhm.device import core as device_core
+from cxlhm.device import waves as device_waves
 from cxlhm.device.media import MediaPath
 from cxlhm.integrity import PoisonError
 from host_runtime.driver import open_device
@@ -563,7 +563,7 @@ def test_kill_9_between_write_back_waves_never_serves_a_torn_chunk(tmp_path, mon
     """The campaign again with waves as small as a block: every put of whole blocks that
     evicts two or more dirty ones writes them back in waves, so the kill points (the Nth
     integrity-log append, the Nth SSD write, a random delay) land between waves too."""
-    monkeypatch.setattr(device_core, "WAVE_BYTES", BLOCK)
+    monkeypatch.setattr(device_waves, "WAVE_BYTES", BLOCK)
     waves = []
     real = MediaPath.write_back_in_waves
 

@@ -64,7 +64,7 @@ EXAMPLES = {
     "size": ("64m", 64 << 20), "offset": ("10%", Percent(10.0)), "io_size": ("1g", 1 << 30),
     "number_ios": ("100", 100), "random_distribution": ("zipf:1.2", DistSpec("zipf", 1.2)),
     "randseed": ("42", 42), "randrepeat": ("0", False), "norandommap": ("1", True), "kb_base": ("1000", 1000),
-    "iodepth": ("32", 32), "serialize_overlap": ("1", True), "numjobs": ("4", 4), "runtime": ("10s", 10**10), "time_based": ("1", True),
+    "iodepth": ("32", 32), "iodepth_batch_submit": ("8", 8), "serialize_overlap": ("1", True), "numjobs": ("4", 4), "runtime": ("10s", 10**10), "time_based": ("1", True),
     "ramp_time": ("2", 2 * 10**9), "group_reporting": ("1", True), "stonewall": ("1", True), "new_group": ("1", True),
     "verify": ("md5", "md5"), "do_verify": ("0", False), "verify_fatal": ("1", True), "verify_backlog": ("64", 64),
     "clat_percentiles": ("0", False), "lat_percentiles": ("1", True), "slat_percentiles": ("1", True),

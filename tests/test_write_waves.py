@@ -1,4 +1,4 @@
-"""Writes that evict dirty victims write them back in waves (Device._write_waves,
+"""Writes that evict dirty victims write them back in waves (WriteWaves._write_waves,
 MediaPath.write_back_in_waves): one wave on the SSD while the previous wave's slots
 take the new bytes. Checked against a byte model of the device's address space, across
 a reopen, and with write-backs that fail once (retried) or for good (the victim is
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cxlhm.device import core
+from cxlhm.device import waves as device_waves
 from cxlhm.device.media import MediaPath
 from cxlhm.integrity import PoisonError
 from host_runtime.driver import open_device
@@ -29,7 +29,7 @@ def config(path):
 @pytest.fixture
 def waves_seen(monkeypatch):
     """Waves as small as a block, and a record of each call's wave sizes."""
-    monkeypatch.setattr(core, "WAVE_BYTES", BLOCK)
+    monkeypatch.setattr(device_waves, "WAVE_BYTES", BLOCK)
     seen: list[list[int]] = []
     real = MediaPath.write_back_in_waves
 
@@ -67,7 +67,7 @@ def test_a_full_dram_of_dirty_blocks_is_written_back_in_waves(tmp_path, waves_se
         dev.store(0, old)
         assert not waves_seen  # nothing dirty was evicted yet
         dev.store(64 * BLOCK, new)
-        assert waves_seen == [[SLOTS // core.MAX_WAVES] * core.MAX_WAVES]
+        assert waves_seen == [[SLOTS // device_waves.MAX_WAVES] * device_waves.MAX_WAVES]
         assert dev.load(64 * BLOCK, new.size) == new.tobytes()
         assert dev.load(0, old.size) == old.tobytes()
 
