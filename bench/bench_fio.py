@@ -10,10 +10,11 @@ wall clock), on the same file:
   4k randrw 70/30 zipf:1.2 QD16    IOPS (read + write; hot blocks hit, writes are buffered)
   4k randwrite QD32                IOPS       (each write evicts a dirty block: one SSD write)
   1M seqwrite QD16                 bandwidth
-Target for each: >= 0.95 x fio. Runs alternate fio / cxlhm for --rounds rounds; the ratio
-is the median of each round's ratio (the disk's speed drifts by tens of percent between
-rounds on a shared machine, and a round's fio and cxlhm runs are seconds apart), the
-IOPS and bandwidth columns are medians; each cxlhm row also shows where its
+Target for each: >= 0.95 x fio. Runs alternate fio / cxlhm for --rounds rounds (fio first in
+even rounds, cxlhm first in odd ones); the ratio is the median of each round's ratio (the
+disk's speed drifts by tens of percent between rounds on a shared machine, and a round's
+fio and cxlhm runs are seconds apart), the IOPS and bandwidth columns are medians; each
+cxlhm row also shows where its
 time went (the effective depth by Little's law, fio's and ours, and the device's SSD
 traffic per host I/O). For random reads each round also runs the native io_uring closed
 loop (what the device's stream drives) into fio's reused buffers and into slots rotating
@@ -186,16 +187,24 @@ def main(argv: list[str] | None = None) -> int:
         cx_text = job_text(name, rw, bs, qd, extra, path, args.size, args.runtime,
                            f"ioengine=cxlhm\ncxlhm_block_size={block}\ncxlhm_dram={dram}\ncxlhm_clock=wall")
         fio_runs, cx_runs, raw_runs = [], [], []
-        for _ in range(args.rounds):
+        def run_fio():
             fio_runs.append(run_real_fio(fio_text, fio))
-            if rw == "randread":  # where a random read's time goes, at the same moments
+
+        def run_raw():  # where a random read's time goes, at the same moments
+            if rw == "randread":
                 raw_runs.append(raw_loops(path, parse_size(args.size), parse_size(bs), qd, parse_size(dram),
                                           args.runtime))
+
+        def run_device():
             # fio wrote the file as a plain file: the device starts over on its bytes (its
             # sidecars' checksums describe the bytes it last wrote back, not fio's)
             for sidecar in Path(path).parent.glob(Path(path).name + ".cxlhm.*"):
                 sidecar.unlink()
             cx_runs.append(run_cxlhm(cx_text))
+
+        for r in range(args.rounds):  # every other round the other way round: whoever runs first gains nothing
+            for step in ((run_fio, run_raw, run_device) if r % 2 == 0 else (run_device, run_raw, run_fio)):
+                step()
 
         def med(runs, key):
             return statistics.median(float(r[key]) for r in runs)
