@@ -168,16 +168,15 @@ def invalidate(bt, ps, slot, now):
 
 @njit
 def access(bt, ps, counters, clock, ext_hpa, ext_len, is_write, write_mode, owner,
-           base, block_size, slots_out, installed_out, writebacks, fills, user_addr, moves_data, copy_at_most):
+           base, block_size, slots_out, installed_out, writebacks, fills, user_addr, moves_data):
     """plan(), and when the plan needs no SSD I/O (all hits, or misses on a
-    timing-only device) also the copy of at most `copy_at_most` bytes and finish - so a
-    DRAM hit costs one call. Returns plan()'s tuple plus `done`; if not done the caller
-    runs the I/O, then copy_extents() (a longer copy: on the copy engine's two threads)
-    and finish()."""
+    timing-only device) also the copy and finish - so a DRAM hit costs one call.
+    Returns plan()'s tuple plus `done`; if not done the caller runs the I/O, then
+    copy_extents() and finish()."""
     ok, k, n_wb, n_fill = plan(bt, ps, counters, clock, ext_hpa, ext_len, is_write, write_mode, owner,
                                base, block_size, slots_out, installed_out, writebacks, fills)
     needs_io = moves_data and (n_wb > 0 or n_fill > 0 or (is_write and write_mode == WRITE_THROUGH))
-    if not ok or needs_io or (moves_data and ext_len.sum() > copy_at_most):
+    if not ok or needs_io:
         return ok, k, n_wb, n_fill, False
     if moves_data:
         copy_extents(base, block_size, slots_out, ext_hpa, ext_len, user_addr, not is_write)

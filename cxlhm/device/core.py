@@ -350,7 +350,7 @@ class Device(StreamReads, WriteWaves, BackgroundWork, PowerLoss):
         ok, k, n_wb, n_fill, done = self.kernels.access(
             self.bt, self.ps, counters, self.clock, hpas, lens, is_write, self._write_mode_code,
             owner, self.dram.base_address, self.block_size, s.slots_out, s.installed,
-            s.writebacks, s.fills, user_addr, self.moves_data, copyengine.HELPER_MIN_BYTES - 1)
+            s.writebacks, s.fills, user_addr, self.moves_data)
         if is_write and not n_wb and self.checksums.log is not None:  # reliability: newer bytes only in DRAM
             self.checksums.note_dirty_array(self.bt.block[s.slots_out[:k]])
         s.hits += counters.item(C.HITS) - hits
