@@ -133,6 +133,22 @@ def test_a_second_device_on_the_same_image_is_refused(tmp_path, kind):
         assert second.load(0, 4) == b"MINE"
 
 
+@pytest.mark.parametrize("kind", ["ssd", "memory"])
+def test_closing_frees_the_image_while_another_reference_to_it_lingers(tmp_path, kind):
+    """A reference to the open image that outlives the device (a child forked meanwhile,
+    an io_uring ring torn down in the background) must not keep the image locked."""
+    image = tmp_path / "l.img"
+    first = open_device(config(image, backend={"kind": kind}))
+    first.store(0, b"mine")
+    lingering = os.dup(first.device.ssd.fd)
+    try:
+        first.close()
+        with open_device(config(image, backend={"kind": kind})) as second:
+            assert second.load(0, 4) == b"mine"
+    finally:
+        os.close(lingering)
+
+
 # ---------------------------------------------------------------- geometry
 def test_another_capacity_is_refused_at_reopen(tmp_path):
     image = tmp_path / "c.img"

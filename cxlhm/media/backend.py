@@ -73,3 +73,14 @@ def lock_image(fd: int, path: str, source: str) -> None:
             raise ConfigError(source, "backend.path", f"{path} is already open by another device (in this or another "
                               "process); one device owns an image at a time: close that one first") from None
         raise ConfigError(source, "backend.path", f"cannot lock {path}: {exc.strerror}") from None
+
+
+def release_image(fd: int) -> None:
+    """Give up the image's lock and close `fd`. The lock is dropped first, explicitly:
+    close() alone releases it only when the last reference to the open file goes, and an
+    io_uring ring being torn down in the background may still hold one for a moment, so
+    a device opened on the image right after this one closed would be refused."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

@@ -14,7 +14,7 @@ import threading
 import numpy as np
 
 from cxlhm.configerror import ConfigError
-from cxlhm.media.backend import Backend, BackendCaps, lock_image
+from cxlhm.media.backend import Backend, BackendCaps, lock_image, release_image
 from cxlhm.media.ssd import IO_BUF, IO_LEN, IO_OFFSET, IO_WRITE
 
 
@@ -80,7 +80,7 @@ class MemoryBackend(Backend):
             self._map.close()
             self._map = None
             if self.fd >= 0:
-                os.close(self.fd)
+                release_image(self.fd)
                 self.fd = -1
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from cxlhm.configerror import ConfigError
 from cxlhm.media import native
-from cxlhm.media.backend import Backend, BackendCaps, lock_image
+from cxlhm.media.backend import Backend, BackendCaps, lock_image, release_image
 
 # One row per I/O, laid out exactly like `struct cxlhm_io` (native/cxlhm_native.h):
 # buf address, length, file offset, write flag (+4 bytes of padding) = 4 x int64.
@@ -233,7 +233,7 @@ class SsdBackend(Backend):
                 self._lib.cxlhm_ring_close(ring)
             self._rings.clear()
             if self.fd >= 0:
-                os.close(self.fd)
+                release_image(self.fd)
                 self.fd = -1
         # a thread's cached ring is now dangling; a later I/O gets EBADF instead
         self._local = threading.local()
