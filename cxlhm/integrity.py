@@ -451,15 +451,17 @@ class BlockChecksums:
         """Rewrite the log as RESET + the live state: replaying it gives what replaying
         the log it replaces gives."""
         sums, pending, dirty = self.sums, self.sums.pending, self.dirty
-        parts = [_REC.pack(RESET, 0, 0), _sum_records(sums), _sum_records(pending)]  # pending: the log's last word
+        parts = [_REC.pack(RESET, 0, 0)]
+        if self.poison is not None:  # before the SUMs: a POISON drops its block's sum, and a poisoned
+            # block that holds a sum got it from a write-back after it was poisoned
+            parts += [_poison_record(b, r) for b, r in self.poison.blocks.items()]
+            parts += [_REC.pack(REWRITTEN, b, lo << 32 | hi) for b, ranges in self.poison.valid.items()
+                      for lo, hi in ranges]
+        parts += [_sum_records(sums), _sum_records(pending)]  # pending: the log's last word
         if self.unrecorded is not None:
             blocks, values = self.unrecorded()
             parts.append(pack_records(SUM, blocks, values))
             dirty.difference_update(blocks.tolist())  # their last record is that SUM (see summed())
-        if self.poison is not None:
-            parts += [_poison_record(b, r) for b, r in self.poison.blocks.items()]
-            parts += [_REC.pack(REWRITTEN, b, lo << 32 | hi) for b, ranges in self.poison.valid.items()
-                      for lo, hi in ranges]
         parts.append(pack_records(DIRTY, np.fromiter(dirty, np.int64, len(dirty))))
         self.log.rewrite(b"".join(parts))
 

@@ -82,6 +82,8 @@ ops = st.lists(st.one_of(
     st.tuples(st.just("land"), st.integers(0, 3)),
     st.tuples(st.just("fail"), st.integers(0, 3)),
     st.tuples(st.just("dirty"), st.lists(blocks, min_size=1, max_size=4)),
+    st.tuples(st.just("poison"), blocks),
+    st.tuples(st.just("rewrite"), blocks, st.integers(0, 3)),
     st.tuples(st.just("compact"))), max_size=40)
 
 
@@ -89,7 +91,7 @@ def _replayed(path: Path) -> tuple[dict, dict]:
     sums, poison = BlockChecksums(None), PoisonTable()
     sums.attach_log(path, poison, unclean=True)
     sums.close()
-    return dict(sums.sums), dict(poison.blocks)
+    return dict(sums.sums), dict(poison.blocks), dict(poison.valid)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -97,7 +99,8 @@ def _replayed(path: Path) -> tuple[dict, dict]:
 def test_a_compaction_replays_to_what_the_history_replays_to(tmp_path_factory, ops, seed):
     """A device's log events in any order - SUMs written ahead by the driver (intend) or
     by the streamed loop straight to the descriptor (unrecorded until they land), landings,
-    failed write-backs, host writes - with compactions anywhere: an unclean reopen of the
+    failed write-backs, host writes, poison and the bytes of poisoned blocks rewritten -
+    with compactions anywhere: an unclean reopen of the
     compacted log restores exactly what one of the whole history restores."""
     folder = tmp_path_factory.mktemp("c")
     rng = np.random.default_rng(seed)
@@ -140,6 +143,11 @@ def test_a_compaction_replays_to_what_the_history_replays_to(tmp_path_factory, o
             sums.sums.pop(block, None)
         elif op == "dirty":
             sums.note_dirty([b for b in args[0] if b not in busy()])
+        elif op == "poison" and args[0] not in busy():  # as MediaPath.poison_block does
+            sums.sums.forget(args[0], None)
+            sums.poison.add(args[0], "lost")
+        elif op == "rewrite":  # a host write of a quarter of the block (clears poison of those bytes)
+            sums.poison.written(args[0] * 4096 + args[1] * 1024, 1024, 4096)
         elif op == "compact":
             sums._compact()
     sums.close()
