@@ -107,6 +107,19 @@ def why_below(ratio: float, f_lat: float, c_lat: float, c_depth: float, qd: int,
             "(plan, copy between device DRAM and the host buffer, checksums) on the SSD's critical path")
 
 
+def med(runs: list[dict], key: str) -> float:
+    return statistics.median(float(r[key]) for r in runs)
+
+
+def paired(nums: list[float], dens: list[float]) -> float:
+    """The median of each round's ratio: the disk's drift between rounds cancels."""
+    return statistics.median(float(a) / float(b) for a, b in zip(nums, dens))
+
+
+def col(runs: list[dict], key: str) -> list[float]:
+    return [r[key] for r in runs]
+
+
 def raw_loops(path: str, region: int, bs: int, qd: int, dram: int, seconds: int) -> dict:
     """The native io_uring closed loop (what cxlhm's raw engine and the device's stream
     use) at `qd` on random `bs` reads of the region: into `qd` reused buffers (fio's
@@ -206,18 +219,12 @@ def main(argv: list[str] | None = None) -> int:
             for step in ((run_fio, run_raw, run_device) if r % 2 == 0 else (run_device, run_raw, run_fio)):
                 step()
 
-        def med(runs, key):
-            return statistics.median(float(r[key]) for r in runs)
-        def paired(nums, dens):  # the median of each round's ratio: the disk's drift between rounds cancels
-            return statistics.median(float(a) / float(b) for a, b in zip(nums, dens))
-
-        def col(runs, key):
-            return [r[key] for r in runs]
         f_val, c_val = med(fio_runs, metric), med(cx_runs, metric)
-        rows.append((name, metric, f_val, c_val, paired(col(cx_runs, metric), col(fio_runs, metric)), target, med(fio_runs, "lat_us"),
-                     med(cx_runs, "lat_us"), med(fio_runs, "depth"), med(cx_runs, "depth"),
+        landing = paired(col(raw_runs, "spread"), col(fio_runs, "iops")) if raw_runs else None
+        rows.append((name, metric, f_val, c_val, paired(col(cx_runs, metric), col(fio_runs, metric)), target,
+                     med(fio_runs, "lat_us"), med(cx_runs, "lat_us"), med(fio_runs, "depth"), med(cx_runs, "depth"),
                      med(cx_runs, "cachehit"), med(cx_runs, "ssd_per_io"), med(cx_runs, "cpu_pct"),
-                     med(cx_runs, "wb_per_io"), qd))
+                     med(cx_runs, "wb_per_io"), qd, landing))
         if raw_runs:
             reused, spread = med(raw_runs, "reused"), med(raw_runs, "spread")
             fio_iops = col(fio_runs, "iops")
@@ -234,14 +241,19 @@ def main(argv: list[str] | None = None) -> int:
           f"{'lat fio':>8} {'lat cxlhm':>9}  {'depth fio/cxlhm':>15}  {'hit%':>5} {'SSD/IO':>6} {'cpu%':>5} "
           f"{'wb/IO':>6}")
     notes = []
-    for name, metric, f_val, c_val, ratio, target, f_lat, c_lat, f_depth, c_depth, hit, ssd, cpu, wb, qd in rows:
+    for name, metric, f_val, c_val, ratio, target, f_lat, c_lat, f_depth, c_depth, hit, ssd, cpu, wb, qd, landing \
+            in rows:
         unit = (lambda v: f"{v:,.0f}") if metric == "iops" else (lambda v: f"{v / 2**20:,.0f} MiB/s")
         verdict = "ok" if ratio >= target else "BELOW"
         print(f"{name:<22} {'IOPS' if metric == 'iops' else 'bandwidth':<9} {unit(f_val):>12} {unit(c_val):>12} "
               f"{ratio:>6.2f}x {target:>6.2f}x  {f_lat:>6.0f}us {c_lat:>7.0f}us  {f_depth:>7.1f}/{c_depth:<7.1f}  "
               f"{hit:>5.1f} {ssd:>6.2f} {cpu:>5.0f} {wb:>6.2f}  {verdict}")
         if ratio < target:
-            notes.append(f"{name}: {why_below(ratio, f_lat, c_lat, c_depth, qd, ssd, cpu, wb)}")
+            note = why_below(ratio, f_lat, c_lat, c_depth, qd, ssd, cpu, wb)
+            if landing is not None and landing < target:
+                note += (f"; of that, landing the reads in slots spread over device DRAM alone leaves the native "
+                         f"loop at {landing:.2f}x of fio on this machine (measured apart, same rounds)")
+            notes.append(f"{name}: {note}")
     print("\nwhere the time goes (cxlhm columns): lat = fio's mean total latency (submission + completion);"
           "\ndepth = IOPS x lat, the I/Os really in flight; SSD/IO = the device's fills and write-backs per"
           "\nhost I/O (fio: 1.00); cpu% = the job's threads' CPU over its wall time (near 100: CPU-bound);"
