@@ -14,12 +14,12 @@ Target for each: >= 0.95 x fio. Runs alternate fio / cxlhm for --rounds rounds (
 even rounds, cxlhm first in odd ones); the ratio is the median of each round's ratio (the
 disk's speed drifts by tens of percent between rounds on a shared machine, and a round's
 fio and cxlhm runs are seconds apart), the IOPS and bandwidth columns are medians; each
-cxlhm row also shows where its
-time went (the effective depth by Little's law, fio's and ours, and the device's SSD
-traffic per host I/O). For random reads each round also runs the native io_uring closed
-loop (what the device's stream drives) into fio's reused buffers and into slots rotating
-over a device-DRAM-sized arena, so the gap to fio splits into the loop, where the bytes
-land, and the device's own work. The backing file must be on a disk (not tmpfs): O_DIRECT.
+cxlhm row also shows where its time went (the effective depth by Little's law, fio's and
+ours, and the device's SSD traffic per host I/O). For random reads and writes each round
+also runs the native io_uring closed loop (what the device's stream drives) on fio's reused
+buffers and on slots rotating over a device-DRAM-sized arena (where fills land and victims
+are written back from), so the gap to fio splits into the loop, where the bytes go through,
+and the device's own work. The backing file must be on a disk (not tmpfs): O_DIRECT.
 """
 from __future__ import annotations
 
@@ -120,11 +120,12 @@ def col(runs: list[dict], key: str) -> list[float]:
     return [r[key] for r in runs]
 
 
-def raw_loops(path: str, region: int, bs: int, qd: int, dram: int, seconds: int) -> dict:
+def raw_loops(path: str, region: int, bs: int, qd: int, dram: int, seconds: int, write: bool = False) -> dict:
     """The native io_uring closed loop (what cxlhm's raw engine and the device's stream
-    use) at `qd` on random `bs` reads of the region: into `qd` reused buffers (fio's
-    layout), and into slots rotating over a device-DRAM-sized arena, in the order an
-    all-miss LRU device reuses them (the device's fills land there). IOPS of each."""
+    use) at `qd` on random `bs` reads (or writes) of the region: into (from) `qd` reused
+    buffers (fio's layout), and into (from) slots rotating over a device-DRAM-sized arena,
+    in the order an all-miss LRU device reuses them (the device's fills land there, its
+    victims are written back from there). IOPS of each."""
     from cxlhm.media.dram import DeviceDram
     from cxlhm.media.ssd import SsdBackend
 
@@ -137,6 +138,7 @@ def raw_loops(path: str, region: int, bs: int, qd: int, dram: int, seconds: int)
     for name, base, n_slots in (("reused", reused.base_address, qd), ("spread", arena.base_address, arena.n_slots)):
         ops = np.zeros((per_call, 4), np.int64)
         ops[:, 1] = bs
+        ops[:, 3] = int(write)
         done, turn, start = 0, 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
             ops[:, 0] = base + (np.arange(turn, turn + per_call) % n_slots) * bs
@@ -203,10 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         def run_fio():
             fio_runs.append(run_real_fio(fio_text, fio))
 
-        def run_raw():  # where a random read's time goes, at the same moments
-            if rw == "randread":
+        def run_raw():  # where a random read's or write's time goes, at the same moments
+            if rw in ("randread", "randwrite"):
                 raw_runs.append(raw_loops(path, parse_size(args.size), parse_size(bs), qd, parse_size(dram),
-                                          args.runtime))
+                                          args.runtime, write=rw == "randwrite"))
 
         def run_device():
             # fio wrote the file as a plain file: the device starts over on its bytes (its
@@ -228,12 +230,14 @@ def main(argv: list[str] | None = None) -> int:
         if raw_runs:
             reused, spread = med(raw_runs, "reused"), med(raw_runs, "spread")
             fio_iops = col(fio_runs, "iops")
+            into, where = (("from", "the device's victims are written back from") if rw == "randwrite" else
+                           ("into", "the device's fills land"))
             decompositions.append(
-                f"{name}: fio {f_val:,.0f} IOPS; the native io_uring closed loop into {qd} reused buffers "
+                f"{name}: fio {f_val:,.0f} IOPS; the native io_uring closed loop {into} {qd} reused buffers "
                 f"{reused:,.0f} ({paired(col(raw_runs, 'reused'), fio_iops):.2f}x fio: the loop itself); the same "
-                f"into {bs} slots rotating over {dram} of device DRAM, where the device's fills land, {spread:,.0f} "
+                f"{into} {bs} slots rotating over {dram} of device DRAM, where {where}, {spread:,.0f} "
                 f"({paired(col(raw_runs, 'spread'), fio_iops):.2f}x); cxlhm {c_val:,.0f} "
-                f"({paired(col(cx_runs, 'iops'), col(raw_runs, 'spread')):.2f}x of that: plan, copy out, checksums, "
+                f"({paired(col(cx_runs, 'iops'), col(raw_runs, 'spread')):.2f}x of that: plan, copies, checksums, "
                 "the driver)")
         print(f"  done: {name}", flush=True)
 
@@ -251,8 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         if ratio < target:
             note = why_below(ratio, f_lat, c_lat, c_depth, qd, ssd, cpu, wb)
             if landing is not None and landing < target:
-                note += (f"; of that, landing the reads in slots spread over device DRAM alone leaves the native "
-                         f"loop at {landing:.2f}x of fio on this machine (measured apart, same rounds)")
+                note += (f"; of that, moving the bytes through slots spread over device DRAM alone leaves the "
+                         f"native loop at {landing:.2f}x of fio on this machine (measured apart, same rounds)")
             notes.append(f"{name}: {note}")
     print("\nwhere the time goes (cxlhm columns): lat = fio's mean total latency (submission + completion);"
           "\ndepth = IOPS x lat, the I/Os really in flight; SSD/IO = the device's fills and write-backs per"
@@ -263,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         for note in notes:
             print(f"  {note}")
     if decompositions:
-        print("\nrandom reads, measured apart in the same rounds (medians; ratios paired by round):")
+        print("\nrandom I/O, measured apart in the same rounds (medians; ratios paired by round):")
         for note in decompositions:
             print(f"  {note}")
     print(f"\nload    : {load()} at the end (2 cores: above ~1 the figures are noisy)")
