@@ -180,6 +180,13 @@ void cxlhm_ring_submit_batch(struct cxlhm_ring *r, unsigned n)
     r->submit_batch = n ? n : 1;
 }
 
+/* An enter took `rc` of the prepared SQEs (the kernel may take fewer; the rest go with
+ * the next enter). */
+static void handed_over(struct cxlhm_ring *r, int rc)
+{
+    r->queued = (unsigned)rc >= r->queued ? 0 : r->queued - (unsigned)rc;
+}
+
 /* One I/O's SQEs are prepared: submit what is prepared once the batch is full. A failed
  * submit (-EINTR, -EAGAIN, -EBUSY) leaves the SQEs prepared: the next enter takes them. */
 static void io_prepared(struct cxlhm_ring *r)
@@ -188,7 +195,7 @@ static void io_prepared(struct cxlhm_ring *r)
         return;
     int rc = uring.submit(r->opaque);
     if (rc > 0)
-        r->queued = (unsigned)rc >= r->queued ? 0 : r->queued - (unsigned)rc;
+        handed_over(r, rc);
 }
 
 void cxlhm_ring_close(struct cxlhm_ring *r)
@@ -217,7 +224,7 @@ static int submit_and_get_cqe(struct cxlhm_ring *r, struct io_uring_cqe **cqe)
         while (rc == -EINTR);
         if (rc < 0)
             return rc;
-        r->queued = (unsigned)rc >= r->queued ? 0 : r->queued - (unsigned)rc;
+        handed_over(r, rc);
     }
     if (take_ready(r, cqe) == 0)
         return 0;
@@ -430,8 +437,8 @@ int cxlhm_io_reap(struct cxlhm_ring *r, int min, int max, int64_t *tags, int64_t
         do
             rc = uring.submit_and_wait(r->opaque, (unsigned)(min > 0 ? 1 : 0));
         while (rc == -EINTR && r->queued);
-        if (rc >= 0) /* the kernel may take fewer (the rest go with the next enter) */
-            r->queued = (unsigned)rc >= r->queued ? 0 : r->queued - (unsigned)rc;
+        if (rc >= 0)
+            handed_over(r, rc);
         else if (rc != -EINTR)
             return rc;
     }

@@ -146,19 +146,10 @@ class MediaPath:
         """Slot -> back end writes with retries, recording each block's checksum (under
         the lock). Returns the mask of rows that failed. A failed victim's bytes are
         gone: it is poisoned."""
-        sums = self.hash_slots(rows[:, 0])
-        blocks = rows[:, 2] // self.block_size
-        self.checksums.intend(blocks.tolist(), sums.tolist())  # write-ahead
+        sums = self._intend(rows)  # write-ahead
         res, retries = self.submit_retrying(rows)
         self.counters[C.MEDIA_RETRIES] += retries
-        failed = res != rows[:, 1]
-        self.checksums.sums.set_many(blocks[~failed], sums[~failed])
-        for i in np.flatnonzero(failed).tolist():
-            block = int(blocks[i])
-            self.checksums.sums.pop(block, None)  # the back end holds neither the old nor the new bytes
-            if victims:
-                self.poison_block(block, f"write-back failed: {_why(res[i], 'short write')}")
-        return failed
+        return self._record_writes(rows, res, sums, victims=victims)
 
     def write_back_in_waves(self, waves: list[np.ndarray], after_wave) -> None:
         """write_rows(victims=True) for victims cut in `waves` (row arrays), one wave on the
@@ -191,9 +182,10 @@ class MediaPath:
                 self._settle_writes(waves[on_ssd], self._reap_writes(waves[on_ssd]), sums[on_ssd])
 
     def _intend(self, rows: np.ndarray) -> np.ndarray:
-        """Hash the victims' slots and log their SUM records (before they are submitted)."""
+        """Hash the slots of write-back rows and log their SUM records (before they are
+        submitted: write-ahead). Returns the sums."""
         sums = self.hash_slots(rows[:, 0])
-        self.checksums.intend((rows[:, 2] // self.block_size).tolist(), sums.tolist())
+        self.checksums.intend(rows[:, 2] // self.block_size, sums)
         return sums
 
     def _queue_writes(self, rows: np.ndarray) -> None:
@@ -213,21 +205,37 @@ class MediaPath:
         return res
 
     def _settle_writes(self, rows: np.ndarray, res: np.ndarray, sums: np.ndarray) -> None:
-        """Retry a wave's failed rows (synchronously), then record the checksums of what
-        landed and poison the victims whose bytes could not be written."""
-        failed = np.flatnonzero(res != rows[:, 1])
-        if failed.size:
-            again, retried = self.submit_retrying(rows[failed], max(self.retries - 1, 0))
-            self.counters[C.MEDIA_RETRIES] += retried + failed.size
-            res = res.copy()
-            res[failed] = again
-        ok = res == rows[:, 1]
+        """Victims' write-backs back from the ring (`res`: bytes or -errno per row, their
+        SUMs logged as `sums`): the checksums of what landed are recorded, the failed rows
+        go through retry_writes."""
+        failed = res != rows[:, 1]
+        if failed.any():
+            self._record_writes(rows[~failed], res[~failed], sums[~failed], victims=True)
+            self.retry_writes(rows[failed], sums[failed])
+        else:
+            self._record_writes(rows, res, sums, victims=True)
+
+    def retry_writes(self, rows: np.ndarray, sums: np.ndarray) -> None:
+        """Victims' write-backs that failed once on a ring (their SUMs logged as `sums`):
+        resubmitted synchronously (backend.retries in all), then their checksums recorded
+        - or the victim poisoned, its bytes are gone."""
+        res, retried = self.submit_retrying(rows, max(self.retries - 1, 0))
+        self.counters[C.MEDIA_RETRIES] += retried + rows.shape[0]
+        self._record_writes(rows, res, sums, victims=True)
+
+    def _record_writes(self, rows: np.ndarray, res: np.ndarray, sums: np.ndarray, *, victims: bool) -> np.ndarray:
+        """After write-backs settled: the checksums of the rows that landed are recorded;
+        a failed row's block has no checksum (the back end holds neither the old nor the
+        new bytes), and is poisoned if it was a victim. Returns the mask of failed rows."""
+        failed = res != rows[:, 1]
         blocks = rows[:, 2] // self.block_size
-        self.checksums.sums.set_many(blocks[ok], sums[ok])
-        for i in np.flatnonzero(~ok).tolist():
+        self.checksums.sums.set_many(blocks[~failed], sums[~failed])
+        for i in np.flatnonzero(failed).tolist():
             block = int(blocks[i])
             self.checksums.sums.pop(block, None)
-            self.poison_block(block, f"write-back failed: {_why(res[i], 'short write')}")
+            if victims:
+                self.poison_block(block, f"write-back failed: {_why(res[i], 'short write')}")
+        return failed
 
     def write_through(self, bt, slots: np.ndarray) -> None:
         """Write the slots' blocks to the back end now (write-through mode)."""

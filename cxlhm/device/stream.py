@@ -241,16 +241,8 @@ class StreamReads:
         if n:
             rows_at = state.wb_failed[:n].copy()
             rows = state.wb_rows[rows_at]
-            res, retries = self.media.submit_retrying(rows, max(self.media.retries - 1, 0))
-            self.counters[C.MEDIA_RETRIES] += retries + n
-            blocks = rows[:, 2] // self.block_size
-            self.checksums.summed(blocks)
-            for w, block, ok in zip(rows_at.tolist(), blocks.tolist(), (res == rows[:, 1]).tolist()):
-                if ok:
-                    self.checksums.sums.set_many(np.array([block], np.int64), state.wb_sum[w:w + 1])
-                else:
-                    self.checksums.sums.pop(block, None)
-                    self.media.poison_block(block, "write-back failed on the SSD")
+            self.checksums.summed(rows[:, 2] // self.block_size)
+            self.media.retry_writes(rows, state.wb_sum[rows_at])
             st[rs.WB_FAILED_N] = 0
             rs.settle_writebacks(state.arrays(), rows_at, True)
         n = int(st[rs.WB_LANDED])

@@ -43,18 +43,18 @@ class WriteWaves:
         slots = s.slots_out[:k]
         order = np.argsort(slots)
         position = order[np.searchsorted(slots[order], (rows[:, 0] - self.dram.base_address) // bs)]
-        wave = position * n_waves // k
+        wave = np.searchsorted(_wave_bounds(k, n_waves), position, side="right") - 1
         return [rows[wave == w] for w in range(n_waves)]
 
     def _write_in_waves(self, waves: list[np.ndarray], hpas, user_addr: int, k: int, s) -> None:
         """Write back the victims wave by wave; as each wave lands, copy the host's bytes
         into the slots it freed. The new blocks are logged dirty after every victim's
         checksum record (a victim may be one of them, placed again by this pass)."""
-        n_waves = len(waves)
+        bounds = _wave_bounds(k, len(waves))
         bs = self.block_size
 
         def copy_in(w: int) -> None:
-            lo, hi = w * k // n_waves, (w + 1) * k // n_waves
+            lo, hi = int(bounds[w]), int(bounds[w + 1])
             copyengine.copy_extents(self.dram.base_address, bs, s.slots_out[lo:hi],
                                     np.array([hpas[0] + lo * bs], np.int64), np.array([(hi - lo) * bs], np.int64),
                                     user_addr + lo * bs, False)
@@ -62,3 +62,9 @@ class WriteWaves:
         self.media.write_back_in_waves(waves, copy_in)
         if self.checksums.log is not None:
             self.checksums.note_dirty_array(self.bt.block[s.slots_out[:k]])
+
+
+def _wave_bounds(k: int, n_waves: int) -> np.ndarray:
+    """Where each wave's part of a pass's k slots starts (and the last ends): wave w frees
+    the slots of positions [bounds[w], bounds[w + 1]) for the new bytes."""
+    return np.arange(n_waves + 1, dtype=np.int64) * k // n_waves
