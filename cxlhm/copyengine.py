@@ -38,8 +38,9 @@ def copy_many(jobs: np.ndarray) -> int:
 
 # The longest job a copy of extents is cut into. Shorter jobs share a copy more evenly
 # when the helper thread starts late (a claimed job is finished by whoever claimed it):
-# 2 MiB device-DRAM hits copied out at 0.74-0.95x of numpy.copyto with 256 KiB jobs,
-# 0.62x with 128 KiB and 0.70-0.84x with 1 MiB (interleaved, the loaded 2-core machine).
+# 2 MiB copies out of device DRAM through copy_extents ran at 0.74-0.95x of numpy.copyto
+# with 256 KiB jobs, 0.62x with 128 KiB and 0.70-0.84x with 1 MiB (one script, the sizes
+# interleaved call by call, on the loaded 2-core development machine).
 RUN_BYTES = 256 << 10
 
 

@@ -170,10 +170,10 @@ struct cxlhm_ring *cxlhm_ring_open_owned(unsigned depth, int *err)
  * fio's iodepth_batch_submit. 1 (the default, as in fio) submits each I/O the moment it
  * is prepared: all the SQEs of one cxlhm_io_queue() call (one I/O's fills, which the
  * block layer may merge), each op of cxlhm_io_qd(). On the development machine's virtio
- * disk that matters more than the enter it costs: 4 KiB random reads at QD32 in a closed
- * loop ran at 1.2-1.3x the IOPS of submitting each round's replacements together (about
- * 11 at once), in 24 alternating 2 s runs, and matched fio, which also submits one at a
- * time. cxlhm_io_batch() hands its whole batch over at once: adjacent reads merge.
+ * disk that matters more than the enter it costs: bench/bench_fio.py's run of this closed
+ * loop (4 KiB random reads at QD32) went from 0.80x of fio's IOPS, submitting each
+ * round's replacements together, to 0.98-1.00x. cxlhm_io_batch() hands its whole batch
+ * over at once: adjacent reads merge.
  */
 void cxlhm_ring_submit_batch(struct cxlhm_ring *r, unsigned n)
 {
