@@ -41,6 +41,9 @@ from firmware_policies.base import Policy
 
 WRITE_BACK, WRITE_THROUGH, WRITE_BUFFER = 0, 1, 2
 
+# What the access kernel did with a pass that needs no SSD I/O (see firmware_kernels.access).
+NOT_DONE, DONE, DONE_BUT_COPY = 0, 1, 2
+
 # The firmware's C ABI - the operations of the window's fault service, the answers of a
 # placement and its modes - is declared once, in native/cxlhm_uffd.h, and read here
 # through cffi.

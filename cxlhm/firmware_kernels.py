@@ -11,8 +11,8 @@ import numpy as np
 import firmware_policies
 from cxlhm import blocktable as btm
 from cxlhm import counters as C
-from cxlhm.firmware import MODE_PREFETCH, MODE_WRITE, PLACE_NO_SLOT, PLACE_PLACED, PLACE_RESIDENT, WRITE_THROUGH, \
-    emit_row, copy_extents, finish
+from cxlhm.firmware import DONE, DONE_BUT_COPY, MODE_PREFETCH, MODE_WRITE, NOT_DONE, PLACE_NO_SLOT, PLACE_PLACED, \
+    PLACE_RESIDENT, WRITE_THROUGH, emit_row, copy_extents, finish
 from cxlhm.jit import njit
 
 _policy = firmware_policies.get("lru")  # the policy of this copy
@@ -168,20 +168,27 @@ def invalidate(bt, ps, slot, now):
 
 @njit
 def access(bt, ps, counters, clock, ext_hpa, ext_len, is_write, write_mode, owner,
-           base, block_size, slots_out, installed_out, writebacks, fills, user_addr, moves_data):
+           base, block_size, slots_out, installed_out, writebacks, fills, user_addr, moves_data,
+           copy_at_most):
     """plan(), and when the plan needs no SSD I/O (all hits, or misses on a
-    timing-only device) also the copy and finish - so a DRAM hit costs one call.
-    Returns plan()'s tuple plus `done`; if not done the caller runs the I/O, then
-    copy_extents() and finish()."""
+    timing-only device) also the copy (of at most `copy_at_most` bytes) and finish -
+    so a DRAM hit costs one call. Returns plan()'s tuple plus `done`: NOT_DONE (the
+    caller runs the I/O, then copy_extents() and finish()), DONE, or DONE_BUT_COPY
+    (finished, the longer copy left to the caller, which still holds the device lock:
+    no other pass can take the slots before it is made)."""
     ok, k, n_wb, n_fill = plan(bt, ps, counters, clock, ext_hpa, ext_len, is_write, write_mode, owner,
                                base, block_size, slots_out, installed_out, writebacks, fills)
     needs_io = moves_data and (n_wb > 0 or n_fill > 0 or (is_write and write_mode == WRITE_THROUGH))
     if not ok or needs_io:
-        return ok, k, n_wb, n_fill, False
+        return ok, k, n_wb, n_fill, NOT_DONE
+    done = DONE
     if moves_data:
-        copy_extents(base, block_size, slots_out, ext_hpa, ext_len, user_addr, not is_write)
+        if ext_len.sum() > copy_at_most:
+            done = DONE_BUT_COPY
+        else:
+            copy_extents(base, block_size, slots_out, ext_hpa, ext_len, user_addr, not is_write)
     finish(bt, slots_out, k)
-    return ok, k, n_wb, n_fill, True
+    return ok, k, n_wb, n_fill, done
 
 @njit
 def plan_prefetch(bt, ps, counters, clock, blocks, owners, base, block_size,

@@ -87,13 +87,16 @@ def test_copy_extents_matches_a_byte_model(case):
 @given(_case(), st.integers(1, 3 * BLOCK))
 def test_the_copy_engines_jobs_make_the_same_copy(case, run_bytes):
     """copyengine.extent_jobs cuts the same copy into jobs (runs of consecutive slots, cut
-    once they reach `run_bytes`): run on the engine, the bytes match the byte model."""
+    in pieces of at most `run_bytes`, inside a block too): run on the engine, the bytes
+    match the byte model."""
     hpas, lens, slots, to_user = case
 
     def copy(arena, user):
-        jobs = ce.new_jobs(slots.shape[0])
+        total = int(lens.sum())
+        jobs = ce.new_jobs(ce.job_rows(slots.shape[0], total, run_bytes))
         n = ce.extent_jobs(arena, BLOCK, slots, hpas, lens, user, to_user, jobs, run_bytes)
-        assert 1 <= n <= slots.shape[0] and int(jobs[:n, ce.LEN].sum()) == int(lens.sum())
+        assert 1 <= n <= jobs.shape[0] and int(jobs[:n, ce.LEN].sum()) == total
+        assert int(jobs[:n, ce.LEN].max()) <= run_bytes
         ce.copy_many(jobs[:n])
 
     _copy_checked(case, copy)

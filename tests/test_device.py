@@ -6,8 +6,12 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from cxlhm import copyengine as ce
 from cxlhm.config import ConfigError
+from cxlhm.device import core
 from cxlhm.device import AccessOutOfRange, metadata_path
 from host_runtime.driver import open_device
 
@@ -219,3 +223,35 @@ def test_directory_as_backend_is_refused(tmp_path):
     with pytest.raises(ConfigError) as info:
         open_device({"capacity": "1MiB", "block_size": "4KiB", "dram_bytes": "16KiB", "backend": {"path": str(tmp_path)}})
     assert info.value.key == "backend.path"
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 1 << 20), st.integers(0, 640 * KIB)),
+                min_size=1, max_size=12))
+def test_long_dram_hits_copied_on_the_copy_engine_match_a_byte_model(ops):
+    """A DRAM hit longer than the copy engine's helper threshold is planned and finished
+    in one kernel call and copied afterwards on the engine (still under the device
+    lock); reads and writes of any offset and length read back what a bytearray says."""
+    engine_copies = []
+    real = core.copyengine.copy_extents
+
+    def spy(*args, **kwargs):
+        engine_copies.append(int(args[4].sum()))
+        return real(*args, **kwargs)
+
+    model = bytearray(2 << 20)
+    with open_device({"capacity": 2 << 20, "block_size": BLOCK, "dram_bytes": 2 << 20,
+                      "backend": {"kind": "memory"}}) as dev, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(core.copyengine, "copy_extents", spy)
+        dev.store(0, np.zeros(2 << 20, np.uint8))  # every block resident: each access below is a hit
+        for i, (is_write, hpa, n) in enumerate(ops):
+            n = min(n, (2 << 20) - hpa)
+            if is_write:
+                data = pattern(n, i)
+                dev.store(hpa, data)
+                model[hpa:hpa + n] = data.tobytes()
+            else:
+                assert dev.load(hpa, n) == bytes(model[hpa:hpa + n])
+        assert dev.load(0, 2 << 20) == bytes(model)
+        assert dev.stats()["misses"] == 2 << 20 >> 12  # only the first store missed
+    assert engine_copies and min(engine_copies) >= ce.HELPER_MIN_BYTES

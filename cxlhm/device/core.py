@@ -4,13 +4,11 @@
 buffer handling; the device itself speaks in extents (HPA, length) and raw buffer
 addresses, and checks every request as untrusted input.
 
-It is a facade over parts with one job each: this module runs the access path (plan
-a firmware pass, fill, copy, settle) and the control operations (flush, close); the
-media path (cxlhm/device/media.py) does every I/O with retries, checksums and poison;
-the sidecars (sidecar.py) keep what survives a reopen; background work (background.py),
-streamed reads and writes (stream.py) and power-loss emulation
-(power.py) are parts of their own. The back end is whichever `backend.kind` names
-(cxlhm/media/registry.py).
+It is a facade over parts with one job each: this module runs the access path (plan a firmware pass, fill, copy,
+settle) and the control operations (flush, close); the media path (cxlhm/device/media.py) does every I/O with retries,
+checksums and poison; the sidecars (sidecar.py) keep what survives a reopen; background work (background.py), streamed
+reads and writes (stream.py), write-back waves (waves.py) and power-loss emulation (power.py) are parts of their own.
+The back end is whichever `backend.kind` names (cxlhm/media/registry.py).
 
 Host threads may use one device at once. One lock guards the firmware state; on the
 wall clock an access plans under it, runs its fill reads and its copy without it (its
@@ -350,7 +348,10 @@ class Device(StreamReads, WriteWaves, BackgroundWork, PowerLoss):
         ok, k, n_wb, n_fill, done = self.kernels.access(
             self.bt, self.ps, counters, self.clock, hpas, lens, is_write, self._write_mode_code,
             owner, self.dram.base_address, self.block_size, s.slots_out, s.installed,
-            s.writebacks, s.fills, user_addr, self.moves_data)
+            s.writebacks, s.fills, user_addr, self.moves_data, copyengine.HELPER_MIN_BYTES - 1)
+        if done == fw.DONE_BUT_COPY:  # a long DRAM hit: on the copy engine's two threads, still under the lock
+            copyengine.copy_extents(self.dram.base_address, self.block_size, s.slots_out, hpas, lens, user_addr,
+                                    not is_write, halves=True)
         if is_write and not n_wb and self.checksums.log is not None:  # reliability: newer bytes only in DRAM
             self.checksums.note_dirty_array(self.bt.block[s.slots_out[:k]])
         s.hits += counters.item(C.HITS) - hits
