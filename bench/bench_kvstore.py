@@ -13,8 +13,10 @@
  kernel allows: O_DIRECT reads into 4 KiB pages are much slower on this virtio disk,
  so that is the strongest raw baseline. (b) is also run into a buffer on 4 KiB pages
  (what numpy.empty gives here), reported.
- (c) put_from into device DRAM (reused extent, blocks resident) vs copy, and put_from
-     with DRAM full of dirty KV (each put writes back as much) vs raw writes.
+ (c) put_from into device DRAM (reused extent, blocks resident; firmware.write_behind off,
+     so the put stays in DRAM) vs copy, and put_from with DRAM full of KV (each put's
+     chunk goes to the SSD behind it, and evicts as much) vs raw writes - in runs of
+     puts and runs of raw writes, a run of puts ending when its last write landed.
                                                          Target: >= 0.8 x raw write.
  (d) lookup cost for a 100k-token prompt: chained SHA-256 keys + longest-prefix probe
      of an index holding 50k other chunks.               Target: < 1 ms per request.
@@ -62,14 +64,32 @@ def interleaved(seconds: float, nbytes: int, **fns) -> dict[str, float]:
     return {name: nbytes / float(np.median(ts)) / 1e9 for name, ts in times.items()}
 
 
-def device(path: Path, dram: str, block: int):
+def in_runs(seconds: float, nbytes: int, run: int, settle: dict, **fns) -> dict[str, float]:
+    """GB/s of each fn (moving nbytes per call) called `run` times in a row, the sides
+    alternating run by run for about `seconds` per fn, from the median run. A device
+    that writes behind the host finishes what it started before the run's clock stops
+    (`settle[name]`), so the other side's run never shares the SSD with it."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds * len(fns) or len(times[next(iter(fns))]) < 5:
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(run):
+                fn()
+            settle.get(name, lambda: None)()
+            times[name].append((time.perf_counter() - t0) / run)
+    return {name: nbytes / float(np.median(ts)) / 1e9 for name, ts in times.items()}
+
+
+def device(path: Path, dram: str, block: int, *, write_behind: bool = True):
     return open_device({"capacity": FILE_SIZE, "block_size": block, "dram_bytes": dram,
+                        "firmware": {"write_behind": write_behind},
                         "backend": {"path": without_sidecars(path), "queue_depth": QD}})
 
 
 def bench_dram(path: Path, chunk: int, block: int, seconds: float, trials: int) -> dict:
     hot = max(2, (64 * MIB) // chunk)  # a hot set beyond the CPU caches, well inside device DRAM
-    h = device(path, "256MiB", block)
+    h = device(path, "256MiB", block, write_behind=False)  # puts stay in DRAM: nothing else on the SSD meanwhile
     store = KVStore(h, index_path=False, hints=NullHints())
     t = store.tenant("bench")
     src = resident_buffer(chunk)
@@ -165,7 +185,7 @@ def bench_ssd(path: Path, chunk: int, block: int, seconds: float, trials: int) -
         res = raw.submit(rows)
         assert (res == block).all()
 
-    w = interleaved(seconds * trials, chunk, put=put, raw_write=raw_write)
+    w = in_runs(seconds * trials, chunk, puts_per_run(chunk), {"put": h.device.drain}, put=put, raw_write=raw_write)
     put_us = put_side_costs_us(raw, rows, chunk, block, dram, raw_write)
     raw.close()
     store.close()
@@ -298,25 +318,28 @@ def put_side_costs_us(raw: SsdBackend, rows: np.ndarray, chunk: int, block: int,
     costs = {name: float(np.median(v)) * 1e6 if v else 0.0
              for name, v in (("fixed", fixed), ("write", write), ("waves", waves), ("sums", sums),
                              ("copy_in", copy_in))}
-    if chunk // block <= raw.queue_depth:
-        costs.update(across_passes_us(raw, rows, chunk, block, arena, host, raw_write))
+    costs.update(across_passes_us(raw, chunk, block, arena, host, raw_write, puts_per_run(chunk)))
     return costs
 
 
-def across_passes_us(raw: SsdBackend, rows: np.ndarray, chunk: int, block: int, arena: np.ndarray,
-                     host: np.ndarray, raw_write, puts: int = 16, rounds: int = 5) -> dict:
-    """µs per put, in runs of `puts`, of what a device that overlaps puts across passes
-    would do (not built: a put here is one pass): copy the chunk into slots whose blocks
-    are clean, hash it, wait for the previous put's write to land, and hand this one's
-    write to the SSD without waiting - one write on the SSD at a time, as the raw side
-    has. Against runs of as many raw writes from one reused buffer (median of `rounds`
-    run pairs; the run ends when its last write lands)."""
+def puts_per_run(chunk: int) -> int:
+    return max(4, (32 * MIB) // chunk)
+
+
+def across_passes_us(raw: SsdBackend, chunk: int, block: int, arena: np.ndarray, host: np.ndarray, raw_write,
+                     puts: int, rounds: int = 5) -> dict:
+    """µs per put, in runs of `puts`, of what the device's puts do with no other cost:
+    copy the chunk into slots whose blocks are clean, hash it, wait for the previous
+    put's write to land, and hand this one's to the SSD without waiting (write-behind,
+    one write on the SSD at a time, on a ring as deep as the device's). Against runs of
+    as many raw writes from one reused buffer (median of `rounds` run pairs; a run ends
+    when its last write lands)."""
     n = chunk // block
     offsets = np.arange(n, dtype=np.int64) * block
+    ring = raw.shared_ring(max(n, QD))
     behind, raw_run = [], []
     for r in range(rounds):
         start = time.perf_counter()
-        in_flight = 0
         for i in range(puts):
             slots = arena.ctypes.data + ((r * puts + i) * chunk) % arena.shape[0] + offsets
             jobs = copyengine.new_jobs(n)
@@ -326,14 +349,12 @@ def across_passes_us(raw: SsdBackend, rows: np.ndarray, chunk: int, block: int, 
             jobs[:] = 0
             jobs[:, copyengine.HASH_AT], jobs[:, copyengine.HASH_LEN] = slots, block
             copyengine.copy_many(jobs)
-            while in_flight:
-                in_flight -= raw.reap(in_flight)[0].shape[0]
+            assert (ring.reap_all()[1] == block).all()
             ops = np.zeros((n, 4), np.int64)
             ops[:, 0], ops[:, 1], ops[:, 3] = slots, block, 1
             ops[:, 2] = FILE_SIZE - RAW_WRITE_AREA + (i % (RAW_WRITE_AREA // chunk)) * chunk + offsets
-            in_flight = raw.queue(ops, np.arange(n, dtype=np.int64))
-        while in_flight:
-            in_flight -= raw.reap(in_flight)[0].shape[0]
+            assert ring.queue(ops, np.arange(n, dtype=np.int64)) == n
+        assert (ring.reap_all()[1] == block).all()
         behind.append((time.perf_counter() - start) / puts)
         start = time.perf_counter()
         for _ in range(puts):
@@ -419,26 +440,17 @@ def main() -> int:
                      f"interpreter's path (store index, device call, driver)")
         p = s["put_us"]
         put_took = chunk / (s["put"] * 1e9) * 1e6
-        parts = p["write"] + p["sums"] + p["copy_in"]
-        waves = min(device_waves.MAX_WAVES, chunk // device_waves.WAVE_BYTES)
-        if waves >= 2:  # the device overlaps all but the first wave's checksums and the last wave's copy-in
-            parts = p["waves"] + (p["sums"] + p["copy_in"]) / waves
-            how = (f"in {waves} waves, one on the SSD at a time ({p['waves']:.0f} us for the same write made "
-                   f"that way), so only the first wave's checksums and the last wave's copy-in stay on the path")
-        else:
-            how = "in one batch: the slots the new bytes go into are the victims', so nothing overlaps"
-        notes.append(f"{label}, put into a full DRAM: a raw write of the chunk from one reused buffer "
-                     f"{p['fixed']:.0f} us; the victims' write-back {p['write']:.0f} us (the same from slots rotating "
-                     f"over device DRAM); their checksums, logged before it, {p['sums']:.0f} us; the new bytes copied "
-                     f"in after it {p['copy_in']:.0f} us. The device writes the victims back {how} -> a put with no "
-                     f"other cost would reach {p['fixed'] / parts:.2f}x of a raw write. A put took "
-                     f"{put_took:.0f} us: {put_took - parts:+.0f} us beyond that - the firmware's plan, the "
-                     f"integrity log's write-ahead records, the index and the interpreter's path")
-        if "across" in p:
-            notes.append(f"{label}, put: a device that overlapped puts across passes (not built) - each put's copy-in "
-                         f"and checksums while the previous put's write is on the SSD, one write there at a time - "
-                         f"would take {p['across']:.0f} us per put in a run of puts, {p['raw_run'] / p['across']:.2f}x "
-                         f"of a run of raw writes ({p['raw_run']:.0f} us each)")
+        notes.append(f"{label}, put into a full DRAM (puts in runs of {puts_per_run(chunk)}, each run ending when its "
+                     f"last write landed): a raw write of the chunk from one reused buffer {p['fixed']:.0f} us, from "
+                     f"slots rotating over device DRAM {p['write']:.0f} us; the chunk's checksums {p['sums']:.0f} us; its "
+                     f"copy into device DRAM {p['copy_in']:.0f} us. A put's blocks go to the SSD behind it "
+                     f"(write-behind): the next put is copied in and hashed while they are written, and the victims it "
+                     f"evicts are clean. Those parts alone, one write on the SSD at a time, took {p['across']:.0f} us "
+                     f"per put in a run, {p['raw_run'] / p['across']:.2f}x of a run of raw writes "
+                     f"({p['raw_run']:.0f} us each) -> a put took {put_took:.0f} us: {put_took - p['across']:+.0f} us "
+                     f"beyond that - the firmware's plan, the integrity log's records, the index and the interpreter's "
+                     f"path. (Victims that are dirty are written back in waves instead: {p['waves']:.0f} us for the "
+                     f"chunk written that way, one wave at a time.)")
     lk = bench_lookup(path, args.trials)
     print(f"command: {command()}")
     print(f"machine: {machine()}, load average {os.getloadavg()[0]:.1f} (shared: other jobs run beside the bench)")

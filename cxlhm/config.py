@@ -172,6 +172,10 @@ SCHEMA: dict[str, Any] = {
         "background": Field(_choice("thread", "manual"), "thread",
                             "thread: a firmware thread runs prefetch/flush work while the device is idle; "
                             "manual: only Device.run_background() does (deterministic tests)"),
+        "write_behind": Field(_boolean, True,
+                              "write-back firmware on the wall clock hands a write of whole blocks of 1 MiB or more "
+                              "(a KV chunk) to the SSD at once, without the host waiting; false: written back only "
+                              "when evicted or flushed (fewer SSD writes for data deleted or rewritten while cached)"),
     },
     "timing": Field(_mapping, {}, "timing-model parameters (checked by the timing model)"),
 }
@@ -194,6 +198,7 @@ class FirmwareConfig:
     params: dict
     write_mode: str | None
     background: str = "thread"
+    write_behind: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,7 +388,7 @@ def load_config(spec: str | Path | Mapping | None = None, overrides: Mapping | N
         backend=BackendConfig(values["backend.path"], values["backend.queue_depth"], values["backend.retries"],
                               values["backend.faults"], values["backend.kind"], values["backend.lost_sidecar"]),
         firmware=FirmwareConfig(values["firmware.policy"], values["firmware.params"], values["firmware.write_mode"],
-                                values["firmware.background"]),
+                                values["firmware.background"], values["firmware.write_behind"]),
         timing=values["timing"], sources=tuple(s for s, _ in layers), provenance=provenance,
     )
     _check_consistency(cfg)

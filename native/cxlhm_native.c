@@ -154,6 +154,16 @@ struct cxlhm_ring *cxlhm_ring_open(unsigned depth, int *err)
     return ring_open(depth, CXLHM_SETUP_COOP_TASKRUN, err);
 }
 
+/* A ring any thread may submit on and reap from, one at a time (the caller serializes
+ * them: the device's lock). No COOP_TASKRUN: a completion of an I/O another thread
+ * submitted is then posted without waiting for that thread to enter the kernel again
+ * (it is interrupted to post it, or a kernel worker does once it has exited) - so a
+ * thread reaping what an idle thread submitted does not wait for that thread. */
+struct cxlhm_ring *cxlhm_ring_open_shared(unsigned depth, int *err)
+{
+    return ring_open(depth, 0, err);
+}
+
 /* A ring only its creating thread submits on (the SSD back end's rings are per thread):
  * also SINGLE_ISSUER | DEFER_TASKRUN, fio's io_uring engine's setup. Completions are then
  * posted only while that thread waits in io_uring_enter(GETEVENTS), in one batch, instead

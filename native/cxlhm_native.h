@@ -11,6 +11,7 @@ struct cxlhm_io {
 int cxlhm_uring_load(const char *path, char *err, int errlen);
 struct cxlhm_ring *cxlhm_ring_open(unsigned depth, int *err);
 struct cxlhm_ring *cxlhm_ring_open_owned(unsigned depth, int *err);
+struct cxlhm_ring *cxlhm_ring_open_shared(unsigned depth, int *err);
 void cxlhm_ring_submit_batch(struct cxlhm_ring *r, unsigned n);
 void cxlhm_ring_close(struct cxlhm_ring *r);
 int cxlhm_io_batch(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops,

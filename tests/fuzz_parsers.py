@@ -76,6 +76,7 @@ VALID = {
                                        max_size=2),
     "firmware.write_mode": st.sampled_from([None, "write-back", "write-through", "write-buffer"]),
     "firmware.background": st.sampled_from(["thread", "manual"]),
+    "firmware.write_behind": st.sampled_from([True, False, "yes", 1, None]),
     "timing": st.dictionaries(st.sampled_from(["link_latency", "dram_bandwidth", "nand_channels", "nand_page_size",
                                                "nand_read_latency", "backing", "write_buffer_bytes", "bogus_timing"]),
                               st.one_of(st.sampled_from(["90ns", "31.5GB/s", "16KiB", "45us", "nand", "dram", "-1ns",

@@ -96,7 +96,8 @@ def test_callers_on_several_threads_at_once():
 def test_a_forked_child_gets_its_own_helper():
     src = np.random.default_rng(3).integers(0, 256, 32 * BLOCK, dtype=np.uint8)
     pieces = [(b, 0, BLOCK) for b in range(32)]
-    ce.copy_many(_jobs(src, np.zeros_like(src), pieces, True))  # the parent's helper runs
+    dst = np.zeros_like(src)  # kept alive until the copy is made (the jobs hold only its address)
+    ce.copy_many(_jobs(src, dst, pieces, True))  # the parent's helper runs
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through its exit status
         shared = 0

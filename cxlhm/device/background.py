@@ -53,6 +53,7 @@ class BackgroundWork:
         try:
             if self.closed:
                 return False
+            self.settle_behind()  # hints may evict or pin its blocks
             self._sync_time()
             if kind in (HintKind.PIN, HintKind.UNPIN):
                 return self._pin(first_block, n_blocks, kind == HintKind.PIN)
@@ -75,6 +76,7 @@ class BackgroundWork:
         try:
             if self.closed:
                 return sessions.shape[0]
+            self.settle_behind()
             self._sync_time()
             self.kernels.hints(self.bt, self.ps, self.clock, kind, sessions, first_blocks, n_blocks, args)
         finally:
@@ -91,6 +93,7 @@ class BackgroundWork:
     def _run_background_locked(self, budget: int = 32) -> int:
         if self.closed:
             return 0
+        self.settle_behind()
         self._sync_time()
         budget = min(budget, self._jobs.shape[0], self._batch_limit())
         n = self.kernels.background(self.bt, self.ps, self.clock, budget, self._jobs)
@@ -113,6 +116,7 @@ class BackgroundWork:
     def _prefetch_locked(self, blocks: np.ndarray, owners: np.ndarray | None = None) -> int:
         # Background work keeps the lock through its I/O: it is off the host's path, and
         # its blocks are in flight only while nobody else can plan.
+        self.settle_behind()
         blocks = np.ascontiguousarray(blocks, np.int64)
         owners = np.zeros_like(blocks) if owners is None else np.ascontiguousarray(owners, np.int64)
         victims = self.victim_blocks()

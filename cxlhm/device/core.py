@@ -18,7 +18,6 @@ flight together. The model clock keeps every access under the lock, in issue ord
 from __future__ import annotations
 
 import inspect
-import os
 import threading
 import time
 import weakref
@@ -35,7 +34,9 @@ from cxlhm import readstream as rs
 from cxlhm.config import ConfigError, DeviceConfig
 from cxlhm.device.background import BackgroundWork
 from cxlhm.device.batches import split_batches
+from cxlhm.device.behind import WriteBehind
 from cxlhm.device.errors import DeviceClosed, DeviceFull, MediaError, PoisonError, check_extent
+from cxlhm.device.footprint import check_fits_in_memory
 from cxlhm.device.interface import DeviceCaps
 from cxlhm.device.media import MediaPath
 from cxlhm.device.power import PowerLoss
@@ -52,7 +53,6 @@ from cxlhm.timing import LatencyRecorder, TimingModel, charge_flush
 from cxlhm.timing.recorder import record as record_latency
 
 MAX_BATCH_BLOCKS = 4096  # blocks planned per firmware pass (bounds the scratch arrays)
-METADATA_BYTES_PER_SLOT = 160  # block table (~73 B with its hash index and prefetch ghosts) + policy state (hymcache ~54 B)
 
 
 class _ThreadState(threading.local):
@@ -77,7 +77,7 @@ class _Scratch:
         self.hits = self.misses = 0  # device-block hits and misses of this thread's accesses
 
 
-class Device(StreamReads, WriteWaves, BackgroundWork, PowerLoss):
+class Device(StreamReads, WriteWaves, WriteBehind, BackgroundWork, PowerLoss):
     """The device as the host sees it (cxlhm.device.interface.HostDevice)."""
 
     def __init__(self, cfg: DeviceConfig):
@@ -96,7 +96,7 @@ class Device(StreamReads, WriteWaves, BackgroundWork, PowerLoss):
         self._write_mode_code = fw.WRITE_MODE_CODES[self.write_mode]
         self.moves_data = cfg.data == "real"
 
-        _check_fits_in_memory(cfg)  # before anything sized by DRAM is allocated
+        check_fits_in_memory(cfg)  # before anything sized by DRAM is allocated
         self.bt = btm.new_block_table(self.n_slots)
         self.ps = self.policy.make_state(self.n_slots, self.params)
         self.counters = C.new_counters()
@@ -124,6 +124,7 @@ class Device(StreamReads, WriteWaves, BackgroundWork, PowerLoss):
         self.unclean_shutdown_detected = False
         self.rebuilt_sidecars = ""  # what backend.lost_sidecar had to rebuild at open ("": nothing)
         self._init_background()
+        self._init_behind()
 
         self.dram = DeviceDram(self.n_slots, self.block_size, data=self.moves_data)
         self.media = MediaPath(None, self.block_size, cfg.backend.retries, self.counters, self.dram)
@@ -334,7 +335,9 @@ class Device(StreamReads, WriteWaves, BackgroundWork, PowerLoss):
         """One firmware pass; returns its completion on the model clock (else `t`).
         Called with the lock held and returns with it held; on the wall clock it is
         released while the pass's fill reads and copy run (_fill_and_copy)."""
+        self._settle_behind_for(hpas, lens)  # (again after a wait: another thread may have written meanwhile)
         self._wait_for_slots(hpas, lens)
+        self._settle_behind_for(hpas, lens)
         if self.bt.scalars[btm.N_PINNED]:  # pins that landed while this pass waited may leave it too few slots
             room = self.n_slots - int(self.bt.scalars[btm.N_PINNED])
             firsts = hpas // self.block_size
@@ -362,7 +365,7 @@ class Device(StreamReads, WriteWaves, BackgroundWork, PowerLoss):
                                          s.slots_out, s.installed, k, through, counters)
         if done:
             if is_write:
-                self.media.note_written(hpas, lens)
+                self._written(hpas, lens, s.slots_out, k)
             return t
         slots = s.slots_out
         # The model clock keeps the lock: its charges were made in issue order above, and
@@ -409,7 +412,7 @@ class Device(StreamReads, WriteWaves, BackgroundWork, PowerLoss):
         if not ok:
             raise DeviceFull("no evictable device-DRAM slot: every slot is pinned or in use by this access")
         if is_write:  # still under the lock that planned it: no thread reads in between
-            self.media.note_written(hpas, lens)
+            self._written(hpas, lens, slots, k)
         return t
 
     def _fill_and_copy(self, s: _Scratch, n_fill: int, hpas, lens, user_addr, is_write, copy: bool,
@@ -482,6 +485,7 @@ class Device(StreamReads, WriteWaves, BackgroundWork, PowerLoss):
         """Write back what `collect(bt, blocks, base, block_size, rows) -> n` selects,
         round after round until it selects nothing; marks those blocks clean. Returns
         (blocks written, blocks whose write-back failed: they stay dirty)."""
+        self.settle_behind()  # (its blocks are dirty until it lands)
         written = failed_blocks = 0
         rows = self._scratch().writebacks
         while True:
@@ -574,6 +578,7 @@ class Device(StreamReads, WriteWaves, BackgroundWork, PowerLoss):
         that of the bytes the SSD holds for it (None: never written back, or its bytes
         are lost). Hosts fingerprint durable data with it (the KV store's flush)."""
         with self._lock:
+            self.settle_behind()
             sums = self.checksums.sums
             poison = self.poison.blocks
             return [None if b in poison else sums.get(b) for b in range(first_block, first_block + n_blocks)]
@@ -587,14 +592,3 @@ class Device(StreamReads, WriteWaves, BackgroundWork, PowerLoss):
                     "checksummed_blocks": len(self.checksums.sums), "poisoned_blocks": len(self.poison.blocks),
                     "dirty_logged_blocks": len(self.checksums.dirty), "power_lost": self.power_lost,
                     "rebuilt_sidecars": self.rebuilt_sidecars}
-
-def _check_fits_in_memory(cfg: DeviceConfig) -> None:
-    """Device DRAM (when data moves) and the per-slot metadata are real memory here:
-    refuse what this machine cannot hold, before allocating any of it."""
-    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    needed = cfg.dram_slots * METADATA_BYTES_PER_SLOT + (cfg.dram_bytes if cfg.data == "real" else 0)
-    if needed > physical * 0.8:
-        raise ConfigError(cfg.source_of("dram_bytes"), "dram_bytes",
-                          f"{cfg.dram_bytes} bytes of device DRAM need {needed} bytes of this machine's {physical} "
-                          f"(DRAM when data moves, ~{METADATA_BYTES_PER_SLOT} B of metadata per block slot; at most "
-                          f"80% may be used): lower dram_bytes, raise block_size, or use data: none")

@@ -149,7 +149,7 @@ class MediaPath:
         sums = self._intend(rows)  # write-ahead
         res, retries = self.submit_retrying(rows)
         self.counters[C.MEDIA_RETRIES] += retries
-        return self._record_writes(rows, res, sums, victims=victims)
+        return self.record_writes(rows, res, sums, victims=victims)
 
     def write_back_in_waves(self, waves: list[np.ndarray], after_wave) -> None:
         """write_rows(victims=True) for victims cut in `waves` (row arrays), one wave on the
@@ -210,10 +210,10 @@ class MediaPath:
         go through retry_writes."""
         failed = res != rows[:, 1]
         if failed.any():
-            self._record_writes(rows[~failed], res[~failed], sums[~failed], victims=True)
+            self.record_writes(rows[~failed], res[~failed], sums[~failed], victims=True)
             self.retry_writes(rows[failed], sums[failed])
         else:
-            self._record_writes(rows, res, sums, victims=True)
+            self.record_writes(rows, res, sums, victims=True)
 
     def retry_writes(self, rows: np.ndarray, sums: np.ndarray) -> None:
         """Victims' write-backs that failed once on a ring (their SUMs logged as `sums`):
@@ -221,9 +221,9 @@ class MediaPath:
         - or the victim poisoned, its bytes are gone."""
         res, retried = self.submit_retrying(rows, max(self.retries - 1, 0))
         self.counters[C.MEDIA_RETRIES] += retried + rows.shape[0]
-        self._record_writes(rows, res, sums, victims=True)
+        self.record_writes(rows, res, sums, victims=True)
 
-    def _record_writes(self, rows: np.ndarray, res: np.ndarray, sums: np.ndarray, *, victims: bool) -> np.ndarray:
+    def record_writes(self, rows: np.ndarray, res: np.ndarray, sums: np.ndarray, *, victims: bool) -> np.ndarray:
         """After write-backs settled: the checksums of the rows that landed are recorded;
         a failed row's block has no checksum (the back end holds neither the old nor the
         new bytes), and is poisoned if it was a victim. Returns the mask of failed rows."""

@@ -37,6 +37,7 @@ class PowerLoss:
                 raise ValueError("this back end has no image file (an anonymous memory image): a torn write "
                                  "has nowhere to land")
             if not isinstance(self.ssd, FaultInjector):
+                self.settle_behind()  # (an injector's back end has no split-phase I/O: none starts after)
                 self.media.ssd = FaultInjector(self.ssd, FaultPlan(seed=self.cfg.seed))
                 self.ssd.on_power_loss.append(self._on_power_cut)
             return self.ssd.arm_power_loss(at_write, pages=pages, torn_bytes=torn_bytes, action=action)

@@ -334,6 +334,7 @@ class StreamReads:
 
     def _stream_run(self, job: "_StreamJob", stop: int, deadline_ns: int, counted: int, held: int) -> int:
         """Under the lock: one time slice of the stream's compiled loop (readstream.run)."""
+        self.settle_behind()  # its slots are BUSY: no stream plans over them
         return job.run(self.bt, self.ps, self.counters, self.clock, self._write_mode_code, self.dram.base_address,
                        self.block_size, job.hpas, job.lens, job.addrs, job.kinds, stop, deadline_ns, job.slat, job.clat,
                        job.failed, job.state.arrays(), job.ring, job.fd, self.ssd.async_room() + counted,

@@ -194,6 +194,20 @@ class SsdBackend(Backend):
         """The calling thread's queued ops not yet reaped."""
         return self._thread_state().in_flight
 
+    def shared_ring(self, depth: int) -> "SharedRing":
+        """A split-phase ring of `depth` entries that any thread may use while it holds
+        the caller's lock (the device's write-behind, settled by whichever thread needs
+        it); closed with the back end."""
+        err = self._ffi.new("int *")
+        with self._rings_lock:
+            if self.fd < 0:
+                raise OSError(errno.EBADF, "the SSD back end is closed")
+            ring = self._lib.cxlhm_ring_open_shared(depth, err)
+            if ring == self._ffi.NULL:
+                raise OSError(err[0], f"io_uring setup failed: {os.strerror(err[0])}")
+            self._rings.append(ring)
+        return SharedRing(self, ring, depth)
+
     def _async_state(self) -> "_ThreadRing":
         state = self._thread_state()
         if state.async_ring is None:
@@ -254,3 +268,41 @@ class _ThreadRing:
 
     def set_results(self, res: np.ndarray, ffi) -> None:
         self.res, self.res_ptr = res, ffi.from_buffer("int64_t[]", res)
+
+
+class SharedRing:
+    """SsdBackend.shared_ring(): queue() ops without waiting, reap() them later, from any
+    thread - one at a time (the caller's lock serializes them)."""
+
+    def __init__(self, ssd: SsdBackend, ring, depth: int):
+        self.ssd, self.ring, self.depth = ssd, ring, depth
+        self.in_flight = 0
+        self.tags, self.reaped = np.zeros(depth, np.int64), np.zeros(depth, np.int64)
+        self._tags_ptr = ssd._ffi.from_buffer("int64_t[]", self.tags)
+        self._reaped_ptr = ssd._ffi.from_buffer("int64_t[]", self.reaped)
+
+    def queue(self, ops: np.ndarray, tags: np.ndarray) -> int:
+        """Hand `ops` to the kernel, tagged, in one enter (adjacent writes merge); returns
+        how many were queued (at most depth - in_flight)."""
+        n = min(ops.shape[0], self.depth - self.in_flight)
+        if n <= 0:
+            return 0
+        ffi = self.ssd._ffi
+        queued = self.ssd._lib.cxlhm_io_queue(self.ring, self.ssd.fd, ffi.from_buffer("struct cxlhm_io[]", ops), n,
+                                              ffi.from_buffer("int64_t[]", np.ascontiguousarray(tags, np.int64)))
+        self.in_flight += queued
+        return queued
+
+    def reap_all(self) -> tuple[np.ndarray, np.ndarray]:
+        """Wait for every queued op; returns (tags, results: bytes or -errno)."""
+        tags, res = [], []
+        while self.in_flight:
+            got = self.ssd._lib.cxlhm_io_reap(self.ring, self.in_flight, self.depth, self._tags_ptr, self._reaped_ptr)
+            if got < 0:
+                raise OSError(-got, f"io_uring reap failed: {os.strerror(-got)}")
+            tags.append(self.tags[:got].copy())
+            res.append(self.reaped[:got].copy())
+            self.in_flight -= got
+        if not tags:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(tags), np.concatenate(res)

@@ -1,0 +1,121 @@
+"""Write-behind: a write of whole blocks of at least a chunk is handed to the SSD as soon
+as its bytes are in device DRAM, and the host goes on without waiting for it to land.
+
+A KV chunk is written once and read later, so its blocks can go to the SSD at once: when
+they are evicted later they are clean and nothing waits for a write-back. The host's next
+chunk is copied in and hashed while this one is on the SSD - the overlap across passes a
+controller's write buffer gives. One write-behind is in flight at a time (like the raw
+writes it is measured against); it is settled (reaped, its checksums recorded, its blocks
+marked clean) when the next starts, or first by anything that would touch its blocks or
+their slots: an access to them, an access short of free slots, a stream's time slice,
+hints, background work, a flush, close.
+
+Its slots are BUSY while it is in flight, so no pass evicts them. Write-ahead holds as
+for every write-back: the blocks' SUM records are in the integrity log before the writes
+are submitted (after a crash a write that did not land reads as a checksum mismatch, not
+as wrong bytes). A write that fails leaves its block dirty in device DRAM, written back
+later like any dirty block.
+
+The ring is the device's own (SsdBackend.shared_ring): whichever thread holds the device
+lock settles what another thread started.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cxlhm import blocktable as btm
+from cxlhm import firmware as fw
+from cxlhm import readstream as rs
+# A write of whole blocks of at least this much goes to the SSD behind the host (a KV
+# chunk; smaller writes may be rewritten soon, and writing them at once would cost the
+# SSD writes a later rewrite makes useless).
+BEHIND_MIN_BYTES = 1 << 20
+# The most blocks one write-behind holds (and the shared ring's depth): a 32 MiB chunk
+# of 64 KiB blocks. A longer write is not written behind.
+MAX_BEHIND_BLOCKS = 512
+
+
+class WriteBehind:
+    """Device part: writes that go to the SSD behind the host (mixed into Device, which
+    it reads the state of)."""
+
+    def _init_behind(self) -> None:
+        self._behind_ring = None  # made on first use
+        self._behind: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (rows, sums, slots) in flight
+        self._behind_blocks = np.zeros(0, np.int64)  # their blocks, sorted
+
+    def _writes_behind(self, hpas, lens, k: int) -> bool:
+        """Does this write pass (completed, its k blocks in DRAM) go to the SSD behind the
+        host: whole blocks, one extent of at least BEHIND_MIN_BYTES, firmware.write_behind set,
+        on the wall clock with data, write-back firmware (write-through writes them already; write-buffer keeps
+        appended KV in DRAM on purpose) and a back end with split-phase I/O."""
+        bs = self.block_size
+        return (hpas.shape[0] == 1 and lens[0] >= BEHIND_MIN_BYTES and not hpas[0] % bs and not lens[0] % bs
+                and k * bs == lens[0] and k <= MAX_BEHIND_BLOCKS and self.cfg.firmware.write_behind
+                and self.model is None and self.moves_data
+                and self._write_mode_code == fw.WRITE_BACK and self.ssd.caps.async_io)
+
+    def _written(self, hpas, lens, slots: np.ndarray, k: int) -> None:
+        """A write pass completed (under the lock that planned it): its poison
+        bookkeeping, and its blocks go to the SSD behind the host if the write qualifies."""
+        self.media.note_written(hpas, lens)
+        if self._writes_behind(hpas, lens, k):
+            self._write_behind(slots[:k])
+
+    def _write_behind(self, slots: np.ndarray) -> None:
+        """Under the lock, after the pass finished: hash the slots' new bytes (still in
+        the CPU's caches), settle the write-behind before this one, log the SUM records
+        and hand the writes to the SSD."""
+        bs, base = self.block_size, self.dram.base_address
+        rows = fw.new_io_rows(slots.shape[0])
+        rows[:, 0] = base + slots * bs
+        rows[:, 1] = bs
+        rows[:, 2] = self.bt.block[slots] * bs
+        rows[:, 3] = 1
+        sums = self.media.hash_slots(rows[:, 0])
+        self.settle_behind()
+        if self._behind_ring is None:
+            self._behind_ring = self.ssd.shared_ring(MAX_BEHIND_BLOCKS)
+        self.checksums.intend(rows[:, 2] // bs, sums)  # write-ahead
+        self.bt.flags[slots] |= btm.BUSY
+        self._behind = (rows, sums, slots.copy())
+        self._behind_blocks = np.sort(rows[:, 2] // bs)
+        queued = self._behind_ring.queue(rows, np.arange(rows.shape[0], dtype=np.int64))
+        if queued != rows.shape[0]:  # the ring holds MAX_BEHIND_BLOCKS, and nothing else is in flight on it
+            raise RuntimeError(f"a write-behind of {rows.shape[0]} blocks did not fit its ring ({queued} queued)")
+
+    def drain(self) -> None:
+        """Wait until the writes the device made behind the host have landed (on the SSD,
+        not yet durable: flush() makes them so)."""
+        with self._lock:
+            self.settle_behind()
+
+    def settle_behind(self) -> None:
+        """Under the lock: wait for the write-behind in flight (if any) to land; record
+        the checksums of what landed and mark those blocks clean. A failed write leaves
+        its block dirty (its DRAM copy is the newest) for a later write-back."""
+        if self._behind is None:
+            return
+        rows, sums, slots = self._behind
+        self._behind, self._behind_blocks = None, np.zeros(0, np.int64)
+        tags, got = self._behind_ring.reap_all()
+        res = np.zeros(rows.shape[0], np.int64)
+        res[tags] = got
+        self.bt.flags[slots] &= ~btm.BUSY
+        failed = self.media.record_writes(rows, res, sums, victims=False)
+        landed = rows[~failed]
+        fw.mark_clean(self.bt, self.dram.base_address, self.block_size, landed, landed.shape[0])
+        self.media.count_writes(landed.shape[0])
+
+    def _settle_behind_for(self, hpas, lens) -> None:
+        """Before planning an access: settle the write-behind if the access touches one of
+        its blocks (a write must not change bytes on their way to the SSD, and a pass
+        must not plan over BUSY slots), or might be short of slots without its slots."""
+        if self._behind is None:
+            return
+        bs = self.block_size
+        live = lens > 0
+        blocks = int(((hpas[live] + lens[live] - 1) // bs - hpas[live] // bs + 1).sum())
+        room = self.n_slots - int(self.bt.scalars[btm.N_PINNED]) - self._inflight_slots - self._behind[2].shape[0]
+        if blocks > room or rs.clean_prefix(hpas, lens, bs, self._behind_blocks) < hpas.shape[0]:
+            self.settle_behind()
