@@ -25,10 +25,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import alternate, bench_dir, command, lay_out, machine, twin_of, without_sidecars  # noqa: E402
 
+from cxlhm.media.dram import DeviceDram  # noqa: E402
 from cxlhm.media.ssd import SsdBackend  # noqa: E402
 from host_runtime.driver import open_device  # noqa: E402
 
 FILE_SIZE = 1 << 30
+FILE_DRAM = 1 << 20  # the all-miss device's DRAM
 QD = 32
 LOOP = 4096  # reads per closed-loop call
 KIB, MIB = 1 << 10, 1 << 20
@@ -51,7 +53,7 @@ def bench_random_miss(path: Path, seconds: float, trials: int) -> dict:
     offsets = rng.integers(0, FILE_SIZE // (4 * KIB), 1 << 22) * 4 * KIB
     cursor = {"stream": 0, "closed": 0, "device": 0, "raw": 0}
 
-    dev = open_device({"capacity": FILE_SIZE, "block_size": "4KiB", "dram_bytes": "1MiB",
+    dev = open_device({"capacity": FILE_SIZE, "block_size": "4KiB", "dram_bytes": FILE_DRAM,
                        "backend": {"path": without_sidecars(path), "queue_depth": QD}})
     out = np.frombuffer(mmap.mmap(-1, QD * 4 * KIB), np.uint8)
     # the closed loops: LOOP reads per call, each into one of QD buffers (fio's layout)
@@ -84,19 +86,35 @@ def bench_random_miss(path: Path, seconds: float, trials: int) -> dict:
         res, _ = raw.run_closed_loop(loop_ops, QD)
         assert (res == 4 * KIB).all(), "raw closed-loop read failed"
 
+    # the same loop into 4 KiB slots rotating over an arena as large as the device's DRAM,
+    # in the order an all-miss LRU device reuses them: where the device's fills land
+    arena = DeviceDram(dev.device.n_slots, 4 * KIB)
+    spread_ops = loop_ops.copy()
+    turn = [0]
+
+    def raw_spread():
+        spread_ops[:, 0] = arena.base_address + (np.arange(turn[0], turn[0] + LOOP) % arena.n_slots) * 4 * KIB
+        turn[0] += LOOP
+        spread_ops[:, 2] = next_reads("closed", LOOP)
+        res, _ = raw.run_closed_loop(spread_ops, QD)
+        assert (res == 4 * KIB).all(), "raw closed-loop read failed"
+
     def raw_batch():
         ops[:, 2] = next_reads("raw", QD)
         raw.submit(ops)
 
-    device_stream(), raw_closed(), device_batch(), raw_batch()  # compile and warm up
+    device_stream(), raw_closed(), raw_spread(), device_batch(), raw_batch()  # compile and warm up
     loops = alternate(trials, device=lambda: timed_batches(seconds, device_stream, LOOP),
-                      raw=lambda: timed_batches(seconds, raw_closed, LOOP))
+                      raw=lambda: timed_batches(seconds, raw_closed, LOOP),
+                      spread=lambda: timed_batches(seconds, raw_spread, LOOP))
     batches = alternate(trials, device=lambda: timed_batches(seconds, device_batch, QD),
                         raw=lambda: timed_batches(seconds, raw_batch, QD))
     hit_ratio = dev.stats()["hit_ratio"]
     dev.close()
     raw.close()
+    arena.close()
     return {"device_iops": loops["device"], "raw_iops": loops["raw"], "ratio": loops["device"] / loops["raw"],
+            "spread_iops": loops["spread"],
             "batch_device_iops": batches["device"], "batch_raw_iops": batches["raw"],
             "batch_ratio": batches["device"] / batches["raw"], "device_hit_ratio": hit_ratio}
 
@@ -157,7 +175,10 @@ def main() -> int:
     raw_us, dev_us = QD / a["raw_iops"] * 1e6, QD / a["device_iops"] * 1e6
     print(f"(a) where the time goes: {QD} reads in flight take {raw_us:.0f} us per {QD} completions raw and "
           f"{dev_us:.0f} us through the device; the device plans each read, lands it in a device-DRAM slot and "
-          "copies it out as it lands, while the other 31 are at the SSD")
+          "copies it out as it lands, while the other 31 are at the SSD. The raw loop landing its reads in 4 KiB "
+          f"slots rotating over the device's {FILE_DRAM >> 20} MiB of DRAM, as the device's fills do: "
+          f"{a['spread_iops']:,.0f} IOPS ({a['spread_iops'] / a['raw_iops']:.2f}x of the raw loop into {QD} reused buffers, fio's layout); "
+          f"the device reached {a['device_iops'] / a['spread_iops']:.2f}x of that")
     raw_us, dev_us = QD / a["batch_raw_iops"] * 1e6, QD / a["batch_device_iops"] * 1e6
     print(f"(a') where the time goes: a batch of {QD} takes {raw_us:.0f} us at the SSD (raw) and {dev_us:.0f} us "
           f"through the device: {dev_us - raw_us:.0f} us per batch of device work on the host thread - the "

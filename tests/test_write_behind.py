@@ -195,7 +195,7 @@ def test_a_writer_killed_after_a_write_behind_loses_no_byte_silently(tmp_path, b
             except PoisonError:
                 assert not settled, f"block {b} landed before the kill but was lost"
                 continue  # its write did not land whole: the checksum logged before it says so
-            assert got == new[b * BLOCK:(b + 1) * BLOCK].tobytes(), f"block {b} read back bytes that were not written last"
+            assert got == new[b * BLOCK:(b + 1) * BLOCK].tobytes(), f"block {b} read back bytes not written last"
 
 
 def test_write_behind_off_writes_back_only_on_eviction_or_flush(tmp_path, behind_calls):
