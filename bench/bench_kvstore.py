@@ -447,9 +447,9 @@ def main() -> int:
                      f"(write-behind): the next put is copied in and hashed while they are written, and the victims it "
                      f"evicts are clean. Those parts alone, one write on the SSD at a time, took {p['across']:.0f} us "
                      f"per put in a run, {p['raw_run'] / p['across']:.2f}x of a run of raw writes "
-                     f"({p['raw_run']:.0f} us each) -> a put took {put_took:.0f} us: {put_took - p['across']:+.0f} us "
-                     f"beyond that - the firmware's plan, the integrity log's records, the index and the interpreter's "
-                     f"path. (Victims that are dirty are written back in waves instead: {p['waves']:.0f} us for the "
+                     f"({p['raw_run']:.0f} us each) -> a put took {put_took:.0f} us, {put_took - p['across']:+.0f} us "
+                     f"against those steps alone: what a put adds to them is the firmware's plan, the integrity log's "
+                     f"records, the index and the interpreter's path. (Victims that are dirty are written back in waves instead: {p['waves']:.0f} us for the "
                      f"chunk written that way, one wave at a time.)")
     lk = bench_lookup(path, args.trials)
     print(f"command: {command()}")

@@ -41,9 +41,9 @@ def behind_calls(monkeypatch):
     started: list[int] = []
     real = core.Device._write_behind
 
-    def spy(self, slots):
+    def spy(self, slots, *args):
         started.append(slots.shape[0])
-        return real(self, slots)
+        return real(self, slots, *args)
 
     monkeypatch.setattr(core.Device, "_write_behind", spy)
     return started

@@ -25,7 +25,7 @@ import numpy as np
 
 from cxlhm import blocktable as btm
 from cxlhm import firmware as fw
-from cxlhm import readstream as rs
+from cxlhm.jit import njit
 # A write of whole blocks of at least this much goes to the SSD behind the host (a KV
 # chunk; smaller writes may be rewritten soon, and writing them at once would cost the
 # SSD writes a later rewrite makes useless).
@@ -42,7 +42,7 @@ class WriteBehind:
     def _init_behind(self) -> None:
         self._behind_ring = None  # made on first use
         self._behind: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (rows, sums, slots) in flight
-        self._behind_blocks = np.zeros(0, np.int64)  # their blocks, sorted
+        self._behind_span = (0, -1)  # their blocks: one extent's, first and last
 
     def _writes_behind(self, hpas, lens, k: int) -> bool:
         """Does this write pass (completed, its k blocks in DRAM) go to the SSD behind the
@@ -55,32 +55,48 @@ class WriteBehind:
                 and self.model is None and self.moves_data
                 and self._write_mode_code == fw.WRITE_BACK and self.ssd.caps.async_io)
 
-    def _written(self, hpas, lens, slots: np.ndarray, k: int) -> None:
+    def _written(self, hpas, lens, slots: np.ndarray, k: int, *, dirty_logged: bool) -> None:
         """A write pass completed (under the lock that planned it): its poison
-        bookkeeping, and its blocks go to the SSD behind the host if the write qualifies."""
+        bookkeeping, and its blocks go to the SSD behind the host if the write qualifies.
+        `dirty_logged`: the pass logged its blocks' DIRTY records already (else their SUM
+        records stand for them, or they are logged here if the write does not go behind)."""
         self.media.note_written(hpas, lens)
         if self._writes_behind(hpas, lens, k):
-            self._write_behind(slots[:k])
+            self._write_behind(slots[:k], dirty_logged)
 
-    def _write_behind(self, slots: np.ndarray) -> None:
+    def _write_behind(self, slots: np.ndarray, dirty_logged: bool) -> None:
         """Under the lock, after the pass finished: hash the slots' new bytes (still in
-        the CPU's caches), settle the write-behind before this one, log the SUM records
-        and hand the writes to the SSD."""
+        the CPU's caches) and log their records, wait for the write-behind before this
+        one to land, hand this one's writes to the SSD, then record the one that landed
+        - so the SSD is idle only from one's landing to the next one's submission."""
         bs, base = self.block_size, self.dram.base_address
+        blocks = self.bt.block[slots]
+        if self._behind_ring is None:
+            try:
+                self._behind_ring = self.ssd.shared_ring(MAX_BEHIND_BLOCKS)
+            except OSError:  # no ring for it (io_uring setup failed): the blocks stay dirty, written back later
+                if not dirty_logged:
+                    self.checksums.note_dirty_array(blocks)
+                return
         rows = fw.new_io_rows(slots.shape[0])
         rows[:, 0] = base + slots * bs
         rows[:, 1] = bs
-        rows[:, 2] = self.bt.block[slots] * bs
+        rows[:, 2] = blocks * bs
         rows[:, 3] = 1
         sums = self.media.hash_slots(rows[:, 0])
-        self.settle_behind()
-        if self._behind_ring is None:
-            self._behind_ring = self.ssd.shared_ring(MAX_BEHIND_BLOCKS)
-        self.checksums.intend(rows[:, 2] // bs, sums)  # write-ahead
-        self.bt.flags[slots] |= btm.BUSY
-        self._behind = (rows, sums, slots.copy())
-        self._behind_blocks = np.sort(rows[:, 2] // bs)
-        queued = self._behind_ring.queue(rows, np.arange(rows.shape[0], dtype=np.int64))
+        # write-ahead: the SUM records before the writes are submitted - a block's SUM
+        # covers the write that made it dirty, so no DIRTY record goes before it (the
+        # blocks are disjoint from the write-behind in flight: a pass touching those
+        # settled it first)
+        self.checksums.intend(blocks, sums)
+        landed = self._reap_behind()
+        try:
+            self.bt.flags[slots] |= btm.BUSY
+            self._behind = (rows, sums, slots.copy())
+            self._behind_span = (int(blocks.min()), int(blocks.max()))
+            queued = self._behind_ring.queue(rows, np.arange(rows.shape[0], dtype=np.int64))
+        finally:
+            self._record_behind(landed)
         if queued != rows.shape[0]:  # the ring holds MAX_BEHIND_BLOCKS, and nothing else is in flight on it
             raise RuntimeError(f"a write-behind of {rows.shape[0]} blocks did not fit its ring ({queued} queued)")
 
@@ -91,21 +107,34 @@ class WriteBehind:
             self.settle_behind()
 
     def settle_behind(self) -> None:
-        """Under the lock: wait for the write-behind in flight (if any) to land; record
-        the checksums of what landed and mark those blocks clean. A failed write leaves
-        its block dirty (its DRAM copy is the newest) for a later write-back."""
+        """Under the lock: wait for the write-behind in flight (if any) to land, and
+        record it."""
+        self._record_behind(self._reap_behind())
+
+    def _reap_behind(self):
+        """Wait for the write-behind in flight to land; returns (rows, sums, slots, results)
+        for _record_behind, or None if none was in flight."""
         if self._behind is None:
-            return
+            return None
         rows, sums, slots = self._behind
-        self._behind, self._behind_blocks = None, np.zeros(0, np.int64)
+        self._behind, self._behind_span = None, (0, -1)
         tags, got = self._behind_ring.reap_all()
         res = np.zeros(rows.shape[0], np.int64)
         res[tags] = got
+        return rows, sums, slots, res
+
+    def _record_behind(self, landed) -> None:
+        """A write-behind back from the SSD: its slots are no longer BUSY; the checksums
+        of what landed are recorded and those blocks marked clean. A failed write leaves
+        its block dirty (its DRAM copy is the newest) for a later write-back."""
+        if landed is None:
+            return
+        rows, sums, slots, res = landed
         self.bt.flags[slots] &= ~btm.BUSY
         failed = self.media.record_writes(rows, res, sums, victims=False)
-        landed = rows[~failed]
-        fw.mark_clean(self.bt, self.dram.base_address, self.block_size, landed, landed.shape[0])
-        self.media.count_writes(landed.shape[0])
+        ok = rows[~failed]
+        fw.mark_clean(self.bt, self.dram.base_address, self.block_size, ok, ok.shape[0])
+        self.media.count_writes(ok.shape[0])
 
     def _settle_behind_for(self, hpas, lens) -> None:
         """Before planning an access: settle the write-behind if the access touches one of
@@ -113,9 +142,22 @@ class WriteBehind:
         must not plan over BUSY slots), or might be short of slots without its slots."""
         if self._behind is None:
             return
-        bs = self.block_size
-        live = lens > 0
-        blocks = int(((hpas[live] + lens[live] - 1) // bs - hpas[live] // bs + 1).sum())
+        first, last = self._behind_span
+        blocks, touches = _blocks_and_overlap(hpas, lens, self.block_size, first, last)
         room = self.n_slots - int(self.bt.scalars[btm.N_PINNED]) - self._inflight_slots - self._behind[2].shape[0]
-        if blocks > room or rs.clean_prefix(hpas, lens, bs, self._behind_blocks) < hpas.shape[0]:
+        if touches or blocks > room:
             self.settle_behind()
+
+
+@njit
+def _blocks_and_overlap(hpas, lens, block_size, first, last):
+    """(blocks the extents touch, whether one of them is in [first, last])."""
+    blocks = 0
+    overlap = False
+    for i in range(hpas.shape[0]):
+        if lens[i] <= 0:
+            continue
+        lo, hi = hpas[i] // block_size, (hpas[i] + lens[i] - 1) // block_size
+        blocks += hi - lo + 1
+        overlap = overlap or (lo <= last and hi >= first)
+    return blocks, overlap

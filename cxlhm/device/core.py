@@ -355,7 +355,8 @@ class Device(StreamReads, WriteWaves, WriteBehind, BackgroundWork, PowerLoss):
         if done == fw.DONE_BUT_COPY:  # a long DRAM hit: on the copy engine's two threads, still under the lock
             copyengine.copy_extents(self.dram.base_address, self.block_size, s.slots_out, hpas, lens, user_addr,
                                     not is_write, halves=True)
-        if is_write and not n_wb and self.checksums.log is not None:  # reliability: newer bytes only in DRAM
+        behind = done and is_write and self._writes_behind(hpas, lens, k)  # (its DIRTY records go with its SUMs)
+        if is_write and not n_wb and not behind and self.checksums.log is not None:  # newer bytes only in DRAM
             self.checksums.note_dirty_array(self.bt.block[s.slots_out[:k]])
         s.hits += counters.item(C.HITS) - hits
         s.misses += counters.item(C.MISSES) - misses
@@ -365,7 +366,7 @@ class Device(StreamReads, WriteWaves, WriteBehind, BackgroundWork, PowerLoss):
                                          s.slots_out, s.installed, k, through, counters)
         if done:
             if is_write:
-                self._written(hpas, lens, s.slots_out, k)
+                self._written(hpas, lens, s.slots_out, k, dirty_logged=not behind)
             return t
         slots = s.slots_out
         # The model clock keeps the lock: its charges were made in issue order above, and
@@ -412,7 +413,7 @@ class Device(StreamReads, WriteWaves, WriteBehind, BackgroundWork, PowerLoss):
         if not ok:
             raise DeviceFull("no evictable device-DRAM slot: every slot is pinned or in use by this access")
         if is_write:  # still under the lock that planned it: no thread reads in between
-            self._written(hpas, lens, slots, k)
+            self._written(hpas, lens, slots, k, dirty_logged=True)
         return t
 
     def _fill_and_copy(self, s: _Scratch, n_fill: int, hpas, lens, user_addr, is_write, copy: bool,
