@@ -4,8 +4,8 @@ as its bytes are in device DRAM, and the host goes on without waiting for it to 
 A KV chunk is written once and read later, so its blocks can go to the SSD at once: when
 they are evicted later they are clean and nothing waits for a write-back. The host's next
 chunk is copied in and hashed while this one is on the SSD - the overlap across passes a
-controller's write buffer gives. One write-behind is in flight at a time (like the raw
-writes it is measured against); it is settled (reaped, its checksums recorded, its blocks
+controller's write buffer gives. One write-behind is in flight at a time (the SSD has
+one of the host's writes at a time, as a host writing synchronously gives it); it is settled (reaped, its checksums recorded, its blocks
 marked clean) when the next starts, or first by anything that would touch its blocks or
 their slots: an access to them, an access short of free slots, a stream's time slice,
 hints, background work, a flush, close.
@@ -26,6 +26,7 @@ import numpy as np
 from cxlhm import blocktable as btm
 from cxlhm import firmware as fw
 from cxlhm.jit import njit
+
 # A write of whole blocks of at least this much goes to the SSD behind the host (a KV
 # chunk; smaller writes may be rewritten soon, and writing them at once would cost the
 # SSD writes a later rewrite makes useless).
@@ -46,9 +47,10 @@ class WriteBehind:
 
     def _writes_behind(self, hpas, lens, k: int) -> bool:
         """Does this write pass (completed, its k blocks in DRAM) go to the SSD behind the
-        host: whole blocks, one extent of at least BEHIND_MIN_BYTES, firmware.write_behind set,
-        on the wall clock with data, write-back firmware (write-through writes them already; write-buffer keeps
-        appended KV in DRAM on purpose) and a back end with split-phase I/O."""
+        host: whole blocks, one extent of at least BEHIND_MIN_BYTES, firmware.write_behind
+        set, on the wall clock with data, write-back firmware (write-through writes them
+        already; write-buffer keeps appended KV in DRAM on purpose) and a back end with
+        split-phase I/O."""
         bs = self.block_size
         return (hpas.shape[0] == 1 and lens[0] >= BEHIND_MIN_BYTES and not hpas[0] % bs and not lens[0] % bs
                 and k * bs == lens[0] and k <= MAX_BEHIND_BLOCKS and self.cfg.firmware.write_behind
