@@ -54,14 +54,7 @@ def interleaved(seconds: float, nbytes: int, **fns) -> dict[str, float]:
     """GB/s of each fn (moving nbytes per call), calling them in turn (a, b, a, b, ...)
     for about `seconds` per fn, from the median call time: the machine is shared, so
     both sides must see the same moment's disk and memory, and spikes must not count."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds * len(fns) or len(times[next(iter(fns))]) < 5:
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: nbytes / float(np.median(ts)) / 1e9 for name, ts in times.items()}
+    return in_runs(seconds, nbytes, 1, {}, **fns)
 
 
 def in_runs(seconds: float, nbytes: int, run: int, settle: dict, **fns) -> dict[str, float]:
@@ -279,7 +272,6 @@ def put_side_costs_us(raw: SsdBackend, rows: np.ndarray, chunk: int, block: int,
     slots after it."""
     arena = resident_buffer(dram)
     host = resident_buffer(chunk)
-    jobs = copyengine.new_jobs(chunk // block)
     reused = rows[:, 0].copy()
     n_waves = min(device_waves.MAX_WAVES, chunk // device_waves.WAVE_BYTES)
     per_wave = -(-(chunk // block) // max(n_waves, 1))
@@ -301,16 +293,11 @@ def put_side_costs_us(raw: SsdBackend, rows: np.ndarray, chunk: int, block: int,
                 res = raw.submit(all_rows[w:w + per_wave])
                 assert (res == block).all()
             waves.append(time.perf_counter() - start)
-        jobs[:] = 0
-        jobs[:, copyengine.HASH_AT] = slots
-        jobs[:, copyengine.HASH_LEN] = block
+        jobs = hash_jobs(slots, block)
         start = time.perf_counter()
         copyengine.copy_many(jobs)
         sums.append(time.perf_counter() - start)
-        jobs[:] = 0
-        jobs[:, copyengine.SRC] = host.ctypes.data + np.arange(chunk // block, dtype=np.int64) * block
-        jobs[:, copyengine.DST] = slots
-        jobs[:, copyengine.LEN] = block
+        jobs = copy_in_jobs(host, slots, block)
         start = time.perf_counter()
         copyengine.copy_many(jobs)
         copy_in.append(time.perf_counter() - start)
@@ -320,6 +307,21 @@ def put_side_costs_us(raw: SsdBackend, rows: np.ndarray, chunk: int, block: int,
                              ("copy_in", copy_in))}
     costs.update(across_passes_us(raw, chunk, block, arena, host, raw_write, puts_per_run(chunk)))
     return costs
+
+
+def hash_jobs(slots: np.ndarray, block: int) -> np.ndarray:
+    """Copy-engine jobs that checksum each slot (at the addresses `slots`)."""
+    jobs = copyengine.new_jobs(slots.shape[0])
+    jobs[:, copyengine.HASH_AT], jobs[:, copyengine.HASH_LEN] = slots, block
+    return jobs
+
+
+def copy_in_jobs(host: np.ndarray, slots: np.ndarray, block: int) -> np.ndarray:
+    """Copy-engine jobs that copy `host`, block by block, into the slots at `slots`."""
+    jobs = copyengine.new_jobs(slots.shape[0])
+    jobs[:, copyengine.SRC] = host.ctypes.data + np.arange(slots.shape[0], dtype=np.int64) * block
+    jobs[:, copyengine.DST], jobs[:, copyengine.LEN] = slots, block
+    return jobs
 
 
 def puts_per_run(chunk: int) -> int:
@@ -342,13 +344,8 @@ def across_passes_us(raw: SsdBackend, chunk: int, block: int, arena: np.ndarray,
         start = time.perf_counter()
         for i in range(puts):
             slots = arena.ctypes.data + ((r * puts + i) * chunk) % arena.shape[0] + offsets
-            jobs = copyengine.new_jobs(n)
-            jobs[:, copyengine.SRC] = host.ctypes.data + offsets
-            jobs[:, copyengine.DST], jobs[:, copyengine.LEN] = slots, block
-            copyengine.copy_many(jobs)
-            jobs[:] = 0
-            jobs[:, copyengine.HASH_AT], jobs[:, copyengine.HASH_LEN] = slots, block
-            copyengine.copy_many(jobs)
+            copyengine.copy_many(copy_in_jobs(host, slots, block))
+            copyengine.copy_many(hash_jobs(slots, block))
             assert (ring.reap_all()[1] == block).all()
             ops = np.zeros((n, 4), np.int64)
             ops[:, 0], ops[:, 1], ops[:, 3] = slots, block, 1

@@ -4,11 +4,13 @@
 buffer handling; the device itself speaks in extents (HPA, length) and raw buffer
 addresses, and checks every request as untrusted input.
 
-It is a facade over parts with one job each: this module runs the access path (plan a firmware pass, fill, copy,
-settle) and the control operations (flush, close); the media path (cxlhm/device/media.py) does every I/O with retries,
-checksums and poison; the sidecars (sidecar.py) keep what survives a reopen; background work (background.py), streamed
-reads and writes (stream.py), write-back waves (waves.py) and power-loss emulation (power.py) are parts of their own.
-The back end is whichever `backend.kind` names (cxlhm/media/registry.py).
+It is a facade over parts with one job each: this module runs the access path (plan
+a firmware pass, fill, copy, settle) and the control operations (flush, close); the
+media path (cxlhm/device/media.py) does every I/O with retries, checksums and poison;
+the sidecars (sidecar.py) keep what survives a reopen; background work (background.py),
+streamed reads and writes (stream.py), write-back waves (waves.py), write-behind
+(behind.py) and power-loss emulation (power.py) are parts of their own. The back end
+is whichever `backend.kind` names (cxlhm/media/registry.py).
 
 Host threads may use one device at once. One lock guards the firmware state; on the
 wall clock an access plans under it, runs its fill reads and its copy without it (its
@@ -335,9 +337,9 @@ class Device(StreamReads, WriteWaves, WriteBehind, BackgroundWork, PowerLoss):
         """One firmware pass; returns its completion on the model clock (else `t`).
         Called with the lock held and returns with it held; on the wall clock it is
         released while the pass's fill reads and copy run (_fill_and_copy)."""
-        self._settle_behind_for(hpas, lens)  # (again after a wait: another thread may have written meanwhile)
+        self._settle_behind_for(hpas, lens)  # before waiting: its BUSY slots are freed only by a settle
         self._wait_for_slots(hpas, lens)
-        self._settle_behind_for(hpas, lens)
+        self._settle_behind_for(hpas, lens)  # again: another thread may have written behind during the wait
         if self.bt.scalars[btm.N_PINNED]:  # pins that landed while this pass waited may leave it too few slots
             room = self.n_slots - int(self.bt.scalars[btm.N_PINNED])
             firsts = hpas // self.block_size

@@ -51,18 +51,19 @@ class SsdBackend(Backend):
             os.close(self.fd)
             raise
 
-    def _open_ring(self):
-        """A new io_uring ring of queue_depth entries, closed with the back end. Only the
-        calling thread may submit on it (rings are per thread): the kernel then posts
-        completions in batches, when the thread waits for them."""
+    def _open_ring(self, opener=None, depth: int = 0, submit_batch: int = 0):
+        """A new io_uring ring, closed with the back end. By default one of queue_depth
+        entries that only the calling thread may submit on (rings are per thread: the
+        kernel then posts completions in batches, when the thread waits for them);
+        `opener`, `depth` and `submit_batch` make another kind."""
         err = self._ffi.new("int *")
         with self._rings_lock:
             if self.fd < 0:
                 raise OSError(errno.EBADF, "the SSD back end is closed")
-            ring = self._lib.cxlhm_ring_open_owned(self.queue_depth, err)
+            ring = (opener or self._lib.cxlhm_ring_open_owned)(depth or self.queue_depth, err)
             if ring == self._ffi.NULL:
                 raise OSError(err[0], f"io_uring setup failed: {os.strerror(err[0])}")
-            self._lib.cxlhm_ring_submit_batch(ring, self.submit_batch)
+            self._lib.cxlhm_ring_submit_batch(ring, submit_batch or self.submit_batch)
             self._rings.append(ring)
         return ring
 
@@ -197,16 +198,9 @@ class SsdBackend(Backend):
     def shared_ring(self, depth: int) -> "SharedRing":
         """A split-phase ring of `depth` entries that any thread may use while it holds
         the caller's lock (the device's write-behind, settled by whichever thread needs
-        it); closed with the back end."""
-        err = self._ffi.new("int *")
-        with self._rings_lock:
-            if self.fd < 0:
-                raise OSError(errno.EBADF, "the SSD back end is closed")
-            ring = self._lib.cxlhm_ring_open_shared(depth, err)
-            if ring == self._ffi.NULL:
-                raise OSError(err[0], f"io_uring setup failed: {os.strerror(err[0])}")
-            self._rings.append(ring)
-        return SharedRing(self, ring, depth)
+        it); closed with the back end. Each queue() call is handed to the kernel at once
+        (submit batch 1), whatever the back end's own rings do."""
+        return SharedRing(self, self._open_ring(self._lib.cxlhm_ring_open_shared, depth, 1), depth)
 
     def _async_state(self) -> "_ThreadRing":
         state = self._thread_state()
