@@ -4,10 +4,10 @@ the integrity log that keeps both right across an unclean shutdown.
 Checksums: when the device writes a block to the SSD it records the block's xxh3-64;
 every later SSD read of that block is verified against it, and a mismatch is poison,
 never data. Blocks the device never wrote (sparse zeros, or an image laid out by
-someone else) have no checksum and are not checked. Memory: one Python dict entry
-(~100 bytes) per block ever written back, and 32-64 bytes in its mirror that compiled
-code reads (cxlhm/sumtable.py: streamed reads verify in their loop); on disk 16 bytes
-per block.
+someone else) have no checksum and are not checked. Memory: 32-64 bytes per block ever
+written back, in a compiled hash table (cxlhm/sumtable.py) that Python and compiled code
+share: streamed reads verify in their loop, and record their write-backs' checksums
+there as they land; on disk 16 bytes per block.
 
 Poison: a block whose current bytes the device cannot produce (a failed read after
 retries, a checksum mismatch, a write-back that failed so its latest bytes are lost,
@@ -50,8 +50,10 @@ more than 4x the live records. A DIRTY record costs one write(2) per host write 
 dirties blocks not already logged dirty, batched per firmware pass. The streamed loop
 (cxlhm/streamstate.py) writes its frames itself - DIRTY records of the blocks it wrote,
 then the SUMs of the victims it is about to write back - to the descriptor in
-IntegrityLog.ctl, and tells this module what it wrote at its next return
-(dirty_logged_elsewhere, logged_elsewhere, summed, and `unrecorded` for compaction).
+IntegrityLog.ctl, keeps the dirty set and the checksums in step itself (both are
+compiled tables: BlockChecksums.dirty, sums.table), and tells this module how many
+records it wrote at its next return (logged_elsewhere; `unrecorded` names its
+write-backs out, for a compaction).
 """
 from __future__ import annotations
 
@@ -66,7 +68,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from cxlhm.sumtable import SumTable
+from cxlhm.sumtable import BlockSet, SumTable
 
 log = logging.getLogger("cxlhm.integrity")
 
@@ -211,37 +213,59 @@ def _poison_record(block: int, reason: str) -> bytes:
     return _REC.pack(POISON, block, len(raw)) + raw
 
 
-class _LoggedSums(dict):
-    """block -> checksum, mirrored in a SumTable that compiled code reads (streamed reads
-    verify in their loop). Dropping a block's sum (its write-back failed: the SSD holds
+class _LoggedSums:
+    """block -> checksum, kept in a SumTable (cxlhm/sumtable.py) - the only copy - that
+    compiled code reads (streamed reads verify in their loop) and writes (a stream records
+    its landed write-backs). Dropping a block's sum (its write-back failed: the SSD holds
     neither the old nor the new bytes) is logged as DIRTY - a crash now loses it;
     forget() drops one without a record (replay decides what the log already says).
-    `pending`: sums logged ahead of a write-back (SUM) and not recorded here yet - the
-    log's last word on those blocks, which a compaction must keep."""
+    `pending`: sums logged ahead of a write-back (SUM) by the driver and not recorded
+    here yet - the log's last word on those blocks, which a compaction must keep."""
     __slots__ = ("owner", "table", "pending")
 
     def __init__(self):
-        super().__init__()
         self.owner: BlockChecksums | None = None
         self.table = SumTable()
         self.pending: dict[int, int] = {}
 
-    def __setitem__(self, block, value):
-        super().__setitem__(block, value)
+    def __len__(self) -> int:
+        return self.table.count
+
+    def __contains__(self, block: int) -> bool:
+        return block in self.table
+
+    def get(self, block: int, default=None):
+        value = self.table.get(block)
+        return default if value is None else value
+
+    def __getitem__(self, block: int) -> int:
+        value = self.table.get(block)
+        if value is None:
+            raise KeyError(block)
+        return value
+
+    def __setitem__(self, block: int, value: int) -> None:
         self.table.set(block, value)
         self.pending.pop(block, None)
 
     def set_many(self, blocks: np.ndarray, sums: np.ndarray) -> None:
         """sums[i] for blocks[i] (int64 / uint64 arrays), in one call."""
-        keys = blocks.tolist()
-        super().update(zip(keys, sums.tolist()))
         self.table.set_many(blocks, sums)
         if self.pending:
-            for block in keys:
+            for block in blocks.tolist():
                 self.pending.pop(block, None)
 
-    def update(self, *args, **kwargs):
-        raise TypeError("use set_many(), which keeps the compiled mirror in step")
+    def lookup(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(found mask, sums) of `blocks` (int64)."""
+        return self.table.lookup(blocks)
+
+    def entries(self) -> tuple[np.ndarray, np.ndarray]:
+        """(blocks, sums) of every recorded checksum."""
+        return self.table.entries()
+
+    def items(self):
+        blocks, sums = self.entries()
+        return zip(blocks.tolist(), sums.tolist())
 
     def pop(self, block, *default):
         if self.owner is not None:
@@ -249,12 +273,21 @@ class _LoggedSums(dict):
         return self.forget(block, *default)
 
     def forget(self, block, *default):
-        self.table.discard(block)
         self.pending.pop(block, None)
-        return super().pop(block, *default)
+        value = self.table.get(block)
+        if value is None:
+            if default:
+                return default[0]
+            raise KeyError(block)
+        self.table.discard(block)
+        return value
 
-    def clear(self):
-        super().clear()
+    def forget_many(self, blocks: np.ndarray) -> None:
+        for block in blocks.tolist() if self.pending else ():
+            self.pending.pop(block, None)
+        self.table.discard_many(blocks)
+
+    def clear(self) -> None:
         self.table.clear()
         self.pending.clear()
 
@@ -292,7 +325,7 @@ class BlockChecksums:
         self.sums = _LoggedSums()
         self.log: IntegrityLog | None = None
         self.poison: PoisonTable | None = None  # linked by attach_log, for compaction
-        self.dirty: set[int] = set()  # blocks whose last log record is DIRTY
+        self.dirty = BlockSet()  # blocks whose last log record is DIRTY (a stream's loop adds and removes too)
         # (block, sum) arrays of SUM records compiled code logged whose write-backs are
         # not recorded in `sums` yet (a compaction keeps them); set by the device
         self.unrecorded: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None
@@ -310,9 +343,9 @@ class BlockChecksums:
         """Write every sum to `path` (atomically, checksummed); returns how many."""
         if self.path is None:
             return 0
-        count = len(self.sums)
-        body = (np.fromiter(self.sums.keys(), np.int64, count).tobytes()
-                + np.fromiter(self.sums.values(), np.uint64, count).tobytes())
+        blocks, sums = self.sums.entries()
+        count = blocks.shape[0]
+        body = blocks.tobytes() + sums.tobytes()
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "wb") as f:
             f.write(_SUMS_HEADER.pack(_SUMS_MAGIC, self.block_size, count, checksum(body)) + body)
@@ -332,18 +365,20 @@ class BlockChecksums:
             self.log.truncate()
         else:
             last_dirty: set[int] = set()
+            # the sums' changes, applied to the table at the end in two calls (None: dropped)
+            changed: dict[int, int | None] = {}
             records = self.log.replay()
             self.recovered["log_records_replayed"] = len(records)
             for kind, block, value in records:
                 if kind == SUM:
-                    self.sums[block] = value
+                    changed[block] = value
                     last_dirty.discard(block)
                 elif kind == DIRTY:
                     last_dirty.add(block)
                 elif kind == POISON:
                     poison.blocks[block] = value
                     poison.valid.pop(block, None)
-                    self.sums.forget(block, None)  # the SSD's bytes of it are not the ones last written
+                    changed[block] = None  # the SSD's bytes of it are not the ones last written
                 elif kind == CLEAR:
                     poison.blocks.pop(block, None)
                     poison.valid.pop(block, None)
@@ -351,13 +386,17 @@ class BlockChecksums:
                     poison.valid[block] = _merged(poison.valid.get(block, []) + [(value >> 32, value & 0xFFFFFFFF)])
                 elif kind == RESET:
                     self.sums.clear()
+                    changed.clear()
                     poison.blocks.clear()
                     poison.valid.clear()
                     last_dirty.clear()
             for block in last_dirty:
-                self.sums.forget(block, None)  # whatever the SSD holds is older than what was written
+                changed[block] = None  # whatever the SSD holds is older than what was written
                 poison.blocks[block] = LOST_AT_UNCLEAN_SHUTDOWN
                 poison.valid.pop(block, None)  # what was rewritten of it was in device DRAM only too
+            self.sums.forget_many(np.array([b for b, v in changed.items() if v is None], np.int64))
+            kept = [(b, v) for b, v in changed.items() if v is not None]
+            self.sums.set_many(np.array([b for b, _ in kept], np.int64), np.array([v for _, v in kept], np.uint64))
             self.recovered["lost_dirty_blocks"] = len(last_dirty)
             self._compact()  # the poison decided here goes into the log: it stands alone from now on
         self.sums.owner = self
@@ -366,17 +405,16 @@ class BlockChecksums:
     def note_dirty(self, blocks: Iterable[int]) -> None:
         """Blocks whose newest bytes are in device DRAM only: one DIRTY record each
         (none for blocks already logged dirty), written before the caller goes on."""
-        if self.log is None:
-            return
-        new = [b for b in blocks if b not in self.dirty]
-        if new:
-            self.log.append(pack_records(DIRTY, new))
-            self.dirty.update(new)
+        if self.log is not None:
+            self.note_dirty_array(np.fromiter(blocks, np.int64))
 
     def note_dirty_array(self, blocks: np.ndarray) -> None:
         """note_dirty for a numpy array of block numbers (the host write path)."""
-        if self.log is not None:
-            self.note_dirty(blocks.tolist())
+        if self.log is None:
+            return
+        new = self.dirty.add_missing(blocks)
+        if new.shape[0]:
+            self._append_or_undo(pack_records(DIRTY, new), new)
 
     def intend(self, blocks, sums, written=()) -> None:
         """Before a write-back is submitted: the SSD is about to hold these sums (block
@@ -391,13 +429,19 @@ class BlockChecksums:
         # until the writes complete (`pending` keeps what it says meanwhile).
         self._maybe_compact()
         blocks, sums = np.asarray(blocks, np.int64), np.asarray(sums, np.uint64)
-        summed = blocks.tolist()
-        dirty = self.dirty
-        new = [b for b in (written.tolist() if isinstance(written, np.ndarray) else written) if b not in dirty]
-        self.log.append(pack_records(DIRTY, new) + pack_records(SUM, blocks, sums))
-        self.sums.pending.update(zip(summed, sums.tolist()))
-        dirty.update(new)
-        dirty.difference_update(summed)
+        new = self.dirty.add_missing(np.asarray(written, np.int64))
+        self._append_or_undo(pack_records(DIRTY, new) + pack_records(SUM, blocks, sums), new)
+        self.sums.pending.update(zip(blocks.tolist(), sums.tolist()))
+        self.dirty.discard_many(blocks)
+
+    def _append_or_undo(self, payload: bytes, added: np.ndarray) -> None:
+        """Append records whose DIRTY blocks `added` joined the dirty set (one compiled
+        pass both finds and adds them); if the append fails they leave it again."""
+        try:
+            self.log.append(payload)
+        except BaseException:
+            self.dirty.discard_many(added)
+            raise
 
     def logged_elsewhere(self, records: int) -> None:
         """Compiled code appended `records` records to the log itself (IntegrityLog.ctl):
@@ -408,17 +452,12 @@ class BlockChecksums:
                 self.log.records += records
             self._maybe_compact()
 
-    def dirty_logged_elsewhere(self, blocks: np.ndarray) -> None:
-        """Compiled code logged DIRTY records of these blocks itself (IntegrityLog.ctl)."""
-        if self.log is not None:
-            self.dirty.update(blocks.tolist())
-
     def summed(self, blocks: np.ndarray) -> None:
         """Write-backs of these blocks, whose SUM records compiled code logged, settled:
         the log's last word on them is not DIRTY (no write to a block reaches device DRAM
         while its write-back is out, so none was logged since)."""
         if self.dirty:
-            self.dirty.difference_update(blocks.tolist())
+            self.dirty.discard_many(blocks)
 
     def note_poison(self, block: int, reason: str | None) -> None:
         if self.log is not None:
@@ -457,18 +496,15 @@ class BlockChecksums:
             parts += [_poison_record(b, r) for b, r in self.poison.blocks.items()]
             parts += [_REC.pack(REWRITTEN, b, lo << 32 | hi) for b, ranges in self.poison.valid.items()
                       for lo, hi in ranges]
-        parts += [_sum_records(sums), _sum_records(pending)]  # pending: the log's last word
+        parts.append(pack_records(SUM, *sums.entries()))
+        parts.append(pack_records(SUM, np.fromiter(pending.keys(), np.int64, len(pending)),  # the log's last word
+                                  np.fromiter(pending.values(), np.uint64, len(pending))))
         if self.unrecorded is not None:
             blocks, values = self.unrecorded()
             parts.append(pack_records(SUM, blocks, values))
-            dirty.difference_update(blocks.tolist())  # their last record is that SUM (see summed())
-        parts.append(pack_records(DIRTY, np.fromiter(dirty, np.int64, len(dirty))))
+            dirty.discard_many(blocks)  # their last record is that SUM (see summed())
+        parts.append(pack_records(DIRTY, dirty.entries()[0]))
         self.log.rewrite(b"".join(parts))
-
-
-def _sum_records(sums: dict[int, int]) -> bytes:
-    return pack_records(SUM, np.fromiter(sums.keys(), np.int64, len(sums)),
-                        np.fromiter(sums.values(), np.uint64, len(sums)))
 
 
 class PoisonTable:

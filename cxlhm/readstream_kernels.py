@@ -22,7 +22,7 @@ from cxlhm.streamstate import (
     WB_FAILED_N, RING, STAGE_SHARE, STAGE_BYTES, WB_STAGE, WB_LAND, WB_FAIL, WIDE_BLOCK, _reap, _now_ns,
     _copy_write_in, _in_sorted, _touches_writebacks, _queue_all, _submit_bucket, _WB_ROWS, _WB_STATE, _WB_OWNER,
     _WB_FREE, _WB_STAGED, _WB_LANDED, _WB_FAILED, _TAG_WBS, _COPY_JOBS, _COPY_OF, _COPY_EXPECTED, _COPY_CHECKED,
-    _landed_sum, _writeback_done, _queue_writebacks, _copy_many, _copy_piece, _piece_job, _log_staged, LOG_IN_DRIVER)
+    _landed_sum, _writeback_done, _record_landed, _queue_writebacks, _copy_many, _copy_piece, _piece_job, _log_staged, LOG_IN_DRIVER)
 
 _policy = firmware_policies.get("lru")  # the policy of this copy
 _firmware = fw.kernels_for(_policy)
@@ -32,7 +32,7 @@ finish, touches_busy = fw.finish, fw.touches_busy
 
 @njit_without_refcounts
 def complete(bt, ps, clock, base, block_size, hpas, lens, addrs, kinds, clat, failed_out, arrays, tags, res,
-             bad, n, sum_keys, sum_values):
+             bad, n, sum_keys, sum_values, record):
     """Take `n` reaped completions: fills (tag = read tag * max_blocks + row) and
     write-backs (tag < 0). bad[j]: fill j read the wrong bytes (its checksum did not
     match). First the copy engine runs every good fill's work as one run (a read's
@@ -41,8 +41,10 @@ def complete(bt, ps, clock, base, block_size, hpas, lens, addrs, kinds, clat, fa
     helper thread when the run is long; then each completion is settled: a mismatch
     fails its I/O like a failed fill (the driver runs it again through the verifying
     path, which poisons it). A write (kinds[i]) whose fills are all in copies its bytes
-    into its slots. A landed write-back lets its I/O go on once its last one is in; a
-    failed one waits for the driver (WB_FAILED)."""
+    into its slots. A landed write-back lets its I/O go on once its last one is in, and
+    its checksum is recorded here (`record`: the driver's sum table and dirty set,
+    _record_landed) or by the driver at the slice's end (WB_LANDED); a failed one waits
+    for the driver (WB_FAILED)."""
     st, tag_read, tag_pending, tag_k, tag_failed, tag_issued, tag_slots, tag_installed, row_pos, row_bad, \
         free_tags = arrays[:11]
     wb_rows, wb_state, wb_landed, wb_failed = arrays[_WB_ROWS], arrays[_WB_STATE], arrays[_WB_LANDED], \
@@ -88,10 +90,11 @@ def complete(bt, ps, clock, base, block_size, hpas, lens, addrs, kinds, clat, fa
         if tags[j] < 0:
             w = -1 - tags[j]
             if res[j] == wb_rows[w, 1]:
-                wb_state[w] = WB_LAND
-                wb_landed[st[WB_LANDED]] = w
-                st[WB_LANDED] += 1
                 _writeback_done(arrays, w)
+                if not _record_landed(arrays, w, block_size, record):
+                    wb_state[w] = WB_LAND
+                    wb_landed[st[WB_LANDED]] = w
+                    st[WB_LANDED] += 1
             else:
                 wb_state[w] = WB_FAIL
                 wb_failed[st[WB_FAILED_N]] = w
@@ -300,11 +303,13 @@ def step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addr
 @njit_without_refcounts
 def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, stop, deadline_ns,
         slat, clat, failed_out, arrays, ring, fd, ring_room, other_slots, n_slots, owner, verify, sum_keys,
-        sum_values, victims, log_ctl):
+        sum_values, victims, log_ctl, record):
     """The stream's loop for one time slice (see the module docstring). A reap goes
     back to the driver for verification: always (VERIFY_ALL), or when one of its
     blocks does not match its record in the sum table (VERIFY_HERE). Staged victims'
-    checksums are logged here unless `log_ctl` leaves them to the driver (WRITE_BACK)."""
+    checksums are logged here unless `log_ctl` leaves them to the driver (WRITE_BACK);
+    `record` (empty: not here) is where the loop keeps the driver's checksums and dirty
+    set in step with what it logs and what lands."""
     st, ts, reaped_tags, reaped_res, bad, submits = arrays[0], arrays[14], arrays[15], arrays[16], arrays[17], \
         arrays[18]
     tag_slots = arrays[6]
@@ -323,7 +328,7 @@ def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs
         if st[IN_FLIGHT] + st[N_PARKED] == 0:
             return FINISHED
         if st[WB_STAGED] and (st[WB_STAGED] >= stage_batch or st[RING] == 0):
-            if not _log_staged(arrays, block_size, log_ctl):
+            if not _log_staged(arrays, block_size, log_ctl, record):
                 return WRITE_BACK
             continue  # the next step queues them
         if st[QUEUED] > 0:  # the ring hands each I/O to the kernel as it is prepared
@@ -341,7 +346,7 @@ def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs
             bad[j] = 0
         complete(bt, ps, clock, base, block_size, hpas, lens, addrs, kinds, clat, failed_out, arrays,
                  reaped_tags, reaped_res, bad, got, sum_keys if verify == VERIFY_HERE else sum_keys[:0],
-                 sum_values)
+                 sum_values, record)
         st[REAPED] = 0
         if st[WB_FAILED_N]:
             return WB_FAILED

@@ -332,18 +332,23 @@ def _put_le(buf, pos, value, nbytes):
 
 if COMPILED_LOG:
     @numba.njit(nogil=True)
-    def _log_staged(arrays, block_size, log_ctl):
+    def _log_staged(arrays, block_size, log_ctl, record):
         """Write-ahead in the loop: hash each staged victim's slot (its wb_sum) and log
         their SUM records before they go on the ring (log_ctl[0]: see LOG_NONE), after a
         DIRTY record for each block written since the last record (a victim written in
         this slice is written before it is evicted: its last record must be the SUM),
-        as one frame, one write(2). False: the driver logs them (WRITE_BACK) - its own
-        write says why the loop's failed; a short write is in st[LOG_SHORT]."""
+        as one frame, one write(2); the written blocks join the dirty set (record[3:6],
+        BlockChecksums.dirty). False: the driver logs them (WRITE_BACK) - its own write
+        says why the loop's failed (a short write is in st[LOG_SHORT]), or its dirty set
+        needs room to grow."""
         st, wblocks, wb_rows, wb_staged, wb_sum, frame = arrays[0], arrays[19], arrays[_WB_ROWS], \
             arrays[_WB_STAGED], arrays[_WB_SUM], arrays[_LOG_FRAME]
         fd = log_ctl[0]
         if fd == LOG_IN_DRIVER:
             return False
+        dirty_keys, dirty_values, dirty_meta = record[3], record[4], record[5]
+        if fd >= 0 and 2 * (dirty_meta[0] + st[WRITTEN] - st[WRITTEN_LOGGED]) > dirty_keys.shape[0]:
+            return False  # (the driver reserves room for a slice's writes: not seen in practice)
         pos = _FRAME_BYTES
         for q in range(st[WRITTEN_LOGGED], st[WRITTEN]):
             frame[pos] = _DIRTY_KIND
@@ -369,12 +374,14 @@ if COMPILED_LOG:
                 st[LOG_SHORT] = 1 + written
                 return False
             st[LOG_RECORDS] += length // _RECORD_BYTES
+            for q in range(st[WRITTEN_LOGGED], st[WRITTEN]):
+                sumtable.put_if_room(dirty_keys, dirty_values, dirty_meta, wblocks[q], np.uint64(0))
         st[WRITTEN_LOGGED] = st[WRITTEN]
         st[WB_LOGGED] = st[WB_STAGED]
         return True
 else:
     @numba.njit(nogil=True)
-    def _log_staged(arrays, block_size, log_ctl):  # no compiled hash or crc32: the driver logs
+    def _log_staged(arrays, block_size, log_ctl, record):  # no compiled hash or crc32: the driver logs
         return False
 
 
@@ -406,17 +413,40 @@ def _writeback_done(arrays, w):
 def settle_writebacks(arrays, rows, free):
     """The driver settled these write-back rows: their I/Os go on (unless they landed
     through the ring, which told them already); with `free`, the rows are released."""
-    st, wb_state, wb_owner, wb_free = arrays[0], arrays[_WB_STATE], arrays[_WB_OWNER], arrays[_WB_FREE]
-    n_rows = wb_free.shape[0]
+    wb_state = arrays[_WB_STATE]
     for w in rows:
         if wb_state[w] != WB_LAND:
             _writeback_done(arrays, w)
             wb_state[w] = WB_LAND
         if free:
-            wb_state[w] = WB_FREE
-            wb_owner[w] = -1
-            st[WB_USED] -= 1
-            wb_free[n_rows - 1 - st[WB_USED]] = w
+            _free_writeback(arrays, w)
+
+
+@numba.njit(nogil=True)
+def _free_writeback(arrays, w):
+    """Write-back row `w` goes back on the free stack."""
+    st, wb_state, wb_owner, wb_free = arrays[0], arrays[_WB_STATE], arrays[_WB_OWNER], arrays[_WB_FREE]
+    wb_state[w] = WB_FREE
+    wb_owner[w] = -1
+    st[WB_USED] -= 1
+    wb_free[wb_free.shape[0] - 1 - st[WB_USED]] = w
+
+
+@numba.njit(nogil=True)
+def _record_landed(arrays, w, block_size, record):
+    """Write-back row `w` landed: record its checksum in the sum table and take its block
+    out of the dirty set (record: the two tables' compiled arrays, BlockChecksums'
+    sums.table and dirty), as the driver would at the slice's end, and free the row.
+    False: the loop does not record (record[2] is empty) or the sum table is too full
+    to take it without growing - the row waits in WB_LAND for the driver."""
+    if record[2].shape[0] == 0:
+        return False
+    block = arrays[_WB_ROWS][w, 2] // block_size
+    if not sumtable.put_if_room(record[0], record[1], record[2], block, arrays[_WB_SUM][w]):
+        return False
+    sumtable.remove(record[3], record[4], record[5], block)
+    _free_writeback(arrays, w)
+    return True
 
 
 @numba.njit(nogil=True)

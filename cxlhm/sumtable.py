@@ -12,8 +12,10 @@ disagrees with Python's on a sample: callers then verify in Python (correct, slo
 
 The map is an open-addressing hash table in two numpy arrays (linear probing, deletion
 by backward shift, no tombstones), grown by rehashing into new arrays at half full.
-The integrity layer keeps it as a mirror of its Python dict (cxlhm/integrity.py), and
-all of it changes and is read under the device lock.
+The integrity layer keeps its checksums in one (cxlhm/integrity.py: there is no other
+copy), and its set of blocks logged dirty in another (values unused). All of it changes
+and is read under the device lock: by Python, and by a stream's compiled loop, which
+records its landed write-backs' checksums and its dirty blocks itself.
 """
 from __future__ import annotations
 
@@ -157,27 +159,105 @@ def find_many(keys, values, blocks, found, sums):
         sums[j] = values[i] if i >= 0 else np.uint64(0)  # (a bare 0 would unify to float64)
 
 
+@njit(nogil=True)
+def delete_many(keys, values, blocks):
+    gone = 0
+    for j in range(blocks.shape[0]):
+        gone += delete(keys, values, blocks[j])
+    return gone
+
+
+@njit(nogil=True)
+def add_missing(keys, values, blocks, added):
+    """Put each of `blocks` not in the map (value 0) and list it in `added`; returns how
+    many (a set's "add, and tell me which were new", in one pass)."""
+    n = 0
+    for j in range(blocks.shape[0]):
+        if put(keys, values, blocks[j], np.uint64(0)):
+            added[n] = blocks[j]
+            n += 1
+    return n
+
+
+@njit(nogil=True)
+def put_if_room(keys, values, meta, block, value):
+    """Compiled code's insert: set block -> value and count it in meta[0], unless that
+    would fill the table past half (only the driver grows it). False: nothing changed."""
+    if 2 * (meta[0] + 1) > keys.shape[0]:
+        return False
+    meta[0] += put(keys, values, block, value)
+    return True
+
+
+@njit(nogil=True)
+def remove(keys, values, meta, block):
+    """Compiled code's delete, counted in meta[0]."""
+    meta[0] -= delete(keys, values, block)
+
+
+@njit(nogil=True)
+def entries(keys, values, blocks, sums):
+    """Every entry, in bucket order, into blocks[:n] / sums[:n]; returns n."""
+    n = 0
+    for i in range(keys.shape[0]):
+        if keys[i] != EMPTY:
+            blocks[n] = keys[i]
+            sums[n] = values[i]
+            n += 1
+    return n
+
+
 class SumTable:
-    """The map, with the bookkeeping Python needs: entry count and growth."""
+    """The map, with the bookkeeping Python needs: the entry count (in `meta`, an array,
+    so compiled code that inserts and deletes keeps it too) and growth (Python only:
+    `reserve` before handing the arrays to compiled code that may insert)."""
 
     def __init__(self, capacity: int = 1024):
         self.keys, self.values = new_table(capacity)
-        self.count = 0
+        self.meta = np.zeros(1, np.int64)  # [entries]
+
+    @property
+    def count(self) -> int:
+        return int(self.meta[0])
+
+    def __len__(self) -> int:
+        return int(self.meta[0])
+
+    def __contains__(self, block: int) -> bool:
+        return find(self.keys, block) >= 0
+
+    def get(self, block: int) -> int | None:
+        i = find(self.keys, block)
+        return None if i < 0 else int(self.values[i])
 
     def set_many(self, blocks: np.ndarray, sums: np.ndarray) -> None:
         self._room_for(blocks.shape[0])
-        self.count += put_many(self.keys, self.values, blocks, sums)
+        self.meta[0] += put_many(self.keys, self.values, blocks, sums)
 
     def set(self, block: int, value: int) -> None:
         self._room_for(1)
-        self.count += put(self.keys, self.values, block, np.uint64(value))
+        self.meta[0] += put(self.keys, self.values, block, np.uint64(value))
 
-    def discard(self, block: int) -> None:
-        self.count -= delete(self.keys, self.values, block)
+    def discard(self, block: int) -> bool:
+        gone = delete(self.keys, self.values, block)
+        self.meta[0] -= gone
+        return bool(gone)
+
+    def discard_many(self, blocks: np.ndarray) -> None:
+        if blocks.shape[0]:
+            self.meta[0] -= delete_many(self.keys, self.values, blocks)
+
+    def add_missing(self, blocks: np.ndarray) -> np.ndarray:
+        """Put those of `blocks` (int64) not in the map yet, with value 0; returns them."""
+        self._room_for(blocks.shape[0])
+        added = np.empty(blocks.shape[0], np.int64)
+        n = add_missing(self.keys, self.values, blocks, added)
+        self.meta[0] += n
+        return added[:n]
 
     def clear(self) -> None:
         self.keys[:] = EMPTY
-        self.count = 0
+        self.meta[0] = 0
 
     def lookup(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(found mask, sums) of `blocks`."""
@@ -186,9 +266,31 @@ class SumTable:
         find_many(self.keys, self.values, blocks, found, sums)
         return found, sums
 
+    def entries(self) -> tuple[np.ndarray, np.ndarray]:
+        """(blocks, sums) of every entry, in no particular order."""
+        blocks, sums = np.empty(self.count, np.int64), np.empty(self.count, np.uint64)
+        entries(self.keys, self.values, blocks, sums)
+        return blocks, sums
+
+    def reserve(self, more: int) -> None:
+        """Room for `more` inserts without growing (compiled code cannot grow it)."""
+        self._room_for(more)
+
+    def compiled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(keys, values, meta) as compiled code takes them; valid until the next growth."""
+        return self.keys, self.values, self.meta
+
     def _room_for(self, more: int) -> None:
         if 2 * (self.count + more) <= self.keys.shape[0]:
             return
         keys, values = new_table(2 * (self.count + more))
         rehash(self.keys, self.values, keys, values)
         self.keys, self.values = keys, values
+
+
+class BlockSet(SumTable):
+    """A set of blocks in the same map (its values unused): compiled code adds and removes
+    them (put_if_room, remove) as it does checksums."""
+
+    def __iter__(self):
+        return iter(self.entries()[0].tolist())

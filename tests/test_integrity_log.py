@@ -57,7 +57,7 @@ def test_intend_writes_the_sums_then_the_new_dirty_blocks_in_one_frame(tmp_path)
     # the writes came before the write-backs: a block both written and summed ends on its SUM
     assert payload == b"".join(REC.pack(k, b, v) for k, b, v in
                                [(DIRTY, 3, 0), (DIRTY, 5, 0), (SUM, 2, 7), (SUM, 5, 2**64 - 1)])
-    assert sums.dirty == {1, 3} and sums.sums.pending == {2: 7, 5: 2**64 - 1}
+    assert set(sums.dirty) == {1, 3} and sums.sums.pending == {2: 7, 5: 2**64 - 1}
     sums.sums.set_many(np.array([5], np.int64), np.array([2**64 - 1], np.uint64))  # landed: recorded
     assert sums.sums.pending == {2: 7} and sums.sums[5] == 2**64 - 1
     sums.close()
@@ -91,7 +91,7 @@ def _replayed(path: Path) -> tuple[dict, dict]:
     sums, poison = BlockChecksums(None), PoisonTable()
     sums.attach_log(path, poison, unclean=True)
     sums.close()
-    return dict(sums.sums), dict(poison.blocks), dict(poison.valid)
+    return dict(sums.sums.items()), dict(poison.blocks), dict(poison.valid)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

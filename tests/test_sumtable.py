@@ -1,7 +1,7 @@
 """The compiled checksum map and hash (cxlhm/sumtable.py): the map against a dict
-(hypothesis state machine through growth and backward-shift deletes), the compiled
-xxh3 against Python's, the integrity layer's dict and its mirror staying in step, and
-streamed reads verifying in their compiled loop."""
+(hypothesis state machine through growth and backward-shift deletes, Python's calls
+and compiled code's), the compiled xxh3 against Python's, the integrity layer's
+checksums kept in it, and streamed reads verifying in their compiled loop."""
 import numpy as np
 import pytest
 import xxhash
@@ -40,8 +40,41 @@ class SumTableMachine(RuleBasedStateMachine):
 
     @rule(block=blocks)
     def discard(self, block):
-        self.table.discard(block)
+        assert self.table.discard(block) == (block in self.model)
         self.model.pop(block, None)
+
+    @rule(some=st.lists(blocks, max_size=30))
+    def discard_many(self, some):
+        self.table.discard_many(np.array(some, np.int64))
+        for block in some:
+            self.model.pop(block, None)
+
+    @rule(some=st.lists(blocks, max_size=30))
+    def add_missing(self, some):
+        """The dirty set's add: those not there yet come back, once each, in order."""
+        added = self.table.add_missing(np.array(some, np.int64))
+        expected = list(dict.fromkeys(b for b in some if b not in self.model))
+        assert added.tolist() == expected
+        self.model.update((b, 0) for b in expected)
+
+    @rule(block=blocks, value=sums)
+    def compiled_put(self, block, value):
+        """What a stream's loop does: insert only while the table stays half empty."""
+        keys, values, meta = self.table.compiled()
+        room = 2 * (self.table.count + 1) <= keys.shape[0]
+        assert sumtable.put_if_room(keys, values, meta, block, np.uint64(value)) == room
+        if room:
+            self.model[block] = value
+
+    @rule(block=blocks)
+    def compiled_remove(self, block):
+        sumtable.remove(*self.table.compiled(), block)
+        self.model.pop(block, None)
+
+    @rule(more=st.integers(0, 100))
+    def reserve(self, more):
+        self.table.reserve(more)
+        assert 2 * (self.table.count + more) <= self.table.keys.shape[0]
 
     @rule()
     def clear(self):
@@ -58,6 +91,9 @@ class SumTableMachine(RuleBasedStateMachine):
             if f:
                 assert v == self.model[block]
         assert 2 * self.table.count <= self.table.keys.shape[0]  # never more than half full
+        blocks_, values_ = self.table.entries()
+        assert dict(zip(blocks_.tolist(), values_.tolist())) == self.model
+        assert len(self.table) == len(self.model)
 
 
 TestSumTable = SumTableMachine.TestCase
@@ -73,18 +109,26 @@ def test_the_compiled_hash_is_pythons_xxh3(size):
     assert int(out[0]) == xxhash.xxh3_64_intdigest(data.tobytes())
 
 
-def test_the_mirror_follows_every_change_of_the_checksum_dict(tmp_path):
+def test_the_checksums_live_in_the_table_and_behave_as_a_dict(tmp_path):
     sums = BlockChecksums(None, 4096).sums
     sums[5] = 50
+    sums.pending.update({6: 1, 8: 2})  # logged ahead of their write-backs
     sums.set_many(np.array([6, 7, 5], np.int64), np.array([60, 70, 55], np.uint64))
-    sums.pop(6)
-    sums.forget(7, None)
-    sums.forget(99, None)
-    assert dict(sums) == {5: 55}
+    assert sums.pending == {8: 2}  # 6 landed: recorded, no longer pending
+    assert sums.pop(6) == 60
+    assert sums.forget(7, None) == 70 and sums.forget(99, None) is None
+    with pytest.raises(KeyError):
+        sums.forget(99)
+    with pytest.raises(KeyError):
+        sums[6]
+    assert dict(sums.items()) == {5: 55} and len(sums) == 1 and 5 in sums and 6 not in sums
+    assert sums.get(5) == 55 and sums.get(6, -1) == -1
     found, values = sums.table.lookup(np.array([5, 6, 7], np.int64))
     assert found.tolist() == [True, False, False] and int(values[0]) == 55
-    with pytest.raises(TypeError):  # a plain dict update would leave the mirror behind
-        sums.update({8: 80})
+    sums.forget_many(np.array([5, 8], np.int64))
+    assert not sums and sums.pending == {}
+    sums[1] = 2**64 - 1  # the full 64 bits survive
+    assert sums[1] == 2**64 - 1
     sums.clear()
     assert sums.table.count == 0 and not sums
 
@@ -96,7 +140,7 @@ def test_checksums_saved_at_close_are_verified_after_reopen(tmp_path):
         dev.write_from(0, np.full(16 * 4096, 9, np.uint8))
     with open_device(cfg) as dev:
         table = dev.device.checksums.sums.table
-        assert table.count == 16  # loaded into the mirror, not only the dict
+        assert table.count == 16  # loaded into the table
         found, _ = table.lookup(np.arange(16, dtype=np.int64))
         assert found.all()
 

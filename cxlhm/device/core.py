@@ -582,9 +582,10 @@ class Device(StreamReads, WriteWaves, WriteBehind, BackgroundWork, PowerLoss):
         are lost). Hosts fingerprint durable data with it (the KV store's flush)."""
         with self._lock:
             self.settle_behind()
-            sums = self.checksums.sums
             poison = self.poison.blocks
-            return [None if b in poison else sums.get(b) for b in range(first_block, first_block + n_blocks)]
+            found, sums = self.checksums.sums.lookup(np.arange(first_block, first_block + n_blocks, dtype=np.int64))
+            return [None if b in poison or not f else s
+                    for b, f, s in zip(range(first_block, first_block + n_blocks), found.tolist(), sums.tolist())]
 
     def integrity_report(self) -> dict:
         """What the last open recovered and what the integrity log holds now."""

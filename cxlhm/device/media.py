@@ -90,27 +90,18 @@ class MediaPath:
         checksum table, whose entries for these blocks cannot change meanwhile (only a
         write-back of a block records its sum, and a BUSY block is never written back)."""
         res, retries = self.submit_retrying(rows)
-        check = self.rows_with_sums(rows)
-        if not check:
+        if not self.checksums.sums:
             return res, retries, None  # the common case: nothing to verify
+        found, expected = self.checksums.sums.lookup(rows[:, 2] // self.block_size)
+        at = np.flatnonzero(found)
+        if at.shape[0] == 0:
+            return res, retries, None
         # one compiled hash over every checked slot (a call per row cost ~9 us a row)
-        sums = self.checksums.sums
-        at = np.array(check, np.int64)
         got = self.hash_slots(rows[at, 0])
-        expected = np.array([sums[b] for b in (rows[at, 2] // self.block_size).tolist()], np.uint64)
+        expected = expected[at]
         mismatch = np.zeros(rows.shape[0], bool)
         mismatch[at] = (res[at] == rows[at, 1]) & (got != expected)
         return res, retries, mismatch
-
-    def rows_with_sums(self, rows: np.ndarray) -> list[int]:
-        """Indices of the I/O rows whose blocks have a recorded checksum (a set
-        intersection: most reads are of blocks the device never wrote back)."""
-        sums = self.checksums.sums
-        if not sums:
-            return []
-        blocks = (rows[:, 2] // self.block_size).tolist()
-        known = sums.keys() & set(blocks)
-        return [i for i, block in enumerate(blocks) if block in known] if known else []
 
     def fill_matches(self, row: np.ndarray) -> bool:
         expected = self.checksums.sums.get(int(row[2] // self.block_size))

@@ -239,7 +239,7 @@ def _regeometry(image: str, capacity: int, old_bs: int, bs: int, checksums: Bloc
     checksum, then checksum the image again in blocks of `bs`. The new poison table
     holds, per new block, the old poisoned or failing blocks' bytes (the rest of the
     new block is valid)."""
-    old_sums = dict(checksums.sums)
+    old_sums = dict(checksums.sums.items())
     lost = sorted(poison.blocks)
     with open(image, "rb", buffering=0) as f:
         for block, expected in sorted(old_sums.items()):

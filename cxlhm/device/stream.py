@@ -23,6 +23,8 @@ from cxlhm.timing.recorder import record as record_latency
 
 STREAM_PASSES = 4  # passes of a wide streamed read in flight at once (_read_streamed)
 _NO_BLOCKS, _NO_SUMS = np.zeros(0, np.int64), np.zeros(0, np.uint64)  # an empty sum table: verify nothing
+# the loop records no landed write-back itself (readstream's `record`; the driver does)
+_NO_RECORD = (_NO_BLOCKS, _NO_SUMS, np.zeros(0, np.int64), _NO_BLOCKS, _NO_SUMS, np.zeros(0, np.int64))
 # where the stream's loop logs its victims' checksums, without an integrity log (readstream's LOG_*)
 _LOG_NONE, _LOG_IN_DRIVER = np.array([rs.LOG_NONE], np.int64), np.array([rs.LOG_IN_DRIVER], np.int64)
 
@@ -199,17 +201,15 @@ class StreamReads:
         st[rs.WRITTEN] = st[rs.WRITTEN_LOGGED] = 0
 
     def _stream_count_logged(self, state: rs.StreamState) -> None:
-        """The records the loop wrote to the integrity log itself (see run's log_ctl):
-        its DIRTY blocks join the dirty set first - before a compaction, which writes
-        that set - then the records are counted (and the log compacted when that is
-        due). A short write of it fails the stream, as one of the driver's would."""
+        """The records the loop wrote to the integrity log itself (see run's log_ctl;
+        it put their DIRTY blocks in the dirty set itself) are counted, and the log
+        compacted when that is due. A short write of it fails the stream, as one of the
+        driver's would."""
         st = state.st
         if st[rs.LOG_SHORT]:
             written, st[rs.LOG_SHORT] = int(st[rs.LOG_SHORT]) - 1, 0
             raise OSError(f"{self.checksums.log.path}: short write of the integrity log ({written} bytes of a "
                           "frame of write-back checksums)")
-        if st[rs.WRITTEN_LOGGED]:
-            self.checksums.dirty_logged_elsewhere(state.wblocks[:int(st[rs.WRITTEN_LOGGED])])
         if st[rs.LOG_RECORDS]:
             records, st[rs.LOG_RECORDS] = int(st[rs.LOG_RECORDS]), 0
             self.checksums.logged_elsewhere(records)
@@ -221,6 +221,19 @@ class StreamReads:
             return _LOG_IN_DRIVER
         log = self.checksums.log
         return _LOG_NONE if log is None else log.ctl
+
+    def _stream_record(self, state: rs.StreamState, log_ctl: np.ndarray) -> tuple:
+        """Under the lock: the tables the loop keeps in step itself (readstream's
+        `record`) - the checksums, and the dirty set - grown first to hold what one slice
+        adds (the loop cannot grow them: past that it leaves the recording to the
+        driver). None where the driver logs the loop's records (its `pending` sums must
+        see every landing)."""
+        if log_ctl[0] == rs.LOG_IN_DRIVER:
+            return _NO_RECORD
+        sums, dirty = self.checksums.sums.table, self.checksums.dirty
+        sums.reserve(state.wb_rows.shape[0])
+        dirty.reserve(state.wblocks.shape[0])
+        return (*sums.compiled(), *dirty.compiled())
 
     def _stream_unrecorded_sums(self) -> tuple[np.ndarray, np.ndarray]:
         """Under the lock: the blocks and sums of the streams' write-backs out or landed,
@@ -283,7 +296,8 @@ class StreamReads:
             # compile the verifying completion now, not in the middle of a timed stream
             empty = np.zeros(0, np.int64)
             complete(self.bt, self.ps, self.clock, self.dram.base_address, self.block_size, empty, empty, empty,
-                     state.bad[:0], empty, empty, state.arrays(), empty, empty, state.bad[:0], 0, empty, _NO_SUMS)
+                     state.bad[:0], empty, empty, state.arrays(), empty, empty, state.bad[:0], 0, empty, _NO_SUMS,
+                     _NO_RECORD)
         return state
 
     def _stream_stop(self, hpas, lens, n: int) -> tuple[int, int]:
@@ -293,11 +307,13 @@ class StreamReads:
             poisoned = np.array(sorted(self.media.poison.blocks), np.int64)
         return rs.clean_prefix(hpas, lens, self.block_size, poisoned), poisoned.shape[0]
 
-    def _stream_verify_mode(self) -> tuple[int, np.ndarray, np.ndarray]:
+    def _stream_verify_mode(self, record: tuple) -> tuple[int, np.ndarray, np.ndarray]:
         """Under the lock: how a stream verifies its reaped blocks (readstream's VERIFY_*),
-        and the sum table it reads (its arrays change when it grows)."""
+        and the sum table it reads (its arrays change when it grows). A loop that records
+        its landed write-backs verifies even when the table starts the slice empty: a
+        block it wrote back may be read again in the same slice."""
         table = self.media.checksums.sums.table
-        if table.count == 0:
+        if table.count == 0 and record is _NO_RECORD:
             return rs.VERIFY_NONE, table.keys, table.values
         return (rs.VERIFY_HERE if sumtable.COMPILED_HASH else rs.VERIFY_ALL), table.keys, table.values
 
@@ -313,13 +329,14 @@ class StreamReads:
         tags, res, bad, blocks = state.reaped_tags[:n], state.reaped_res[:n], state.bad[:n], state.blocks[:n]
         bad[:] = 0
         rs.reaped_blocks(state.arrays(), self.block_size, hpas, tags, n, blocks)
-        sums = self.media.checksums.sums
-        for j, block in enumerate(blocks.tolist()):
-            if block in sums and res[j] == self.block_size:
+        found, _ = self.media.checksums.sums.lookup(blocks)
+        for j in np.flatnonzero(found).tolist():
+            if res[j] == self.block_size:
+                block = int(blocks[j])
                 if not self.media.verify_slot(block, self.dram.slots[rs.slot_of_reaped(state.arrays(), tags[j])]):
                     bad[j] = 1
         complete(self.bt, self.ps, self.clock, self.dram.base_address, self.block_size, hpas, lens, addrs, kinds,
-                 clat, failed, state.arrays(), tags, res, bad, n, _NO_BLOCKS, _NO_SUMS)
+                 clat, failed, state.arrays(), tags, res, bad, n, _NO_BLOCKS, _NO_SUMS, _NO_RECORD)
         st[rs.REAPED] = 0
 
     def _stream_account(self, st, counted: int, held: int) -> tuple[int, int]:
@@ -335,11 +352,13 @@ class StreamReads:
     def _stream_run(self, job: "_StreamJob", stop: int, deadline_ns: int, counted: int, held: int) -> int:
         """Under the lock: one time slice of the stream's compiled loop (readstream.run)."""
         self.settle_behind()  # its slots are BUSY: no stream plans over them
+        log_ctl = self._stream_log_ctl()
+        record = self._stream_record(job.state, log_ctl)  # (first: it may grow the sum table)
         return job.run(self.bt, self.ps, self.counters, self.clock, self._write_mode_code, self.dram.base_address,
                        self.block_size, job.hpas, job.lens, job.addrs, job.kinds, stop, deadline_ns, job.slat, job.clat,
                        job.failed, job.state.arrays(), job.ring, job.fd, self.ssd.async_room() + counted,
-                       self._inflight_slots - held, self.n_slots, job.owner, *self._stream_verify_mode(),
-                       self.victim_blocks(but=job.state), self._stream_log_ctl())
+                       self._inflight_slots - held, self.n_slots, job.owner, *self._stream_verify_mode(record),
+                       self.victim_blocks(but=job.state), log_ctl, record)
 
     def _stream_drain(self, job: "_StreamJob", counted: int, held: int) -> None:
         """After an error: issue nothing more, wait for the stream's fills in flight and

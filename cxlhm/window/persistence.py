@@ -53,9 +53,7 @@ class WindowPersistence:
         state.checksums.close()  # from here on the fault service appends, through its own descriptor
         self.unclean_shutdown_detected = state.unclean
         self.poison = state.poison
-        sums = state.checksums.sums
-        self._blocks = np.fromiter(sums.keys(), np.int64, len(sums))
-        self._sums = np.fromiter(sums.values(), np.uint64, len(sums))
+        self._blocks, self._sums = state.checksums.sums.entries()
         self._poisoned = np.fromiter(self.poison.blocks.keys(), np.int64, len(self.poison.blocks))
         self._poison_at_open = self.poison.to_json()
         self.log_fd = os.open(log_path(image), os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
