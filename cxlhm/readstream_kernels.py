@@ -22,7 +22,7 @@ from cxlhm.streamstate import (
     WB_FAILED_N, RING, STAGE_SHARE, STAGE_BYTES, WB_STAGE, WB_LAND, WB_FAIL, WIDE_BLOCK, _reap, _now_ns,
     _copy_write_in, _in_sorted, _touches_writebacks, _queue_all, _submit_bucket, _WB_ROWS, _WB_STATE, _WB_OWNER,
     _WB_FREE, _WB_STAGED, _WB_LANDED, _WB_FAILED, _TAG_WBS, _COPY_JOBS, _COPY_OF, _COPY_EXPECTED, _COPY_CHECKED,
-    _landed_sum, _writeback_done, _record_landed, _queue_writebacks, _copy_many, _copy_piece, _piece_job, _log_staged, LOG_IN_DRIVER)
+    _landed_sum, _writeback_done, _record_landed, _queue_writebacks, _copy_many, _copy_piece, _piece_job, _log_staged)
 
 _policy = firmware_policies.get("lru")  # the policy of this copy
 _firmware = fw.kernels_for(_policy)
@@ -314,8 +314,6 @@ def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs
         arrays[18]
     tag_slots = arrays[6]
     stage_batch = max(1, min(tag_slots.shape[0] // STAGE_SHARE, STAGE_BYTES // (block_size * tag_slots.shape[1])))
-    if log_ctl[0] != LOG_IN_DRIVER:  # logged here, a write(2) each: every victim goes on the ring at once
-        stage_batch = 1
     slice_end = _now_ns(ts) + SLICE_NS
     # reads of many large blocks: a reap takes every completion that is in, as one run for
     # the copy engine (one block per I/O: two at a time, so new I/Os go out between them)

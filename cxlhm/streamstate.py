@@ -82,14 +82,17 @@ LOG_SHORT = 27  # a short write of the integrity log by the loop: 1 + the bytes 
 WRITTEN_LOGGED = 28  # of the blocks in wblocks, the first WRITTEN_LOGGED were logged dirty by the loop
 N_SCALARS = 29
 
-# Staged victims the loop gathers before handing them to the driver (one interpreter
-# round trip logs them all), unless nothing else is on the ring to wait for: a quarter
-# of the depth, at most STAGE_BYTES of them (large blocks: at once, their write is long).
-# A staged victim's I/O waits for the batch, and each batch costs a round trip: 4k
-# random writes at QD32 measured 0.62 of fio's IOPS with a quarter (41% CPU), 0.57 with
-# an eighth (90% CPU: the round trips), on the loaded 2-core machine. Where the loop logs
-# the victims itself (COMPILED_LOG) a batch costs one write(2), and it logs each at once:
-# a victim waiting for a batch is not at the SSD, and the closed loop's depth is fixed.
+# Staged victims the loop gathers before logging their checksums (one write(2) of the
+# integrity log, or one interpreter round trip where the driver logs them), unless
+# nothing else is on the ring to wait for: a quarter of the depth, at most STAGE_BYTES of
+# them (large blocks: at once, their write is long). A staged victim's I/O waits for the
+# batch, and each batch costs a write(2) or a round trip. On the 2-core development
+# machine 4k random writes at QD32 are CPU-bound (fio's thread and the kernel's io_uring
+# workers fill both cores), so the write(2)s saved count more than the wait: with the loop
+# logging, a quarter (8) ran 1.09x the IOPS of an eighth (4), which ran 1.17x those of a
+# write(2) per victim, and a half (16) ran 0.94x a quarter (interleaved runs of the
+# bench_fio job, medians of 8). Where the driver logs, a quarter measured 0.62 of fio's
+# IOPS (41% CPU) and an eighth 0.57 (90% CPU: the round trips).
 STAGE_SHARE = 4
 STAGE_BYTES = 1 << 20
 

@@ -173,7 +173,8 @@ def add_missing(keys, values, blocks, added):
     many (a set's "add, and tell me which were new", in one pass)."""
     n = 0
     for j in range(blocks.shape[0]):
-        if put(keys, values, blocks[j], np.uint64(0)):
+        if find(keys, blocks[j]) < 0:  # (put would zero an entry that is there)
+            put(keys, values, blocks[j], np.uint64(0))
             added[n] = blocks[j]
             n += 1
     return n

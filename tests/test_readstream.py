@@ -345,3 +345,47 @@ def test_rot_under_a_wide_streamed_read_is_poison_and_the_rest_arrives(tmp_path,
         assert dev.stats()["checksum_mismatches"] == 1
         assert dev.load(0, rotten * block) == data[:rotten * block].tobytes()
         assert dev.load((rotten + 1) * block, (n_blocks - rotten - 1) * block) == data[(rotten + 1) * block:].tobytes()
+
+
+@pytest.mark.parametrize("room", [True, False])
+def test_a_write_stream_leaves_the_checksums_and_dirty_set_its_log_replays_to(tmp_path, monkeypatch, room):
+    """The stream's loop records its landed write-backs' checksums and its dirty blocks
+    in the driver's tables itself; whatever it recorded, replaying the integrity log it
+    wrote (as after a crash) gives the same checksums, and poisons exactly the blocks
+    the dirty set holds. Without room in the sum table (room=False: a tiny table that
+    is never grown for the loop) the landings go to the driver, with the same result."""
+    from cxlhm import readstream as rs
+    from cxlhm.device.stream import StreamReads
+    from cxlhm.integrity import BlockChecksums, PoisonTable
+    from cxlhm.sumtable import SumTable
+    handed = []
+    real = StreamReads._stream_writebacks
+    monkeypatch.setattr(StreamReads, "_stream_writebacks",
+                        lambda self, state: (handed.append(int(state.st[rs.WB_LANDED])), real(self, state))[1])
+    path = tmp_path / "r.img"
+    rng = np.random.default_rng(5)
+    with _rw_device(path, dram_blocks=8) as dev:
+        if not room:
+            dev.device.checksums.sums.table = SumTable(capacity=4)
+            monkeypatch.setattr(SumTable, "reserve", lambda self, more: None)
+        n = 40
+        offsets = rng.permutation(RW_BLOCKS)[:n].astype(np.int64) * BLOCK
+        data = rng.integers(0, 256, n * BLOCK, dtype=np.uint8)
+        result = dev.device.read_stream(offsets, np.full(n, BLOCK, np.int64),
+                                        data.ctypes.data + np.arange(n, dtype=np.int64) * BLOCK, 8,
+                                        writes=np.ones(n, np.uint8))
+        assert result.count == n and dev.stats()["writebacks"] >= n - 8
+        landed_by_driver = sum(handed)
+        assert (landed_by_driver == 0) == room
+        checksums = dev.device.checksums
+        sums, dirty = dict(checksums.sums.items()), set(checksums.dirty)
+        assert len(sums) >= n - 8 and dirty
+        replayed = BlockChecksums(None, BLOCK)
+        poison = PoisonTable()
+        replayed.attach_log(tmp_path / "copy.ilog", poison, unclean=False)
+        replayed.close()
+        (tmp_path / "copy.ilog").write_bytes(checksums.log.path.read_bytes())
+        replayed.attach_log(tmp_path / "copy.ilog", poison, unclean=True)
+        replayed.close()
+        assert dict(replayed.sums.items()) == {b: s for b, s in sums.items() if b not in dirty}
+        assert set(poison.blocks) == dirty
