@@ -19,6 +19,7 @@ from cxlhm.streamstate import (
     FINISHED, BLOCKED, WRITE_BACK, DEVICE_FULL, VERIFY, SLICE, WIDE, LOG_WRITES, ISSUED, WB_FAILED, VERIFY_HERE,
     VERIFY_ALL, REAP_AT_ONCE, SLICE_NS, NEXT, IN_FLIGHT, SLOTS, FILLS, PARKED_WBS, DONE, FAILED, HITS, MISSES,
     REAPED, ERRNO, QUEUED, PEAK, WRITTEN, W_HITS, W_MISSES, N_PARKED, N_READY, WB_USED, WB_STAGED, WB_LANDED,
+    WB_LOGGED, WRITTEN_LOGGED,
     WB_FAILED_N, RING, STAGE_SHARE, STAGE_BYTES, WB_STAGE, WB_LAND, WB_FAIL, WIDE_BLOCK, _reap, _now_ns,
     _copy_write_in, _in_sorted, _touches_writebacks, _queue_all, _submit_bucket, _WB_ROWS, _WB_STATE, _WB_OWNER,
     _WB_FREE, _WB_STAGED, _WB_LANDED, _WB_FAILED, _TAG_WBS, _COPY_JOBS, _COPY_OF, _COPY_EXPECTED, _COPY_CHECKED,
@@ -349,4 +350,10 @@ def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs
         if st[WB_FAILED_N]:
             return WB_FAILED
         if _now_ns(ts) >= slice_end:
+            if st[WB_STAGED] > st[WB_LOGGED] or st[WRITTEN] > st[WRITTEN_LOGGED]:
+                # a batch short of full goes to the SSD now, not after the driver's turn
+                # (which would log it in the interpreter, and queue it only next slice)
+                if _log_staged(arrays, block_size, log_ctl, record):
+                    _queue_writebacks(arrays, ring, fd)
+                    _reap(ring, 0, 0, 0, 0)  # submit only: takes no completion
             return SLICE

@@ -188,6 +188,9 @@ class StreamReads:
         write-backs). Until its checksum is recorded a victim's row stays in the
         stream's table: no thread misses on its block meanwhile (_touches_victims)."""
         st = state.st
+        if st[rs.WB_STAGED] == st[rs.WB_LOGGED] and st[rs.WRITTEN] == st[rs.WRITTEN_LOGGED]:
+            st[rs.WRITTEN] = st[rs.WRITTEN_LOGGED] = 0  # the loop logged all of it (the common case)
+            return
         staged = state.staged_rows()
         written = state.wblocks[int(st[rs.WRITTEN_LOGGED]):int(st[rs.WRITTEN])]
         if staged.shape[0]:
