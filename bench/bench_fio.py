@@ -15,7 +15,9 @@ even rounds, cxlhm first in odd ones); the ratio is the median of each round's r
 disk's speed drifts by tens of percent between rounds on a shared machine, and a round's
 fio and cxlhm runs are seconds apart), the IOPS and bandwidth columns are medians; each
 cxlhm row also shows where its time went (the effective depth by Little's law, fio's and
-ours, and the device's SSD traffic per host I/O). For random reads and writes each round
+ours, the device's SSD traffic per host I/O, and the whole machine's: how busy all cores
+were, and the disk's own queue - on a small machine fio itself can be CPU-bound, and then
+every cycle the device spends comes out of the kernel's I/O path). For random reads and writes each round
 also runs the native io_uring closed loop (what the device's stream drives) on fio's reused
 buffers and on slots rotating over a device-DRAM-sized arena (where fills land and victims
 are written back from), so the gap to fio splits into the loop, where the bytes go through,
@@ -92,9 +94,58 @@ def run_cxlhm(text: str) -> dict:
     return out
 
 
+def disk_of(path: str) -> tuple[int, int] | None:
+    """(major, minor) of the block device holding `path`, if /proc/diskstats lists it."""
+    dev = os.stat(path).st_dev
+    wanted = (os.major(dev), os.minor(dev))
+    try:
+        for line in Path("/proc/diskstats").read_text().splitlines():
+            fields = line.split()
+            if (int(fields[0]), int(fields[1])) == wanted:
+                return wanted
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def machine_now(disk: tuple[int, int] | None) -> tuple[int, int, int]:
+    """(busy and total CPU time of all cores in jiffies, from /proc/stat; the disk's
+    weighted milliseconds in queue, from /proc/diskstats, 0 without a disk)."""
+    cpu = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = cpu[3] + (cpu[4] if len(cpu) > 4 else 0)  # idle + iowait
+    queued = 0
+    if disk is not None:
+        for line in Path("/proc/diskstats").read_text().splitlines():
+            fields = line.split()
+            if (int(fields[0]), int(fields[1])) == disk:
+                queued = int(fields[13])
+    return sum(cpu) - idle, sum(cpu), queued
+
+
+def metered(run, disk: tuple[int, int] | None) -> dict:
+    """run()'s figures, with the whole machine's over the run: `busy` - the share of all
+    cores' time that was not idle (percent; fio's thread, the kernel's I/O workers,
+    interrupts, and anything else on the machine), `disk_queue` - the disk's I/Os in
+    flight on average (its weighted time in queue over the wall time)."""
+    busy0, total0, queued0 = machine_now(disk)
+    started = time.perf_counter()
+    out = run()
+    wall_ms = (time.perf_counter() - started) * 1000
+    busy1, total1, queued1 = machine_now(disk)
+    out["busy"] = 100 * (busy1 - busy0) / max(total1 - total0, 1)
+    out["disk_queue"] = (queued1 - queued0) / wall_ms if disk is not None else float("nan")
+    return out
+
+
 def why_below(ratio: float, f_lat: float, c_lat: float, c_depth: float, qd: int, ssd: float, cpu: float,
-              wb: float) -> str:
+              wb: float, f_busy: float = 0.0, c_busy: float = 0.0) -> str:
     """The measured reason a case is below target, in words."""
+    if f_busy >= 90:
+        return (f"the machine is CPU-bound: while fio alone ran, all {os.cpu_count()} cores were {f_busy:.0f}% busy "
+                f"(its thread and the kernel's I/O path: io_uring's workers, interrupts), {c_busy:.0f}% under cxlhm - "
+                "the device's own work per I/O (plan, copy between device DRAM and the host buffer, checksums, "
+                "the integrity log) takes time those cores would give the kernel's I/O path; "
+                f"{c_lat:.0f} us vs fio's {f_lat:.0f} us per I/O at the same depth")
     if cpu >= 90:
         return (f"CPU-bound: the job's thread used {cpu:.0f}% of a core (the device's planning, copies and "
                 "checksums run on the submitting thread; fio spends none of that)")
@@ -193,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"file    : {path}, region {args.size}, {args.runtime} s per run, {args.rounds} rounds, medians")
     print(f"started : {time.strftime('%Y-%m-%d %H:%M:%S')}, {load()}\n")
     lay_out(path, 0, parse_size(args.size), log=lambda text: print(f"(laying out {path})"))
+    disk = disk_of(path)
 
     rows, decompositions = [], []
     for name, rw, bs, qd, extra, block, dram, metric, target in WORKLOADS:
@@ -203,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                            f"ioengine=cxlhm\ncxlhm_block_size={block}\ncxlhm_dram={dram}\ncxlhm_clock=wall")
         fio_runs, cx_runs, raw_runs = [], [], []
         def run_fio():
-            fio_runs.append(run_real_fio(fio_text, fio))
+            fio_runs.append(metered(lambda: run_real_fio(fio_text, fio), disk))
 
         def run_raw():  # where a random read's or write's time goes, at the same moments
             if rw in ("randread", "randwrite"):
@@ -215,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             # sidecars' checksums describe the bytes it last wrote back, not fio's)
             for sidecar in Path(path).parent.glob(Path(path).name + ".cxlhm.*"):
                 sidecar.unlink()
-            cx_runs.append(run_cxlhm(cx_text))
+            cx_runs.append(metered(lambda: run_cxlhm(cx_text), disk))
 
         for r in range(args.rounds):  # every other round the other way round: whoever runs first gains nothing
             for step in ((run_fio, run_raw, run_device) if r % 2 == 0 else (run_device, run_raw, run_fio)):
@@ -226,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((name, metric, f_val, c_val, paired(col(cx_runs, metric), col(fio_runs, metric)), target,
                      med(fio_runs, "lat_us"), med(cx_runs, "lat_us"), med(fio_runs, "depth"), med(cx_runs, "depth"),
                      med(cx_runs, "cachehit"), med(cx_runs, "ssd_per_io"), med(cx_runs, "cpu_pct"),
-                     med(cx_runs, "wb_per_io"), qd, landing))
+                     med(cx_runs, "wb_per_io"), qd, landing, med(fio_runs, "busy"), med(cx_runs, "busy"),
+                     med(fio_runs, "disk_queue"), med(cx_runs, "disk_queue")))
         if raw_runs:
             reused, spread = med(raw_runs, "reused"), med(raw_runs, "spread")
             fio_iops = col(fio_runs, "iops")
@@ -243,17 +296,22 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\n{'workload':<22} {'metric':<9} {'fio':>12} {'cxlhm':>12} {'ratio':>7} {'target':>7}  "
           f"{'lat fio':>8} {'lat cxlhm':>9}  {'depth fio/cxlhm':>15}  {'hit%':>5} {'SSD/IO':>6} {'cpu%':>5} "
-          f"{'wb/IO':>6}")
+          f"{'wb/IO':>6}  {'busy% fio/cxlhm':>15}  {'disk q fio/cxlhm':>16}")
     notes = []
-    for name, metric, f_val, c_val, ratio, target, f_lat, c_lat, f_depth, c_depth, hit, ssd, cpu, wb, qd, landing \
-            in rows:
+    for name, metric, f_val, c_val, ratio, target, f_lat, c_lat, f_depth, c_depth, hit, ssd, cpu, wb, qd, landing, \
+            f_busy, c_busy, f_queue, c_queue in rows:
         unit = (lambda v: f"{v:,.0f}") if metric == "iops" else (lambda v: f"{v / 2**20:,.0f} MiB/s")
         verdict = "ok" if ratio >= target else "BELOW"
         print(f"{name:<22} {'IOPS' if metric == 'iops' else 'bandwidth':<9} {unit(f_val):>12} {unit(c_val):>12} "
               f"{ratio:>6.2f}x {target:>6.2f}x  {f_lat:>6.0f}us {c_lat:>7.0f}us  {f_depth:>7.1f}/{c_depth:<7.1f}  "
-              f"{hit:>5.1f} {ssd:>6.2f} {cpu:>5.0f} {wb:>6.2f}  {verdict}")
+              f"{hit:>5.1f} {ssd:>6.2f} {cpu:>5.0f} {wb:>6.2f}  {f_busy:>7.0f}/{c_busy:<7.0f}  "
+              f"{f_queue:>8.1f}/{c_queue:<7.1f}  {verdict}")
         if ratio < target:
-            note = why_below(ratio, f_lat, c_lat, c_depth, qd, ssd, cpu, wb)
+            note = why_below(ratio, f_lat, c_lat, c_depth, qd, ssd, cpu, wb, f_busy, c_busy)
+            if metric == "iops" and f_queue == f_queue:  # (NaN: no disk figures)
+                note += (f"; at the disk (its own accounting): {c_queue:.1f} I/Os in flight, each "
+                         f"{1e6 * c_queue / max(c_val, 1):.0f} us in it, against fio's {f_queue:.1f} and "
+                         f"{1e6 * f_queue / max(f_val, 1):.0f} us")
             if landing is not None and landing < target:
                 note += (f"; of that, moving the bytes through slots spread over device DRAM alone leaves the "
                          f"native loop at {landing:.2f}x of fio on this machine (measured apart, same rounds)")
@@ -261,7 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\nwhere the time goes (cxlhm columns): lat = fio's mean total latency (submission + completion);"
           "\ndepth = IOPS x lat, the I/Os really in flight; SSD/IO = the device's fills and write-backs per"
           "\nhost I/O (fio: 1.00); cpu% = the job's threads' CPU over its wall time (near 100: CPU-bound);"
-          "\nwb/IO = dirty victims written back per host I/O (on the stream's ring, the I/O parked meanwhile).")
+          "\nwb/IO = dirty victims written back per host I/O (on the stream's ring, the I/O parked meanwhile);"
+          "\nbusy% = all cores' time not idle during each side's runs (the whole machine: near 100, fio itself"
+          "\nis CPU-bound); disk q = the disk's I/Os in flight on average (its own accounting, /proc/diskstats).")
     if notes:
         print("\nwhy the cases below target stay there (from the figures above):")
         for note in notes:
