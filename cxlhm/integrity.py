@@ -4,8 +4,8 @@ the integrity log that keeps both right across an unclean shutdown.
 Checksums: when the device writes a block to the SSD it records the block's xxh3-64;
 every later SSD read of that block is verified against it, and a mismatch is poison,
 never data. Blocks the device never wrote (sparse zeros, or an image laid out by
-someone else) have no checksum and are not checked. Memory: 32-64 bytes per block ever
-written back, in a compiled hash table (cxlhm/sumtable.py) that Python and compiled code
+someone else) have no checksum and are not checked. Memory: 32-70 bytes per block ever
+written back (16 per bucket, a quarter to a half of them used), in a compiled hash table (cxlhm/sumtable.py) that Python and compiled code
 share: streamed reads verify in their loop, and record their write-backs' checksums
 there as they land; on disk 16 bytes per block.
 
