@@ -56,14 +56,27 @@ def command() -> str:
     return "python " + " ".join(sys.argv)
 
 
-def alternate(trials: int, **runs):
-    """Run each named callable `trials` times, interleaved (a, b, a, b, ...) so both see
-    the same machine noise; return {name: median of the returned figures}."""
+def alternate_trials(trials: int, **runs) -> dict[str, list[float]]:
+    """Run each named callable `trials` times, interleaved so all see the same machine
+    noise: a, b, c in even trials, c, b, a in odd ones (a disk whose speed drifts within a
+    trial favours whoever runs last: the order cancels that out over pairs of trials).
+    Returns {name: the figure of each trial}."""
     results: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(trials):
-        for name, fn in runs.items():
-            results[name].append(fn())
-    return {name: statistics.median(values) for name, values in results.items()}
+    names = list(runs)
+    for trial in range(trials):
+        for name in (names if trial % 2 == 0 else names[::-1]):
+            results[name].append(runs[name]())
+    return results
+
+
+def alternate(trials: int, **runs):
+    """alternate_trials, reduced to {name: median of its trials' figures}."""
+    return {name: statistics.median(values) for name, values in alternate_trials(trials, **runs).items()}
+
+
+def paired_ratio(nums: list[float], dens: list[float]) -> float:
+    """The median of each trial's ratio: the machine's drift between trials cancels."""
+    return statistics.median(a / b for a, b in zip(nums, dens))
 
 
 def rate(n: int, fn) -> float:

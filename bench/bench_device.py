@@ -12,6 +12,9 @@
      Target: device >= 0.8 x copyto.
 
     python bench/bench_device.py [--seconds 1.0] [--trials 5]
+
+Each case's sides run in turn, trial after trial, in reverse order every other trial; a
+ratio is the median of the trials' ratios (the disk's speed drifts within seconds here).
 """
 from __future__ import annotations
 
@@ -19,11 +22,13 @@ import argparse
 import mmap
 import sys
 from pathlib import Path
+from statistics import median
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import alternate, bench_dir, command, lay_out, machine, twin_of, without_sidecars  # noqa: E402
+from _common import (alternate_trials, bench_dir, command, lay_out, machine, paired_ratio, twin_of,  # noqa: E402
+                     without_sidecars)
 
 from cxlhm.media.dram import DeviceDram  # noqa: E402
 from cxlhm.media.ssd import SsdBackend  # noqa: E402
@@ -104,19 +109,21 @@ def bench_random_miss(path: Path, seconds: float, trials: int) -> dict:
         raw.submit(ops)
 
     device_stream(), raw_closed(), raw_spread(), device_batch(), raw_batch()  # compile and warm up
-    loops = alternate(trials, device=lambda: timed_batches(seconds, device_stream, LOOP),
-                      raw=lambda: timed_batches(seconds, raw_closed, LOOP),
-                      spread=lambda: timed_batches(seconds, raw_spread, LOOP))
-    batches = alternate(trials, device=lambda: timed_batches(seconds, device_batch, QD),
-                        raw=lambda: timed_batches(seconds, raw_batch, QD))
+    loops = alternate_trials(trials, device=lambda: timed_batches(seconds, device_stream, LOOP),
+                             raw=lambda: timed_batches(seconds, raw_closed, LOOP),
+                             spread=lambda: timed_batches(seconds, raw_spread, LOOP))
+    batches = alternate_trials(trials, device=lambda: timed_batches(seconds, device_batch, QD),
+                               raw=lambda: timed_batches(seconds, raw_batch, QD))
     hit_ratio = dev.stats()["hit_ratio"]
     dev.close()
     raw.close()
     arena.close()
-    return {"device_iops": loops["device"], "raw_iops": loops["raw"], "ratio": loops["device"] / loops["raw"],
-            "spread_iops": loops["spread"],
-            "batch_device_iops": batches["device"], "batch_raw_iops": batches["raw"],
-            "batch_ratio": batches["device"] / batches["raw"], "device_hit_ratio": hit_ratio}
+    return {"device_iops": median(loops["device"]), "raw_iops": median(loops["raw"]),
+            "ratio": paired_ratio(loops["device"], loops["raw"]), "spread_iops": median(loops["spread"]),
+            "spread_ratio": paired_ratio(loops["spread"], loops["raw"]),
+            "device_of_spread": paired_ratio(loops["device"], loops["spread"]),
+            "batch_device_iops": median(batches["device"]), "batch_raw_iops": median(batches["raw"]),
+            "batch_ratio": paired_ratio(batches["device"], batches["raw"]), "device_hit_ratio": hit_ratio}
 
 
 def bench_dram_hit(path: Path, seconds: float, trials: int) -> dict:
@@ -140,13 +147,13 @@ def bench_dram_hit(path: Path, seconds: float, trials: int) -> dict:
         i = cursor["copy"] = (cursor["copy"] + 1) % hot
         np.copyto(out, sources[i])
 
-    medians = alternate(trials, device=lambda: timed_batches(seconds, device_read, 1),
-                        copy=lambda: timed_batches(seconds, copy, 1))
+    runs = alternate_trials(trials, device=lambda: timed_batches(seconds, device_read, 1),
+                            copy=lambda: timed_batches(seconds, copy, 1))
     assert dev.stats()["misses"] == before, "the hot set must stay resident"
     dev.close()
     to_gbs = 2 * MIB / 1e9
-    return {"device_gbs": medians["device"] * to_gbs, "copy_gbs": medians["copy"] * to_gbs,
-            "ratio": medians["device"] / medians["copy"]}
+    return {"device_gbs": median(runs["device"]) * to_gbs, "copy_gbs": median(runs["copy"]) * to_gbs,
+            "ratio": paired_ratio(runs["device"], runs["copy"])}
 
 
 def main() -> int:
@@ -177,8 +184,8 @@ def main() -> int:
           f"{dev_us:.0f} us through the device; the device plans each read, lands it in a device-DRAM slot and "
           "copies it out as it lands, while the other 31 are at the SSD. The raw loop landing its reads in 4 KiB "
           f"slots rotating over the device's {FILE_DRAM >> 20} MiB of DRAM, as the device's fills do: "
-          f"{a['spread_iops']:,.0f} IOPS ({a['spread_iops'] / a['raw_iops']:.2f}x of the raw loop into {QD} reused buffers, fio's layout); "
-          f"the device reached {a['device_iops'] / a['spread_iops']:.2f}x of that")
+          f"{a['spread_iops']:,.0f} IOPS ({a['spread_ratio']:.2f}x of the raw loop into {QD} reused buffers, fio's layout); "
+          f"the device reached {a['device_of_spread']:.2f}x of that")
     raw_us, dev_us = QD / a["batch_raw_iops"] * 1e6, QD / a["batch_device_iops"] * 1e6
     print(f"(a') where the time goes: a batch of {QD} takes {raw_us:.0f} us at the SSD (raw) and {dev_us:.0f} us "
           f"through the device: {dev_us - raw_us:.0f} us per batch of device work on the host thread - the "

@@ -176,28 +176,36 @@ def raw_loops(path: str, region: int, bs: int, qd: int, dram: int, seconds: int,
     use) at `qd` on random `bs` reads (or writes) of the region: into (from) `qd` reused
     buffers (fio's layout), and into (from) slots rotating over a device-DRAM-sized arena,
     in the order an all-miss LRU device reuses them (the device's fills land there, its
-    victims are written back from there). IOPS of each."""
+    victims are written back from there). IOPS of each. The two take turns in slices of a
+    quarter second, in reverse order every other slice: the disk's speed drifts within
+    seconds here, and a fixed order credits the drift to whoever runs second."""
     from cxlhm.media.dram import DeviceDram
     from cxlhm.media.ssd import SsdBackend
 
     backend = SsdBackend(path, region, qd)
     rng = np.random.default_rng(7)
-    per_call = 8192
+    per_call = 2048  # (a call blocks until all of its I/Os are done: ~25 ms at 80k IOPS)
     reused = DeviceDram(qd, bs)
     arena = DeviceDram(max(qd, dram // bs), bs)
-    out = {}
-    for name, base, n_slots in (("reused", reused.base_address, qd), ("spread", arena.base_address, arena.n_slots)):
-        ops = np.zeros((per_call, 4), np.int64)
-        ops[:, 1] = bs
-        ops[:, 3] = int(write)
-        done, turn, start = 0, 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            ops[:, 0] = base + (np.arange(turn, turn + per_call) % n_slots) * bs
-            ops[:, 2] = rng.integers(0, region // bs, per_call) * bs
-            res, _ = backend.run_closed_loop(ops, qd)
-            done += int((res == bs).sum())
-            turn += per_call
-        out[name] = done / (time.perf_counter() - start)
+    sides = {"reused": (reused.base_address, qd), "spread": (arena.base_address, arena.n_slots)}
+    done, spent, turns = dict.fromkeys(sides, 0), dict.fromkeys(sides, 0.0), dict.fromkeys(sides, 0)
+    ops = np.zeros((per_call, 4), np.int64)
+    ops[:, 1] = bs
+    ops[:, 3] = int(write)
+    piece = 0.25
+    for i in range(max(1, round(seconds / piece))):
+        for name in (("reused", "spread") if i % 2 == 0 else ("spread", "reused")):
+            base, n_slots = sides[name]
+            start = time.perf_counter()
+            while time.perf_counter() - start < piece:
+                turn = turns[name]
+                ops[:, 0] = base + (np.arange(turn, turn + per_call) % n_slots) * bs
+                ops[:, 2] = rng.integers(0, region // bs, per_call) * bs
+                res, _ = backend.run_closed_loop(ops, qd)
+                done[name] += int((res == bs).sum())
+                turns[name] += per_call
+            spent[name] += time.perf_counter() - start
+    out = {name: done[name] / spent[name] for name in sides}
     backend.close()
     reused.close()
     arena.close()
