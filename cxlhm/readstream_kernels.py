@@ -17,7 +17,7 @@ from cxlhm import blocktable as btm
 from cxlhm.jit import njit_without_refcounts
 from cxlhm.streamstate import (
     FINISHED, BLOCKED, WRITE_BACK, DEVICE_FULL, VERIFY, SLICE, WIDE, LOG_WRITES, ISSUED, WB_FAILED, VERIFY_HERE,
-    VERIFY_ALL, REAP_AT_ONCE, SLICE_NS, NEXT, IN_FLIGHT, SLOTS, FILLS, PARKED_WBS, DONE, FAILED, HITS, MISSES,
+    VERIFY_ALL, REAP_AT_ONCE, SLICE_NS, SLICE_MAX_NS, NEXT, IN_FLIGHT, SLOTS, FILLS, PARKED_WBS, DONE, FAILED, HITS, MISSES,
     REAPED, ERRNO, QUEUED, PEAK, WRITTEN, W_HITS, W_MISSES, N_PARKED, N_READY, WB_USED, WB_STAGED, WB_LANDED,
     WB_LOGGED, WRITTEN_LOGGED,
     WB_FAILED_N, RING, STAGE_SHARE, STAGE_BYTES, WB_STAGE, WB_LAND, WB_FAIL, WIDE_BLOCK, _reap, _now_ns,
@@ -304,18 +304,21 @@ def step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addr
 @njit_without_refcounts
 def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, stop, deadline_ns,
         slat, clat, failed_out, arrays, ring, fd, ring_room, other_slots, n_slots, owner, verify, sum_keys,
-        sum_values, victims, log_ctl, record):
+        sum_values, victims, log_ctl, record, waiting, clock_base):
     """The stream's loop for one time slice (see the module docstring). A reap goes
     back to the driver for verification: always (VERIFY_ALL), or when one of its
     blocks does not match its record in the sum table (VERIFY_HERE). Staged victims'
     checksums are logged here unless `log_ctl` leaves them to the driver (WRITE_BACK);
     `record` (empty: not here) is where the loop keeps the driver's checksums and dirty
-    set in step with what it logs and what lands."""
+    set in step with what it logs and what lands. The slice goes on past SLICE_NS while
+    `waiting[0]` (the device lock's waiters) is 0 and `clock_base` >= 0 (the wall clock's
+    zero of the firmware's NOW_NS, which the loop then keeps), up to SLICE_MAX_NS."""
     st, ts, reaped_tags, reaped_res, bad, submits = arrays[0], arrays[14], arrays[15], arrays[16], arrays[17], \
         arrays[18]
     tag_slots = arrays[6]
     stage_batch = max(1, min(tag_slots.shape[0] // STAGE_SHARE, STAGE_BYTES // (block_size * tag_slots.shape[1])))
     slice_end = _now_ns(ts) + SLICE_NS
+    slice_cap = slice_end - SLICE_NS + SLICE_MAX_NS
     # reads of many large blocks: a reap takes every completion that is in, as one run for
     # the copy engine (one block per I/O: two at a time, so new I/Os go out between them)
     wide_reads = block_size >= WIDE_BLOCK and tag_slots.shape[1] > 1
@@ -349,7 +352,11 @@ def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs
         st[REAPED] = 0
         if st[WB_FAILED_N]:
             return WB_FAILED
-        if _now_ns(ts) >= slice_end:
+        now = _now_ns(ts)
+        if now >= slice_end and clock_base >= 0 and waiting[0] == 0 and now < slice_cap:
+            slice_end = now + SLICE_NS  # nobody waits for the device: no driver's turn yet
+            bt.scalars[btm.NOW_NS] = now - clock_base  # (what the driver's _sync_time does)
+        elif now >= slice_end:
             if st[WB_STAGED] > st[WB_LOGGED] or st[WRITTEN] > st[WRITTEN_LOGGED]:
                 # a batch short of full goes to the SSD now, not after the driver's turn
                 # (which would log it in the interpreter, and queue it only next slice)

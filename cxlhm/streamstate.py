@@ -49,6 +49,11 @@ WIDE_BLOCK = 32 << 10
 # loaded 2-core machine (recording ~70 landed write-backs' sums at 35k writes/s), and 4k
 # random writes at QD32 measured 0.80 of fio's IOPS with 0.5 ms slices, 0.89 with 2 ms.
 SLICE_NS = 2_000_000
+# While no other thread waits for the device (cxlhm/device/lock.py) a slice goes on past
+# SLICE_NS, up to this: the driver's turn still comes (the integrity log's compaction,
+# the back end's accounting), and a thread that starts waiting gets the lock within
+# SLICE_NS. The loop keeps the firmware's clock (NOW_NS) meanwhile.
+SLICE_MAX_NS = 20_000_000
 
 # scalar state of a stream (StreamState.st)
 NEXT = 0  # index of the next read to plan

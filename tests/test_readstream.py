@@ -389,3 +389,34 @@ def test_a_write_stream_leaves_the_checksums_and_dirty_set_its_log_replays_to(tm
         replayed.close()
         assert dict(replayed.sums.items()) == {b: s for b, s in sums.items() if b not in dirty}
         assert set(poison.blocks) == dirty
+
+
+def test_a_thread_waiting_for_the_device_gets_it_while_a_long_stream_runs(tmp_path):
+    """A stream's slice goes on past its time while nobody waits for the device lock, but
+    not for ever: a thread that waits gets the lock while the stream still runs."""
+    import time
+    with _device(tmp_path, blocks=4096, dram_blocks=64) as dev:
+        n = 1 << 18  # (a stream of a second or so: reads of a fresh, sparse image are quick)
+        offsets = (np.arange(n, dtype=np.int64) * 7919 % 4096) * BLOCK
+        flat, addrs, _ = _buffers(64, BLOCK)
+        addrs = addrs[np.arange(n) % 64]
+        times = {}
+        dev.device.read_stream(offsets[:64], np.full(64, BLOCK, np.int64), addrs[:64], 16)  # compiled first
+
+        def stream():
+            deadline = time.monotonic_ns() + 1_500_000_000
+            times["count"] = dev.device.read_stream(offsets, np.full(n, BLOCK, np.int64), addrs, 16,
+                                                    deadline_ns=deadline).count
+            times["stream_end"] = time.monotonic()
+
+        def other():
+            start = time.monotonic()
+            while not dev.device._lock.locked():  # the stream has the lock
+                if time.monotonic() - start > 30:
+                    return
+            with dev.device._lock:
+                times["other"] = time.monotonic()
+
+        run_all([threading.Thread(target=stream), threading.Thread(target=other)])
+        assert times["count"] > 0 and times["other"] < times["stream_end"]
+        assert dev.device._lock.waiting[0] == 0

@@ -40,6 +40,7 @@ from cxlhm.device.behind import WriteBehind
 from cxlhm.device.errors import DeviceClosed, DeviceFull, MediaError, PoisonError, check_extent
 from cxlhm.device.footprint import check_fits_in_memory
 from cxlhm.device.interface import DeviceCaps
+from cxlhm.device.lock import DeviceLock
 from cxlhm.device.media import MediaPath
 from cxlhm.device.power import PowerLoss
 from cxlhm.device.sidecar import Sidecars, open_state
@@ -116,8 +117,8 @@ class Device(StreamReads, WriteWaves, WriteBehind, BackgroundWork, PowerLoss):
         # tables; not re-entrant, so releasing it around I/O means what it says (public
         # methods take it, their _locked variants expect it held). `_idle` is notified by
         # every access that released it, when its slots stop being BUSY.
-        self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
+        self._lock = DeviceLock()  # (counts its waiters: a stream's slice goes on while there are none)
+        self._idle = self._lock.idle
         self._inflight = 0  # accesses with BUSY slots and the lock released
         self._stream_states: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # per thread: its stream
         self._inflight_slots = 0  # slots they hold BUSY
@@ -329,7 +330,7 @@ class Device(StreamReads, WriteWaves, WriteBehind, BackgroundWork, PowerLoss):
             room = self.n_slots - int(self.bt.scalars[btm.N_PINNED]) - self._inflight_slots
             if not busy and blocks <= room and not self._touches_victims(hpas, lens):
                 return
-            self._idle.wait()
+            self._lock.wait_idle()
             if self.closed:
                 raise DeviceClosed("the device is closed")
 
@@ -559,7 +560,7 @@ class Device(StreamReads, WriteWaves, WriteBehind, BackgroundWork, PowerLoss):
             if self.closed:
                 return
             while self._inflight:  # accesses in flight finish first: their bytes go in the flush
-                self._idle.wait()
+                self._lock.wait_idle()
             try:
                 self._flush_locked()
                 for slot in np.flatnonzero(self.bt.flags & btm.DIRTY):  # could not be written back

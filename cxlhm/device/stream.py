@@ -150,6 +150,8 @@ class StreamReads:
                         self._wait_for_slots(ext_hpa[i:i + 1], ext_len[i:i + 1])
                     elif status == rs.FINISHED:
                         break
+                if self._lock.waiting[1]:  # a thread waits for the device: it goes first
+                    self._lock.let_waiters_in()
                 if status == rs.WIDE or (status == rs.BLOCKED and alone):  # access() splits it over passes
                     i = int(st[rs.NEXT])
                     begin = time.monotonic_ns()
@@ -361,7 +363,7 @@ class StreamReads:
                        self.block_size, job.hpas, job.lens, job.addrs, job.kinds, stop, deadline_ns, job.slat, job.clat,
                        job.failed, job.state.arrays(), job.ring, job.fd, self.ssd.async_room() + counted,
                        self._inflight_slots - held, self.n_slots, job.owner, *self._stream_verify_mode(record),
-                       self.victim_blocks(but=job.state), log_ctl, record)
+                       self.victim_blocks(but=job.state), log_ctl, record, self._lock.waiting, self._t0_ns)
 
     def _stream_drain(self, job: "_StreamJob", counted: int, held: int) -> None:
         """After an error: issue nothing more, wait for the stream's fills in flight and
