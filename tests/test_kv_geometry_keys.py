@@ -1,12 +1,15 @@
 """KV geometry (bytes per chunk, layouts, presets) and KV keys (SGLang's chained hash,
-tenant salts, position-independent segment keys)."""
+tenant salts, position-independent segment keys; long chains from the compiled loop)."""
 import hashlib
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from host_runtime import kvgeometry as G
 from host_runtime import kvkeys as K
+from host_runtime import sha_chain
 
 MIB, KIB = 1 << 20, 1 << 10
 
@@ -133,3 +136,37 @@ def test_bad_tokens_and_keys_are_rejected():
         K.normalize_key("x" * 2000)
     assert K.normalize_key(7) != K.normalize_key(-7)
     assert K.normalize_key("ab") == b"ab"
+
+
+def _hashlib_chain(tokens, per_chunk, prior=None, partial=False):
+    """The chain one hashlib object per link, as kvkeys' Python path computes it."""
+    data = K.token_bytes(tokens).view(np.uint8).tobytes()
+    step = 4 * per_chunk
+    n = len(data) // step + (1 if partial and len(data) % step else 0)
+    keys = []
+    for i in range(n):
+        h = hashlib.sha256(prior) if prior is not None else hashlib.sha256()
+        h.update(data[i * step:(i + 1) * step])
+        prior = h.digest()
+        keys.append(prior)
+    return keys
+
+
+@pytest.mark.skipif(not sha_chain.COMPILED_SHA, reason="no libcrypto SHA-256 to call from compiled code")
+@settings(max_examples=40, deadline=None)
+@given(n_tokens=st.integers(0, 3000), per_chunk=st.integers(1, 80), salt=st.sampled_from([None, b"", b"t1", "x"]),
+       use_prior=st.booleans(), partial=st.booleans(), seed=st.integers(0, 2**31))
+def test_long_chains_from_the_compiled_loop_equal_hashlibs(n_tokens, per_chunk, salt, use_prior, partial, seed):
+    tokens = np.random.default_rng(seed).integers(0, 2**32, n_tokens, dtype=np.uint64)
+    prior = hashlib.sha256(b"before").digest() if use_prior else None
+    keys = K.prefix_keys(tokens, per_chunk, salt=salt, prior=prior, include_partial=partial)
+    start = prior if use_prior else K.salt_digest(salt)
+    assert keys == _hashlib_chain(tokens, per_chunk, start, partial)
+
+
+def test_the_python_path_gives_the_same_keys(monkeypatch):
+    tokens = np.arange(5000)
+    compiled = K.prefix_keys(tokens, 16, salt="s")
+    monkeypatch.setattr(sha_chain, "COMPILED_SHA", False)
+    assert K.prefix_keys(tokens, 16, salt="s") == compiled == _hashlib_chain(tokens, 16, K.salt_digest("s"))
+    assert len(compiled) == 312 and _sglang_reference(tokens[:16].tolist()) == K.prefix_keys(tokens, 16)[0].hex()
