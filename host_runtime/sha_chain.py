@@ -83,7 +83,7 @@ def _chain(data, step, n, prior, out, ctx):
 def chain(data: np.ndarray, step: int, n: int, prior: bytes | None) -> list[bytes]:
     """The n chained digests of `data` (uint8) in chunks of `step` bytes (see _chain)."""
     out = np.empty((n, DIGEST), np.uint8)
-    start = np.frombuffer(prior, np.uint8) if prior is not None else np.empty(0, np.uint8)
+    start = np.frombuffer(prior if prior is not None else b"", np.uint8)  # (read-only either way: one signature)
     _chain(data, step, n, start, out, np.empty(_CTX_BYTES, np.uint8))
     blob = out.tobytes()
     return [blob[i:i + DIGEST] for i in range(0, n * DIGEST, DIGEST)]
