@@ -38,11 +38,13 @@ from pathlib import Path
 
 import numpy as np
 
-from cxlhm_apps.fio import report
-from cxlhm_apps.fio.jobfile import build_jobs, read_sections
-from cxlhm_apps.fio.files import lay_out
-from cxlhm_apps.fio.runner import run_jobs
-from cxlhm_apps.fio.values import parse_size
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import paired_ratio  # noqa: E402
+from cxlhm_apps.fio import report  # noqa: E402
+from cxlhm_apps.fio.jobfile import build_jobs, read_sections  # noqa: E402
+from cxlhm_apps.fio.files import lay_out  # noqa: E402
+from cxlhm_apps.fio.runner import run_jobs  # noqa: E402
+from cxlhm_apps.fio.values import parse_size  # noqa: E402
 
 WORKLOADS = (
     # name, rw, bs, iodepth, extra options, device block, device DRAM, metric, target
@@ -162,11 +164,6 @@ def med(runs: list[dict], key: str) -> float:
     return statistics.median(float(r[key]) for r in runs)
 
 
-def paired(nums: list[float], dens: list[float]) -> float:
-    """The median of each round's ratio: the disk's drift between rounds cancels."""
-    return statistics.median(float(a) / float(b) for a, b in zip(nums, dens))
-
-
 def col(runs: list[dict], key: str) -> list[float]:
     return [r[key] for r in runs]
 
@@ -282,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
                 step()
 
         f_val, c_val = med(fio_runs, metric), med(cx_runs, metric)
-        landing = paired(col(raw_runs, "spread"), col(fio_runs, "iops")) if raw_runs else None
-        rows.append((name, metric, f_val, c_val, paired(col(cx_runs, metric), col(fio_runs, metric)), target,
+        landing = paired_ratio(col(raw_runs, "spread"), col(fio_runs, "iops")) if raw_runs else None
+        rows.append((name, metric, f_val, c_val, paired_ratio(col(cx_runs, metric), col(fio_runs, metric)), target,
                      med(fio_runs, "lat_us"), med(cx_runs, "lat_us"), med(fio_runs, "depth"), med(cx_runs, "depth"),
                      med(cx_runs, "cachehit"), med(cx_runs, "ssd_per_io"), med(cx_runs, "cpu_pct"),
                      med(cx_runs, "wb_per_io"), qd, landing, med(fio_runs, "busy"), med(cx_runs, "busy"),
@@ -295,10 +292,10 @@ def main(argv: list[str] | None = None) -> int:
                            ("into", "the device's fills land"))
             decompositions.append(
                 f"{name}: fio {f_val:,.0f} IOPS; the native io_uring closed loop {into} {qd} reused buffers "
-                f"{reused:,.0f} ({paired(col(raw_runs, 'reused'), fio_iops):.2f}x fio: the loop itself); the same "
+                f"{reused:,.0f} ({paired_ratio(col(raw_runs, 'reused'), fio_iops):.2f}x fio: the loop itself); the same "
                 f"{into} {bs} slots rotating over {dram} of device DRAM, where {where}, {spread:,.0f} "
-                f"({paired(col(raw_runs, 'spread'), fio_iops):.2f}x); cxlhm {c_val:,.0f} "
-                f"({paired(col(cx_runs, 'iops'), col(raw_runs, 'spread')):.2f}x of that: plan, copies, checksums, "
+                f"({paired_ratio(col(raw_runs, 'spread'), fio_iops):.2f}x); cxlhm {c_val:,.0f} "
+                f"({paired_ratio(col(cx_runs, 'iops'), col(raw_runs, 'spread')):.2f}x of that: plan, copies, checksums, "
                 "the driver)")
         print(f"  done: {name}", flush=True)
 

@@ -76,7 +76,6 @@ def prefix_keys(tokens: Any, tokens_per_chunk: int, *, salt: bytes | str | None 
     if isinstance(tokens_per_chunk, bool) or not isinstance(tokens_per_chunk, int) or tokens_per_chunk <= 0:
         raise ValueError(f"tokens_per_chunk must be a positive integer, got {tokens_per_chunk!r}")
     data = token_bytes(tokens)
-    raw = memoryview(data.view(np.uint8))  # memoryview slices are cheaper than numpy ones
     step = 4 * tokens_per_chunk
     n_full = data.shape[0] // tokens_per_chunk
     n = n_full + (1 if include_partial and data.shape[0] % tokens_per_chunk else 0)
@@ -85,6 +84,7 @@ def prefix_keys(tokens: Any, tokens_per_chunk: int, *, salt: bytes | str | None 
         from host_runtime import sha_chain  # (numba: loaded on the first long chain only)
         if sha_chain.COMPILED_SHA:
             return sha_chain.chain(data.view(np.uint8), step, n, previous)
+    raw = memoryview(data.view(np.uint8))  # memoryview slices are cheaper than numpy ones
     keys = []
     sha = hashlib.sha256
     start = 0

@@ -20,8 +20,7 @@ import numpy as np
 from numba import types
 
 from cxlhm.jit import njit
-
-DIGEST = 32
+from host_runtime.kvkeys import DIGEST_BYTES as DIGEST
 
 
 def _load_sha256():

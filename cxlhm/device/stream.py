@@ -231,8 +231,8 @@ class StreamReads:
         """Under the lock: the tables the loop keeps in step itself (readstream's
         `record`) - the checksums, and the dirty set - grown first to hold what one slice
         adds (the loop cannot grow them: past that it leaves the recording to the
-        driver). None where the driver logs the loop's records (its `pending` sums must
-        see every landing)."""
+        driver). _NO_RECORD where the driver logs the loop's records (its `pending` sums
+        must see every landing)."""
         if log_ctl[0] == rs.LOG_IN_DRIVER:
             return _NO_RECORD
         sums, dirty = self.checksums.sums.table, self.checksums.dirty
