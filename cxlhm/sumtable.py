@@ -232,11 +232,11 @@ class SumTable:
         return None if i < 0 else int(self.values[i])
 
     def set_many(self, blocks: np.ndarray, sums: np.ndarray) -> None:
-        self.reserve(blocks.shape[0])
+        self._room_for(blocks.shape[0])
         self.meta[0] += put_many(self.keys, self.values, blocks, sums)
 
     def set(self, block: int, value: int) -> None:
-        self.reserve(1)
+        self._room_for(1)
         self.meta[0] += put(self.keys, self.values, block, np.uint64(value))
 
     def discard(self, block: int) -> bool:
@@ -250,7 +250,7 @@ class SumTable:
 
     def add_missing(self, blocks: np.ndarray) -> np.ndarray:
         """Put those of `blocks` (int64) not in the map yet, with value 0; returns them."""
-        self.reserve(blocks.shape[0])
+        self._room_for(blocks.shape[0])
         added = np.empty(blocks.shape[0], np.int64)
         n = add_missing(self.keys, self.values, blocks, added)
         self.meta[0] += n
@@ -278,7 +278,11 @@ class SumTable:
         return self.keys, self.values, self.meta
 
     def reserve(self, more: int) -> None:
-        """Room for `more` inserts without growing (compiled code cannot grow it)."""
+        """Room for `more` inserts by compiled code, which cannot grow the table (the
+        table's own inserts grow it as they go)."""
+        self._room_for(more)
+
+    def _room_for(self, more: int) -> None:
         if 2 * (self.count + more) <= self.keys.shape[0]:
             return
         keys, values = new_table(2 * (self.count + more))
