@@ -29,6 +29,7 @@ from cxlhm_apps.fio.jobfile import JobSpec
 from cxlhm_apps.fio.options import READ, WRITE
 from cxlhm_apps.fio.pattern import Chunk, IoGenerator, size_choices
 from cxlhm_apps.fio.progress import Progress
+from cxlhm_apps.fio.sidework import SideWork
 from cxlhm_apps.fio.stats import SAMPLE_WINDOW_NS, JobStats
 from cxlhm_apps.fio.values import Percent
 from firmware_policies.base import PolicyParamError
@@ -253,6 +254,7 @@ class Worker:
         self._wall_start = 0
         self._budget_total = budget
         self._stop = threading.Event()
+        self._side = SideWork(f"cxlhm-fio-{job.name}.{plan.clone}-side")
 
     # -------------------------------------------------------- progress helpers
     def fraction_done(self) -> float | None:
@@ -287,7 +289,10 @@ class Worker:
         ru0 = resource.getrusage(resource.RUSAGE_THREAD)
         wall0 = time.monotonic_ns()
         try:
-            self._run()
+            try:
+                self._run()
+            finally:
+                self._side.close()
         except Exception as exc:  # noqa: BLE001 - a job that dies is an error of that job, never a silent end
             code = exc.errno if isinstance(exc, OSError) and exc.errno else errno.EIO
             text = str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
@@ -302,8 +307,8 @@ class Worker:
                     pass
             ru1 = resource.getrusage(resource.RUSAGE_THREAD)
             helper_usr, helper_sys = self.engine.helper_cpu  # its submitter threads
-            self.stats.usr_s = ru1.ru_utime - ru0.ru_utime + helper_usr
-            self.stats.sys_s = ru1.ru_stime - ru0.ru_stime + helper_sys
+            self.stats.usr_s = ru1.ru_utime - ru0.ru_utime + helper_usr + self._side.usr_s
+            self.stats.sys_s = ru1.ru_stime - ru0.ru_stime + helper_sys + self._side.sys_s
             self.stats.ctx = (ru1.ru_nvcsw + ru1.ru_nivcsw) - (ru0.ru_nvcsw + ru0.ru_nivcsw)
             self.stats.majf = ru1.ru_majflt - ru0.ru_majflt
             self.stats.minf = ru1.ru_minflt - ru0.ru_minflt
@@ -323,14 +328,18 @@ class Worker:
         self._measure_start = t0
         self._window = [t0, [0, 0], [0, 0]]
         pending: Chunk | None = None
+        ahead = None  # the chunk after `pending`, made on the side thread while the engine runs
         now = t0
         while not self._stop.is_set():
             if pending is None or len(pending) == 0:
-                pending = self._next_chunk()
+                pending = ahead.result() if ahead is not None else self._next_chunk()
+                ahead = None
                 if len(pending) == 0:
                     break
             if now >= job_end:
                 break
+            if ahead is None and not self.verify_kind:  # (verify stamps the arena's slots, which are in use)
+                ahead = self._side.submit(self._next_chunk)
             deadline = min(job_end, self._window[0] + SAMPLE_WINDOW_NS, NEVER if measuring else ramp_end)
             done = engine.execute(pending, self.arena, deadline, keep_read_data=bool(self.verify_kind))
             executed, pending = pending.take(0, done.count), pending.take(done.count)
@@ -341,8 +350,10 @@ class Worker:
                 self._reset_stats(now)
             self._sample(now)
             if self.verify_kind and job["verify_backlog"] and self.backlog_due >= job["verify_backlog"]:
+                self._side.settle()  # (the pass records into the same statistics)
                 self._verify_pass(self.vlog.take(self.backlog_due), record=measuring, seeds_from=None)
                 self.backlog_due = 0
+        self._side.settle()
         if self.verify_kind and job["do_verify"] and len(self.vlog) and not self._stop.is_set():
             self.state = "V"
             # fio draws the writes' seeds again from the start for its verify phase
@@ -388,8 +399,8 @@ class Worker:
             self._window[1][d] += nbytes
             self._window[2][d] += nios
             if measuring:
-                slat = done.slat[mask] if done.slat is not None else None
-                stats.record(d, nbytes, nios, slat, done.clat[mask], done.depth)
+                slat = done.slat[mask] if done.slat is not None else None  # (copies: the side thread's own)
+                self._side.submit(stats.record, d, nbytes, nios, slat, done.clat[mask], done.depth)
                 stats.dirs[d].cache_hits += int(done.cache[d][0])
                 stats.dirs[d].cache_misses += int(done.cache[d][1])
         if measuring:
