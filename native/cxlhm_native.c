@@ -48,7 +48,6 @@ static struct {
     prep_rw_fn prep_read;
     prep_rw_fn prep_write;
     submit_fn submit;
-    submit_fn submit_and_get_events; /* liburing >= 2.3; else submit */
     submit_and_wait_fn submit_and_wait;
     wait_cqe_fn wait_cqe;
     cqe_seen_fn cqe_seen;
@@ -105,9 +104,6 @@ int cxlhm_uring_load(const char *path, char *err, int errlen)
     LOAD(peek_cqe, "io_uring_peek_cqe");
     LOAD(cq_ready, "io_uring_cq_ready");
 #undef LOAD
-    *(void **)&uring.submit_and_get_events = dlsym(h, "io_uring_submit_and_get_events");
-    if (!uring.submit_and_get_events)
-        uring.submit_and_get_events = uring.submit;
     uring.handle = h;
     return 0;
 }
@@ -170,8 +166,8 @@ struct cxlhm_ring *cxlhm_ring_open_shared(unsigned depth, int *err)
 
 /* A ring only its creating thread submits on (the SSD back end's rings are per thread):
  * also SINGLE_ISSUER | DEFER_TASKRUN, fio's io_uring engine's setup. Completions are then
- * posted only while that thread is in io_uring_enter(GETEVENTS) - its submits ask for
- * events too (io_prepared) - instead of as task work run whenever the kernel gets to it. 4 KiB random reads at QD32 in the
+ * posted only while that thread waits in io_uring_enter(GETEVENTS), in one batch, instead
+ * of as task work run whenever the kernel gets to it. 4 KiB random reads at QD32 in the
  * closed loop (cxlhm_io_qd) on the development machine's virtio disk: 79.0k IOPS vs 75.9k
  * with COOP_TASKRUN alone (medians of 4 alternating 4 s runs; fio 3.33: 88.0k). */
 struct cxlhm_ring *cxlhm_ring_open_owned(unsigned depth, int *err)
@@ -203,17 +199,14 @@ static void handed_over(struct cxlhm_ring *r, int rc)
 
 /* One I/O's SQEs are prepared: submit what is prepared once the batch is full. A failed
  * submit (-EINTR, -EAGAIN, -EBUSY) leaves the SQEs prepared: the next enter takes them.
- *
- * The enter also asks for events (GETEVENTS, waiting for none), as fio's io_uring engine
- * does: on a DEFER_TASKRUN ring the I/Os that completed meanwhile are posted to the CQ
- * ring only when an enter asks for events. Submitting without it, a closed loop saw its
- * completions only when it ran out of work and waited - ~20 at a time at QD32 (strace),
- * each having waited for the loop's round of submits. */
+ * fio's engine also asks for events at each submit (on a DEFER_TASKRUN ring that posts
+ * what completed meanwhile); here that measured 0.97x-1.00x (A/B runs of the device's
+ * stream and of bench_device.py), so completions are posted when a loop waits. */
 static void io_prepared(struct cxlhm_ring *r)
 {
     if (r->queued < r->submit_batch)
         return;
-    int rc = uring.submit_and_get_events(r->opaque);
+    int rc = uring.submit(r->opaque);
     if (rc > 0)
         handed_over(r, rc);
 }
@@ -454,8 +447,8 @@ int cxlhm_io_reap(struct cxlhm_ring *r, int min, int max, int64_t *tags, int64_t
     int got = 0;
     if (r->queued || (min > 0 && uring.cq_ready(r->opaque) == 0)) {
         int rc;
-        do /* waiting for none, it still asks for events (see io_prepared) */
-            rc = min > 0 ? uring.submit_and_wait(r->opaque, 1) : uring.submit_and_get_events(r->opaque);
+        do
+            rc = uring.submit_and_wait(r->opaque, (unsigned)(min > 0 ? 1 : 0));
         while (rc == -EINTR && r->queued);
         if (rc >= 0)
             handed_over(r, rc);
