@@ -111,3 +111,20 @@ def test_an_error_making_a_chunk_ends_the_job_with_it(tmp_path, monkeypatch):
     assert result.failed and out["jobs"][0]["error"] != 0
     assert any("the generator broke" in m for m in result.messages)
     assert out["jobs"][0]["read"]["total_ios"] == 1024  # the two chunks made before it ran
+
+
+def test_progress_counts_the_chunk_made_ahead_as_still_to_do(tmp_path, monkeypatch):
+    """A size-based job: while its first chunk (half of the bytes) runs, the second is
+    already made, so the generator's budget is spent; progress must still say ~half."""
+    from cxlhm_apps.fio import runner as R
+    seen = []
+    real = R.Worker._account
+
+    def account(self, chunk, done, measuring):
+        real(self, chunk, done, measuring)
+        seen.append(self.fraction_done())
+
+    monkeypatch.setattr(R.Worker, "_account", account)
+    result, _ = _run(f"[r]\nfilename={tmp_path / 'f.img'}\nsize=4m\nbs=4k\nrw=randread\niodepth=1\n{DEVICE}")
+    assert not result.failed and len(seen) == 2  # two chunks of 512 reads
+    assert seen[0] == pytest.approx(0.5, abs=0.01) and seen[1] == pytest.approx(1.0)

@@ -255,6 +255,7 @@ class Worker:
         self._budget_total = budget
         self._stop = threading.Event()
         self._side = SideWork(f"cxlhm-fio-{job.name}.{plan.clone}-side")
+        self._ahead_bytes = 0  # bytes of the chunk made ahead and not taken yet
 
     # -------------------------------------------------------- progress helpers
     def fraction_done(self) -> float | None:
@@ -271,7 +272,7 @@ class Worker:
         else:
             frac = 0.0
         if self._budget_total:
-            frac = max(frac, 1.0 - (self.gen.bytes_left or 0) / self._budget_total)
+            frac = max(frac, 1.0 - ((self.gen.bytes_left or 0) + self._ahead_bytes) / self._budget_total)
         return min(frac, 1.0)
 
     def eta_s(self) -> float | None:
@@ -333,13 +334,13 @@ class Worker:
         while not self._stop.is_set():
             if pending is None or len(pending) == 0:
                 pending = ahead.result() if ahead is not None else self._next_chunk()
-                ahead = None
+                ahead, self._ahead_bytes = None, 0
                 if len(pending) == 0:
                     break
             if now >= job_end:
                 break
             if ahead is None and not self.verify_kind:  # (verify stamps the arena's slots, which are in use)
-                ahead = self._side.submit(self._next_chunk)
+                ahead = self._side.submit(self._chunk_ahead)
             deadline = min(job_end, self._window[0] + SAMPLE_WINDOW_NS, NEVER if measuring else ramp_end)
             done = engine.execute(pending, self.arena, deadline, keep_read_data=bool(self.verify_kind))
             executed, pending = pending.take(0, done.count), pending.take(done.count)
@@ -370,6 +371,13 @@ class Worker:
         if stats.verify_errors:
             stats.error = errno.EILSEQ
             stats.error_text = f"{stats.verify_errors} verification failure(s)"
+
+    def _chunk_ahead(self) -> Chunk:
+        """The next chunk, made before the current one ran: progress counts its bytes as
+        still to do (the generator's budget already has them spent)."""
+        chunk = self._next_chunk()
+        self._ahead_bytes = int(chunk.size.sum())
+        return chunk
 
     def _next_chunk(self) -> Chunk:
         direction, offset, size = self.gen.next_chunk(self.chunk_ios)
