@@ -140,8 +140,10 @@ def metered(run, disk: tuple[int, int] | None) -> dict:
 
 
 def why_below(ratio: float, f_lat: float, c_lat: float, c_depth: float, qd: int, ssd: float, cpu: float,
-              wb: float, f_busy: float = 0.0, c_busy: float = 0.0) -> str:
-    """The measured reason a case is below target, in words."""
+              wb: float, f_busy: float = 0.0, c_busy: float = 0.0, f_at_disk: float = float("nan"),
+              c_at_disk: float = float("nan")) -> str:
+    """The measured reason a case is below target, in words. `f_at_disk` / `c_at_disk`: the
+    us each I/O spent in the disk's own queue (NaN: not measured)."""
     if f_busy >= 90:
         return (f"the machine is CPU-bound: while fio alone ran, all {os.cpu_count()} cores were {f_busy:.0f}% busy "
                 f"(its thread and the kernel's I/O path: io_uring's workers, interrupts), {c_busy:.0f}% under cxlhm - "
@@ -156,6 +158,11 @@ def why_below(ratio: float, f_lat: float, c_lat: float, c_depth: float, qd: int,
     if ssd > 1.05:
         return (f"{ssd:.2f} SSD operations per host I/O ({wb:.2f} of them write-backs of dirty victims): at the same "
                 f"depth each I/O waits for more SSD work ({c_lat:.0f} us vs fio's {f_lat:.0f} us)")
+    if c_at_disk == c_at_disk and f_at_disk == f_at_disk:  # (NaN: no disk figures)
+        return (f"same depth and SSD work, {c_lat:.0f} us vs fio's {f_lat:.0f} us per I/O, of which "
+                f"{c_lat - c_at_disk:.0f} us outside the disk's queue against fio's {f_lat - f_at_disk:.0f} "
+                "(on its way from the job to the disk and back, and the device's steps: plan, copy between device "
+                "DRAM and the host buffer, checksums)")
     return (f"same depth and SSD work, {c_lat:.0f} us vs fio's {f_lat:.0f} us per I/O: the device's extra steps "
             "(plan, copy between device DRAM and the host buffer, checksums) on the SSD's critical path")
 
@@ -312,11 +319,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{hit:>5.1f} {ssd:>6.2f} {cpu:>5.0f} {wb:>6.2f}  {f_busy:>7.0f}/{c_busy:<7.0f}  "
               f"{f_queue:>8.1f}/{c_queue:<7.1f}  {verdict}")
         if ratio < target:
-            note = why_below(ratio, f_lat, c_lat, c_depth, qd, ssd, cpu, wb, f_busy, c_busy)
+            f_at_disk = c_at_disk = float("nan")
+            if metric == "iops":  # Little's law at the disk: its I/Os in flight over the rate
+                f_at_disk, c_at_disk = 1e6 * f_queue / max(f_val, 1), 1e6 * c_queue / max(c_val, 1)
+            note = why_below(ratio, f_lat, c_lat, c_depth, qd, ssd, cpu, wb, f_busy, c_busy, f_at_disk, c_at_disk)
             if metric == "iops" and f_queue == f_queue:  # (NaN: no disk figures)
                 note += (f"; at the disk (its own accounting): {c_queue:.1f} I/Os in flight, each "
-                         f"{1e6 * c_queue / max(c_val, 1):.0f} us in it, against fio's {f_queue:.1f} and "
-                         f"{1e6 * f_queue / max(f_val, 1):.0f} us")
+                         f"{c_at_disk:.0f} us in it, against fio's {f_queue:.1f} and {f_at_disk:.0f} us")
             if landing is not None and landing < target:
                 note += (f"; of that, moving the bytes through slots spread over device DRAM alone leaves the "
                          f"native loop at {landing:.2f}x of fio on this machine (measured apart, same rounds)")
