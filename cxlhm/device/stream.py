@@ -75,10 +75,14 @@ class StreamReads:
         with self._lock:
             piece = max(1, min(self._batch_limit(), self.ssd.queue_depth // STREAM_PASSES))
         first, last = hpa // bs, (hpa + n - 1) // bs
-        cuts = np.arange(first + piece, last + 1, piece, dtype=np.int64) * bs
-        starts = np.concatenate(([hpa], cuts))
-        lens = np.diff(np.concatenate((starts, [hpa + n])))
-        ran = self.read_stream(starts, lens, user_addr + (starts - hpa), STREAM_PASSES, owner=owner)
+        if last - first < piece:  # one pass (a KV chunk, mostly): no cutting to do
+            starts, lens, addrs = np.array([hpa], np.int64), np.array([n], np.int64), np.array([user_addr], np.int64)
+        else:
+            cuts = np.arange(first + piece, last + 1, piece, dtype=np.int64) * bs
+            starts = np.concatenate(([hpa], cuts))
+            lens = np.diff(np.concatenate((starts, [hpa + n])))
+            addrs = user_addr + (starts - hpa)
+        ran = self.read_stream(starts, lens, addrs, STREAM_PASSES, owner=owner)
         extra = ran.count - (ran.count == starts.shape[0])  # the pieces' host reads beyond this one
         if extra:
             with self._lock:
@@ -309,6 +313,8 @@ class StreamReads:
         """Where the stream must stop (the reads before it touch no poisoned block), and
         the poison table's size it was computed for."""
         with self._lock:
+            if not self.media.poison.blocks:
+                return n, 0
             poisoned = np.array(sorted(self.media.poison.blocks), np.int64)
         return rs.clean_prefix(hpas, lens, self.block_size, poisoned), poisoned.shape[0]
 
