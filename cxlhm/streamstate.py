@@ -298,13 +298,17 @@ class StreamState:
                 self.copy_jobs, self.copy_of, self.copy_expected, self.copy_checked, self.log_frame)
 
     def reset(self) -> None:
-        """For a new stream: no I/O, no write-back."""
+        """For a new stream: no I/O, no write-back. A row freed goes back FREE, without an
+        owner, on the free stack: with none in use the rows are as a reset leaves them (in
+        another order on the stack), so only a stream that ended with rows in use (an
+        error) needs them reset - a KV get's reset is most of its cost otherwise."""
+        if self.st[WB_USED]:
+            self.wb_state[:] = WB_FREE
+            self.wb_owner[:] = -1
+            self.wb_free[:] = np.arange(self.wb_free.shape[0], dtype=np.int64)[::-1]
         self.st[:] = 0
         self.st[PARKED] = -1
         self.submits[:] = 0
-        self.wb_state[:] = WB_FREE
-        self.wb_owner[:] = -1
-        self.wb_free[:] = np.arange(self.wb_free.shape[0], dtype=np.int64)[::-1]
 
     def victim_blocks(self, block_size: int) -> np.ndarray:
         """The blocks of the write-back rows in use (staged, on the ring, landed)."""

@@ -323,6 +323,33 @@ def test_a_write_stream_writes_its_dirty_victims_back_on_its_ring_and_loses_noth
         assert (back[8 * BLOCK:] == data).all() and dev.stats()["checksum_mismatches"] == 0
 
 
+def test_a_stream_that_wrote_victims_back_leaves_its_rows_as_a_reset_would(tmp_path):
+    """StreamState.reset() leaves the write-back rows alone when none is in use: that holds
+    only if every row a stream used went back FREE, without an owner, on the free stack.
+    Streams of writes that evict dirty blocks, one after another on one thread."""
+    from cxlhm import readstream as rs
+    rng = np.random.default_rng(5)
+    with _rw_device(tmp_path / "r.img", dram_blocks=8) as dev:
+        expected = np.zeros(RW_BLOCKS * BLOCK, np.uint8)
+        for round_ in range(4):
+            blocks = rng.permutation(RW_BLOCKS)[:24].astype(np.int64)
+            data = rng.integers(0, 256, 24 * BLOCK, dtype=np.uint8)
+            result = dev.device.read_stream(blocks * BLOCK, np.full(24, BLOCK, np.int64),
+                                            data.ctypes.data + np.arange(24, dtype=np.int64) * BLOCK, 6,
+                                            writes=np.ones(24, np.uint8))
+            assert result.count == 24
+            for i, b in enumerate(blocks.tolist()):
+                expected[b * BLOCK:(b + 1) * BLOCK] = data[i * BLOCK:(i + 1) * BLOCK]
+            state = dev.device._local.stream
+            assert state.st[rs.WB_USED] == 0
+            assert (state.wb_state == rs.WB_FREE).all() and (state.wb_owner == -1).all()
+            assert sorted(state.wb_free.tolist()) == list(range(state.wb_free.shape[0]))
+        assert dev.stats()["writebacks"] > 0
+        back = np.zeros(RW_BLOCKS * BLOCK, np.uint8)
+        dev.read_into(0, back)
+        assert (back == expected).all()
+
+
 @pytest.mark.parametrize("block", [BLOCK, 64 << 10])
 def test_rot_under_a_wide_streamed_read_is_poison_and_the_rest_arrives(tmp_path, block):
     """A wide read's blocks land together and are copied and checksummed as one run by the
