@@ -312,9 +312,9 @@ class StreamReads:
     def _stream_stop(self, hpas, lens, n: int) -> tuple[int, int]:
         """Where the stream must stop (the reads before it touch no poisoned block), and
         the poison table's size it was computed for."""
+        if not self.media.poison.blocks:  # (unlocked: a record added after this stops the stream's first slice)
+            return n, 0
         with self._lock:
-            if not self.media.poison.blocks:
-                return n, 0
             poisoned = np.array(sorted(self.media.poison.blocks), np.int64)
         return rs.clean_prefix(hpas, lens, self.block_size, poisoned), poisoned.shape[0]
 
