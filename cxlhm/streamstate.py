@@ -301,7 +301,8 @@ class StreamState:
         """For a new stream: no I/O, no write-back. A row freed goes back FREE, without an
         owner, on the free stack: with none in use the rows are as a reset leaves them (in
         another order on the stack), so only a stream that ended with rows in use (an
-        error) needs them reset - a KV get's reset is most of its cost otherwise."""
+        error) needs them reset - resetting them every time was most of this call's cost
+        in a KV get."""
         if self.st[WB_USED]:
             self.wb_state[:] = WB_FREE
             self.wb_owner[:] = -1

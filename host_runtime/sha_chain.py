@@ -6,8 +6,9 @@ development machine, 0.5 ms of a 100k-token prompt's 0.85 ms at 256 tokens a chu
 where the hashing itself (400 KB) takes 0.3 ms. Here one numba loop calls libcrypto's
 SHA-256 - the OpenSSL build Python's hashlib runs, with the CPU's SHA extensions - on
 one context for every link. Compiled code calls it by symbols bound to its addresses at
-import (as cxlhm/sumtable.py calls xxh3), so the loop goes to numba's on-disk cache. `COMPILED_SHA` is False where libcrypto or its SHA256 is out of reach or
-disagrees with hashlib on a sample: callers then hash in Python (same keys, slower).
+import (as cxlhm/sumtable.py calls xxh3), so the loop goes to numba's on-disk cache.
+`COMPILED_SHA` is False where libcrypto or its SHA256 is out of reach or disagrees with
+hashlib on a sample: callers then hash in Python (same keys, slower).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from numba import types
 from cxlhm.jit import njit
 
 DIGEST = 32  # (kvkeys.DIGEST_BYTES; kvkeys imports this module, so not from there)
+_CTX_BYTES = 256  # room for OpenSSL's SHA256_CTX (112 bytes)
 
 
 def _load_sha256():
@@ -50,7 +52,6 @@ def _load_sha256():
     return fns if out.raw == hashlib.sha256(sample).digest() else None
 
 
-_CTX_BYTES = 256  # room for OpenSSL's SHA256_CTX (112 bytes)
 _fns = _load_sha256()
 COMPILED_SHA = _fns is not None
 _INIT, _UPDATE, _FINAL = "cxlhm_sha256_init", "cxlhm_sha256_update", "cxlhm_sha256_final"
