@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/uio.h>
 #include <linux/io_uring.h>
 
 #include "cxlhm_native.h"
@@ -39,6 +40,9 @@ typedef int (*wait_cqe_fn)(void *, struct io_uring_cqe **);
 typedef void (*cqe_seen_fn)(void *, struct io_uring_cqe *);
 typedef int (*peek_cqe_fn)(void *, struct io_uring_cqe **);
 typedef unsigned (*cq_ready_fn)(const void *);
+typedef int (*register_sparse_fn)(void *, unsigned);
+typedef int (*register_update_fn)(void *, unsigned, const struct iovec *, const uint64_t *, unsigned);
+typedef int (*register_files_fn)(void *, const int *, unsigned);
 
 static struct {
     void *handle;
@@ -53,13 +57,25 @@ static struct {
     cqe_seen_fn cqe_seen;
     peek_cqe_fn peek_cqe;
     cq_ready_fn cq_ready;
+    register_sparse_fn register_buffers_sparse;
+    register_update_fn register_buffers_update_tag;
+    register_files_fn register_files;
 } uring;
+
+/* A ring's share of the registered memory (see cxlhm_ring_use_fixed). */
+enum { FIXED_UNSET = 0, FIXED_ON = 1, FIXED_OFF = -1 };
+enum { CHUNK_NEW = 0, CHUNK_IN = 1, CHUNK_REFUSED = 2 };
 
 struct cxlhm_ring {
     _Alignas(64) unsigned char opaque[RING_OPAQUE_BYTES];
     unsigned depth;
     unsigned queued; /* SQEs prepared, not yet handed to the kernel */
     unsigned submit_batch; /* hand SQEs over once this many are prepared (1: each at once) */
+    const struct cxlhm_fixed *fixed; /* the memory its I/O may use as fixed buffers (NULL: none) */
+    int fixed_state; /* FIXED_*: its sparse buffer table is not made yet, made, or refused */
+    int file_registered; /* fixed->fd is its registered file 0 */
+    unsigned char *chunks; /* CHUNK_* per chunk of fixed's memory */
+    int64_t counts[CXLHM_FIXED_COUNTS];
 };
 
 /* A completion already in the CQ ring, read from memory: 0 and *cqe, or -EAGAIN. On a
@@ -103,6 +119,9 @@ int cxlhm_uring_load(const char *path, char *err, int errlen)
     LOAD(cqe_seen, "io_uring_cqe_seen");
     LOAD(peek_cqe, "io_uring_peek_cqe");
     LOAD(cq_ready, "io_uring_cq_ready");
+    LOAD(register_buffers_sparse, "io_uring_register_buffers_sparse");
+    LOAD(register_buffers_update_tag, "io_uring_register_buffers_update_tag");
+    LOAD(register_files, "io_uring_register_files");
 #undef LOAD
     uring.handle = h;
     return 0;
@@ -216,7 +235,96 @@ void cxlhm_ring_close(struct cxlhm_ring *r)
     if (!r)
         return;
     uring.queue_exit(r->opaque);
+    free(r->chunks);
     free(r);
+}
+
+/*
+ * Registered memory. An O_DIRECT read or write into ordinary memory pins the buffer's
+ * pages for the I/O's duration and marks them dirty after a read: get_user_pages and
+ * the folio bookkeeping took ~6% of a 4 KiB random read stream's CPU on the development
+ * machine's virtio disk, and fget/fput on the image another 1%. The device's DRAM is one
+ * arena that every fill lands in and every write-back leaves from, as a controller's
+ * DMA engine maps its DRAM once: a ring that is told of it (cxlhm_ring_use_fixed) sends
+ * the I/O inside it as READ_FIXED / WRITE_FIXED on a registered file, and fio's job
+ * option fixedbufs=1 is the same thing.
+ *
+ * The memory is registered in chunks, each the first time an I/O lands in it, into a
+ * sparse table made on the ring's first such I/O: a registered buffer is pinned - its
+ * pages faulted in and locked - so a large arena of which only a little is in use must
+ * not be pinned whole. Where the kernel refuses (an old kernel, RLIMIT_MEMLOCK without
+ * CAP_IPC_LOCK) the I/O goes out as an ordinary one: registration is a speed-up, never
+ * a condition. The region must stay mapped while rings use it (the device unmaps its
+ * DRAM only after closing its back end).
+ */
+void cxlhm_ring_use_fixed(struct cxlhm_ring *r, const struct cxlhm_fixed *f)
+{
+    r->fixed = f;
+}
+
+void cxlhm_ring_fixed_counts(const struct cxlhm_ring *r, int64_t *out)
+{
+    for (int i = 0; i < CXLHM_FIXED_COUNTS; i++)
+        out[i] += r->counts[i];
+}
+
+static int fixed_setup(struct cxlhm_ring *r, const struct cxlhm_fixed *f)
+{
+    uint64_t n = (f->len + f->chunk - 1) / f->chunk;
+    r->chunks = calloc(n, 1);
+    if (!r->chunks || uring.register_buffers_sparse(r->opaque, (unsigned)n) < 0) {
+        r->counts[CXLHM_FIXED_REFUSED]++;
+        return FIXED_OFF;
+    }
+    r->file_registered = uring.register_files(r->opaque, &f->fd, 1) == 0;
+    return FIXED_ON;
+}
+
+/* The registered buffer an I/O of [buf, buf+len) can use, registering its chunk if
+ * needed, or -1: outside the memory, across two chunks, or refused. */
+static int fixed_index(struct cxlhm_ring *r, const void *buf, uint64_t len)
+{
+    const struct cxlhm_fixed *f = r->fixed;
+    if (!f || f->len == 0 || r->fixed_state == FIXED_OFF)
+        return -1;
+    const char *p = buf;
+    if (p < f->base || (uint64_t)(p - f->base) + len > f->len || len == 0)
+        return -1;
+    uint64_t off = (uint64_t)(p - f->base), c = off / f->chunk;
+    if ((off + len - 1) / f->chunk != c)
+        return -1;
+    if (r->fixed_state == FIXED_UNSET && (r->fixed_state = fixed_setup(r, f)) == FIXED_OFF)
+        return -1;
+    if (r->chunks[c] == CHUNK_NEW) {
+        uint64_t start = c * f->chunk;
+        struct iovec iov = {(void *)(f->base + start), f->len - start < f->chunk ? f->len - start : f->chunk};
+        int rc = uring.register_buffers_update_tag(r->opaque, (unsigned)c, &iov, NULL, 1);
+        r->chunks[c] = rc == 1 ? CHUNK_IN : CHUNK_REFUSED;
+        r->counts[rc == 1 ? CXLHM_FIXED_CHUNKS : CXLHM_FIXED_REFUSED]++;
+    }
+    return r->chunks[c] == CHUNK_IN ? (int)c : -1;
+}
+
+/* Prepare one read or write, as a fixed-buffer one where the ring can. */
+static void prep_io(struct cxlhm_ring *r, struct io_uring_sqe *sqe, int fd, void *buf, unsigned len,
+                    uint64_t off, int write)
+{
+    int index = fixed_index(r, buf, len);
+    if (write)
+        uring.prep_write(sqe, fd, buf, len, off);
+    else
+        uring.prep_read(sqe, fd, buf, len, off);
+    if (index < 0) {
+        r->counts[CXLHM_FIXED_PLAIN]++;
+        return;
+    }
+    sqe->opcode = write ? IORING_OP_WRITE_FIXED : IORING_OP_READ_FIXED;
+    sqe->buf_index = (uint16_t)index;
+    if (r->file_registered && fd == r->fixed->fd) {
+        sqe->fd = 0;
+        sqe->flags |= IOSQE_FIXED_FILE;
+    }
+    r->counts[CXLHM_FIXED_OPS]++;
 }
 
 /*
@@ -278,10 +386,7 @@ int cxlhm_io_batch(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops,
             void *buf = (char *)ops[i].buf + done;
             unsigned len = (unsigned)(ops[i].len - done);
             uint64_t off = ops[i].offset + done;
-            if (ops[i].write)
-                uring.prep_write(sqe, fd, buf, len, off);
-            else
-                uring.prep_read(sqe, fd, buf, len, off);
+            prep_io(r, sqe, fd, buf, len, off, ops[i].write);
             sqe->user_data = (uint64_t)i;
             inflight++;
             r->queued++;
@@ -375,10 +480,7 @@ int64_t cxlhm_io_qd(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops,
             struct io_uring_sqe *sqe = uring.get_sqe(r->opaque);
             if (!sqe)
                 break;
-            if (op->write)
-                uring.prep_write(sqe, fd, op->buf, (unsigned)op->len, op->offset);
-            else
-                uring.prep_read(sqe, fd, op->buf, (unsigned)op->len, op->offset);
+            prep_io(r, sqe, fd, op->buf, (unsigned)op->len, op->offset, op->write);
             sqe->user_data = (uint64_t)next;
             lat_ns[next] = t; /* issue time until completion */
             next++;
@@ -430,10 +532,7 @@ int cxlhm_io_queue(struct cxlhm_ring *r, int fd, const struct cxlhm_io *ops, int
         struct io_uring_sqe *sqe = uring.get_sqe(r->opaque);
         if (!sqe)
             break;
-        if (ops[i].write)
-            uring.prep_write(sqe, fd, ops[i].buf, (unsigned)ops[i].len, ops[i].offset);
-        else
-            uring.prep_read(sqe, fd, ops[i].buf, (unsigned)ops[i].len, ops[i].offset);
+        prep_io(r, sqe, fd, ops[i].buf, (unsigned)ops[i].len, ops[i].offset, ops[i].write);
         sqe->user_data = (uint64_t)tags[i];
         r->queued++;
     }

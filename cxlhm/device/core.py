@@ -151,6 +151,7 @@ class Device(StreamReads, WriteWaves, WriteBehind, BackgroundWork, PowerLoss):
         except ValueError as exc:
             raise ConfigError(cfg.source_of("backend.faults"), "backend.faults", str(exc)) from None
         self.media.ssd = open_backend(cfg)
+        self.media.ssd.register_memory(self.dram.base_address, self.dram.nbytes, self.block_size)
         if faults.active:
             self.media.ssd = FaultInjector(self.media.ssd, faults)
         if self.ssd.temporary:

@@ -21,6 +21,22 @@ from cxlhm.media.backend import Backend, BackendCaps, lock_image, release_image
 IO_BUF, IO_LEN, IO_OFFSET, IO_WRITE = range(4)
 IO_FIELDS = 4
 
+# Registered memory: at most this many pieces (the kernel's table of fixed buffers holds
+# 16384), each at most 1 GiB (the kernel's limit for one) and at least a huge page.
+FIXED_TABLE = 1 << 14
+FIXED_MAX_PIECE = 1 << 30
+FIXED_MIN_PIECE = 2 << 20
+
+
+def fixed_piece(nbytes: int, unit: int) -> int | None:
+    """The piece registered memory of `nbytes` is registered in: the smallest power of two
+    of at least `unit` and a huge page whose table fits the kernel's; None where there is
+    nothing to register or a piece would be larger than the kernel registers at once."""
+    if nbytes <= 0 or unit <= 0:
+        return None
+    piece = max(FIXED_MIN_PIECE, 1 << (max(unit, -(-nbytes // FIXED_TABLE)) - 1).bit_length())
+    return piece if piece <= FIXED_MAX_PIECE else None
+
 
 class SsdBackend(Backend):
     """Byte-addressed back end of `capacity` bytes at `path` (None: an anonymous temp file)."""
@@ -39,6 +55,7 @@ class SsdBackend(Backend):
             raise native.NativeUnavailable("struct cxlhm_io layout changed; rebuild cxlhm")
         self.fd = self._open(path, capacity, source)
         self.queue_depth = queue_depth
+        self._fixed = self._ffi.new("struct cxlhm_fixed *")  # len 0: no registered memory yet
         # io_uring rings are not thread-safe (SQ/CQ heads are plain memory), and the
         # device lets several host threads run I/O at once: each thread gets its own
         # ring and result array, made on first use; close() closes them all.
@@ -64,6 +81,7 @@ class SsdBackend(Backend):
             if ring == self._ffi.NULL:
                 raise OSError(err[0], f"io_uring setup failed: {os.strerror(err[0])}")
             self._lib.cxlhm_ring_submit_batch(ring, submit_batch or self.submit_batch)
+            self._lib.cxlhm_ring_use_fixed(ring, self._fixed)
             self._rings.append(ring)
         return ring
 
@@ -122,6 +140,30 @@ class SsdBackend(Backend):
             os.close(fd)
             raise ConfigError(source, "backend.path", f"{path} is neither a regular file nor a block device")
         return fd
+
+    def register_memory(self, base: int, nbytes: int, unit: int) -> None:
+        """Every ring of this back end sends its I/O inside [base, base+nbytes) on
+        registered buffers and the registered image (native/cxlhm_native.c says why and
+        how), the memory registered piece by piece as I/O first lands in it; pieces are a
+        power of two of at least `unit` bytes (a slot's size), so no slot straddles two.
+        Call it before any I/O uses the memory. CXLHM_URING_FIXED=0 turns it off."""
+        piece = fixed_piece(nbytes, unit)
+        if piece is None or os.environ.get("CXLHM_URING_FIXED", "1") == "0":
+            return
+        self._fixed.base = self._ffi.cast("const char *", base)
+        self._fixed.chunk = piece
+        self._fixed.fd = self.fd
+        self._fixed.len = nbytes  # last: a ring reads len first
+
+    def fixed_counts(self) -> dict[str, int]:
+        """Over all open rings: I/Os sent on registered buffers (`fixed`) and as ordinary
+        ones (`plain`), pieces registered, registrations the kernel refused."""
+        out = self._ffi.new("int64_t[]", self._lib.CXLHM_FIXED_COUNTS)
+        with self._rings_lock:
+            for ring in self._rings:
+                self._lib.cxlhm_ring_fixed_counts(ring, out)
+        return {"fixed": out[self._lib.CXLHM_FIXED_OPS], "plain": out[self._lib.CXLHM_FIXED_PLAIN],
+                "pieces": out[self._lib.CXLHM_FIXED_CHUNKS], "refused": out[self._lib.CXLHM_FIXED_REFUSED]}
 
     def submit(self, ops: np.ndarray) -> np.ndarray:
         """Run the I/Os in `ops` (int64 rows laid out as struct cxlhm_io) as one batch and
