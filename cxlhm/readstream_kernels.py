@@ -235,7 +235,7 @@ def step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addr
             return wait if out else WIDE
         # no I/O may miss on a victim's block before its bytes are on the SSD and the
         # driver recorded their checksum (nothing out: only the recording is left)
-        if _touches_writebacks(wb_rows, wb_state, hpas[i], lens[i], block_size):
+        if st[WB_USED] and _touches_writebacks(wb_rows, wb_state, hpas[i], lens[i], block_size):
             return wait if out else WRITE_BACK
         if busy or _in_sorted(victims, hpas[i], lens[i], block_size):
             return wait if out else BLOCKED

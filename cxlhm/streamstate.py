@@ -196,13 +196,13 @@ def _touches_writebacks(wb_rows, wb_state, hpa, length, block_size):
     """Whether [hpa, hpa+length) touches a block whose write-back this stream holds (a
     victim staged, on the ring, or landed with its checksum not yet recorded): it may not
     be read back from the SSD before then."""
-    first = hpa // block_size
-    last = (hpa + length - 1) // block_size
+    # a row holds its block's byte offset: compared with the blocks' byte range, not
+    # divided (a division per row was most of this scan's cost)
+    low = hpa // block_size * block_size
+    high = ((hpa + length - 1) // block_size + 1) * block_size
     for w in range(wb_rows.shape[0]):
-        if wb_state[w] != WB_FREE:
-            block = wb_rows[w, 2] // block_size
-            if first <= block <= last:
-                return True
+        if wb_state[w] != WB_FREE and low <= wb_rows[w, 2] < high:
+            return True
     return False
 
 
@@ -406,8 +406,9 @@ def _landed_sum(arrays, block, block_size):
     not recorded it yet (the sum table still has the one before), else -1 (in `found`)."""
     st, wb_rows, wb_state, wb_sum = arrays[0], arrays[_WB_ROWS], arrays[_WB_STATE], arrays[_WB_SUM]
     if st[WB_LANDED]:
+        offset = block * block_size
         for w in range(wb_rows.shape[0]):
-            if wb_state[w] == WB_LAND and wb_rows[w, 2] // block_size == block:
+            if wb_state[w] == WB_LAND and offset <= wb_rows[w, 2] < offset + block_size:
                 return True, wb_sum[w]
     return False, wb_sum[0]
 
