@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import mmap
 import sys
+import time
 from pathlib import Path
 from statistics import median
 
@@ -41,15 +42,17 @@ LOOP = 4096  # reads per closed-loop call
 KIB, MIB = 1 << 10, 1 << 20
 
 
-def timed_batches(seconds: float, batch, per_call: int) -> float:
-    """Ops per second of calling batch() for about `seconds`."""
-    import time
+def timed_batches(seconds: float, batch, per_call: int, cpu: list | None = None) -> float:
+    """Ops per second of calling batch() for about `seconds`; `cpu` gets the calling
+    thread's CPU time per op (us: its own work and the kernel's on its behalf)."""
     n = 0
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.thread_time()
     while (elapsed := time.perf_counter() - start) < seconds:
         for _ in range(8 if per_call < 1024 else 1):
             batch()
             n += per_call
+    if cpu is not None:
+        cpu.append((time.thread_time() - cpu_start) / n * 1e6)
     return n / elapsed
 
 
@@ -109,9 +112,10 @@ def bench_random_miss(path: Path, seconds: float, trials: int) -> dict:
         raw.submit(ops)
 
     device_stream(), raw_closed(), raw_spread(), device_batch(), raw_batch()  # compile and warm up
-    loops = alternate_trials(trials, device=lambda: timed_batches(seconds, device_stream, LOOP),
-                             raw=lambda: timed_batches(seconds, raw_closed, LOOP),
-                             spread=lambda: timed_batches(seconds, raw_spread, LOOP))
+    cpu: dict[str, list[float]] = {"device": [], "raw": [], "spread": []}
+    loops = alternate_trials(trials, device=lambda: timed_batches(seconds, device_stream, LOOP, cpu["device"]),
+                             raw=lambda: timed_batches(seconds, raw_closed, LOOP, cpu["raw"]),
+                             spread=lambda: timed_batches(seconds, raw_spread, LOOP, cpu["spread"]))
     batches = alternate_trials(trials, device=lambda: timed_batches(seconds, device_batch, QD),
                                raw=lambda: timed_batches(seconds, raw_batch, QD))
     hit_ratio = dev.stats()["hit_ratio"]
@@ -123,7 +127,9 @@ def bench_random_miss(path: Path, seconds: float, trials: int) -> dict:
             "spread_ratio": paired_ratio(loops["spread"], loops["raw"]),
             "device_of_spread": paired_ratio(loops["device"], loops["spread"]),
             "batch_device_iops": median(batches["device"]), "batch_raw_iops": median(batches["raw"]),
-            "batch_ratio": paired_ratio(batches["device"], batches["raw"]), "device_hit_ratio": hit_ratio}
+            "batch_ratio": paired_ratio(batches["device"], batches["raw"]), "device_hit_ratio": hit_ratio,
+            **{f"{side}_cpu_us": median(values) for side, values in cpu.items()},
+            **{f"{side}_busy": median(c * i / 1e6 for c, i in zip(cpu[side], loops[side])) for side in cpu}}
 
 
 def bench_dram_hit(path: Path, seconds: float, trials: int) -> dict:
@@ -185,7 +191,11 @@ def main() -> int:
           "copies it out as it lands, while the other 31 are at the SSD. The raw loop landing its reads in 4 KiB "
           f"slots rotating over the device's {FILE_DRAM >> 20} MiB of DRAM, as the device's fills do: "
           f"{a['spread_iops']:,.0f} IOPS ({a['spread_ratio']:.2f}x of the raw loop into {QD} reused buffers, fio's layout); "
-          f"the device reached {a['device_of_spread']:.2f}x of that")
+          f"the device reached {a['device_of_spread']:.2f}x of that. The loop's thread is busy "
+          f"{a['device_busy']:.0%} of the time through the device, {a['device_cpu_us']:.1f} us of CPU per read, of "
+          f"which the kernel's I/O path is most (the spread raw loop: {a['spread_cpu_us']:.1f} us, busy "
+          f"{a['spread_busy']:.0%}; into reused buffers {a['raw_cpu_us']:.1f} us, busy {a['raw_busy']:.0%}): near "
+          "100% one core is the limit, and every microsecond the device's steps add per read comes off the rate")
     raw_us, dev_us = QD / a["batch_raw_iops"] * 1e6, QD / a["batch_device_iops"] * 1e6
     print(f"(a') where the time goes: a batch of {QD} takes {raw_us:.0f} us at the SSD (raw) and {dev_us:.0f} us "
           f"through the device: {dev_us - raw_us:.0f} us per batch of device work on the host thread - the "
