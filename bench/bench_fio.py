@@ -112,31 +112,36 @@ def disk_of(path: str) -> tuple[int, int] | None:
     return None
 
 
-def machine_now(disk: tuple[int, int] | None) -> tuple[int, int, int]:
+def machine_now(disk: tuple[int, int] | None) -> tuple[int, int, int, int]:
     """(busy and total CPU time of all cores in jiffies, from /proc/stat; the disk's
-    weighted milliseconds in queue, from /proc/diskstats, 0 without a disk)."""
+    weighted milliseconds in queue, from /proc/diskstats, 0 without a disk; the time the
+    hypervisor ran something else on our cores, steal, in jiffies)."""
     cpu = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     idle = cpu[3] + (cpu[4] if len(cpu) > 4 else 0)  # idle + iowait
+    steal = cpu[7] if len(cpu) > 7 else 0
     queued = 0
     if disk is not None:
         for line in Path("/proc/diskstats").read_text().splitlines():
             fields = line.split()
             if (int(fields[0]), int(fields[1])) == disk:
                 queued = int(fields[13])
-    return sum(cpu) - idle, sum(cpu), queued
+    return sum(cpu) - idle, sum(cpu), queued, steal
 
 
 def metered(run, disk: tuple[int, int] | None) -> dict:
     """run()'s figures, with the whole machine's over the run: `busy` - the share of all
     cores' time that was not idle (percent; fio's thread, the kernel's I/O workers,
     interrupts, and anything else on the machine), `disk_queue` - the disk's I/Os in
-    flight on average (its weighted time in queue over the wall time)."""
-    busy0, total0, queued0 = machine_now(disk)
+    flight on average (its weighted time in queue over the wall time), `steal` - the share
+    of all cores' time the hypervisor gave to other guests (percent: on a shared VM the
+    runs' noise)."""
+    busy0, total0, queued0, steal0 = machine_now(disk)
     started = time.perf_counter()
     out = run()
     wall_ms = (time.perf_counter() - started) * 1000
-    busy1, total1, queued1 = machine_now(disk)
+    busy1, total1, queued1, steal1 = machine_now(disk)
     out["busy"] = 100 * (busy1 - busy0) / max(total1 - total0, 1)
+    out["steal"] = 100 * (steal1 - steal0) / max(total1 - total0, 1)
     out["disk_queue"] = (queued1 - queued0) / wall_ms if disk is not None else float("nan")
     return out
 
@@ -298,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
                      med(fio_runs, "lat_us"), med(cx_runs, "lat_us"), med(fio_runs, "depth"), med(cx_runs, "depth"),
                      med(cx_runs, "cachehit"), med(cx_runs, "ssd_per_io"), med(cx_runs, "cpu_pct"),
                      med(cx_runs, "wb_per_io"), qd, landing, med(fio_runs, "busy"), med(cx_runs, "busy"),
-                     med(fio_runs, "disk_queue"), med(cx_runs, "disk_queue")))
+                     med(fio_runs, "disk_queue"), med(cx_runs, "disk_queue"), med(fio_runs, "steal"),
+                     med(cx_runs, "steal")))
         if raw_runs:
             reused, spread = med(raw_runs, "reused"), med(raw_runs, "spread")
             fio_iops = col(fio_runs, "iops")
@@ -318,16 +324,16 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\n{'workload':<22} {'metric':<9} {'fio':>12} {'cxlhm':>12} {'ratio':>7} {'target':>7}  "
           f"{'lat fio':>8} {'lat cxlhm':>9}  {'depth fio/cxlhm':>15}  {'hit%':>5} {'SSD/IO':>6} {'cpu%':>5} "
-          f"{'wb/IO':>6}  {'busy% fio/cxlhm':>15}  {'disk q fio/cxlhm':>16}")
+          f"{'wb/IO':>6}  {'busy% fio/cxlhm':>15}  {'disk q fio/cxlhm':>16}  {'steal% fio/cxlhm':>16}")
     notes = []
     for name, metric, f_val, c_val, ratio, target, f_lat, c_lat, f_depth, c_depth, hit, ssd, cpu, wb, qd, landing, \
-            f_busy, c_busy, f_queue, c_queue in rows:
+            f_busy, c_busy, f_queue, c_queue, f_steal, c_steal in rows:
         unit = (lambda v: f"{v:,.0f}") if metric == "iops" else (lambda v: f"{v / 2**20:,.0f} MiB/s")
         verdict = "ok" if ratio >= target else "BELOW"
         print(f"{name:<22} {'IOPS' if metric == 'iops' else 'bandwidth':<9} {unit(f_val):>12} {unit(c_val):>12} "
               f"{ratio:>6.2f}x {target:>6.2f}x  {f_lat:>6.0f}us {c_lat:>7.0f}us  {f_depth:>7.1f}/{c_depth:<7.1f}  "
               f"{hit:>5.1f} {ssd:>6.2f} {cpu:>5.0f} {wb:>6.2f}  {f_busy:>7.0f}/{c_busy:<7.0f}  "
-              f"{f_queue:>8.1f}/{c_queue:<7.1f}  {verdict}")
+              f"{f_queue:>8.1f}/{c_queue:<7.1f}  {f_steal:>8.1f}/{c_steal:<7.1f}  {verdict}")
         if ratio < target:
             f_at_disk = c_at_disk = float("nan")
             if metric == "iops":  # Little's law at the disk: its I/Os in flight over the rate
@@ -345,7 +351,9 @@ def main(argv: list[str] | None = None) -> int:
           "\nhost I/O (fio: 1.00); cpu% = the job's threads' CPU over its wall time (near 100: CPU-bound);"
           "\nwb/IO = dirty victims written back per host I/O (on the stream's ring, the I/O parked meanwhile);"
           "\nbusy% = all cores' time not idle during each side's runs (the whole machine: near 100, fio itself"
-          "\nis CPU-bound); disk q = the disk's I/Os in flight on average (its own accounting, /proc/diskstats).")
+          "\nis CPU-bound); disk q = the disk's I/Os in flight on average (its own accounting, /proc/diskstats);"
+          "\nsteal% = all cores' time the hypervisor gave to other guests during each side's runs (/proc/stat:"
+          "\non a shared VM, where the runs' noise comes from).")
     if notes:
         print("\nwhy the cases below target stay there (from the figures above):")
         for note in notes:
