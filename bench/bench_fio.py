@@ -23,7 +23,8 @@ buffers and on slots rotating over a device-DRAM-sized arena (where fills land a
 are written back from), so the gap to fio splits into the loop, where the bytes go through,
 and the device's own work; and fio with fixedbufs=1 registerfiles=1, since the device's ring
 sends its I/O on registered buffers (its DRAM) and a registered file: the ratio's target is
-against fio's job as written, and this line shows what registration alone is worth here. The backing file must be on a disk (not tmpfs): O_DIRECT.
+against fio's job as written, and this line shows what registration alone is worth here.
+The backing file must be on a disk (not tmpfs): O_DIRECT.
 """
 from __future__ import annotations
 

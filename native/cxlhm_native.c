@@ -290,8 +290,10 @@ static int fixed_index(struct cxlhm_ring *r, const void *buf, uint64_t len)
     const char *p = buf;
     if (p < f->base || (uint64_t)(p - f->base) + len > f->len || len == 0)
         return -1;
-    uint64_t off = (uint64_t)(p - f->base), c = off / f->chunk;
-    if ((off + len - 1) / f->chunk != c)
+    /* (a chunk is a power of two: a shift, not a division per I/O) */
+    unsigned shift = (unsigned)__builtin_ctzll(f->chunk);
+    uint64_t off = (uint64_t)(p - f->base), c = off >> shift;
+    if ((off + len - 1) >> shift != c)
         return -1;
     if (r->fixed_state == FIXED_UNSET && (r->fixed_state = fixed_setup(r, f)) == FIXED_OFF)
         return -1;

@@ -60,7 +60,7 @@ class Backend(abc.ABC):
     def register_memory(self, base: int, nbytes: int, unit: int) -> None:
         """The memory [base, base+nbytes) - the device's DRAM - is where this back end's
         I/O lands and leaves from, mapped until close(): a back end may map it for its
-        I/O once (SsdBackend registers it with io_uring, in `unit`-sized pieces). A
+        I/O once (SsdBackend registers it with io_uring, in pieces of at least `unit`). A
         speed-up only: by default nothing."""
 
     @abc.abstractmethod
