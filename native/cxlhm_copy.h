@@ -5,6 +5,10 @@
  * the helper costs ~10-30 us in a VM. */
 #define CXLHM_COPY_HELPER_MIN_BYTES 196608
 
+/* How long the helper polls for the next run before it sleeps (environment variable
+ * CXLHM_COPY_LINGER_US overrides; 0: it sleeps at once). */
+#define CXLHM_COPY_LINGER_US 2000
+
 /* One job, laid out as six int64 (numba fills them as an (n, 6) array). */
 struct cxlhm_copy {
     int64_t src;      /* bytes to copy (device DRAM) */

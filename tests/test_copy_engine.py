@@ -116,3 +116,31 @@ def test_a_malformed_job_array_is_refused():
         ce.copy_many(np.zeros((2, 5), np.int64))
     with pytest.raises(ValueError, match="int64"):
         ce.copy_many(np.zeros((2, 6), np.int32))
+
+
+@pytest.mark.parametrize("linger", ["0", "50000", "-3", "not a number"])
+def test_the_helpers_linger_setting_never_changes_what_is_copied(linger):
+    """CXLHM_COPY_LINGER_US (how long the helper polls before it sleeps; read when it
+    starts, so in a fresh process): polling or not, and with a value that is no number,
+    every run is right and large runs are still shared with the helper."""
+    import subprocess
+    import sys
+    child = (
+        "import numpy as np, sys\n"
+        "sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
+        "import test_copy_engine as t\n"
+        "from cxlhm import copyengine as ce\n"
+        "src = np.random.default_rng(4).integers(0, 256, 64 * t.BLOCK, dtype=np.uint8)\n"
+        "pieces = [(b, 0, t.BLOCK) for b in range(64)]\n"
+        "shared = 0\n"
+        "for _ in range(50):\n"
+        "    dst = np.zeros_like(src)\n"
+        "    jobs = t._jobs(src, dst, pieces, True)\n"
+        "    shared += ce.copy_many(jobs) > 0\n"
+        "    t._check(src, dst, jobs, pieces, True)\n"
+        "sys.exit(0 if shared else 4)\n")
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "CXLHM_COPY_LINGER_US": linger}
+    proc = subprocess.run([sys.executable, "-c", child, here, os.path.dirname(here)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
