@@ -196,7 +196,7 @@ def _copy_out_and_hash(slots, host, block, jobs):
     jobs[:, copyengine.LEN] = block
     jobs[:, copyengine.HASH_AT] = slots
     jobs[:, copyengine.HASH_LEN] = block
-    copyengine.copy_many(jobs)
+    copyengine.copy_many(jobs, to_host=True)
 
 
 def device_side_costs_us(raw: SsdBackend, rows: np.ndarray, extents: list[int], chunk: int, block: int,

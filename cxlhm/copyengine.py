@@ -28,12 +28,16 @@ def new_jobs(n: int) -> np.ndarray:
     return np.zeros((n, FIELDS), np.int64)
 
 
-def copy_many(jobs: np.ndarray) -> int:
+def copy_many(jobs: np.ndarray, *, to_host: bool = False) -> int:
     """Run every job of `jobs` (an (n, 6) int64 array, see the module docstring); the
-    checksums land in jobs[:, HASH]. Returns how many the helper thread ran."""
+    checksums land in jobs[:, HASH]. Returns how many the helper thread ran.
+    `to_host`: the copies go out of device DRAM into the host's buffer, which this thread
+    does not read again - those of 64 KiB or more bypass the CPU's caches (streaming
+    stores), as a DMA engine's writes would."""
     if jobs.dtype != np.int64 or jobs.ndim != 2 or jobs.shape[1] != FIELDS or not jobs.flags.c_contiguous:
         raise ValueError(f"jobs must be a C-contiguous (n, {FIELDS}) int64 array")
-    return int(_native.lib.cxlhm_copy_many(_native.ffi.cast("struct cxlhm_copy *", jobs.ctypes.data), jobs.shape[0]))
+    run = _native.lib.cxlhm_copy_out_many if to_host else _native.lib.cxlhm_copy_many
+    return int(run(_native.ffi.cast("struct cxlhm_copy *", jobs.ctypes.data), jobs.shape[0]))
 
 
 # The longest job a copy of extents is cut into. Shorter jobs share a copy more evenly
@@ -94,4 +98,4 @@ def copy_extents(base: int, block_size: int, slots: np.ndarray, ext_hpa: np.ndar
     run_bytes = max(RUN_BYTES, -(-total // 2)) if halves else RUN_BYTES
     jobs = new_jobs(job_rows(slots.shape[0], total, run_bytes))
     n = extent_jobs(base, block_size, slots, ext_hpa, ext_len, user_addr, to_user, jobs, run_bytes)
-    copy_many(jobs[:n])
+    copy_many(jobs[:n], to_host=to_user)

@@ -131,8 +131,8 @@ _libz = ctypes.util.find_library("z")
 _crc32 = c_function("cxlhm_stream_crc32", ctypes.CDLL(_libz).crc32, uint64(uint64, intp, uint32)) if _libz else None
 # whether the loop can log the staged victims itself (else the driver does: LOG_IN_DRIVER)
 COMPILED_LOG = sumtable.COMPILED_HASH and _crc32 is not None
-# the device's copy engine (cxlhm/copyengine.py, which also gives it the checksum function)
-_copy_many = c_function("cxlhm_stream_copy_many", _lib.cxlhm_copy_many, int64(intp, int64))
+# the device's copy engine, out to the host's buffers (cxlhm/copyengine.py, which also gives it the checksum function)
+_copy_out_many = c_function("cxlhm_stream_copy_out_many", _lib.cxlhm_copy_out_many, int64(intp, int64))
 
 
 @numba.njit(nogil=True)

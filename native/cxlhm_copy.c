@@ -13,6 +13,8 @@
  *                             none. Small runs, and calls while another thread has the
  *                             helper, run on the calling thread alone. Returns how
  *                             many jobs the helper ran.
+ *   cxlhm_copy_out_many(jobs, n)  the same for copies out of device DRAM into the
+ *                             host's buffer: those of 64 KiB or more bypass the caches.
  *
  * After a run the helper polls for the next one for CXLHM_COPY_LINGER_US (default
  * 2000 us; 0: never), then sleeps on a condition variable. In a VM a sleeping thread's
@@ -36,6 +38,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 #include "cxlhm_copy.h"
 
@@ -52,6 +57,7 @@ static hash_fn copy_hash;
 struct call {
     struct cxlhm_copy *jobs;
     int64_t n;
+    int to_host; /* copies out to the host's buffer: large ones bypass the caches */
     _Atomic int64_t next;
 };
 
@@ -70,10 +76,45 @@ void cxlhm_copy_set_hash(void *xxh3_64bits)
     copy_hash = (hash_fn)xxh3_64bits;
 }
 
-static void run_job(struct cxlhm_copy *j)
+/* Copy with stores that bypass the CPU's caches (x86-64's SSE2 streaming stores; a plain
+ * memcpy elsewhere). A copy out to the host's buffer is not read again by this thread,
+ * and a KV chunk's worth of them evicts everything else: a 32 MiB transfer in 64 KiB
+ * pieces out of a cold arena ran at 4.2-5.4 GB/s with memcpy and 7.2-9.1 GB/s with
+ * these on the development machine (2 MiB into a buffer that stays in the L3: the same). */
+static void copy_streaming(char *dst, const char *src, size_t len)
 {
-    if (j->dst && j->len > 0)
-        memcpy((void *)(intptr_t)j->dst, (const void *)(intptr_t)j->src, (size_t)j->len);
+#if defined(__x86_64__)
+    size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+    if (head > len)
+        head = len;
+    memcpy(dst, src, head);
+    dst += head, src += head, len -= head;
+    size_t body = len & ~(size_t)63;
+    for (size_t i = 0; i < body; i += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
+        __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
+        _mm_stream_si128((__m128i *)(dst + i), a);
+        _mm_stream_si128((__m128i *)(dst + i + 16), b);
+        _mm_stream_si128((__m128i *)(dst + i + 32), c);
+        _mm_stream_si128((__m128i *)(dst + i + 48), d);
+    }
+    memcpy(dst + body, src + body, len - body);
+    _mm_sfence(); /* the stores are weakly ordered: done before the caller hears of it */
+#else
+    memcpy(dst, src, len);
+#endif
+}
+
+static void run_job(struct cxlhm_copy *j, int to_host)
+{
+    if (j->dst && j->len > 0) {
+        if (to_host && j->len >= CXLHM_COPY_STREAMING_MIN_BYTES)
+            copy_streaming((char *)(intptr_t)j->dst, (const char *)(intptr_t)j->src, (size_t)j->len);
+        else
+            memcpy((void *)(intptr_t)j->dst, (const void *)(intptr_t)j->src, (size_t)j->len);
+    }
     if (j->hash_at && copy_hash)
         j->hash = (int64_t)copy_hash((const void *)(intptr_t)j->hash_at, (size_t)j->hash_len);
 }
@@ -85,7 +126,7 @@ static int64_t take_jobs(struct call *c)
         int64_t i = atomic_fetch_add(&c->next, 1);
         if (i >= c->n)
             return ran;
-        run_job(&c->jobs[i]);
+        run_job(&c->jobs[i], c->to_host);
         ran++;
     }
 }
@@ -172,9 +213,9 @@ static int helper_running(void)
     return pool.started > 0;
 }
 
-int64_t cxlhm_copy_many(struct cxlhm_copy *jobs, int64_t n)
+static int64_t copy_many(struct cxlhm_copy *jobs, int64_t n, int to_host)
 {
-    struct call c = {jobs, n, 0};
+    struct call c = {jobs, n, to_host, 0};
     int64_t bytes = 0;
     for (int64_t i = 0; i < n; i++)
         bytes += jobs[i].len + (jobs[i].hash_at ? jobs[i].hash_len : 0);
@@ -209,4 +250,14 @@ int64_t cxlhm_copy_many(struct cxlhm_copy *jobs, int64_t n)
     int64_t helper_ran = atomic_load(&helper_ran_total) - before;
     pthread_mutex_unlock(&pool.busy);
     return helper_ran;
+}
+
+int64_t cxlhm_copy_many(struct cxlhm_copy *jobs, int64_t n)
+{
+    return copy_many(jobs, n, 0);
+}
+
+int64_t cxlhm_copy_out_many(struct cxlhm_copy *jobs, int64_t n)
+{
+    return copy_many(jobs, n, 1);
 }

@@ -19,5 +19,11 @@ struct cxlhm_copy {
     int64_t hash;     /* out: xxh3-64 of the block (as set by cxlhm_copy_set_hash) */
 };
 
+/* Copies of at least this many bytes out to the host's buffer (cxlhm_copy_out_many)
+ * bypass the CPU's caches. */
+#define CXLHM_COPY_STREAMING_MIN_BYTES 65536
+
 void cxlhm_copy_set_hash(void *xxh3_64bits);
 int64_t cxlhm_copy_many(struct cxlhm_copy *jobs, int64_t n);
+/* The same, for copies out of device DRAM into the host's buffer. */
+int64_t cxlhm_copy_out_many(struct cxlhm_copy *jobs, int64_t n);
