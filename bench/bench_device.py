@@ -28,8 +28,8 @@ from statistics import median
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (alternate_trials, bench_dir, command, lay_out, machine, paired_ratio, twin_of,  # noqa: E402
-                     without_sidecars)
+from _common import (alternate_trials, bench_dir, command, lay_out, machine, paired_ratio, reach,  # noqa: E402
+                     twin_of, without_sidecars)
 
 from cxlhm.media.dram import DeviceDram  # noqa: E402
 from cxlhm.media.ssd import SsdBackend  # noqa: E402
@@ -196,6 +196,11 @@ def main() -> int:
           f"which the kernel's I/O path is most (the spread raw loop: {a['spread_cpu_us']:.1f} us, busy "
           f"{a['spread_busy']:.0%}; into reused buffers {a['raw_cpu_us']:.1f} us, busy {a['raw_busy']:.0%}): near "
           "100% one core is the limit, and every microsecond the device's steps add per read comes off the rate")
+    print("(a) verdict: " + reach(
+        "all-miss reads", a["ratio"], 0.95, a["spread_ratio"],
+        f"the raw loop landing its reads in slots spread over {FILE_DRAM >> 20} MiB, as the device's fills do",
+        f"{a['device_cpu_us'] - a['spread_cpu_us']:+.1f} us of CPU per read on the device's thread against that "
+        f"loop's: the firmware's plan, the copy out, the stream's bookkeeping"))
     raw_us, dev_us = QD / a["batch_raw_iops"] * 1e6, QD / a["batch_device_iops"] * 1e6
     print(f"(a') where the time goes: a batch of {QD} takes {raw_us:.0f} us at the SSD (raw) and {dev_us:.0f} us "
           f"through the device: {dev_us - raw_us:.0f} us per batch of device work on the host thread - the "

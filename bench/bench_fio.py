@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import paired_ratio  # noqa: E402
+from _common import paired_ratio, reach  # noqa: E402
 from cxlhm_apps.fio import report  # noqa: E402
 from cxlhm_apps.fio.jobfile import build_jobs, read_sections  # noqa: E402
 from cxlhm_apps.fio.files import lay_out  # noqa: E402
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'workload':<22} {'metric':<9} {'fio':>12} {'cxlhm':>12} {'ratio':>7} {'target':>7}  "
           f"{'lat fio':>8} {'lat cxlhm':>9}  {'depth fio/cxlhm':>15}  {'hit%':>5} {'SSD/IO':>6} {'cpu%':>5} "
           f"{'wb/IO':>6}  {'busy% fio/cxlhm':>15}  {'disk q fio/cxlhm':>16}  {'steal% fio/cxlhm':>16}")
-    notes = []
+    notes, verdicts = [], []
     for name, metric, f_val, c_val, ratio, target, f_lat, c_lat, f_depth, c_depth, hit, ssd, cpu, wb, qd, landing, \
             f_busy, c_busy, f_queue, c_queue, f_steal, c_steal in rows:
         unit = (lambda v: f"{v:,.0f}") if metric == "iops" else (lambda v: f"{v / 2**20:,.0f} MiB/s")
@@ -343,10 +343,15 @@ def main(argv: list[str] | None = None) -> int:
             if metric == "iops" and f_queue == f_queue:  # (NaN: no disk figures)
                 note += (f"; at the disk (its own accounting): {c_queue:.1f} I/Os in flight, each "
                          f"{c_at_disk:.0f} us in it, against fio's {f_queue:.1f} and {f_at_disk:.0f} us")
-            if landing is not None and landing < target:
-                note += (f"; of that, moving the bytes through slots spread over device DRAM alone leaves the "
-                         f"native loop at {landing:.2f}x of fio on this machine (measured apart, same rounds)")
             notes.append(f"{name}: {note}")
+            if landing is not None:
+                into = "from" if "write" in name else "into"
+                verdicts.append(reach(
+                    name, ratio, target, landing,
+                    f"the native io_uring loop with I/O {into} {name.split()[0]} slots spread over device DRAM, as the "
+                    f"device's {'write-backs' if into == 'from' else 'fills'} go",
+                    f"the device's per-I/O work on its thread, {cpu:.0f}% busy: the firmware's plan, the copy "
+                    f"{'in' if into == 'from' else 'out'}, checksums{', the integrity log' if into == 'from' else ''}"))
     print("\nwhere the time goes (cxlhm columns): lat = fio's mean total latency (submission + completion);"
           "\ndepth = IOPS x lat, the I/Os really in flight; SSD/IO = the device's fills and write-backs per"
           "\nhost I/O (fio: 1.00); cpu% = the job's threads' CPU over its wall time (near 100: CPU-bound);"
@@ -363,6 +368,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\nrandom I/O, measured apart in the same rounds (medians; ratios paired by round):")
         for note in decompositions:
             print(f"  {note}")
+    if verdicts:
+        print("\nverdicts (a bound: the native loop with only the device's landing added, same rounds):")
+        for verdict in verdicts:
+            print(f"  {verdict}")
     print(f"\nload    : {load()} at the end (2 cores: above ~1 the figures are noisy)")
     return 0
 

@@ -1,0 +1,31 @@
+"""The benches' verdict on a case below its target (bench/_common.py reach): a target
+beyond the measured bound is called unreachable here, one within it reachable, and a
+bound the device beat settles nothing."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from _common import reach  # noqa: E402
+
+
+def test_a_met_target_says_so():
+    assert reach("case", 0.97, 0.95, 0.90, "how", "rest") == "case: 0.97x, target 0.95x met"
+
+
+def test_a_target_beyond_the_bound_is_not_reachable_here():
+    line = reach("case", 0.66, 0.85, 0.72, "the raw read, then the copy", "+300 us")
+    assert "bound here 0.72x (the raw read, then the copy)" in line
+    assert "not reachable on this machine" in line
+    assert "reached 0.92 of the bound (+300 us)" in line
+
+
+def test_a_target_within_the_bound_is_reachable_and_names_what_is_left():
+    line = reach("case", 0.79, 0.95, 1.03, "the spread loop", "plan, copies")
+    assert "within reach" in line and "reached 0.77 of it; the rest: plan, copies" in line
+    assert "not reachable" not in line
+
+
+def test_a_bound_the_device_beat_settles_nothing():
+    line = reach("case", 0.81, 0.85, 0.77, "passes", "-2105 us")
+    assert "passed it (1.05 of it)" in line
+    assert "not reachable" not in line and "within reach" not in line
