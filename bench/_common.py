@@ -102,19 +102,22 @@ def twin_of(path: Path) -> Path:
     return path.with_name(path.stem + "-raw" + path.suffix)
 
 
-def reach(case: str, ratio: float, target: float, bound: float, bound_is: str, rest: str) -> str:
+def reach(case: str, ratio: float, target: float, bound: float, bound_is: str, rest: str,
+          of_bound: float | None = None) -> str:
     """The verdict on a case below its target. `bound`: the most a device built as this one
     is could reach on this machine, measured in the same run as the case (`bound_is` says
     how: the same I/O with only the device's unavoidable work added). A target beyond the
     bound cannot be reached here; one within it can, and `rest` says what keeps the
-    device from it."""
+    device from it. `of_bound`: the device's figure over the bound's where the bench pairs
+    them run by run (else ratio / bound)."""
+    of_bound = ratio / bound if of_bound is None else of_bound
     if ratio >= target:
         return f"{case}: {ratio:.2f}x, target {target:.2f}x met"
     head = f"{case}: {ratio:.2f}x against a target of {target:.2f}x; bound here {bound:.2f}x ({bound_is})"
-    if ratio >= bound:  # the parts timed apart overstate the bound's cost this run: it settles nothing
-        return (f"{head} - the device passed it ({ratio / bound:.2f} of it), so this run's parts do not say what "
+    if of_bound >= 1:  # the parts timed apart overstate the bound's cost this run: it settles nothing
+        return (f"{head} - the device passed it ({of_bound:.2f} of it), so this run's parts do not say what "
                 f"is left; {rest}")
     if bound < target:
         return (f"{head} - the target is beyond it, not reachable on this machine in this run; the device "
-                f"reached {ratio / bound:.2f} of the bound ({rest})")
-    return f"{head} - within reach: the device reached {ratio / bound:.2f} of it; the rest: {rest}"
+                f"reached {of_bound:.2f} of the bound ({rest})")
+    return f"{head} - within reach: the device reached {of_bound:.2f} of it; the rest: {rest}"

@@ -200,7 +200,7 @@ def main() -> int:
         "all-miss reads", a["ratio"], 0.95, a["spread_ratio"],
         f"the raw loop landing its reads in slots spread over {FILE_DRAM >> 20} MiB, as the device's fills do",
         f"{a['device_cpu_us'] - a['spread_cpu_us']:+.1f} us of CPU per read on the device's thread against that "
-        f"loop's: the firmware's plan, the copy out, the stream's bookkeeping"))
+        f"loop's: the firmware's plan, the copy out, the stream's bookkeeping", a["device_of_spread"]))
     raw_us, dev_us = QD / a["batch_raw_iops"] * 1e6, QD / a["batch_device_iops"] * 1e6
     print(f"(a') where the time goes: a batch of {QD} takes {raw_us:.0f} us at the SSD (raw) and {dev_us:.0f} us "
           f"through the device: {dev_us - raw_us:.0f} us per batch of device work on the host thread - the "

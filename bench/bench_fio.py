@@ -300,12 +300,13 @@ def main(argv: list[str] | None = None) -> int:
 
         f_val, c_val = med(fio_runs, metric), med(cx_runs, metric)
         landing = paired_ratio(col(raw_runs, "spread"), col(fio_runs, "iops")) if raw_runs else None
+        of_landing = paired_ratio(col(cx_runs, "iops"), col(raw_runs, "spread")) if raw_runs else None
         rows.append((name, metric, f_val, c_val, paired_ratio(col(cx_runs, metric), col(fio_runs, metric)), target,
                      med(fio_runs, "lat_us"), med(cx_runs, "lat_us"), med(fio_runs, "depth"), med(cx_runs, "depth"),
                      med(cx_runs, "cachehit"), med(cx_runs, "ssd_per_io"), med(cx_runs, "cpu_pct"),
                      med(cx_runs, "wb_per_io"), qd, landing, med(fio_runs, "busy"), med(cx_runs, "busy"),
                      med(fio_runs, "disk_queue"), med(cx_runs, "disk_queue"), med(fio_runs, "steal"),
-                     med(cx_runs, "steal")))
+                     med(cx_runs, "steal"), of_landing))
         if raw_runs:
             reused, spread = med(raw_runs, "reused"), med(raw_runs, "spread")
             fio_iops = col(fio_runs, "iops")
@@ -328,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'wb/IO':>6}  {'busy% fio/cxlhm':>15}  {'disk q fio/cxlhm':>16}  {'steal% fio/cxlhm':>16}")
     notes, verdicts = [], []
     for name, metric, f_val, c_val, ratio, target, f_lat, c_lat, f_depth, c_depth, hit, ssd, cpu, wb, qd, landing, \
-            f_busy, c_busy, f_queue, c_queue, f_steal, c_steal in rows:
+            f_busy, c_busy, f_queue, c_queue, f_steal, c_steal, of_landing in rows:
         unit = (lambda v: f"{v:,.0f}") if metric == "iops" else (lambda v: f"{v / 2**20:,.0f} MiB/s")
         verdict = "ok" if ratio >= target else "BELOW"
         print(f"{name:<22} {'IOPS' if metric == 'iops' else 'bandwidth':<9} {unit(f_val):>12} {unit(c_val):>12} "
@@ -351,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"the native io_uring loop with I/O {into} {name.split()[0]} slots spread over device DRAM, as the "
                     f"device's {'write-backs' if into == 'from' else 'fills'} go",
                     f"the device's per-I/O work on its thread, {cpu:.0f}% busy: the firmware's plan, the copy "
-                    f"{'in' if into == 'from' else 'out'}, checksums{', the integrity log' if into == 'from' else ''}"))
+                    f"{'in' if into == 'from' else 'out'}, checksums{', the integrity log' if into == 'from' else ''}",
+                    of_landing))
     print("\nwhere the time goes (cxlhm columns): lat = fio's mean total latency (submission + completion);"
           "\ndepth = IOPS x lat, the I/Os really in flight; SSD/IO = the device's fills and write-backs per"
           "\nhost I/O (fio: 1.00); cpu% = the job's threads' CPU over its wall time (near 100: CPU-bound);"

@@ -29,3 +29,11 @@ def test_a_bound_the_device_beat_settles_nothing():
     line = reach("case", 0.81, 0.85, 0.77, "passes", "-2105 us")
     assert "passed it (1.05 of it)" in line
     assert "not reachable" not in line and "within reach" not in line
+
+
+def test_a_paired_figure_replaces_the_ratio_of_medians():
+    """bench_fio pairs the device with the bound's loop round by round: that figure is the
+    one reported, and it decides whether the device passed the bound."""
+    line = reach("case", 0.90, 0.95, 0.97, "the spread loop", "plan", of_bound=0.88)
+    assert "reached 0.88 of it" in line
+    assert "passed it (1.01 of it)" in reach("case", 0.90, 0.95, 0.97, "loop", "plan", of_bound=1.01)
