@@ -145,7 +145,9 @@ static int64_t monotonic_ns(void)
 static int64_t linger_ns(void)
 {
     const char *us = getenv("CXLHM_COPY_LINGER_US");
-    long long v = us && *us ? atoll(us) : CXLHM_COPY_LINGER_US;
+    long long v = us && *us ? atoll(us) : CXLHM_COPY_LINGER_US; /* not a number: 0 */
+    if (v > 10000000) /* at most 10 s (and no overflow below) */
+        v = 10000000;
     return v > 0 ? (int64_t)v * 1000 : 0;
 }
 

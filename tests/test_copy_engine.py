@@ -118,7 +118,7 @@ def test_a_malformed_job_array_is_refused():
         ce.copy_many(np.zeros((2, 6), np.int32))
 
 
-@pytest.mark.parametrize("linger", ["0", "50000", "-3", "not a number"])
+@pytest.mark.parametrize("linger", ["0", "50000", "-3", "not a number", "99999999999999999999"])
 def test_the_helpers_linger_setting_never_changes_what_is_copied(linger):
     """CXLHM_COPY_LINGER_US (how long the helper polls before it sleeps; read when it
     starts, so in a fresh process): polling or not, and with a value that is no number,
