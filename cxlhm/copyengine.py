@@ -40,6 +40,13 @@ def copy_many(jobs: np.ndarray, *, to_host: bool = False) -> int:
     return int(run(_native.ffi.cast("struct cxlhm_copy *", jobs.ctypes.data), jobs.shape[0]))
 
 
+def linger_us() -> int:
+    """How long the helper thread polls for the next run before it sleeps, in µs, as a
+    helper started now would: CXLHM_COPY_LINGER_US, else 2000, but 0 in a process confined
+    to one CPU (polling would take the caller's core). See native/cxlhm_copy.c."""
+    return int(_native.lib.cxlhm_copy_linger_us())
+
+
 # The longest job a copy of extents is cut into. Shorter jobs share a copy more evenly
 # when the helper thread starts late (a claimed job is finished by whoever claimed it):
 # 2 MiB copies out of device DRAM through copy_extents ran at 0.74-0.95x of numpy.copyto

@@ -23,7 +23,8 @@
  * development machine, longer than the calling thread alone (400-470), and 305-310 us
  * with it polling through the ~1 ms the next read was on the SSD. A controller's DMA
  * engine polls its queue too; the cost is one core kept busy for at most the linger
- * after the last long run (short runs never wake the helper).
+ * after the last long run (short runs never wake the helper). A process confined to
+ * one CPU does not poll unless told to.
  *
  * A call publishes itself under the pool's lock and withdraws under it;
  * the helper joins a call only while it is published, and the caller waits for a helper
@@ -142,13 +143,23 @@ static int64_t monotonic_ns(void)
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
+/* The helper's polling time: the environment's, else the default - but none when the
+ * process may run on one CPU only, where polling would take the core from the caller. */
 static int64_t linger_ns(void)
 {
     const char *us = getenv("CXLHM_COPY_LINGER_US");
+    cpu_set_t cpus;
+    if (!(us && *us) && sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) < 2)
+        return 0;
     long long v = us && *us ? atoll(us) : CXLHM_COPY_LINGER_US; /* not a number: 0 */
     if (v > 10000000) /* at most 10 s (and no overflow below) */
         v = 10000000;
     return v > 0 ? (int64_t)v * 1000 : 0;
+}
+
+int64_t cxlhm_copy_linger_us(void)
+{
+    return linger_ns() / 1000;
 }
 
 /* Poll for a call after generation `seen` for at most `ns`. */

@@ -118,16 +118,29 @@ def test_a_malformed_job_array_is_refused():
         ce.copy_many(np.zeros((2, 6), np.int32))
 
 
-@pytest.mark.parametrize("linger", ["0", "50000", "-3", "not a number", "99999999999999999999"])
-def test_the_helpers_linger_setting_never_changes_what_is_copied(linger):
-    """CXLHM_COPY_LINGER_US (how long the helper polls before it sleeps; read when it
-    starts, so in a fresh process): polling or not, and with a value that is no number,
-    every run is right and large runs are still shared with the helper."""
+def _in_a_fresh_process(child: str, linger: str | None) -> str:
+    """Run `child` (Python, with this folder and the repository on sys.path) in a new
+    process with CXLHM_COPY_LINGER_US set to `linger` (None: unset); its stdout."""
     import subprocess
     import sys
-    child = (
-        "import numpy as np, sys\n"
-        "sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {k: v for k, v in os.environ.items() if k != "CXLHM_COPY_LINGER_US"}
+    if linger is not None:
+        env["CXLHM_COPY_LINGER_US"] = linger
+    proc = subprocess.run([sys.executable, "-c", "import sys\nsys.path[:0] = [sys.argv[1], sys.argv[2]]\n" + child,
+                           here, os.path.dirname(here)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+@pytest.mark.parametrize("linger, polls_us", [("0", 0), ("50000", 50000), ("-3", 0), ("not a number", 0),
+                                              ("99999999999999999999", 10_000_000)])
+def test_the_helpers_linger_setting_is_read_safely_and_never_changes_what_is_copied(linger, polls_us):
+    """CXLHM_COPY_LINGER_US (how long the helper polls before it sleeps): a negative or
+    non-numeric value turns polling off, a huge one is capped at 10 s; polling or not,
+    every run is right and large runs are still shared with the helper."""
+    out = _in_a_fresh_process(
+        "import numpy as np\n"
         "import test_copy_engine as t\n"
         "from cxlhm import copyengine as ce\n"
         "src = np.random.default_rng(4).integers(0, 256, 64 * t.BLOCK, dtype=np.uint8)\n"
@@ -138,12 +151,21 @@ def test_the_helpers_linger_setting_never_changes_what_is_copied(linger):
         "    jobs = t._jobs(src, dst, pieces, True)\n"
         "    shared += ce.copy_many(jobs) > 0\n"
         "    t._check(src, dst, jobs, pieces, True)\n"
-        "sys.exit(0 if shared else 4)\n")
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = {**os.environ, "CXLHM_COPY_LINGER_US": linger}
-    proc = subprocess.run([sys.executable, "-c", child, here, os.path.dirname(here)], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+        "print(ce.linger_us(), shared)\n", linger)
+    linger_us, shared = map(int, out.split())
+    assert linger_us == polls_us
+    assert shared > 0
+
+
+def test_polling_is_on_by_default_and_off_on_one_cpu():
+    """Unset, the helper polls for 2 ms - unless the process may run on one CPU only,
+    where polling would take the caller's core."""
+    child = "from cxlhm import copyengine as ce\nprint(ce.linger_us())\n"
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert int(_in_a_fresh_process(child, None)) == 2000
+    one_cpu = "import os\nos.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})\n" + child
+    assert int(_in_a_fresh_process(one_cpu, None)) == 0
+    assert int(_in_a_fresh_process(one_cpu, "300")) == 300  # told to: it does
 
 
 @settings(max_examples=40, deadline=None)
@@ -166,3 +188,4 @@ def test_copies_out_to_the_host_bypass_the_caches_and_stay_exact(src_off, dst_of
     for j in range(n_jobs):
         expected[j * stride + dst_off:j * stride + dst_off + length] = src[j * stride + src_off:j * stride + src_off + length]
     assert np.array_equal(dst, expected)
+
