@@ -5,7 +5,12 @@ reap (cxlhm/readstream_kernels.py); `copy_many` is the same call from Python.
 
 A job is a row of six int64: (src, dst, len, hash_at, hash_len, hash out), see
 native/cxlhm_copy.h. The checksum is xxh3-64, the function cxlhm/sumtable.py uses;
-without it (COMPILED_HASH false) jobs are copies only."""
+without it (COMPILED_HASH false) jobs are copies only.
+
+The helper polls for the next run for a while before it sleeps (`linger_us`: waking a
+sleeping thread in a VM cost more than the helper saved), and copies out to the host's
+buffer (`copy_many(to_host=True)`) of 64 KiB or more stream past the CPU's caches;
+native/cxlhm_copy.c has the measurements."""
 from __future__ import annotations
 
 import ctypes
