@@ -251,32 +251,35 @@ def pipelined_us(raw: SsdBackend, rows: np.ndarray, extents: list[int], chunk: i
     n = chunk // block
     per = max(1, raw.queue_depth // STREAM_PASSES)
     passes = -(-n // per)
+
+    def blocks_of(p: int) -> slice:
+        return slice(p * per, min(n, (p + 1) * per))
+
+    def queue_pass(p: int) -> None:
+        part = blocks_of(p)
+        raw.queue(rows[part], np.arange(part.start, part.stop))
+
     times = []
     for i in range(20):
         base = extents[(i + 5) % len(extents)]
         rows[:, 2] = base + np.arange(n) * block
         rows[:, 3] = 0
         rows[:, 0] = arena.ctypes.data + ((i * chunk + np.arange(n, dtype=np.int64) * block) % arena.nbytes)
-        landed = np.zeros(passes, np.int64)
+        left = np.minimum(per, n - np.arange(passes) * per)  # each pass's blocks still to land
         start = time.perf_counter()
-        queued = 0
-        for _ in range(min(STREAM_PASSES, passes)):
-            raw.queue(rows[queued * per:(queued + 1) * per], np.arange(queued * per, min(n, (queued + 1) * per)))
-            queued += 1
-        done = 0
-        while done < passes:
+        queued = min(STREAM_PASSES, passes)
+        for p in range(queued):
+            queue_pass(p)
+        while left.any():
             tags, _ = raw.reap(1)
-            for p in np.unique(tags // per).tolist():
-                landed[p] += int((tags // per == p).sum())
-                if landed[p] < min(per, n - p * per):
-                    continue
+            landed = np.bincount(tags // per, minlength=passes)
+            left -= landed
+            for p in np.flatnonzero(landed * (left == 0)).tolist():  # passes whose last block just landed
                 if queued < passes:  # the next pass goes out before this one is copied
-                    raw.queue(rows[queued * per:(queued + 1) * per],
-                              np.arange(queued * per, min(n, (queued + 1) * per)))
+                    queue_pass(queued)
                     queued += 1
-                lo, hi = p * per, min(n, (p + 1) * per)
-                _copy_out_and_hash(rows[lo:hi, 0], host[lo:hi], block, jobs[:hi - lo])
-                done += 1
+                part = blocks_of(p)
+                _copy_out_and_hash(rows[part, 0], host[part], block, jobs[:part.stop - part.start])
         times.append(time.perf_counter() - start)
     rows[:, 0] = host
     return float(np.median(times)) * 1e6

@@ -67,7 +67,7 @@ static struct {
     pthread_mutex_t lock;
     pthread_cond_t wake;
     int started;
-    uint64_t generation;
+    _Atomic uint64_t generation; /* written under the lock; the polling helper reads it without */
     struct call *current; /* the published call, or NULL */
     _Atomic int helper_in; /* the helper is running jobs of a call */
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, NULL, 0};
@@ -134,8 +134,6 @@ static int64_t take_jobs(struct call *c)
 
 static _Atomic int64_t helper_ran_total; /* jobs the helper ran, for the caller's return */
 
-static _Atomic uint64_t published; /* pool.generation, for the helper's polling */
-
 static int64_t monotonic_ns(void)
 {
     struct timespec t;
@@ -148,10 +146,11 @@ static int64_t monotonic_ns(void)
 static int64_t linger_ns(void)
 {
     const char *us = getenv("CXLHM_COPY_LINGER_US");
+    int given = us && *us;
     cpu_set_t cpus;
-    if (!(us && *us) && sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) < 2)
+    if (!given && sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) < 2)
         return 0;
-    long long v = us && *us ? atoll(us) : CXLHM_COPY_LINGER_US; /* not a number: 0 */
+    long long v = given ? atoll(us) : CXLHM_COPY_LINGER_US; /* not a number: 0 */
     if (v > 10000000) /* at most 10 s (and no overflow below) */
         v = 10000000;
     return v > 0 ? (int64_t)v * 1000 : 0;
@@ -168,7 +167,7 @@ static void linger(uint64_t seen, int64_t ns)
     if (ns <= 0)
         return;
     int64_t until = monotonic_ns() + ns;
-    for (unsigned spins = 1; atomic_load(&published) == seen; spins++) {
+    for (unsigned spins = 1; atomic_load(&pool.generation) == seen; spins++) {
         cpu_relax();
         if (!(spins & 255) && monotonic_ns() > until)
             return;
@@ -245,7 +244,6 @@ static int64_t copy_many(struct cxlhm_copy *jobs, int64_t n, int to_host)
     pthread_mutex_lock(&pool.lock);
     pool.current = &c;
     pool.generation++;
-    atomic_store(&published, pool.generation);
     pthread_cond_signal(&pool.wake);
     pthread_mutex_unlock(&pool.lock);
     take_jobs(&c);
