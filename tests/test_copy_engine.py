@@ -2,7 +2,9 @@
 Python's xxhash: every byte copied and every checksum right, whichever thread ran a job,
 with several callers at once, and in a child after fork()."""
 import os
+import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -99,16 +101,28 @@ def test_a_forked_child_gets_its_own_helper():
     dst = np.zeros_like(src)  # kept alive until the copy is made (the jobs hold only its address)
     ce.copy_many(_jobs(src, dst, pieces, True))  # the parent's helper runs
     pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child reports through its exit status
-        shared = 0
-        for _ in range(50):
-            dst = np.zeros_like(src)
-            shared += ce.copy_many(_jobs(src, dst, pieces, True)) > 0
-            if not np.array_equal(dst, src):
-                os._exit(3)
-        os._exit(0 if shared else 4)  # 4: no helper thread in the child
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    if pid == 0:  # pragma: no cover - the child reports through its exit status, never returns into pytest
+        code = 5  # 5: the child raised
+        try:
+            shared = 0
+            for _ in range(50):
+                dst = np.zeros_like(src)
+                shared += ce.copy_many(_jobs(src, dst, pieces, True)) > 0
+                if not np.array_equal(dst, src):
+                    code = 3
+                    break
+            else:
+                code = 0 if shared else 4  # 4: no helper thread in the child
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 120
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child's copy never returned (a helper's state carried over the fork?)")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
 
 
 def test_a_malformed_job_array_is_refused():

@@ -167,10 +167,26 @@ FIGURES = Path(os.environ.get("CXLHM_RELIABILITY_FIGURES") or Path(__file__).res
                "reliability" / "figures.json")
 
 
+def _lock_figures(lock, timeout_s: float = 60.0) -> None:
+    """The figures file's lock, waiting at most `timeout_s`: another process on this
+    checkout (a stopped pytest, a bench) holding it fails this test, never hangs it."""
+    import time
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{lock.name} stayed locked for {timeout_s:.0f} s: another process on this "
+                                   "checkout holds it (set CXLHM_RELIABILITY_FIGURES to write elsewhere)") from None
+            time.sleep(0.05)
+
+
 def record_figure(group: str, name: str, metric: str, value, *, accumulate: bool = False) -> None:
     FIGURES.parent.mkdir(parents=True, exist_ok=True)
     with open(FIGURES.with_suffix(".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        _lock_figures(lock)
         try:
             data = json.loads(FIGURES.read_text()) if FIGURES.exists() else {}
         except ValueError:

@@ -140,12 +140,14 @@ class StreamReads:
                     if len(self.media.poison.blocks) != version:  # new poison records: stop here
                         stop = min(stop, int(st[rs.NEXT]))
                     self._sync_time()  # once per time slice: the policy's deadlines and ages read it
-                    status = self._stream_run(job, stop, deadline_ns, counted, held)
-                    if status == rs.DEVICE_FULL:  # before any thread misses on them
-                        self.media.write_rows(state.writebacks[:int(st[rs.PARKED_WBS])], victims=True)
-                    self._stream_settle(job, status)
-                    counted, held = self._stream_account(st, counted, held)
-                    self._idle.notify_all()  # reads of this stream may have ended: threads waiting for their slots
+                    try:
+                        status = self._stream_run(job, stop, deadline_ns, counted, held)
+                        if status == rs.DEVICE_FULL:  # before any thread misses on them
+                            self.media.write_rows(state.writebacks[:int(st[rs.PARKED_WBS])], victims=True)
+                        self._stream_settle(job, status)
+                    finally:  # even after an error: what the slice took or gave back is counted
+                        counted, held = self._stream_account(st, counted, held)
+                        self._idle.notify_all()  # reads of this stream may have ended: threads waiting for their slots
                     if status == rs.DEVICE_FULL:
                         raise DeviceFull("no evictable device-DRAM slot: every slot is pinned or in use")
                     alone = not self._inflight
@@ -373,11 +375,20 @@ class StreamReads:
 
     def _stream_drain(self, job: "_StreamJob", counted: int, held: int) -> None:
         """After an error: issue nothing more, wait for the stream's fills in flight and
-        complete them (their slots must not stay BUSY)."""
+        complete them (their slots must not stay BUSY). An error of the driver's part of a
+        slice here is raised once everything has landed."""
         st = job.state.st
+        error = None
         while st[rs.IN_FLIGHT] or st[rs.N_PARKED] or st[rs.WB_USED]:
             with self._lock:
-                status = self._stream_run(job, int(st[rs.NEXT]), 0, counted, held)
-                self._stream_settle(job, status)
-                counted, held = self._stream_account(st, counted, held)
-                self._idle.notify_all()
+                try:
+                    status = self._stream_run(job, int(st[rs.NEXT]), 0, counted, held)
+                    try:
+                        self._stream_settle(job, status)
+                    except Exception as exc:  # the rest still lands first: its slots are BUSY until then
+                        error = error or exc
+                finally:
+                    counted, held = self._stream_account(st, counted, held)
+                    self._idle.notify_all()
+        if error is not None:
+            raise error
