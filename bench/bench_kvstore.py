@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (bench_dir, command, lay_out, machine, reach, resident_buffer, twin_of,  # noqa: E402
+from _common import (bench_dir, command, lay_out, machine, reach, resident_buffer,  # noqa: E402
                      without_sidecars)
 
 from cxlhm import copyengine  # noqa: E402
@@ -132,8 +132,10 @@ def bench_ssd(path: Path, chunk: int, block: int, seconds: float, trials: int) -
     store.flush()  # on the SSD now; evictions below are clean
     extents = [t.extent_of(k)[0] for k in keys]
     out = resident_buffer(chunk)
-    # the raw side reads a twin of the image on the same disk (a device locks its image)
-    raw = SsdBackend(str(twin_of(path)), FILE_SIZE, QD)
+    # The raw side reads the same extents of the device's own image through the device's
+    # back end, between the store's turns: one file for both (two files of one disk differ
+    # in speed by whatever the host has cached of each; see bench_device.py).
+    raw = h.device.ssd
     rows = np.zeros((chunk // block, 4), np.int64)
     rows[:, 0] = out.ctypes.data + np.arange(chunk // block) * block
     rows[:, 1] = block
@@ -182,7 +184,6 @@ def bench_ssd(path: Path, chunk: int, block: int, seconds: float, trials: int) -
 
     w = in_runs(seconds * trials, chunk, puts_per_run(chunk), {"put": h.device.drain}, put=put, raw_write=raw_write)
     put_us = put_side_costs_us(raw, rows, chunk, block, dram, raw_write)
-    raw.close()
     store.close()
     h.close()
     return {**r, **w, "hit_ratio": hit_ratio, "extra_us": extra_us, "put_us": put_us, "get_4k": r4k["get"],
@@ -453,7 +454,6 @@ def main() -> int:
     block = parse_size(args.block)
     path = bench_dir() / "kvstore-bench.img"
     lay_out(path, FILE_SIZE)
-    lay_out(twin_of(path), FILE_SIZE)
     for stale in (".cxlhm.json", ".cxlhm.sums"):  # the image is scratch: no device history
         Path(str(path) + stale).unlink(missing_ok=True)
     rows = []
