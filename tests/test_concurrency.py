@@ -18,11 +18,23 @@ from threads import run_all
 BLOCK = 4096
 
 
+def _compile_first(cfg: dict, path, nbytes: int) -> None:
+    """What the threads below run, once on this thread on a device of its own: with a cold
+    compile cache the first access compiles for tens of seconds, which the threads' join
+    timeout would otherwise count as a deadlock."""
+    with open_device({**cfg, "backend": {"path": str(path)}}) as dev:
+        value = np.ones(nbytes, np.uint8)
+        dev.write_from(100, value, session=1)
+        dev.read_into(100, value, session=1)
+        dev.device.hint(HintKind.SESSION_RESUME, 1, 0, 3)
+
+
 @pytest.mark.parametrize("policy", ["lru", "hymcache"])
 def test_threads_writing_reading_and_hinting_lose_no_update(tmp_path, policy):
     threads, rounds, region = 4, 150, 6 * BLOCK
     cfg = {"capacity": 1 << 22, "block_size": BLOCK, "dram_bytes": 5 * BLOCK,  # heavy eviction
            "backend": {"path": str(tmp_path / "c.img")}, "firmware": {"policy": policy}}  # hymcache: firmware thread on
+    _compile_first(cfg, tmp_path / "warm.img", 6 * BLOCK)
     errors = []
     with open_device(cfg) as dev:
         def worker(tid):
