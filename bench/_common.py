@@ -96,12 +96,6 @@ def without_sidecars(path) -> str:
     return str(path)
 
 
-def twin_of(path: Path) -> Path:
-    """A second file beside `path`, laid out like it: a raw baseline reads it while a
-    device holds `path` (one device owns an image at a time)."""
-    return path.with_name(path.stem + "-raw" + path.suffix)
-
-
 def reach(case: str, ratio: float, target: float, bound: float, bound_is: str, rest: str,
           of_bound: float | None = None) -> str:
     """The verdict on a case below its target. `bound`: the most a device built as this one

@@ -2,9 +2,7 @@
 Python's xxhash: every byte copied and every checksum right, whichever thread ran a job,
 with several callers at once, and in a child after fork()."""
 import os
-import signal
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -14,7 +12,7 @@ from hypothesis import strategies as st
 
 from cxlhm import copyengine as ce
 from cxlhm import sumtable
-from threads import run_all
+from threads import run_all, wait_child
 
 BLOCK = 64 << 10
 
@@ -115,14 +113,9 @@ def test_a_forked_child_gets_its_own_helper():
                 code = 0 if shared else 4  # 4: no helper thread in the child
         finally:
             os._exit(code)
-    deadline = time.monotonic() + 120
-    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    if done[0] == 0:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        pytest.fail("the forked child's copy never returned (a helper's state carried over the fork?)")
-    assert os.waitstatus_to_exitcode(done[1]) == 0
+    status = wait_child(pid, timeout=120, hang="the forked child's copy never returned (a helper's state carried "
+                                                "over the fork?)")
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_a_malformed_job_array_is_refused():

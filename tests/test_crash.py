@@ -45,6 +45,7 @@ from cxlhm.integrity import PoisonError
 from host_runtime.driver import open_device
 from host_runtime.kvstore import KVStore, PutStatus
 from test_reliability import record_figure
+from threads import wait_child
 
 PAGE = 4096
 
@@ -326,21 +327,7 @@ def _run_child(image, report, policy, faults, kill, n_ops, seed, delay_s=None, t
             finally:
                 code = 2
         os._exit(code)
-    deadline = time.monotonic() + timeout_s
-    killed_by_parent = False
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if delay_s is not None and not killed_by_parent and time.monotonic() >= deadline - timeout_s + delay_s:
-            os.kill(pid, signal.SIGKILL)
-            killed_by_parent = True
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            raise AssertionError("the writer hung")
-        time.sleep(0.002)
-    return status
+    return wait_child(pid, timeout=timeout_s, kill_after=delay_s, hang="the writer hung")
 
 
 def reopen(config, timeout_s: float = 10.0):

@@ -31,6 +31,7 @@ from cxlhm.integrity import PoisonError
 from host_runtime.driver import open_device
 from test_crash import CRASH_MODES, _crash_campaign, reopen
 from test_reliability import record_figure
+from threads import wait_child
 
 BLOCK = 4096
 BLOCKS = 48
@@ -141,21 +142,7 @@ def _fork_writer(run, delay_s=None, timeout_s=60.0) -> int:
         except BaseException:  # noqa: BLE001 - the parent sees the exit status
             code = 2
         os._exit(code)
-    start = time.monotonic()
-    killed = False
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return status
-        elapsed = time.monotonic() - start
-        if delay_s is not None and not killed and elapsed >= delay_s:
-            os.kill(pid, signal.SIGKILL)
-            killed = True
-        if elapsed > timeout_s:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            raise AssertionError("the writer hung")
-        time.sleep(0.001)
+    return wait_child(pid, timeout=timeout_s, kill_after=delay_s, hang="the writer hung")
 
 
 def _device_campaign(tmp_path, points: int, n_ops: int, seed: int) -> dict:
