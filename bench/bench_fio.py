@@ -78,8 +78,10 @@ def both_directions(job: dict) -> dict:
     ios = r["total_ios"] + w["total_ios"]
     lat = (r["lat_ns"]["mean"] * r["total_ios"] + w["lat_ns"]["mean"] * w["total_ios"]) / max(ios, 1)
     iops = r["iops"] + w["iops"]
+    cpu_pct = job["usr_cpu"] + job["sys_cpu"]  # the job's threads, of wall time
     return {"iops": iops, "bw_bytes": r["bw_bytes"] + w["bw_bytes"], "lat_us": lat / 1000,
-            "depth": iops * lat / 1e9, "cachehit": max(r.get("cachehit", 0.0), w.get("cachehit", 0.0))}
+            "depth": iops * lat / 1e9, "cachehit": max(r.get("cachehit", 0.0), w.get("cachehit", 0.0)),
+            "cpu_pct": cpu_pct, "cpu_us_per_io": 1e4 * cpu_pct / max(iops, 1e-9)}
 
 
 def run_real_fio(text: str, fio: str) -> dict:
@@ -95,7 +97,6 @@ def run_cxlhm(text: str) -> dict:
     job = report.to_json(result, globals_)["jobs"][0]
     out = both_directions(job)
     wall_s = max(result.clones[0].stats.cpu_wall_s, 1e-9)
-    out["cpu_pct"] = job["usr_cpu"] + job["sys_cpu"]  # the job's threads, of wall time
     counters = result.devices[0]["counters"]
     ios = max(1, result.clones[0].stats.total_ios)
     out["ssd_per_io"] = (counters.get("fill_reads", 0) + counters.get("writebacks", 0)) / ios
@@ -228,6 +229,16 @@ def raw_loops(path: str, region: int, bs: int, qd: int, dram: int, seconds: int,
     return out
 
 
+def cpu_budget(cx_runs: list[dict], fio_runs: list[dict], target: float) -> str:
+    """The CPU per I/O the device's thread spends, fio's, and what `target` x fio's rate
+    allows a thread that has one core to itself: 1 s of CPU over that many I/Os."""
+    allowed = 1e6 / (target * med(fio_runs, "iops"))
+    spent = med(cx_runs, "cpu_us_per_io")
+    return (f"its threads spent {spent:.2f} us of CPU per I/O, fio's {med(fio_runs, 'cpu_us_per_io'):.2f} us "
+            f"({med(fio_runs, 'cpu_pct'):.0f}% busy); {target:.2f}x of fio's rate on one core allows "
+            f"{allowed:.2f} us, {spent - allowed:+.2f} us from here")
+
+
 def with_a_core_busy(run):
     """run() while another process spins on the CPU (the scheduler puts it on a core the
     run leaves free): what the run loses when the machine's spare core is given work, as
@@ -349,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"the native io_uring loop with I/O {into} {bs} slots spread over device DRAM, where {where}",
                     f"the device's per-I/O work on its thread, {med(cx_runs, 'cpu_pct'):.0f}% busy: the firmware's "
                     f"plan, the copy {'in' if write else 'out'}, checksums{', the integrity log' if write else ''}; "
+                    f"{cpu_budget(cx_runs, fio_runs, target)}; "
                     f"moving it to a second thread does not pay here: with the spare core busy fio itself ran at "
                     f"{paired_ratio(col(busy_core_runs, 'iops'), fio_iops):.2f}x",
                     paired_ratio(col(cx_runs, "iops"), col(raw_runs, "spread"))))

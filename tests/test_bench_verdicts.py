@@ -37,3 +37,16 @@ def test_a_paired_figure_replaces_the_ratio_of_medians():
     line = reach("case", 0.90, 0.95, 0.97, "the spread loop", "plan", of_bound=0.88)
     assert "reached 0.88 of it" in line
     assert "passed it (1.01 of it)" in reach("case", 0.90, 0.95, 0.97, "loop", "plan", of_bound=1.01)
+
+
+def test_the_cpu_budget_is_one_second_over_the_target_rate():
+    """bench_fio's CPU budget: at `target` x fio's IOPS a thread with a core to itself may
+    spend 1 s / (target x IOPS) per I/O; the verdict says how far the device is from it."""
+    from bench_fio import cpu_budget
+    fio = [{"iops": 160_000.0, "cpu_pct": 99.0, "cpu_us_per_io": 6.19}] * 3
+    device = [{"cpu_us_per_io": v} for v in (6.9, 7.0, 7.1)]
+    text = cpu_budget(device, fio, 0.95)
+    allowed = 1e6 / (0.95 * 160_000)
+    assert f"spent 7.00 us of CPU per I/O, fio's 6.19 us (99% busy)" in text
+    assert f"allows {allowed:.2f} us, {7.0 - allowed:+.2f} us from here" in text
+    assert cpu_budget([{"cpu_us_per_io": 6.0}], fio, 0.95).endswith(f"{6.0 - allowed:+.2f} us from here")
