@@ -190,16 +190,17 @@ def bench_ssd(path: Path, chunk: int, block: int, seconds: float, trials: int) -
             "raw_4k": r4k["raw"]}
 
 
-def _copy_out_and_hash(slots, host, block, jobs):
-    """What the stream does with a reap of landed blocks: one run on the copy engine that
-    copies each to the host, then hashes its slot (still in the CPU's cache), shared with
+def _copy_out_and_hash(slots, host, block, jobs, transfer):
+    """What the stream does with a reap of landed blocks of a `transfer`-byte read: one
+    run on the copy engine that copies each to the host (past the caches if the transfer
+    is too large for them), then hashes its slot (still in the CPU's cache), shared with
     the engine's helper thread."""
     jobs[:, copyengine.SRC] = slots
     jobs[:, copyengine.DST] = host
     jobs[:, copyengine.LEN] = block
     jobs[:, copyengine.HASH_AT] = slots
     jobs[:, copyengine.HASH_LEN] = block
-    copyengine.copy_many(jobs, to_host=True)
+    copyengine.copy_many(jobs, bypass_caches=copyengine.bypasses_caches(transfer))
 
 
 def device_side_costs_us(raw: SsdBackend, rows: np.ndarray, extents: list[int], chunk: int, block: int,
@@ -226,7 +227,7 @@ def device_side_costs_us(raw: SsdBackend, rows: np.ndarray, extents: list[int], 
         raw.submit(rows)
         rotating.append(time.perf_counter() - start)
         start = time.perf_counter()
-        _copy_out_and_hash(slots, reused, block, jobs)
+        _copy_out_and_hash(slots, reused, block, jobs, chunk)
         landing.append(time.perf_counter() - start)
         rows[:, 0] = reused
         rows[:, 2] = extents[(i + 7) % len(extents)] + np.arange(chunk // block) * block
@@ -280,7 +281,7 @@ def pipelined_us(raw: SsdBackend, rows: np.ndarray, extents: list[int], chunk: i
                     queue_pass(queued)
                     queued += 1
                 part = blocks_of(p)
-                _copy_out_and_hash(rows[part, 0], host[part], block, jobs[:part.stop - part.start])
+                _copy_out_and_hash(rows[part, 0], host[part], block, jobs[:part.stop - part.start], chunk)
         times.append(time.perf_counter() - start)
     rows[:, 0] = host
     return float(np.median(times)) * 1e6

@@ -8,12 +8,14 @@ native/cxlhm_copy.h. The checksum is xxh3-64, the function cxlhm/sumtable.py use
 without it (COMPILED_HASH false) jobs are copies only.
 
 The helper polls for the next run for a while before it sleeps (`linger_us`: waking a
-sleeping thread in a VM cost more than the helper saved), and copies out to the host's
-buffer (`copy_many(to_host=True)`) of 64 KiB or more stream past the CPU's caches;
-native/cxlhm_copy.c has the measurements."""
+sleeping thread in a VM cost more than the helper saved). A transfer out to the host's
+buffer too large to stay in the CPU's caches (`bypasses_caches`) streams its copies of
+64 KiB or more past them (`copy_many(bypass_caches=True)`); native/cxlhm_copy.c has the
+measurements."""
 from __future__ import annotations
 
 import ctypes
+from pathlib import Path
 
 import numpy as np
 
@@ -29,19 +31,55 @@ if sumtable.COMPILED_HASH:
     _native.lib.cxlhm_copy_set_hash(_native.ffi.cast("void *", ctypes.cast(sumtable._xxh3, ctypes.c_void_p).value))
 
 
+def last_level_cache_bytes(cpu: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
+    """The size of the CPU's last-level data cache, as the kernel lists it (None: not listed).
+    (Not sysconf's: in a VM the CPUID leaf it reads may name another cache than the guest's.)"""
+    best = None
+    try:
+        for index in cpu.glob("index*"):
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            level = int((index / "level").read_text())
+            size = (index / "size").read_text().strip()
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+            size_bytes = int(size.rstrip("KMG")) * scale
+            if best is None or level > best[0]:
+                best = (level, size_bytes)
+    except (OSError, ValueError):
+        return None
+    return best[1] if best else None
+
+
+# Transfers out to the host of at least a quarter of the last-level cache stream their
+# copies past the caches: a transfer that fits stays there for whoever reads it next, and
+# copying into cached lines is faster than streaming to memory - on the development VM
+# (32 MiB L3) a 2 MiB DRAM hit ran at 14-15 GB/s streamed and 23-27 GB/s with memcpy
+# (bench_device.py (b), against numpy.copyto's 19-23), while a 32 MiB KV get from device
+# DRAM ran at 18.4 GB/s streamed and 13.8 with memcpy (bench_kvstore.py (a)); a larger
+# one evicts everything else, the case streaming stores are for. 8 MiB where the kernel
+# lists no cache.
+_LLC_BYTES = last_level_cache_bytes()
+STREAM_MIN_TOTAL = max(1 << 20, _LLC_BYTES // 4) if _LLC_BYTES else 8 << 20
+
+
+def bypasses_caches(total: int) -> bool:
+    """Whether a transfer of `total` bytes out to the host streams past the caches."""
+    return total >= STREAM_MIN_TOTAL
+
+
 def new_jobs(n: int) -> np.ndarray:
     return np.zeros((n, FIELDS), np.int64)
 
 
-def copy_many(jobs: np.ndarray, *, to_host: bool = False) -> int:
+def copy_many(jobs: np.ndarray, *, bypass_caches: bool = False) -> int:
     """Run every job of `jobs` (an (n, 6) int64 array, see the module docstring); the
     checksums land in jobs[:, HASH]. Returns how many the helper thread ran.
-    `to_host`: the copies go out of device DRAM into the host's buffer, which this thread
-    does not read again - those of 64 KiB or more bypass the CPU's caches (streaming
-    stores), as a DMA engine's writes would."""
+    `bypass_caches`: the copies go out of device DRAM into the host's buffer, which this
+    thread does not read again, as part of a transfer too large for the caches
+    (bypasses_caches) - those of 64 KiB or more bypass them (streaming stores)."""
     if jobs.dtype != np.int64 or jobs.ndim != 2 or jobs.shape[1] != FIELDS or not jobs.flags.c_contiguous:
         raise ValueError(f"jobs must be a C-contiguous (n, {FIELDS}) int64 array")
-    run = _native.lib.cxlhm_copy_out_many if to_host else _native.lib.cxlhm_copy_many
+    run = _native.lib.cxlhm_copy_out_many if bypass_caches else _native.lib.cxlhm_copy_many
     return int(run(_native.ffi.cast("struct cxlhm_copy *", jobs.ctypes.data), jobs.shape[0]))
 
 
@@ -110,4 +148,4 @@ def copy_extents(base: int, block_size: int, slots: np.ndarray, ext_hpa: np.ndar
     run_bytes = max(RUN_BYTES, -(-total // 2)) if halves else RUN_BYTES
     jobs = new_jobs(job_rows(slots.shape[0], total, run_bytes))
     n = extent_jobs(base, block_size, slots, ext_hpa, ext_len, user_addr, to_user, jobs, run_bytes)
-    copy_many(jobs[:n], to_host=to_user)
+    copy_many(jobs[:n], bypass_caches=to_user and bypasses_caches(total))

@@ -57,7 +57,7 @@ from cxlhm.streamstate import (  # noqa: F401 - the stream's names, used by the 
     VERIFY_HERE, VERIFY_ALL, REAP_AT_ONCE, SLICE_NS, NEXT, IN_FLIGHT, SLOTS, FILLS, PARKED, PARKED_FILLS,
     PARKED_WBS, DONE, FAILED, HITS, MISSES, REAPED, ERRNO, QUEUED, PEAK, WRITTEN, W_HITS, W_MISSES, N_PARKED,
     N_READY, WB_USED, WB_STAGED, WB_LOGGED, WB_LANDED, WB_FAILED_N, RING, LOG_RECORDS, LOG_SHORT, WRITTEN_LOGGED,
-    N_SCALARS,
+    BYPASS_CACHES, N_SCALARS,
     STAGE_SHARE, STAGE_BYTES, LOG_NONE, LOG_IN_DRIVER, COMPILED_LOG,
     WB_FREE, WB_STAGE, WB_RING, WB_LAND, WB_FAIL, WBLOCKS, _reap, _now_ns, _copy_piece, _copy_write_in,
     _in_sorted, _touches_writebacks, _queue_all, _submit_bucket, StreamState, _WB_ROWS, _WB_STATE, _WB_OWNER,

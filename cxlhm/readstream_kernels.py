@@ -19,11 +19,11 @@ from cxlhm.streamstate import (
     FINISHED, BLOCKED, WRITE_BACK, DEVICE_FULL, VERIFY, SLICE, WIDE, LOG_WRITES, ISSUED, WB_FAILED, VERIFY_HERE,
     VERIFY_ALL, REAP_AT_ONCE, SLICE_NS, SLICE_MAX_NS, NEXT, IN_FLIGHT, SLOTS, FILLS, PARKED_WBS, DONE, FAILED, HITS, MISSES,
     REAPED, ERRNO, QUEUED, PEAK, WRITTEN, W_HITS, W_MISSES, N_PARKED, N_READY, WB_USED, WB_STAGED, WB_LANDED,
-    WB_LOGGED, WRITTEN_LOGGED,
+    WB_LOGGED, WRITTEN_LOGGED, BYPASS_CACHES,
     WB_FAILED_N, RING, STAGE_SHARE, STAGE_BYTES, WB_STAGE, WB_LAND, WB_FAIL, WIDE_BLOCK, _reap, _now_ns,
     _copy_write_in, _in_sorted, _touches_writebacks, _queue_all, _submit_bucket, _WB_ROWS, _WB_STATE, _WB_OWNER,
     _WB_FREE, _WB_STAGED, _WB_LANDED, _WB_FAILED, _TAG_WBS, _COPY_JOBS, _COPY_OF, _COPY_EXPECTED, _COPY_CHECKED,
-    _landed_sum, _writeback_done, _record_landed, _queue_writebacks, _copy_out_many, _copy_piece, _piece_job, _log_staged)
+    _landed_sum, _writeback_done, _record_landed, _queue_writebacks, _copy_out_many, _copy_many, _copy_piece, _piece_job, _log_staged)
 
 _policy = firmware_policies.get("lru")  # the policy of this copy
 _firmware = fw.kernels_for(_policy)
@@ -83,8 +83,10 @@ def complete(bt, ps, clock, base, block_size, hpas, lens, addrs, kinds, clat, fa
                 checked[n_jobs] = 1
         job_of[j] = n_jobs
         n_jobs += 1
-    if n_jobs:
+    if n_jobs and st[BYPASS_CACHES]:
         _copy_out_many(jobs.ctypes.data, n_jobs)
+    elif n_jobs:
+        _copy_many(jobs.ctypes.data, n_jobs)
     for j in range(n):
         st[FILLS] -= 1
         st[RING] -= 1

@@ -87,7 +87,8 @@ RING = 25  # fills and write-backs on the ring, not yet reaped
 LOG_RECORDS = 26  # SUM records the loop wrote to the integrity log itself, not yet counted by the driver
 LOG_SHORT = 27  # a short write of the integrity log by the loop: 1 + the bytes that went in (0: none)
 WRITTEN_LOGGED = 28  # of the blocks in wblocks, the first WRITTEN_LOGGED were logged dirty by the loop
-N_SCALARS = 29
+BYPASS_CACHES = 29  # 1: the stream's reads are too large for the caches, their copies out stream past them
+N_SCALARS = 30
 
 # Staged victims the loop gathers before logging their checksums (one write(2) of the
 # integrity log, or one interpreter round trip where the driver logs them), unless
@@ -133,6 +134,7 @@ _crc32 = c_function("cxlhm_stream_crc32", ctypes.CDLL(_libz).crc32, uint64(uint6
 COMPILED_LOG = sumtable.COMPILED_HASH and _crc32 is not None
 # the device's copy engine, out to the host's buffers (cxlhm/copyengine.py, which also gives it the checksum function)
 _copy_out_many = c_function("cxlhm_stream_copy_out_many", _lib.cxlhm_copy_out_many, int64(intp, int64))
+_copy_many = c_function("cxlhm_stream_copy_many", _lib.cxlhm_copy_many, int64(intp, int64))
 
 
 @numba.njit(nogil=True)

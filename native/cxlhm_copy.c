@@ -13,8 +13,9 @@
  *                             none. Small runs, and calls while another thread has the
  *                             helper, run on the calling thread alone. Returns how
  *                             many jobs the helper ran.
- *   cxlhm_copy_out_many(jobs, n)  the same for copies out of device DRAM into the
- *                             host's buffer: those of 64 KiB or more bypass the caches.
+ *   cxlhm_copy_out_many(jobs, n)  the same for the copies out of device DRAM into the
+ *                             host's buffer of a transfer too large for the caches:
+ *                             those of 64 KiB or more bypass them.
  *
  * After a run the helper polls for the next one for CXLHM_COPY_LINGER_US (default
  * 2000 us; 0: never), then sleeps on a condition variable. In a VM a sleeping thread's
@@ -79,9 +80,11 @@ void cxlhm_copy_set_hash(void *xxh3_64bits)
 
 /* Copy with stores that bypass the CPU's caches (x86-64's SSE2 streaming stores; a plain
  * memcpy elsewhere). A copy out to the host's buffer is not read again by this thread,
- * and a KV chunk's worth of them evicts everything else: a 32 MiB transfer in 64 KiB
+ * and a large transfer's worth of them evicts everything else: a 32 MiB transfer in 64 KiB
  * pieces out of a cold arena ran at 4.2-5.4 GB/s with memcpy and 7.2-9.1 GB/s with
- * these on the development machine (2 MiB into a buffer that stays in the L3: the same). */
+ * these on the development machine. A transfer that fits the caches is faster copied
+ * into them (a 2 MiB one: 23-27 GB/s against 14-15 streamed, another day), so the caller
+ * picks this call only for large transfers (cxlhm/copyengine.py, bypasses_caches). */
 static void copy_streaming(char *dst, const char *src, size_t len)
 {
 #if defined(__x86_64__)

@@ -25,7 +25,8 @@ struct cxlhm_copy {
 
 void cxlhm_copy_set_hash(void *xxh3_64bits);
 int64_t cxlhm_copy_many(struct cxlhm_copy *jobs, int64_t n);
-/* The same, for copies out of device DRAM into the host's buffer. */
+/* The same, for the copies out of device DRAM into the host's buffer of a transfer too
+ * large for the CPU's caches: those of CXLHM_COPY_STREAMING_MIN_BYTES or more bypass them. */
 int64_t cxlhm_copy_out_many(struct cxlhm_copy *jobs, int64_t n);
 /* How long a helper started now polls after a run, in us (the environment, the default,
  * or 0 for a process confined to one CPU). */

@@ -180,7 +180,7 @@ def test_polling_is_on_by_default_and_off_on_one_cpu():
        length=st.sampled_from([1, 4095, 65535, 65536, 65537, 65536 + 63, 200_001, 3 * BLOCK]),
        n_jobs=st.integers(1, 6))
 def test_copies_out_to_the_host_bypass_the_caches_and_stay_exact(src_off, dst_off, length, n_jobs):
-    """copy_many(to_host=True) streams copies of 64 KiB or more past the caches: any
+    """copy_many(bypass_caches=True) streams copies of 64 KiB or more past the caches: any
     alignment of either side, any tail, the bytes around each copy untouched."""
     stride = length + 128
     src = np.random.default_rng(length).integers(0, 256, n_jobs * stride + 64, dtype=np.uint8)
@@ -190,7 +190,7 @@ def test_copies_out_to_the_host_bypass_the_caches_and_stay_exact(src_off, dst_of
         jobs[j, ce.SRC] = src.ctypes.data + j * stride + src_off
         jobs[j, ce.DST] = dst.ctypes.data + j * stride + dst_off
         jobs[j, ce.LEN] = length
-    ce.copy_many(jobs, to_host=True)
+    ce.copy_many(jobs, bypass_caches=True)
     expected = np.zeros_like(dst)
     for j in range(n_jobs):
         expected[j * stride + dst_off:j * stride + dst_off + length] = src[j * stride + src_off:j * stride + src_off + length]

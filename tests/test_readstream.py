@@ -495,3 +495,47 @@ def test_an_error_in_a_slice_leaves_the_device_nothing_in_flight(tmp_path, monke
     if when != "last slice":
         assert raised[0] > 0 and len(raised) > 1  # raised with reads out, and again as they landed
     assert left == (0, 0), "an access is left counted in flight: close() would wait for it for ever"
+
+
+@pytest.mark.parametrize("threshold, streams", [(1 << 40, 0), (4 * 65536, 1)])
+def test_a_stream_too_large_for_the_caches_streams_its_copies_out(tmp_path, monkeypatch, threshold, streams):
+    """Whether a stream's copies out bypass the CPU's caches follows its reads' total
+    (copyengine.bypasses_caches): a transfer that fits the caches is copied into them,
+    a larger one streams its copies of 64 KiB blocks past them; the bytes are the same."""
+    from cxlhm import copyengine
+    from cxlhm import readstream as rs
+    monkeypatch.setattr(copyengine, "STREAM_MIN_TOTAL", threshold)
+    block = 65536
+    rng = np.random.default_rng(3)
+    with _device(tmp_path, blocks=16, dram_blocks=4, block=block) as dev:
+        image = rng.integers(0, 256, 16 * block, dtype=np.uint8)
+        dev.write_from(0, image)
+        dev.device.flush()
+        offsets = [b * block for b in (3, 9, 0, 14, 7, 3)]
+        result, views = _stream(dev, offsets, [block] * 6, 4)
+        assert result.count == 6
+        for off, got in zip(offsets, views):
+            assert (got == image[off:off + block]).all()
+        assert dev.device._local.stream.st[rs.BYPASS_CACHES] == streams
+
+
+def test_the_last_level_cache_is_read_from_the_kernels_listing(tmp_path):
+    """copyengine.last_level_cache_bytes: the highest data or unified cache level's size
+    (instruction caches ignored), None where the kernel lists none or garbage."""
+    from cxlhm.copyengine import last_level_cache_bytes
+
+    def index(name, level, kind, size):
+        folder = tmp_path / "cache" / name
+        folder.mkdir(parents=True)
+        for field, value in (("level", level), ("type", kind), ("size", size)):
+            (folder / field).write_text(f"{value}\n")
+
+    assert last_level_cache_bytes(tmp_path / "cache") is None
+    index("index0", 1, "Data", "32K")
+    index("index1", 1, "Instruction", "64K")
+    assert last_level_cache_bytes(tmp_path / "cache") == 32 << 10
+    index("index2", 2, "Unified", "512K")
+    index("index3", 3, "Unified", "32768K")
+    assert last_level_cache_bytes(tmp_path / "cache") == 32 << 20
+    index("index4", 4, "Unified", "lots")
+    assert last_level_cache_bytes(tmp_path / "cache") is None

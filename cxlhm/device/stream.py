@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from cxlhm import copyengine
 from cxlhm import counters as C
 from cxlhm import firmware as fw
 from cxlhm import readstream as rs
@@ -125,6 +126,7 @@ class StreamReads:
         state = self._stream_state(min(depth, self.ssd.queue_depth), max_blocks, complete)
         st = state.st
         state.reset()
+        st[rs.BYPASS_CACHES] = copyengine.bypasses_caches(int(ext_len[kinds == 0].sum()))
         failed = np.zeros(n, np.int64)
         job = _StreamJob(run, complete, state, ext_hpa, ext_len, addrs, kinds, slat, clat, failed,
                          *self.ssd.stream_ring(), owner)
