@@ -361,8 +361,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"the device's per-I/O work on its thread, {med(cx_runs, 'cpu_pct'):.0f}% busy: the firmware's "
                     f"plan, the copy {'in' if write else 'out'}, checksums{', the integrity log' if write else ''}; "
                     f"{cpu_budget(cx_runs, fio_runs, target)}; "
-                    f"moving it to a second thread does not pay here: with the spare core busy fio itself ran at "
-                    f"{paired_ratio(col(busy_core_runs, 'iops'), fio_iops):.2f}x",
+                    f"a thread of the device's own on the spare core would cost the disk: with that core busy "
+                    f"fio itself ran at {paired_ratio(col(busy_core_runs, 'iops'), fio_iops):.2f}x",
                     paired_ratio(col(cx_runs, "iops"), col(raw_runs, "spread"))))
         print(f"  done: {name}", flush=True)
 
