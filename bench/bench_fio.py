@@ -96,7 +96,6 @@ def run_cxlhm(text: str) -> dict:
         raise RuntimeError(result.clones[0].stats.error_text)
     job = report.to_json(result, globals_)["jobs"][0]
     out = both_directions(job)
-    wall_s = max(result.clones[0].stats.cpu_wall_s, 1e-9)
     counters = result.devices[0]["counters"]
     ios = max(1, result.clones[0].stats.total_ios)
     out["ssd_per_io"] = (counters.get("fill_reads", 0) + counters.get("writebacks", 0)) / ios

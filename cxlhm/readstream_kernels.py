@@ -83,10 +83,11 @@ def complete(bt, ps, clock, base, block_size, hpas, lens, addrs, kinds, clat, fa
                 checked[n_jobs] = 1
         job_of[j] = n_jobs
         n_jobs += 1
-    if n_jobs and st[BYPASS_CACHES]:
-        _copy_out_many(jobs.ctypes.data, n_jobs)
-    elif n_jobs:
-        _copy_many(jobs.ctypes.data, n_jobs)
+    if n_jobs:  # out past the caches only for a stream too large for them
+        if st[BYPASS_CACHES]:
+            _copy_out_many(jobs.ctypes.data, n_jobs)
+        else:
+            _copy_many(jobs.ctypes.data, n_jobs)
     for j in range(n):
         st[FILLS] -= 1
         st[RING] -= 1
