@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import gc
 import os
+import weakref
 from pathlib import Path
+
+_PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
 
 
 def compiled_functions() -> dict[int, str]:
@@ -24,7 +27,8 @@ def compiled_functions() -> dict[int, str]:
     from numba.core.registry import CPUDispatcher
     found: dict[int, str] = {}
     for obj in gc.get_objects():
-        if not isinstance(obj, CPUDispatcher):
+        # (isinstance would look through a weak proxy, and raise where its object is gone)
+        if type(obj) in _PROXIES or not isinstance(obj, CPUDispatcher):
             continue
         for result in obj.overloads.values():
             library = result.library

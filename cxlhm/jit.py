@@ -122,28 +122,31 @@ if _SourceTreeLocator not in _IMPL._locator_classes:
     _IMPL._locator_classes.insert(0, _SourceTreeLocator)
 
 
-def njit(fn=None, **options):
-    """numba.njit(nogil=True, cache=True): a firmware function, compiled once per
-    install (see the module docstring)."""
+def njit(fn=None, *, refcounts: bool = False, **options):
+    """numba.njit(nogil=True, cache=True) without numba's reference counting: a firmware
+    function, compiled once per install (see the module docstring).
+
+    The firmware's functions take the block table, the policy's state and the stream's
+    tables - tens of arrays - and call each other once or more per block accessed. With
+    numba's reference counting every call increfs and decrefs each array it unpacks, an
+    atomic operation and a call each: a 4 KiB read spent ~0.4 us of its ~1.6 us of
+    user-space CPU on them (docs/fio.md, "Reference counting"). Their arrays are their
+    callers', kept alive by them, so none is needed. A function without it cannot
+    allocate an array (numba refuses to compile one that does, naming np.zeros or the
+    like): those take `refcounts=True`. Nor may it return a view it made inside a tuple
+    (numba would box the view's parent instead). A closure is compiled in memory: numba
+    never finds one in its cache again in another process."""
     def decorate(f):
         # code compiled from a string (an unregistered policy's kernels) has no file to cache beside
-        cache = Path(f.__code__.co_filename).is_file()
-        return numba.njit(**{"nogil": True, "cache": cache, **options})(f)
+        cache = f.__closure__ is None and Path(f.__code__.co_filename).is_file()
+        flags = {"nogil": True, "cache": cache, **options}
+        if not refcounts:
+            try:
+                return numba.njit(**flags, _nrt=False)(f)
+            except (KeyError, TypeError):  # a numba without the private flag: correct, just slower
+                pass
+        return numba.njit(**flags)(f)
     return decorate if fn is None else decorate(fn)
-
-
-def njit_without_refcounts(fn):
-    """numba.njit(nogil=True) without numba's reference counting, for loops that call the
-    firmware's kernels once per access over arrays their caller owns and keeps alive:
-    the incref/decref of every block-table and policy array around each call (atomic
-    operations) would otherwise cost more than the access itself. Such a function must
-    not allocate arrays. Cached on disk like `njit` unless it is a closure (never found
-    again in another process, see the module docstring)."""
-    cache = fn.__closure__ is None and Path(fn.__code__.co_filename).is_file()
-    try:
-        return numba.njit(nogil=True, cache=cache, _nrt=False)(fn)
-    except (KeyError, TypeError):  # a numba without the private flag: correct, just slower
-        return numba.njit(nogil=True, cache=cache)(fn)
 
 
 def c_function(symbol: str, function: ctypes._CFuncPtr, signature) -> numba.types.ExternalFunction:

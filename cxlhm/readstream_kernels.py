@@ -14,7 +14,7 @@ from cxlhm import firmware as fw
 from cxlhm import sumtable
 from cxlhm import counters as C
 from cxlhm import blocktable as btm
-from cxlhm.jit import njit_without_refcounts
+from cxlhm.jit import njit
 from cxlhm.streamstate import (
     FINISHED, BLOCKED, WRITE_BACK, DEVICE_FULL, VERIFY, SLICE, WIDE, LOG_WRITES, ISSUED, WB_FAILED, VERIFY_HERE,
     VERIFY_ALL, REAP_AT_ONCE, SLICE_NS, SLICE_MAX_NS, NEXT, IN_FLIGHT, SLOTS, FILLS, PARKED_WBS, DONE, FAILED, HITS, MISSES,
@@ -31,7 +31,7 @@ plan, invalidate = _firmware.plan, _firmware.invalidate
 finish, touches_busy = fw.finish, fw.touches_busy
 
 
-@njit_without_refcounts
+@njit
 def complete(bt, ps, clock, base, block_size, hpas, lens, addrs, kinds, clat, failed_out, arrays, tags, res,
              bad, n, sum_keys, sum_values, record):
     """Take `n` reaped completions: fills (tag = read tag * max_blocks + row) and
@@ -143,7 +143,7 @@ def complete(bt, ps, clock, base, block_size, hpas, lens, addrs, kinds, clat, fa
         free_tags[tag_k.shape[0] - 1 - st[IN_FLIGHT] - st[N_PARKED]] = tag  # a stack over the tags in use
 
 
-@njit_without_refcounts
+@njit
 def _issue(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, slat, clat,
            arrays, tag, n_fill, begin, resumed, ring, fd):
     """Queue the planned I/O's fills, or - none needed - complete it now (a read
@@ -197,7 +197,7 @@ def _issue(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, ad
     st[QUEUED] += 1
 
 
-@njit_without_refcounts
+@njit
 def step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, stop, deadline_ns,
          slat, clat, arrays, ring, fd, ring_room, other_slots, n_slots, owner, victims):
     """Queue the write-backs the driver has logged, issue the I/Os whose write-backs
@@ -304,7 +304,7 @@ def step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addr
                arrays, tag, n_fill, begin, False, ring, fd)
 
 
-@njit_without_refcounts
+@njit
 def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, stop, deadline_ns,
         slat, clat, failed_out, arrays, ring, fd, ring_room, other_slots, n_slots, owner, verify, sum_keys,
         sum_values, victims, log_ctl, record, waiting, clock_base):

@@ -39,7 +39,7 @@ import firmware_policies
 from cxlhm import blocktable as btm
 from cxlhm import counters as C
 from cxlhm import firmware as fw
-from cxlhm.jit import njit_without_refcounts
+from cxlhm.jit import njit
 from cxlhm.config import load_config
 from cxlhm.media.ssd import IO_FIELDS
 from cxlhm.timing import LatencyRecorder, TimingModel, charge_access
@@ -93,10 +93,7 @@ class SimResult:
 def _build_replay(kernels: fw.Kernels):
     plan, finish = kernels.plan, fw.finish
 
-    # Compiled without numba's reference counting: the loop only reads and writes
-    # arrays its caller owns, and incref/decref of every block-table array around
-    # each per-access call would otherwise cost more than the access itself.
-    @njit_without_refcounts
+    @njit
     def replay(bt, ps, counters, clock, blocks, writes, write_mode, start, stop, scratch):
         """Run accesses [start, stop). Returns stop, or the index of the access that
         found no evictable slot."""
@@ -119,7 +116,7 @@ def _build_timed_replay(kernels: fw.Kernels):
     plan, finish = kernels.plan, fw.finish
     write_through = fw.WRITE_THROUGH
 
-    @njit_without_refcounts
+    @njit
     def replay_timed(bt, ps, counters, clock, blocks, writes, write_mode, start, stop, scratch, block_size,
                      params, tstate, tclock, issue_ns, open_loop, ring, ring_base, rec_values, rec_meta):
         """replay() plus the timing model, charged exactly as Device._access_batch does on

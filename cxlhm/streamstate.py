@@ -8,7 +8,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 
-import numba
 import numpy as np
 from numba.types import int32, int64, intp, uint32, uint64
 
@@ -137,13 +136,13 @@ _copy_out_many = c_function("cxlhm_stream_copy_out_many", _lib.cxlhm_copy_out_ma
 _copy_many = c_function("cxlhm_stream_copy_many", _lib.cxlhm_copy_many, int64(intp, int64))
 
 
-@numba.njit(nogil=True)
+@njit(cache=False)
 def _now_ns(ts):
     _clock_gettime(_CLOCK_MONOTONIC, ts.ctypes.data)
     return ts[0] * 1_000_000_000 + ts[1]
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(cache=False, inline="always")
 def _piece(base, block_size, slot, block, hpa, length, addr):
     """The part of I/O [hpa, hpa+length) that lies in `block`: (its address in the
     block's slot, its address in the host buffer at `addr`, its bytes)."""
@@ -152,28 +151,28 @@ def _piece(base, block_size, slot, block, hpa, length, addr):
     return base + slot * block_size + (start - block * block_size), addr + (start - hpa), end - start
 
 
-@numba.njit(nogil=True)
+@njit(cache=False)
 def _copy_piece(base, block_size, slot, block, hpa, length, addr):
     """memcpy the part of read [hpa, hpa+length) that lies in `block` out of its slot."""
     in_slot, in_host, n = _piece(base, block_size, slot, block, hpa, length, addr)
     fw._memcpy(in_host, in_slot, n)
 
 
-@numba.njit(nogil=True)
+@njit(cache=False)
 def _copy_in_piece(base, block_size, slot, block, hpa, length, addr):
     """memcpy the part of write [hpa, hpa+length) that lies in `block` into its slot."""
     in_slot, in_host, n = _piece(base, block_size, slot, block, hpa, length, addr)
     fw._memcpy(in_slot, in_host, n)
 
 
-@numba.njit(nogil=True)
+@njit(cache=False)
 def _copy_write_in(base, block_size, slots, k, hpa, length, addr):
     first = hpa // block_size
     for q in range(k):
         _copy_in_piece(base, block_size, slots[q], first + q, hpa, length, addr)
 
 
-@numba.njit(nogil=True)
+@njit(cache=False)
 def _piece_job(jobs, row, base, block_size, slot, block, hpa, length, addr):
     """Job `row` copies the part of read [hpa, hpa+length) that lies in `block` out of
     its slot (as _copy_piece does) and checksums nothing yet."""
@@ -183,7 +182,7 @@ def _piece_job(jobs, row, base, block_size, slot, block, hpa, length, addr):
     jobs[row, copyengine.HASH_LEN] = 0
 
 
-@numba.njit(nogil=True)
+@njit(cache=False)
 def _in_sorted(special, hpa, length, block_size):
     """Whether [hpa, hpa+length) touches one of `special` (sorted blocks)."""
     if special.shape[0] == 0:
@@ -193,7 +192,7 @@ def _in_sorted(special, hpa, length, block_size):
     return j < special.shape[0] and special[j] <= (hpa + length - 1) // block_size
 
 
-@numba.njit(nogil=True)
+@njit(cache=False)
 def _touches_writebacks(wb_rows, wb_state, hpa, length, block_size):
     """Whether [hpa, hpa+length) touches a block whose write-back this stream holds (a
     victim staged, on the ring, or landed with its checksum not yet recorded): it may not
@@ -208,7 +207,7 @@ def _touches_writebacks(wb_rows, wb_state, hpa, length, block_size):
     return False
 
 
-@numba.njit(nogil=True)
+@njit(cache=False)
 def _queue_all(ring, fd, rows, n, tags):
     """Queue `n` rows on the ring, handing queued ones to the kernel whenever its
     submission queue is full (the ring's room for completions was checked)."""
@@ -219,7 +218,7 @@ def _queue_all(ring, fd, rows, n, tags):
             _reap(ring, 0, 0, 0, 0)  # submit only: takes no completion
 
 
-@numba.njit(nogil=True)
+@njit(cache=False)
 def _submit_bucket(n):
     """fio's submit rows (cxlhm_apps.fio.stats.submit_bucket): 1-4 -> 1, 5-8 -> 2, ... >64 -> 6."""
     bucket = 1
@@ -340,7 +339,7 @@ _WB_ROWS, _WB_STATE, _WB_OWNER, _WB_FREE, _WB_STAGED, _WB_LANDED, _WB_FAILED, _W
 _COPY_JOBS, _COPY_OF, _COPY_EXPECTED, _COPY_CHECKED, _LOG_FRAME = range(31, 36)
 
 
-@numba.njit(nogil=True, inline="always")
+@njit(cache=False, inline="always")
 def _put_le(buf, pos, value, nbytes):
     """`value` (a uint64) as `nbytes` little-endian bytes at buf[pos:]."""
     for k in range(nbytes):
@@ -348,7 +347,7 @@ def _put_le(buf, pos, value, nbytes):
 
 
 if COMPILED_LOG:
-    @numba.njit(nogil=True)
+    @njit(cache=False)
     def _log_staged(arrays, block_size, log_ctl, record):
         """Write-ahead in the loop: hash each staged victim's slot (its wb_sum) and log
         their SUM records before they go on the ring (log_ctl[0]: see LOG_NONE), after a
@@ -397,12 +396,12 @@ if COMPILED_LOG:
         st[WB_LOGGED] = st[WB_STAGED]
         return True
 else:
-    @numba.njit(nogil=True)
+    @njit(cache=False)
     def _log_staged(arrays, block_size, log_ctl, record):  # no compiled hash or crc32: the driver logs
         return False
 
 
-@numba.njit(nogil=True)
+@njit(cache=False)
 def _landed_sum(arrays, block, block_size):
     """The checksum of `block` if this stream's write-back of it landed and the driver has
     not recorded it yet (the sum table still has the one before), else -1 (in `found`)."""
@@ -415,7 +414,7 @@ def _landed_sum(arrays, block, block_size):
     return False, wb_sum[0]
 
 
-@numba.njit(nogil=True)
+@njit(cache=False)
 def _writeback_done(arrays, w):
     """Write-back row `w` is settled (landed, or failed for good): its I/O goes on once
     its last one is."""
@@ -440,7 +439,7 @@ def settle_writebacks(arrays, rows, free):
             _free_writeback(arrays, w)
 
 
-@numba.njit(nogil=True)
+@njit(cache=False)
 def _free_writeback(arrays, w):
     """Write-back row `w` goes back on the free stack."""
     st, wb_state, wb_owner, wb_free = arrays[0], arrays[_WB_STATE], arrays[_WB_OWNER], arrays[_WB_FREE]
@@ -450,7 +449,7 @@ def _free_writeback(arrays, w):
     wb_free[wb_free.shape[0] - 1 - st[WB_USED]] = w
 
 
-@numba.njit(nogil=True)
+@njit(cache=False)
 def _record_landed(arrays, w, block_size, record):
     """Write-back row `w` landed: record its checksum in the sum table and take its block
     out of the dirty set (record: the two tables' compiled arrays, BlockChecksums'
@@ -467,7 +466,7 @@ def _record_landed(arrays, w, block_size, record):
     return True
 
 
-@numba.njit(nogil=True)
+@njit(cache=False)
 def _queue_writebacks(arrays, ring, fd):
     """Put the logged staged write-backs on the ring (tag -1 - row: fills are >= 0)."""
     st, wb_rows, wb_state, wb_staged, wb_tag = arrays[0], arrays[_WB_ROWS], arrays[_WB_STATE], \
