@@ -318,14 +318,15 @@ def put_side_costs_us(raw: SsdBackend, rows: np.ndarray, chunk: int, block: int,
     this run: the raw write of a chunk from one reused buffer (the baseline's), the
     victims' write-back (the same, from slots rotating over a DRAM-sized arena; and made
     in the device's waves, one after the other), their checksums (hashed and logged
-    before the write-back, on the copy engine) and the copy of the new bytes into the
-    slots after it."""
+    before the write-back, on the copy engine), the copy of the new bytes into the
+    slots, and that copy with each block checksummed right after it, as a put that goes
+    behind makes them."""
     arena = resident_buffer(dram)
     host = resident_buffer(chunk)
     reused = rows[:, 0].copy()
     n_waves = min(device_waves.MAX_WAVES, chunk // device_waves.WAVE_BYTES)
     per_wave = -(-(chunk // block) // max(n_waves, 1))
-    fixed, write, waves, sums, copy_in = [], [], [], [], []
+    fixed, write, waves, sums, copy_in, hashed = [], [], [], [], [], []
     for i in range(40):
         rows[:, 0] = reused
         start = time.perf_counter()
@@ -351,10 +352,14 @@ def put_side_costs_us(raw: SsdBackend, rows: np.ndarray, chunk: int, block: int,
         start = time.perf_counter()
         copyengine.copy_many(jobs)
         copy_in.append(time.perf_counter() - start)
+        jobs = copy_in_jobs(host, slots, block, hashed=True)
+        start = time.perf_counter()
+        copyengine.copy_many(jobs)
+        hashed.append(time.perf_counter() - start)
     rows[:, 0] = reused
     costs = {name: float(np.median(v)) * 1e6 if v else 0.0
              for name, v in (("fixed", fixed), ("write", write), ("waves", waves), ("sums", sums),
-                             ("copy_in", copy_in))}
+                             ("copy_in", copy_in), ("copy_in_hashed", hashed))}
     costs.update(across_passes_us(raw, chunk, block, arena, host, raw_write, puts_per_run(chunk)))
     return costs
 
@@ -366,11 +371,14 @@ def hash_jobs(slots: np.ndarray, block: int) -> np.ndarray:
     return jobs
 
 
-def copy_in_jobs(host: np.ndarray, slots: np.ndarray, block: int) -> np.ndarray:
-    """Copy-engine jobs that copy `host`, block by block, into the slots at `slots`."""
+def copy_in_jobs(host: np.ndarray, slots: np.ndarray, block: int, *, hashed: bool = False) -> np.ndarray:
+    """Copy-engine jobs that copy `host`, block by block, into the slots at `slots`
+    (`hashed`: each block checksummed right after its copy)."""
     jobs = copyengine.new_jobs(slots.shape[0])
     jobs[:, copyengine.SRC] = host.ctypes.data + np.arange(slots.shape[0], dtype=np.int64) * block
     jobs[:, copyengine.DST], jobs[:, copyengine.LEN] = slots, block
+    if hashed:
+        jobs[:, copyengine.HASH_AT], jobs[:, copyengine.HASH_LEN] = slots, block
     return jobs
 
 
@@ -381,7 +389,8 @@ def puts_per_run(chunk: int) -> int:
 def across_passes_us(raw: SsdBackend, chunk: int, block: int, arena: np.ndarray, host: np.ndarray, raw_write,
                      puts: int, rounds: int = 5) -> dict:
     """µs per put, in runs of `puts`, of what the device's puts do with no other cost:
-    copy the chunk into slots whose blocks are clean, hash it, wait for the previous
+    copy the chunk into slots whose blocks are clean, hashing each block after its copy,
+    wait for the previous
     put's write to land, and hand this one's to the SSD without waiting (write-behind,
     one write on the SSD at a time, on a ring as deep as the device's). Against runs of
     as many raw writes from one reused buffer (median of `rounds` run pairs; a run ends
@@ -394,8 +403,7 @@ def across_passes_us(raw: SsdBackend, chunk: int, block: int, arena: np.ndarray,
         start = time.perf_counter()
         for i in range(puts):
             slots = arena.ctypes.data + ((r * puts + i) * chunk) % arena.shape[0] + offsets
-            copyengine.copy_many(copy_in_jobs(host, slots, block))
-            copyengine.copy_many(hash_jobs(slots, block))
+            copyengine.copy_many(copy_in_jobs(host, slots, block, hashed=True))
             assert (ring.reap_all()[1] == block).all()
             ops = np.zeros((n, 4), np.int64)
             ops[:, 0], ops[:, 1], ops[:, 3] = slots, block, 1
@@ -504,7 +512,8 @@ def main() -> int:
         notes.append(f"{label}, put into a full DRAM (puts in runs of {puts_per_run(chunk)}, each run ending when its "
                      f"last write landed): a raw write of the chunk from one reused buffer {p['fixed']:.0f} us, from "
                      f"slots rotating over device DRAM {p['write']:.0f} us; the chunk's checksums {p['sums']:.0f} us; its "
-                     f"copy into device DRAM {p['copy_in']:.0f} us. A put's blocks go to the SSD behind it "
+                     f"copy into device DRAM {p['copy_in']:.0f} us, {p['copy_in_hashed']:.0f} us with each block "
+                     f"checksummed right after its copy (as a put makes them). A put's blocks go to the SSD behind it "
                      f"(write-behind): the next put is copied in and hashed while they are written, and the victims it "
                      f"evicts are clean. Those parts alone, one write on the SSD at a time, took {p['across']:.0f} us "
                      f"per put in a run, {p['raw_run'] / p['across']:.2f}x of a run of raw writes "
