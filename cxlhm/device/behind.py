@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cxlhm import copyengine
+from cxlhm import copyengine, sumtable
 from cxlhm import blocktable as btm
 from cxlhm import firmware as fw
 from cxlhm.jit import njit
@@ -68,6 +68,16 @@ class WriteBehind:
         self.media.note_written(hpas, lens)
         if self._writes_behind(hpas, lens, k):
             self._write_behind(slots[:k], dirty_logged, sums)
+
+    def _long_copy(self, hpas, lens, slots, k: int, user_addr: int, is_write: bool, behind: bool):
+        """A long DRAM hit's copy, on the copy engine's two threads (under the lock). A
+        write that goes behind is checksummed as it is copied: returns its checksums (else
+        None)."""
+        if behind and sumtable.COMPILED_HASH:
+            return self._copy_in_hashed(slots[:k], user_addr)
+        copyengine.copy_extents(self.dram.base_address, self.block_size, slots, hpas, lens, user_addr, not is_write,
+                                halves=True)
+        return None
 
     def _copy_in_hashed(self, slots: np.ndarray, user_addr: int) -> np.ndarray:
         """Copy a write that goes behind (whole blocks, one extent) from the host's buffer

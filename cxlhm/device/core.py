@@ -28,7 +28,7 @@ import numba
 import numpy as np
 
 import firmware_policies
-from cxlhm import copyengine, sumtable
+from cxlhm import copyengine
 from cxlhm import blocktable as btm
 from cxlhm import counters as C
 from cxlhm import firmware as fw
@@ -359,11 +359,7 @@ class Device(StreamReads, WriteWaves, WriteBehind, BackgroundWork, PowerLoss):
         behind = done and is_write and self._writes_behind(hpas, lens, k)  # (its DIRTY records go with its SUMs)
         sums = None  # a write that goes behind: its blocks' checksums, when its copy made them
         if done == fw.DONE_BUT_COPY:  # a long DRAM hit: on the copy engine's two threads, still under the lock
-            if behind and sumtable.COMPILED_HASH:
-                sums = self._copy_in_hashed(s.slots_out[:k], user_addr)
-            else:
-                copyengine.copy_extents(self.dram.base_address, self.block_size, s.slots_out, hpas, lens, user_addr,
-                                        not is_write, halves=True)
+            sums = self._long_copy(hpas, lens, s.slots_out, k, user_addr, is_write, behind)
         if is_write and not n_wb and not behind and self.checksums.log is not None:  # newer bytes only in DRAM
             self.checksums.note_dirty_array(self.bt.block[s.slots_out[:k]])
         s.hits += counters.item(C.HITS) - hits
