@@ -189,8 +189,9 @@ def col(runs: list[dict], key: str) -> list[float]:
 
 def raw_loops(path: str, region: int, bs: int, qd: int, dram: int, seconds: int, write: bool = False) -> dict:
     """The native io_uring closed loop (what cxlhm's raw engine and the device's stream
-    use) at `qd` on random `bs` reads (or writes) of the region: into (from) `qd` reused
-    buffers (fio's layout), and into (from) slots rotating over a device-DRAM-sized arena,
+    use) at `qd` on random `bs` reads (or writes) of the region, on registered buffers as
+    the device's are: into (from) `qd` reused buffers (fio's layout), and into (from)
+    slots rotating over a device-DRAM-sized arena,
     in the order an all-miss LRU device reuses them (the device's fills land there, its
     victims are written back from there). IOPS of each. The two take turns in slices of a
     quarter second, in reverse order every other slice: the disk's speed drifts within
@@ -201,9 +202,12 @@ def raw_loops(path: str, region: int, bs: int, qd: int, dram: int, seconds: int,
     backend = SsdBackend(path, region, qd)
     rng = np.random.default_rng(7)
     per_call = 2048  # (a call blocks until all of its I/Os are done: ~25 ms at 80k IOPS)
-    reused = DeviceDram(qd, bs)
-    arena = DeviceDram(max(qd, dram // bs), bs)
-    sides = {"reused": (reused.base_address, qd), "spread": (arena.base_address, arena.n_slots)}
+    # one memory for both sides, registered with io_uring as the device's DRAM is (its
+    # fills and write-backs go on registered buffers): `qd` reused slots, then the arena
+    n_spread = max(qd, dram // bs)
+    memory = DeviceDram(qd + n_spread, bs)
+    backend.register_memory(memory.base_address, memory.nbytes, bs)
+    sides = {"reused": (memory.base_address, qd), "spread": (memory.base_address + qd * bs, n_spread)}
     done, spent, turns = dict.fromkeys(sides, 0), dict.fromkeys(sides, 0.0), dict.fromkeys(sides, 0)
     ops = np.zeros((per_call, 4), np.int64)
     ops[:, 1] = bs
@@ -223,8 +227,7 @@ def raw_loops(path: str, region: int, bs: int, qd: int, dram: int, seconds: int,
             spent[name] += time.perf_counter() - start
     out = {name: done[name] / spent[name] for name in sides}
     backend.close()
-    reused.close()
-    arena.close()
+    memory.close()
     return out
 
 
