@@ -7,20 +7,20 @@ order the busy-until timelines need to serve them first come, first served.
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from cxlhm.jit import njit
 from cxlhm.timing.kernels import charge_access
 
 _NO_ROWS = np.zeros((0, 4), np.int64)
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@njit(inline="always")
 def _less(times, ids, a, b):
     return times[a] < times[b] or (times[a] == times[b] and ids[a] < ids[b])
 
 
-@numba.njit(nogil=True, cache=True)
+@njit
 def _sift_down(times, ids, n, i):
     while True:
         left = 2 * i + 1
@@ -36,7 +36,7 @@ def _sift_down(times, ids, n, i):
         i = child
 
 
-@numba.njit(nogil=True, cache=True)
+@njit(refcounts=True)  # (it allocates its streams' heap)
 def closed_loop_reads(params, state, offsets, lengths, from_nand, qd, latency_out):
     """Read op i = [offsets[i], +lengths[i]) of SSD bytes, from NAND when from_nand[i]
     (a device-DRAM miss whose fill is exactly that extent, as a raw SSD read is) or from

@@ -33,9 +33,9 @@ earlier than one already made sees the resources as free before that time.
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from cxlhm.jit import njit
 from cxlhm.media.ssd import IO_LEN, IO_OFFSET
 from cxlhm.timing import timeline as TL
 from cxlhm.timing.params import (
@@ -65,23 +65,23 @@ def state_size(channels: int, dies_per_channel: int, write_buffer_pages: int) ->
     return N_STATE_SCALARS + resources * TL.SIZE + write_buffer_pages
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@njit(inline="always")
 def _base(r):
     return N_STATE_SCALARS + r * TL.SIZE
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@njit(inline="always")
 def _channel(c):
     return _base(R_FIRST_CHANNEL + c)
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@njit(inline="always")
 def _die(params, c, d):
     channels = np.int64(params[P_CHANNELS])
     return _base(R_FIRST_CHANNEL + channels + c * np.int64(params[P_DIES_PER_CHANNEL]) + d)
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@njit(inline="always")
 def _ring_index(params, slot):
     channels = np.int64(params[P_CHANNELS])
     resources = R_FIRST_CHANNEL + channels + channels * np.int64(params[P_DIES_PER_CHANNEL])
@@ -89,31 +89,31 @@ def _ring_index(params, slot):
 
 
 # ---------------------------------------------------------------- resources
-@numba.njit(nogil=True, cache=True, inline="always")
+@njit(inline="always")
 def _hold(state, base, ready, duration):
     """Serve `duration` ns on a resource once it is free and the work is ready."""
     return TL.reserve(state, base, state[S_HORIZON], ready, duration)
 
 
-@numba.njit(nogil=True, cache=True)
+@njit
 def link_up(params, state, ready_ns, nbytes):
     """Device -> host: when the last byte arrives at the host."""
     return _hold(state, _base(R_LINK_UP), ready_ns, nbytes * params[P_LINK_NS_PER_BYTE]) + params[P_LINK_LAT]
 
 
-@numba.njit(nogil=True, cache=True)
+@njit
 def link_down(params, state, ready_ns, nbytes):
     """Host -> device: when the last byte arrives at the device."""
     return _hold(state, _base(R_LINK_DOWN), ready_ns, nbytes * params[P_LINK_NS_PER_BYTE]) + params[P_LINK_LAT]
 
 
-@numba.njit(nogil=True, cache=True)
+@njit
 def dram(params, state, ready_ns, nbytes):
     """Move `nbytes` into or out of device DRAM: when they are there."""
     return _hold(state, _base(R_DRAM), ready_ns, nbytes * params[P_DRAM_NS_PER_BYTE]) + params[P_DRAM_LAT]
 
 
-@numba.njit(nogil=True, cache=True)
+@njit
 def nand_read(params, state, ready_ns, offset, nbytes):
     """Read SSD bytes [offset, offset+nbytes): each page holds its die for tR, then its
     bytes cross the die's channel. Returns when the last byte is off the channels."""
@@ -144,7 +144,7 @@ def nand_read(params, state, ready_ns, offset, nbytes):
     return done
 
 
-@numba.njit(nogil=True, cache=True)
+@njit
 def _program_open_page(params, state):
     """Program the open log page: its bytes cross the channel into the die's cache
     register, then the die is busy for tPROG. The page's write-buffer slot is free
@@ -164,7 +164,7 @@ def _program_open_page(params, state):
     state[S_NAND_PAGE_PROGRAMS] += 1.0
 
 
-@numba.njit(nogil=True, cache=True)
+@njit
 def buffer_write(params, state, ready_ns, nbytes):
     """Hand `nbytes` (ready at `ready_ns`) to the SSD write buffer. Returns when all of
     them were accepted; full pages are programmed in the background."""
@@ -187,7 +187,7 @@ def buffer_write(params, state, ready_ns, nbytes):
     return accepted
 
 
-@numba.njit(nogil=True, cache=True)
+@njit
 def _write_backs(params, state, ready_ns, writebacks, n_wb):
     """Victims leave device DRAM for the write buffer: when all their slots are free."""
     free = ready_ns
@@ -200,7 +200,7 @@ def _write_backs(params, state, ready_ns, writebacks, n_wb):
     return free
 
 
-@numba.njit(nogil=True, cache=True)
+@njit
 def _fills(params, state, ready_ns, slots_free_ns, fills, n_fill):
     """Missing blocks come from NAND (after the FTL/command overhead) and land in their
     slots once the victims' bytes have left. Fills that continue each other on the SSD
@@ -226,7 +226,7 @@ def _fills(params, state, ready_ns, slots_free_ns, fills, n_fill):
 
 
 # ---------------------------------------------------------------- the API
-@numba.njit(nogil=True, cache=True, inline="always")
+@njit(inline="always")
 def _advance(state, issue_ns):
     """Charges come in issue order (the trace loop and closed loops guarantee it), so
     nothing charged from now on is ready before `issue_ns`: older busy intervals can go."""
@@ -234,7 +234,7 @@ def _advance(state, issue_ns):
         state[S_HORIZON] = issue_ns
 
 
-@numba.njit(nogil=True, cache=True)
+@njit
 def charge_access(params, state, issue_ns, is_write, host_bytes, fills, n_fill, writebacks, n_wb,
                   hit_ready_ns, through_bytes):
     """Charge one host access planned by the firmware; returns its completion (ns).
@@ -275,7 +275,7 @@ def charge_access(params, state, issue_ns, is_write, host_bytes, fills, n_fill, 
     return link_up(params, state, done, host_bytes)
 
 
-@numba.njit(nogil=True, cache=True)
+@njit
 def charge_background_read(params, state, issue_ns, fills, n_fill, writebacks, n_wb):
     """Prefetch: dirty victims out, blocks from NAND into DRAM, no host transfer.
     Returns when the blocks are resident (pass it as hit_ready_ns to accesses that hit
@@ -285,7 +285,7 @@ def charge_background_read(params, state, issue_ns, fills, n_fill, writebacks, n
     return _fills(params, state, issue_ns, slots_free, fills, n_fill)
 
 
-@numba.njit(nogil=True, cache=True)
+@njit
 def charge_background_write(params, state, issue_ns, writebacks, n_wb):
     """Background write-back / flush of dirty blocks: DRAM read + write-buffer accept
     (+ NAND programs as pages fill). Returns when the slots may be reused or marked
@@ -294,7 +294,7 @@ def charge_background_write(params, state, issue_ns, writebacks, n_wb):
     return _write_backs(params, state, issue_ns, writebacks, n_wb)
 
 
-@numba.njit(nogil=True, cache=True)
+@njit
 def charge_flush(params, state, issue_ns):
     """Program the partial log page, if any; returns when every write charged so far is
     durable on NAND (a Global Persistent Flush)."""
@@ -305,6 +305,6 @@ def charge_flush(params, state, issue_ns):
     return max(issue_ns, state[S_LAST_PROGRAM_END])
 
 
-@numba.njit(nogil=True, cache=True)
+@njit
 def durable_ns(state):
     return state[S_LAST_PROGRAM_END]

@@ -8,8 +8,9 @@ max, mean and standard deviation always cover every access, sampled or not.
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from cxlhm.jit import njit
 
 # fio's default completion-latency percentiles (17 of them)
 FIO_PERCENTILES = (1.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 95.0,
@@ -18,7 +19,7 @@ FIO_PERCENTILES = (1.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.
 M_SEEN, M_STORED, M_EVERY, M_MIN, M_MAX, M_MEAN, M_M2, N_META = range(8)
 
 
-@numba.njit(nogil=True, cache=True)
+@njit
 def record(values, meta, latency_ns):
     """Account one latency (ns) and keep it if it is a sampled one."""
     seen = meta[M_SEEN]
@@ -111,7 +112,7 @@ class LatencyRecorder:
         }
 
 
-@numba.njit(nogil=True, cache=True)
+@njit
 def _record_many(values, meta, latencies):
     for x in latencies:
         record(values, meta, x)

@@ -18,8 +18,9 @@ counts as busy): a small pessimism instead of unbounded memory.
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from cxlhm.jit import njit
 
 SLOTS = 64  # a power of two: ring positions wrap with a mask
 _MASK = SLOTS - 1
@@ -27,13 +28,13 @@ SIZE = 2 + 2 * SLOTS
 _COUNT, _HEAD = 0, 1
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@njit(inline="always")
 def _at(state, base, k):
     """Index of interval k's start (its end is the next float)."""
     return base + 2 + 2 * ((np.int64(state[base + _HEAD]) + k) & _MASK)
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@njit(inline="always")
 def _move(state, base, dst, src):
     a = _at(state, base, dst)
     b = _at(state, base, src)
@@ -41,7 +42,7 @@ def _move(state, base, dst, src):
     state[a + 1] = state[b + 1]
 
 
-@numba.njit(nogil=True, cache=True)
+@njit
 def _merge_closest(state, base, n):
     best = 0
     best_gap = np.inf
@@ -57,7 +58,7 @@ def _merge_closest(state, base, n):
     return n - 1
 
 
-@numba.njit(nogil=True, cache=True)
+@njit
 def reserve(state, base, horizon, ready, duration):
     """Hold the resource for `duration` ns in its first idle gap at or after `ready`;
     returns when that hold ends."""
@@ -130,7 +131,7 @@ def reserve(state, base, horizon, ready, duration):
     return end
 
 
-@numba.njit(nogil=True, cache=True)
+@njit
 def busy_until(state, base):
     """End of the last reservation (0 when idle)."""
     n = np.int64(state[base + _COUNT])
