@@ -344,15 +344,15 @@ def put_side_costs_us(raw: SsdBackend, rows: np.ndarray, chunk: int, block: int,
                 res = raw.submit(all_rows[w:w + per_wave])
                 assert (res == block).all()
             waves.append(time.perf_counter() - start)
-        jobs = hash_jobs(slots, block)
+        jobs = copyengine.block_jobs(slots, block, hashed=True)
         start = time.perf_counter()
         copyengine.copy_many(jobs)
         sums.append(time.perf_counter() - start)
-        jobs = copy_in_jobs(host, slots, block)
+        jobs = copyengine.block_jobs(slots, block, copy_from=host.ctypes.data)
         start = time.perf_counter()
         copyengine.copy_many(jobs)
         copy_in.append(time.perf_counter() - start)
-        jobs = copy_in_jobs(host, slots, block, hashed=True)
+        jobs = copyengine.block_jobs(slots, block, copy_from=host.ctypes.data, hashed=True)
         start = time.perf_counter()
         copyengine.copy_many(jobs)
         hashed.append(time.perf_counter() - start)
@@ -362,24 +362,6 @@ def put_side_costs_us(raw: SsdBackend, rows: np.ndarray, chunk: int, block: int,
                              ("copy_in", copy_in), ("copy_in_hashed", hashed))}
     costs.update(across_passes_us(raw, chunk, block, arena, host, raw_write, puts_per_run(chunk)))
     return costs
-
-
-def hash_jobs(slots: np.ndarray, block: int) -> np.ndarray:
-    """Copy-engine jobs that checksum each slot (at the addresses `slots`)."""
-    jobs = copyengine.new_jobs(slots.shape[0])
-    jobs[:, copyengine.HASH_AT], jobs[:, copyengine.HASH_LEN] = slots, block
-    return jobs
-
-
-def copy_in_jobs(host: np.ndarray, slots: np.ndarray, block: int, *, hashed: bool = False) -> np.ndarray:
-    """Copy-engine jobs that copy `host`, block by block, into the slots at `slots`
-    (`hashed`: each block checksummed right after its copy)."""
-    jobs = copyengine.new_jobs(slots.shape[0])
-    jobs[:, copyengine.SRC] = host.ctypes.data + np.arange(slots.shape[0], dtype=np.int64) * block
-    jobs[:, copyengine.DST], jobs[:, copyengine.LEN] = slots, block
-    if hashed:
-        jobs[:, copyengine.HASH_AT], jobs[:, copyengine.HASH_LEN] = slots, block
-    return jobs
 
 
 def puts_per_run(chunk: int) -> int:
@@ -403,7 +385,7 @@ def across_passes_us(raw: SsdBackend, chunk: int, block: int, arena: np.ndarray,
         start = time.perf_counter()
         for i in range(puts):
             slots = arena.ctypes.data + ((r * puts + i) * chunk) % arena.shape[0] + offsets
-            copyengine.copy_many(copy_in_jobs(host, slots, block, hashed=True))
+            copyengine.copy_many(copyengine.block_jobs(slots, block, copy_from=host.ctypes.data, hashed=True))
             assert (ring.reap_all()[1] == block).all()
             ops = np.zeros((n, 4), np.int64)
             ops[:, 0], ops[:, 1], ops[:, 3] = slots, block, 1

@@ -71,6 +71,19 @@ def new_jobs(n: int) -> np.ndarray:
     return np.zeros((n, FIELDS), np.int64)
 
 
+def block_jobs(blocks: np.ndarray, block_size: int, *, copy_from: int = 0, hashed: bool = False) -> np.ndarray:
+    """One job per whole block at the addresses `blocks` (device DRAM slots): a copy into
+    it of `block_size` bytes from `copy_from` + i * block_size (0: no copy), then, with
+    `hashed`, its checksum - right after the copy, while the bytes are in the cache."""
+    jobs = new_jobs(blocks.shape[0])
+    if copy_from:
+        jobs[:, SRC] = copy_from + np.arange(blocks.shape[0], dtype=np.int64) * block_size
+        jobs[:, DST], jobs[:, LEN] = blocks, block_size
+    if hashed:
+        jobs[:, HASH_AT], jobs[:, HASH_LEN] = blocks, block_size
+    return jobs
+
+
 def copy_many(jobs: np.ndarray, *, bypass_caches: bool = False) -> int:
     """Run every job of `jobs` (an (n, 6) int64 array, see the module docstring); the
     checksums land in jobs[:, HASH]. Returns how many the helper thread ran.

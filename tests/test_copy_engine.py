@@ -196,3 +196,25 @@ def test_copies_out_to_the_host_bypass_the_caches_and_stay_exact(src_off, dst_of
         expected[j * stride + dst_off:j * stride + dst_off + length] = src[j * stride + src_off:j * stride + src_off + length]
     assert np.array_equal(dst, expected)
 
+
+
+@pytest.mark.skipif(not sumtable.COMPILED_HASH, reason="the engine checksums only with the compiled xxh3")
+@pytest.mark.parametrize("copy", [False, True])
+def test_block_jobs_copy_whole_blocks_in_and_checksum_each_after_its_copy(copy):
+    """block_jobs: a job per block slot, copying into it from a flat buffer (or not), then
+    checksumming the slot - the checksum is of the bytes the slot holds after the copy."""
+    n = 6
+    slots = np.random.default_rng(3).integers(0, 256, n * BLOCK, dtype=np.uint8)
+    host = np.random.default_rng(4).integers(0, 256, n * BLOCK, dtype=np.uint8)
+    before = slots.copy()
+    addrs = slots.ctypes.data + np.arange(n, dtype=np.int64)[::-1].copy() * BLOCK  # slots in any order
+    jobs = ce.block_jobs(addrs, BLOCK, copy_from=host.ctypes.data if copy else 0, hashed=True)
+    ce.copy_many(jobs)
+    want = np.empty_like(slots)
+    for i in range(n):  # job i fills the slot at addrs[i] from host block i
+        at = (n - 1 - i) * BLOCK
+        want[at:at + BLOCK] = host[i * BLOCK:(i + 1) * BLOCK] if copy else before[at:at + BLOCK]
+    assert np.array_equal(slots, want)
+    sums = jobs[:, ce.HASH].view(np.uint64)
+    assert sums.tolist() == [xxhash.xxh3_64_intdigest(want[(n - 1 - i) * BLOCK:(n - i) * BLOCK].tobytes())
+                             for i in range(n)]

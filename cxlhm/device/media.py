@@ -259,9 +259,7 @@ class MediaPath:
             sums = np.empty(addrs.shape[0], np.uint64)  # one compiled call costs less than the engine's
             sumtable.hash_blocks(np.ascontiguousarray(addrs), self.block_size, sums)
             return sums
-        jobs = copyengine.new_jobs(addrs.shape[0])
-        jobs[:, copyengine.HASH_AT] = addrs
-        jobs[:, copyengine.HASH_LEN] = self.block_size
+        jobs = copyengine.block_jobs(addrs, self.block_size, hashed=True)
         copyengine.copy_many(jobs)
         return jobs[:, copyengine.HASH].view(np.uint64)
 
