@@ -236,7 +236,7 @@ def device_side_costs_us(raw: SsdBackend, rows: np.ndarray, extents: list[int], 
         fixed.append(time.perf_counter() - start)
     us = {name: float(np.median(v)) * 1e6 for name, v in (("landing", landing), ("rotating", rotating),
                                                           ("fixed", fixed))}
-    first, spread = landing_times_us(raw, rows, extents, chunk, block)
+    first, spread = landing_times_us(raw, rows, extents, chunk, block, STREAM_PASSES)
     pipelined = pipelined_us(raw, rows, extents, chunk, block, arena, reused, jobs) if chunk // block > QD else 0.0
     return {"landing": us["landing"], "fill": us["rotating"] - us["fixed"], "fixed": us["fixed"],
             "first_lands": first, "lands_within": spread, "pipelined": pipelined}
@@ -245,7 +245,7 @@ def device_side_costs_us(raw: SsdBackend, rows: np.ndarray, extents: list[int], 
 def pipelined_us(raw: SsdBackend, rows: np.ndarray, extents: list[int], chunk: int, block: int,
                  arena: np.ndarray, host: np.ndarray, jobs: np.ndarray) -> float:
     """Median µs of a chunk wider than the ring read as the device's stream reads it: in
-    passes of a quarter of the ring (STREAM_PASSES), four in flight, into slots rotating
+    passes of 1/STREAM_PASSES of the ring, STREAM_PASSES in flight, into slots rotating
     over the arena; when a pass has landed the next goes out, then the landed one is
     copied out and hashed on the copy engine - the most overlap a stream with a ring's
     worth in flight could have, timed with the same steps it takes. `host`: each block's
@@ -464,7 +464,7 @@ def main() -> int:
         x = s["extra_us"]
         get_us = chunk / (s["get"] * 1e9) * 1e6
         floor = x['fixed'] + max(0.0, x['fill']) + x['landing']
-        landed = (f"submitted as 4 separate reads, the first of {min(chunk // block, QD)} blocks landed "
+        landed = (f"submitted as {STREAM_PASSES} separate reads, the first of {min(chunk // block, QD)} blocks landed "
                   f"{x['first_lands']:.0f} us after submission and the last {x['lands_within']:.0f} us after the "
                   f"first (this disk completes what is in flight together)")
         overlap = (f"The copy cannot overlap the read: {landed}." if chunk // block <= QD else

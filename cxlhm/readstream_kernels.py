@@ -45,7 +45,8 @@ def complete(bt, ps, clock, base, block_size, hpas, lens, addrs, kinds, clat, fa
     into its slots. A landed write-back lets its I/O go on once its last one is in, and
     its checksum is recorded here (`record`: the driver's sum table and dirty set,
     _record_landed) or by the driver at the slice's end (WB_LANDED); a failed one waits
-    for the driver (WB_FAILED)."""
+    for the driver (WB_FAILED). The caller has given their room on the ring back (FILLS,
+    RING)."""
     st, tag_read, tag_pending, tag_k, tag_failed, tag_issued, tag_slots, tag_installed, row_pos, row_bad, \
         free_tags = arrays[:11]
     wb_rows, wb_state, wb_landed, wb_failed = arrays[_WB_ROWS], arrays[_WB_STATE], arrays[_WB_LANDED], \
@@ -89,8 +90,6 @@ def complete(bt, ps, clock, base, block_size, hpas, lens, addrs, kinds, clat, fa
         else:
             _copy_many(jobs.ctypes.data, n_jobs)
     for j in range(n):
-        st[FILLS] -= 1
-        st[RING] -= 1
         if tags[j] < 0:
             w = -1 - tags[j]
             if res[j] == wb_rows[w, 1]:
@@ -345,14 +344,25 @@ def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs
             st[ERRNO] = got
             return VERIFY  # the driver raises; nothing was taken
         st[REAPED] = got
+        st[FILLS] -= got  # off the ring: its room is free (complete settles them)
+        st[RING] -= got
         if verify == VERIFY_ALL:
             return VERIFY
         for j in range(got):
             bad[j] = 0
+        ahead = ISSUED
+        if wide_reads:
+            # the next pass goes out before the landed ones are copied out, so the SSD
+            # keeps a ring's worth in flight through the copy (their slots stay BUSY
+            # until complete: nothing plans over them)
+            ahead = step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, stop,
+                         deadline_ns, slat, clat, arrays, ring, fd, ring_room, other_slots, n_slots, owner, victims)
         complete(bt, ps, clock, base, block_size, hpas, lens, addrs, kinds, clat, failed_out, arrays,
                  reaped_tags, reaped_res, bad, got, sum_keys if verify == VERIFY_HERE else sum_keys[:0],
                  sum_values, record)
         st[REAPED] = 0
+        if ahead == DEVICE_FULL:  # its plan left victims to the driver (PARKED_WBS), who also retries failed ones
+            return DEVICE_FULL
         if st[WB_FAILED_N]:
             return WB_FAILED
         now = _now_ns(ts)

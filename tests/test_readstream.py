@@ -207,6 +207,30 @@ def test_a_multi_block_read_into_is_one_streamed_pass_and_one_host_read(tmp_path
         assert calls == [-(-100 // (16 // STREAM_PASSES))] and dev.stats()["host_reads"] == 1 and dev.stats()["misses"] == 100
 
 
+def test_a_wide_read_sends_its_next_pass_before_copying_out_a_landed_one(tmp_path):
+    # blocks of >= 32 KiB (readstream's WIDE_BLOCK): the ring's room holds STREAM_PASSES
+    # passes; the stream plans the next as soon as a reap frees room, before the landed
+    # pass is copied out and completed, so one more than that is in flight at the peak
+    block = 32 << 10
+    rng = np.random.default_rng(9)
+    cfg = {"capacity": 64 * block, "block_size": block, "dram_bytes": 48 * block,
+           "backend": {"path": str(tmp_path / "w.img"), "queue_depth": 16}}
+    with open_device(cfg) as dev:
+        data = rng.integers(0, 256, 64 * block, dtype=np.uint8)
+        dev.write_from(0, data)
+        dev.device.flush()
+    with open_device(cfg) as dev:  # reopened: every block is on the SSD
+        results = []
+        real = dev.device.read_stream
+        dev.device.read_stream = lambda *a, **k: results.append(real(*a, **k)) or results[-1]
+        out = np.empty(40 * block, np.uint8)  # 20 passes of 16 // STREAM_PASSES = 2 blocks
+        dev.read_into(3 * block, out)
+        assert (out == data[3 * block:43 * block]).all()
+        assert results[0].count == 40 // (16 // STREAM_PASSES)
+        assert results[0].peak_in_flight > STREAM_PASSES
+        assert dev.device._inflight == 0 and dev.device._inflight_slots == 0
+
+
 @pytest.mark.parametrize("hpa,n,skew", [
     (0, 8 * 16384, 0),                  # whole blocks into an aligned buffer
     (100, 5 * 16384, 0),                # partial first and last blocks
@@ -243,8 +267,8 @@ def test_streamed_fills_leave_the_same_bytes_in_the_host_and_in_device_dram(tmp_
 RW_BLOCKS = 48
 
 
-def _rw_device(path, dram_blocks=6):
-    return open_device({"capacity": RW_BLOCKS * BLOCK, "block_size": BLOCK, "dram_bytes": dram_blocks * BLOCK,
+def _rw_device(path, dram_blocks=6, block=BLOCK):
+    return open_device({"capacity": RW_BLOCKS * block, "block_size": block, "dram_bytes": dram_blocks * block,
                         "backend": {"path": str(path)}})
 
 
@@ -253,21 +277,23 @@ ops = st.lists(st.tuples(st.booleans(), st.integers(0, RW_BLOCKS * BLOCK - 1), s
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=ops, depth=st.integers(1, 8), seed=st.integers(0, 2**31))
-def test_a_stream_of_reads_and_writes_is_its_issue_order(tmp_path_factory, ops, depth, seed):
+@given(ops=ops, depth=st.integers(1, 8), seed=st.integers(0, 2**31), scale=st.sampled_from([1, 8]))
+def test_a_stream_of_reads_and_writes_is_its_issue_order(tmp_path_factory, ops, depth, seed, scale):
+    # scale 8: 32 KiB blocks, where the loop plans its next I/Os before it copies out a reap
+    block = BLOCK * scale
     path = tmp_path_factory.mktemp("s") / "s.img"
     rng = np.random.default_rng(seed)
-    image = rng.integers(0, 256, RW_BLOCKS * BLOCK, dtype=np.uint8)
-    offsets = np.array([min(o, RW_BLOCKS * BLOCK - n) for _, o, n in ops], np.int64)
-    sizes = np.array([n for _, _, n in ops], np.int64)
+    image = rng.integers(0, 256, RW_BLOCKS * block, dtype=np.uint8)
+    offsets = np.array([min(o * scale, RW_BLOCKS * block - n * scale) for _, o, n in ops], np.int64)
+    sizes = np.array([n * scale for _, _, n in ops], np.int64)
     writes = np.array([w for w, _, _ in ops], np.uint8)
-    step = 3 * BLOCK
+    step = 3 * block
     area = mmap.mmap(-1, step * len(ops))
     flat = np.frombuffer(area, np.uint8)
     flat[:] = rng.integers(0, 256, flat.shape[0], dtype=np.uint8)
     payload = flat.copy()
     addrs = flat.ctypes.data + np.arange(len(ops), dtype=np.int64) * step
-    with _rw_device(path) as dev:
+    with _rw_device(path, block=block) as dev:
         dev.write_from(0, image)
         dev.device.flush()
         result = dev.device.read_stream(offsets, sizes, addrs, depth, writes=writes)
@@ -280,12 +306,12 @@ def test_a_stream_of_reads_and_writes_is_its_issue_order(tmp_path_factory, ops, 
             else:
                 assert (buf == expected[off:off + n]).all(), f"read {i} at {off}+{n}"
         assert result.write_hits + result.write_misses <= result.hits + result.misses
-        back = np.zeros(RW_BLOCKS * BLOCK, np.uint8)
+        back = np.zeros(RW_BLOCKS * block, np.uint8)
         dev.read_into(0, back)
         assert (back == expected).all()
         assert dev.device._inflight == 0 and dev.device._inflight_slots == 0
-    with _rw_device(path, dram_blocks=4) as dev:  # from the SSD, every block checked against its recorded sum
-        back = np.zeros(RW_BLOCKS * BLOCK, np.uint8)
+    with _rw_device(path, dram_blocks=4, block=block) as dev:  # from the SSD, every block checked against its sum
+        back = np.zeros(RW_BLOCKS * block, np.uint8)
         dev.read_into(0, back)
         assert (back == expected).all()
         assert dev.stats()["checksum_mismatches"] == 0

@@ -22,7 +22,7 @@ from cxlhm import sumtable
 from cxlhm.device.errors import DeviceClosed, DeviceFull, MediaError
 from cxlhm.timing.recorder import record as record_latency
 
-STREAM_PASSES = 4  # passes of a wide streamed read in flight at once (_read_streamed)
+STREAM_PASSES = 8  # passes of a wide streamed read on the SSD at once (_read_streamed)
 _NO_BLOCKS, _NO_SUMS = np.zeros(0, np.int64), np.zeros(0, np.uint64)  # an empty sum table: verify nothing
 # the loop records no landed write-back itself (readstream's `record`; the driver does)
 _NO_RECORD = (_NO_BLOCKS, _NO_SUMS, np.zeros(0, np.int64), _NO_BLOCKS, _NO_SUMS, np.zeros(0, np.int64))
@@ -65,12 +65,13 @@ class StreamReads:
     """Device part: read_stream (mixed into Device, which it reads the state of)."""
 
     def _read_streamed(self, hpa: int, n: int, user_addr: int, owner: int) -> float:
-        """One multi-block read through read_stream, counted as one host read. Up to a
-        quarter of the SSD queue of blocks it is one stream read: planned as one firmware
+        """One multi-block read through read_stream, counted as one host read. Up to
+        1/STREAM_PASSES of the SSD queue's depth in blocks it is one stream read: planned as one firmware
         pass, like access(), its blocks copied out as they land. A wider read is cut in
-        such passes (like _access_split), four in flight: a pass's blocks tend to land
-        together (the block layer merges adjacent reads into one request), and while
-        one pass is copied out the other three keep the SSD's queue full."""
+        such passes (like _access_split), STREAM_PASSES on the SSD at once: a pass's
+        blocks tend to land together (the block layer merges adjacent reads into one
+        request), and the stream holds twice as many tags, so the next pass goes out as
+        soon as a reap frees its room on the ring, while the landed one is copied out."""
         started = time.perf_counter_ns()
         bs = self.block_size
         with self._lock:
@@ -83,7 +84,7 @@ class StreamReads:
             starts = np.concatenate(([hpa], cuts))
             lens = np.diff(np.concatenate((starts, [hpa + n])))
             addrs = user_addr + (starts - hpa)
-        ran = self.read_stream(starts, lens, addrs, STREAM_PASSES, owner=owner)
+        ran = self.read_stream(starts, lens, addrs, 2 * STREAM_PASSES, owner=owner)
         extra = ran.count - (ran.count == starts.shape[0])  # the pieces' host reads beyond this one
         if extra:
             with self._lock:
