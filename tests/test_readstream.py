@@ -475,8 +475,9 @@ def test_a_thread_waiting_for_the_device_gets_it_while_a_long_stream_runs(tmp_pa
         assert dev.device._lock.waiting[0] == 0
 
 
+@pytest.mark.parametrize("wide", [False, True], ids=["4 KiB reads", "wide reads"])
 @pytest.mark.parametrize("when", ["last slice", "slices with reads in flight"])
-def test_an_error_in_a_slice_leaves_the_device_nothing_in_flight(tmp_path, monkeypatch, when):
+def test_an_error_in_a_slice_leaves_the_device_nothing_in_flight(tmp_path, monkeypatch, when, wide):
     """An error of the driver's part of a slice (here a short write of the integrity log)
     raises from the stream, and what the stream held is given back all the same - on its
     last slice, or while reads are in flight (they land first, erring again): nothing is
@@ -502,14 +503,17 @@ def test_an_error_in_a_slice_leaves_the_device_nothing_in_flight(tmp_path, monke
 
     monkeypatch.setattr(StreamReads, "_stream_account", account)
     monkeypatch.setattr(StreamReads, "_stream_settle", settle)
-    n = 4096
-    dev = _device(tmp_path, blocks=n, dram_blocks=64)  # (not `with`: close() would wait for ever on a leak)
-    dev.store(0, np.random.default_rng(5).integers(0, 256, n * BLOCK, dtype=np.uint8))
+    # wide: reads of two 32 KiB blocks, where the loop issues the next reads before it
+    # completes a reap
+    block, per_read, n = (32 << 10, 2, 512) if wide else (BLOCK, 1, 4096)
+    dev = _device(tmp_path, blocks=n, dram_blocks=64, block=block)  # (not `with`: close() would wait for ever on a leak)
+    dev.store(0, np.random.default_rng(5).integers(0, 256, n * block, dtype=np.uint8))
     lock = dev.device._lock
     lock.waiting[0] = 1  # as while a thread waits for the device: each slice ends after a short time
+    reads = n // per_read
     try:
         with pytest.raises(OSError, match="injected"):
-            _stream(dev, (np.arange(n) * 7919 % n) * BLOCK, [BLOCK] * n, 16)
+            _stream(dev, (np.arange(reads) * 7919 % reads) * block * per_read, [block * per_read] * reads, 16)
     finally:
         lock.waiting[0] = 0
     left = (dev.device._inflight, dev.device._inflight_slots)
