@@ -189,19 +189,25 @@ def test_streamed_reads_agree_with_a_bytearray_model(tmp_path_factory, ops, dept
                 assert views[1].tobytes() == bytes(model[off // 2:off // 2 + BLOCK])
 
 
-def test_a_multi_block_read_into_is_one_streamed_pass_and_one_host_read(tmp_path):
-    rng = np.random.default_rng(4)
-    cfg = {"capacity": 512 * BLOCK, "block_size": BLOCK, "dram_bytes": 300 * BLOCK,
-           "backend": {"path": str(tmp_path / "m.img"), "queue_depth": 16}}
+def _on_the_ssd(path, blocks, dram_blocks, block, seed):
+    """A device config (an SSD queue of 16) whose image holds random bytes, written and
+    flushed by a device that is closed again: a device opened on it has nothing in DRAM."""
+    cfg = {"capacity": blocks * block, "block_size": block, "dram_bytes": dram_blocks * block,
+           "backend": {"path": str(path), "queue_depth": 16}}
+    data = np.random.default_rng(seed).integers(0, 256, blocks * block, dtype=np.uint8)
     with open_device(cfg) as dev:
-        data = rng.integers(0, 256, 512 * BLOCK, dtype=np.uint8)
         dev.write_from(0, data)
         dev.device.flush()
-    with open_device(cfg) as dev:  # reopened: nothing in device DRAM
+    return cfg, data
+
+
+def test_a_multi_block_read_into_is_one_streamed_pass_and_one_host_read(tmp_path):
+    cfg, data = _on_the_ssd(tmp_path / "m.img", 512, 300, BLOCK, 4)
+    with open_device(cfg) as dev:
         calls = []
         real = dev.device.read_stream
         dev.device.read_stream = lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k)
-        out = np.empty(100 * BLOCK - 10, np.uint8)  # 100 blocks, cut in passes of 16 // STREAM_PASSES = 4
+        out = np.empty(100 * BLOCK - 10, np.uint8)  # 100 blocks, cut in passes of 16 // STREAM_PASSES
         dev.read_into(5, out)
         assert (out == data[5:5 + out.shape[0]]).all()
         assert calls == [-(-100 // (16 // STREAM_PASSES))] and dev.stats()["host_reads"] == 1 and dev.stats()["misses"] == 100
@@ -212,14 +218,8 @@ def test_a_wide_read_sends_its_next_pass_before_copying_out_a_landed_one(tmp_pat
     # passes; the stream plans the next as soon as a reap frees room, before the landed
     # pass is copied out and completed, so one more than that is in flight at the peak
     block = 32 << 10
-    rng = np.random.default_rng(9)
-    cfg = {"capacity": 64 * block, "block_size": block, "dram_bytes": 48 * block,
-           "backend": {"path": str(tmp_path / "w.img"), "queue_depth": 16}}
+    cfg, data = _on_the_ssd(tmp_path / "w.img", 64, 48, block, 9)
     with open_device(cfg) as dev:
-        data = rng.integers(0, 256, 64 * block, dtype=np.uint8)
-        dev.write_from(0, data)
-        dev.device.flush()
-    with open_device(cfg) as dev:  # reopened: every block is on the SSD
         results = []
         real = dev.device.read_stream
         dev.device.read_stream = lambda *a, **k: results.append(real(*a, **k)) or results[-1]
