@@ -76,14 +76,13 @@ class StreamReads:
         bs = self.block_size
         with self._lock:
             piece = max(1, min(self._batch_limit(), self.ssd.queue_depth // STREAM_PASSES))
-        first, last = hpa // bs, (hpa + n - 1) // bs
-        if last - first < piece:  # one pass (a KV chunk, mostly): no cutting to do
-            starts, lens, addrs = np.array([hpa], np.int64), np.array([n], np.int64), np.array([user_addr], np.int64)
-        else:
-            cuts = np.arange(first + piece, last + 1, piece, dtype=np.int64) * bs
-            starts = np.concatenate(([hpa], cuts))
-            lens = np.diff(np.concatenate((starts, [hpa + n])))
-            addrs = user_addr + (starts - hpa)
+        # the passes' starts: the read's, then every piece-th block boundary (Python ints:
+        # a few passes, where numpy's small-array calls cost more than the arithmetic)
+        cuts = [hpa, *range((hpa // bs + piece) * bs, hpa + n, piece * bs)]
+        ends = cuts[1:] + [hpa + n]
+        starts = np.array(cuts, np.int64)
+        lens = np.array([end - start for start, end in zip(cuts, ends)], np.int64)
+        addrs = starts + (user_addr - hpa)
         ran = self.read_stream(starts, lens, addrs, 2 * STREAM_PASSES, owner=owner)
         extra = ran.count - (ran.count == starts.shape[0])  # the pieces' host reads beyond this one
         if extra:
@@ -127,7 +126,8 @@ class StreamReads:
         state = self._stream_state(min(depth, self.ssd.queue_depth), max_blocks, complete)
         st = state.st
         state.reset()
-        st[rs.BYPASS_CACHES] = copyengine.bypasses_caches(int(ext_len[kinds == 0].sum()))
+        reads_total = int(ext_len.sum()) if writes is None else int(ext_len[kinds == 0].sum())
+        st[rs.BYPASS_CACHES] = copyengine.bypasses_caches(reads_total)
         failed = np.zeros(n, np.int64)
         job = _StreamJob(run, complete, state, ext_hpa, ext_len, addrs, kinds, slat, clat, failed,
                          *self.ssd.stream_ring(), owner)
