@@ -2,13 +2,18 @@
 block -> checksum map that numba-compiled loops read (the streamed reads verify each
 fill as it lands, without a round trip to Python).
 
-The hash is the xxhash wheel's own C function (`XXH3_64bits`, which its extension
-module exports), so it is the very function Python's `xxhash.xxh3_64_intdigest` runs.
-Compiled code calls it by a symbol name that is bound to its address at import (an
-external function, not a ctypes pointer baked into the code), so these functions go to
-numba's on-disk cache like the firmware's and a later process loads them instead of
-compiling. `COMPILED_HASH` is False if this build of the wheel does not export it or it
-disagrees with Python's on a sample: callers then verify in Python (correct, slower).
+The hash is XXH3_64bits in C, the function Python's `xxhash.xxh3_64_intdigest` runs:
+the system's libxxhash where it is there (Debian's libxxhash0, which apt itself depends
+on), whose `XXH3_64bits_dispatch` picks AVX2 or AVX-512 code at run time, else the
+xxhash wheel's own `XXH3_64bits` (its extension module exports it), built for baseline
+x86-64 - 20 GB/s of a cached 64 KiB block on the development VM against the system
+library's 30 (`HASH_SOURCE` says which is used). Either is checked against Python's on
+samples first; the sums are the same bits whichever runs. Compiled code calls it by a
+symbol name that is bound to its address at import (an external function, not a ctypes
+pointer baked into the code), so these functions go to numba's on-disk cache like the
+firmware's and a later process loads them instead of compiling. `COMPILED_HASH` is False
+if neither is there or agrees with Python's: callers then verify in Python (correct,
+slower).
 
 The map is an open-addressing hash table in two numpy arrays (linear probing, deletion
 by backward shift, no tombstones), grown by rehashing into new arrays at half full.
@@ -33,20 +38,33 @@ EMPTY = np.int64(-1)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
-def _load_xxh3():
-    try:
-        fn = ctypes.CDLL(importlib.import_module("xxhash._xxhash").__file__).XXH3_64bits
-    except (OSError, AttributeError, ImportError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    fn.restype = ctypes.c_uint64
-    sample = np.frombuffer(bytes(range(256)) * 300, np.uint8)
-    if fn(sample.ctypes.data, sample.nbytes) != xxhash.xxh3_64_intdigest(sample):
-        return None
-    return fn
+# where XXH3_64bits may be found, fastest first: (a name for it, library, symbol)
+_XXH3_SOURCES = (
+    ("libxxhash (dispatching to the CPU's vector unit)", "libxxhash.so.0", "XXH3_64bits_dispatch"),
+    ("the xxhash wheel", "xxhash._xxhash", "XXH3_64bits"),
+)
 
 
-_xxh3 = _load_xxh3()
+def _load_xxh3(sources=_XXH3_SOURCES):
+    """(the first of `sources` whose XXH3_64bits agrees with Python's xxhash, its name),
+    or (None, None)."""
+    for name, library, symbol in sources:
+        try:
+            path = importlib.import_module(library).__file__ if library.startswith("xxhash.") else library
+            fn = getattr(ctypes.CDLL(path), symbol)
+        except (OSError, AttributeError, ImportError):
+            continue
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        fn.restype = ctypes.c_uint64
+        # every length class of XXH3: short, mid-size, and long inputs of whole and partial stripes
+        sample = np.frombuffer(bytes(range(256)) * 300, np.uint8)
+        if all(fn(sample.ctypes.data, n) == xxhash.xxh3_64_intdigest(sample[:n])
+               for n in (0, 3, 16, 100, 200, 1000, 65536, sample.nbytes)):
+            return fn, name
+    return None, None
+
+
+_xxh3, HASH_SOURCE = _load_xxh3()
 COMPILED_HASH = _xxh3 is not None
 # (address, length) in the C ABI: two integer registers, as (const void *, size_t)
 _SYMBOL = "cxlhm_xxh3_64bits"

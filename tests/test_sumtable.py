@@ -2,6 +2,8 @@
 (hypothesis state machine through growth and backward-shift deletes, Python's calls
 and compiled code's), the compiled xxh3 against Python's, the integrity layer's
 checksums kept in it, and streamed reads verifying in their compiled loop."""
+import ctypes.util
+
 import numpy as np
 import pytest
 import xxhash
@@ -107,6 +109,20 @@ def test_the_compiled_hash_is_pythons_xxh3(size):
     out = np.zeros(1, np.uint64)
     sumtable.hash_blocks(np.array([data.ctypes.data], np.int64), size, out)
     assert int(out[0]) == xxhash.xxh3_64_intdigest(data.tobytes())
+
+
+def test_the_hash_comes_from_the_first_library_that_agrees_with_pythons_xxh3():
+    """libxxhash's run-time dispatching XXH3 goes first; a library that is not there, a
+    symbol it lacks, or a function whose sums differ from Python's is passed over."""
+    wheel = ("the wheel", "xxhash._xxhash", "XXH3_64bits")
+    missing = ("absent", "libcxlhm-no-such-library.so.0", "XXH3_64bits")
+    no_symbol = ("no symbol", "xxhash._xxhash", "XXH3_no_such_function")
+    wrong = ("another hash", "xxhash._xxhash", "XXH64")  # xxh64 (with a seed argument): other sums
+    fn, name = sumtable._load_xxh3((missing, no_symbol, wrong, wheel))
+    assert name == "the wheel" and fn(0, 0) == xxhash.xxh3_64_intdigest(b"")  # (no bytes: the pointer is not read)
+    assert sumtable._load_xxh3((missing, no_symbol, wrong)) == (None, None)
+    if sumtable.COMPILED_HASH and ctypes.util.find_library("xxhash"):
+        assert sumtable.HASH_SOURCE == sumtable._XXH3_SOURCES[0][0]
 
 
 def test_the_checksums_live_in_the_table_and_behave_as_a_dict(tmp_path):

@@ -15,7 +15,6 @@ records the service appended are replayed over the saved state and saved whole.
 from __future__ import annotations
 
 import ctypes
-import importlib
 import os
 
 import numpy as np
@@ -27,12 +26,11 @@ from cxlhm.integrity import BlockChecksums, PoisonTable
 
 
 def _xxh3_address() -> int | None:
-    """The address of the xxhash wheel's XXH3_64bits - the function explicit mode's
-    checksums are made with - or None when this wheel does not export it."""
+    """The address of the XXH3_64bits explicit mode's checksums are made with (the
+    device's: cxlhm/sumtable.py), or None when there is none to call."""
     if not sumtable.COMPILED_HASH:
         return None
-    lib = ctypes.CDLL(importlib.import_module("xxhash._xxhash").__file__)
-    return ctypes.cast(lib.XXH3_64bits, ctypes.c_void_p).value
+    return ctypes.cast(sumtable._xxh3, ctypes.c_void_p).value
 
 
 class WindowPersistence:
