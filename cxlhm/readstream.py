@@ -14,7 +14,9 @@ much as the SSD read itself at QD32. A stream runs the whole loop in one compile
              checksums of one reap run on the copy engine (cxlhm/copyengine.py), whose
              helper thread takes a share of a long run (large blocks: a reap takes all
              completions that are in); a read whose fills are all in releases its slots
-             (BUSY -> idle)
+             (BUSY -> idle). With large blocks the reap's room on the ring goes to the
+             next reads' fills first: they are planned and queued before the reap is
+             copied out, so the SSD's queue stays full through the copy
 
 and returns to the driver (Device.read_stream) for what compiled code cannot do:
 dirty victims' checksums to record once they land (the loop logs them itself before
