@@ -189,13 +189,13 @@ def col(runs: list[dict], key: str) -> list[float]:
 
 def raw_loops(path: str, region: int, bs: int, qd: int, dram: int, seconds: int, write: bool = False) -> dict:
     """The native io_uring closed loop (what cxlhm's raw engine and the device's stream
-    use) at `qd` on random `bs` reads (or writes) of the region, on registered buffers as
-    the device's are: into (from) `qd` reused buffers (fio's layout), and into (from)
-    slots rotating over a device-DRAM-sized arena,
-    in the order an all-miss LRU device reuses them (the device's fills land there, its
-    victims are written back from there). IOPS of each. The two take turns in slices of a
-    quarter second, in reverse order every other slice: the disk's speed drifts within
-    seconds here, and a fixed order credits the drift to whoever runs second."""
+    use) at `qd` on random `bs` reads (or writes) of the region, on registered buffers
+    as the device's are: into (from) `qd` reused buffers (fio's layout), and into (from)
+    slots rotating over a device-DRAM-sized arena, in the order an all-miss LRU device
+    reuses them (the device's fills land there, its victims are written back from
+    there). IOPS of each. The two take turns in slices of a quarter second, in reverse
+    order every other slice: the disk's speed drifts within seconds here, and a fixed
+    order credits the drift to whoever runs second."""
     from cxlhm.media.dram import DeviceDram
     from cxlhm.media.ssd import SsdBackend
 

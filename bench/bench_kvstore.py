@@ -400,11 +400,10 @@ def across_passes_us(raw: SsdBackend, chunk: int, block: int, arena: np.ndarray,
                      puts: int, rounds: int = 5) -> dict:
     """µs per put, in runs of `puts`, of what the device's puts do with no other cost:
     copy the chunk into slots whose blocks are clean, hashing each block after its copy,
-    wait for the previous
-    put's write to land, and hand this one's to the SSD without waiting (write-behind,
-    one write on the SSD at a time, on a ring as deep as the device's). Against runs of
-    as many raw writes from one reused buffer (median of `rounds` run pairs; a run ends
-    when its last write lands)."""
+    wait for the previous put's write to land, and hand this one's to the SSD without
+    waiting (write-behind, one write on the SSD at a time, on a ring as deep as the
+    device's). Against runs of as many raw writes from one reused buffer (median of
+    `rounds` run pairs; a run ends when its last write lands)."""
     n = chunk // block
     offsets = np.arange(n, dtype=np.int64) * block
     ring = raw.shared_ring(max(n, QD))

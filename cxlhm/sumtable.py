@@ -48,6 +48,7 @@ _XXH3_SOURCES = (
 def _load_xxh3(sources=_XXH3_SOURCES):
     """(the first of `sources` whose XXH3_64bits agrees with Python's xxhash, its name),
     or (None, None)."""
+    sample = np.frombuffer(bytes(range(256)) * 300, np.uint8)
     for name, library, symbol in sources:
         try:
             path = importlib.import_module(library).__file__ if library.startswith("xxhash.") else library
@@ -57,7 +58,6 @@ def _load_xxh3(sources=_XXH3_SOURCES):
         fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
         fn.restype = ctypes.c_uint64
         # every length class of XXH3: short, mid-size, and long inputs of whole and partial stripes
-        sample = np.frombuffer(bytes(range(256)) * 300, np.uint8)
         if all(fn(sample.ctypes.data, n) == xxhash.xxh3_64_intdigest(sample[:n])
                for n in (0, 3, 16, 100, 200, 1000, 65536, sample.nbytes)):
             return fn, name

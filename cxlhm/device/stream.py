@@ -66,12 +66,13 @@ class StreamReads:
 
     def _read_streamed(self, hpa: int, n: int, user_addr: int, owner: int) -> float:
         """One multi-block read through read_stream, counted as one host read. Up to
-        1/STREAM_PASSES of the SSD queue's depth in blocks it is one stream read: planned as one firmware
-        pass, like access(), its blocks copied out as they land. A wider read is cut in
-        such passes (like _access_split), STREAM_PASSES on the SSD at once: a pass's
-        blocks tend to land together (the block layer merges adjacent reads into one
-        request), and the stream holds twice as many tags, so the next pass goes out as
-        soon as a reap frees its room on the ring, while the landed one is copied out."""
+        1/STREAM_PASSES of the SSD queue's depth in blocks it is one stream read:
+        planned as one firmware pass, like access(), its blocks copied out as they
+        land. A wider read is cut in such passes (like _access_split), STREAM_PASSES
+        on the SSD at once: a pass's blocks tend to land together (the block layer
+        merges adjacent reads into one request), and the stream holds twice as many
+        tags, so the next pass goes out as soon as a reap frees its room on the
+        ring, while the landed one is copied out."""
         started = time.perf_counter_ns()
         bs = self.block_size
         with self._lock:
