@@ -659,3 +659,99 @@ def test_a_prefetch_never_waited_for_stays_within_the_pin_budget_and_is_released
     assert s.wait(t2) == 1 and t2.done and t.stats()["protected_bytes"] == 0
     s.check()
     s.close()
+
+
+# ---------------------------------------------------------------- pin leases
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def leased_store(dev_factory, chunks, **tenant_limits):
+    s = small_store(dev_factory, chunks)
+    s._leases.clock = clock = FakeClock()
+    t = s.tenant("t", **tenant_limits)
+    return s, t, clock
+
+
+def test_a_lease_keeps_chunks_until_its_deadline_then_a_put_releases_it(dev_factory):
+    s, t, clock = leased_store(dev_factory, 2)
+    t.put_from(b"a", chunk(1)), t.put_from(b"b", chunk(2))
+    lease = t.lease_pins([b"a", b"b", b"missing"], 30.0, lease_id="lookup-1")
+    assert lease.pinned == 2 and t.stats()["pinned_bytes"] == 2 * CHUNK
+    assert t.put_from(b"c", chunk(3)) is PutStatus.NO_SPACE  # both pinned, nothing to evict
+    clock.now += 29.9
+    assert t.put_from(b"c", chunk(3)) is PutStatus.NO_SPACE
+    clock.now += 0.2  # past the deadline: the put itself releases the lease, then evicts
+    assert t.put_from(b"c", chunk(3)) is PutStatus.STORED
+    assert t.stats()["pinned_bytes"] == 0 and t.counters["leases_expired"] == 1
+    assert lease.released and lease.release() == 0 and t.release_pins("lookup-1") == 0
+    calls = [c[0] for c in s.hints.calls if c[0] in ("pin", "unpin")]
+    assert calls == ["pin", "unpin"]
+    s.check()
+    s.close()
+
+
+def test_a_lease_released_by_id_or_replaced_by_the_same_lookup(dev_factory):
+    s, t, clock = leased_store(dev_factory, 4)
+    for i in range(4):
+        t.put_from(bytes([i]), chunk(i))
+    t.lease_pins([b"\0", b"\1"], 10, lease_id="L")
+    again = t.lease_pins([b"\2"], 10, lease_id="L")  # the lookup again: the old pins go
+    assert again.pinned == 1 and t.stats()["pinned_bytes"] == CHUNK
+    other = t.lease_pins([b"\2", b"\3"], 10, lease_id="M")  # nests on \2
+    assert t.release_pins("L") == 1 and t.stats()["pinned_bytes"] == 2 * CHUNK  # \2 still held by M
+    assert other.release() == 2 and t.stats()["pinned_bytes"] == 0
+    assert t.release_pins("nobody") == 0
+    s.close()
+
+
+def test_leases_and_plain_pins_share_the_pin_budget_and_nest(dev_factory):
+    s, t, clock = leased_store(dev_factory, 4, max_pinned_bytes=2 * CHUNK)
+    for i in range(4):
+        t.put_from(bytes([i]), chunk(i))
+    assert t.pin([b"\0"]) == 1
+    lease = t.lease_pins([b"\0", b"\1", b"\2"], 5, lease_id="L")
+    assert lease.pinned == 2  # \0 nests (no budget), \1 fits, \2 is over the budget
+    clock.now += 6
+    t.put_from(b"x", chunk(9))  # any put releases expired leases
+    assert lease.released and t.stats()["pinned_bytes"] == CHUNK  # the plain pin on \0 stays
+    assert t.lease_pins([b"\1", b"\2"], 5).pinned == 1  # the budget is back: \1 fits, \2 does not
+    s.close()
+
+
+def test_a_lease_on_a_chunk_removed_and_stored_again_never_unpins_the_new_one(dev_factory):
+    s, t, clock = leased_store(dev_factory, 4)
+    t.put_from(b"k", chunk(1))
+    lease = t.lease_pins([b"k"], 5)
+    t.remove(b"k")
+    assert t.stats()["pinned_bytes"] == 0
+    t.put_from(b"k", chunk(2))
+    t.pin([b"k"])
+    assert lease.release() == 0 and t.stats()["pinned_bytes"] == CHUNK
+    s.check()
+    s.close()
+
+
+def test_an_idle_store_releases_expired_leases_by_itself(dev_factory):
+    import time
+    s = small_store(dev_factory, 4)
+    t = s.tenant("t")
+    t.put_from(b"k", chunk(1))
+    lease = t.lease_pins([b"k"], 0.05)
+    deadline = time.monotonic() + 30  # generous: the timer thread may be slow to run under load
+    while not lease.released and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert lease.released and t.stats()["pinned_bytes"] == 0 and t.counters["leases_expired"] == 1
+    s.close()
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), 1e9, "5", True])
+def test_a_lease_duration_out_of_range_is_a_clear_error(dev_factory, bad):
+    s = small_store(dev_factory, 2)
+    with pytest.raises(ValueError, match="lease"):
+        s.tenant("t").lease_pins([b"k"], bad)
+    s.close()

@@ -33,6 +33,9 @@ What it owns:
   miss, never wrong bytes); `check()` verifies index and allocator agree;
 * tenants: every call goes through a `Tenant`, which only ever sees its own namespace,
   its own sessions and its own pins; keys computed by a tenant carry its salt.
+  Pins are plain (held until unpin) or leased (`lease_pins`: released by their holder
+  or at a deadline, for engines that pin at lookup and never unpin; pinleases.py),
+  both within the tenant's pin budget (`max_pinned_bytes`).
   Capacity pressure evicts by the global policy above, but never below a tenant's
   `reserved_bytes`, and a tenant over its `quota_bytes` evicts only its own chunks.
 
@@ -48,11 +51,12 @@ are advisory).
 from host_runtime.kvstore.entries import ACTIVE, COLD, INDEX_FORMAT, PAUSED, IndexCorrupt, PutStatus, StoreFull
 from host_runtime.kvstore.hints import DeviceHints, HintSink, NullHints, RecordingHints, hints_for
 from host_runtime.kvstore.journal import Journal, chunk_fingerprint
+from host_runtime.kvstore.pinleases import PinLease
 from host_runtime.kvstore.store import KVStore
 from host_runtime.kvstore.tenant import PrefetchTicket, Reservation, Session, Tenant
 
 _Journal = Journal  # the crash test instruments the journal's appends under this name
 
 __all__ = ["ACTIVE", "COLD", "INDEX_FORMAT", "PAUSED", "DeviceHints", "HintSink", "IndexCorrupt", "Journal",
-           "KVStore", "NullHints", "PrefetchTicket", "PutStatus", "RecordingHints", "Reservation", "Session",
+           "KVStore", "NullHints", "PinLease", "PrefetchTicket", "PutStatus", "RecordingHints", "Reservation", "Session",
            "StoreFull", "Tenant", "chunk_fingerprint", "hints_for"]

@@ -166,6 +166,7 @@ class PersistenceMixin:
     def close(self) -> None:
         """Flush and close the index (the device handle stays open: it is the caller's)."""
         with self._lock:
+            self._leases.disarm()
             if self._journal is None:
                 return
             try:

@@ -18,6 +18,7 @@ from host_runtime.kvstore.eviction import EvictionMixin
 from host_runtime.kvstore.hints import HintSink, coalesce, hints_for
 from host_runtime.kvstore.journal import Journal, del_record, put_record, tenant_record
 from host_runtime.kvstore.persistence import PersistenceMixin
+from host_runtime.kvstore.pinleases import LeaseTable, PinLease
 from host_runtime.kvstore.tenant import PrefetchTicket, Reservation, Session, Tenant
 
 log = logging.getLogger("cxlhm.kvstore")
@@ -53,6 +54,7 @@ class KVStore(EvictionMixin, PersistenceMixin):
         self._unflushed: dict[tuple[int, bytes], Entry] = {}
         self._doomed: dict[int, Entry] = {}  # hpa -> entry removed while being read (extent freed at the last lease)
         self._stamp = 0
+        self._leases = LeaseTable()  # pins that end by themselves (pinleases.py)
         self.compact_factor = compact_factor
         self.counters = {"evictions": 0, "hint_errors": 0, "media_errors": 0, "dropped_on_open": 0,
                          "compactions": 0, "failed_verification": 0}
@@ -141,6 +143,7 @@ class KVStore(EvictionMixin, PersistenceMixin):
         need = self.alloc.grains_for(nbytes) * self.grain
         if need > self.capacity:
             raise ValueError(f"a {nbytes}-byte chunk does not fit the {self.capacity}-byte store")
+        self._reap_leases()  # expired pins first, so making room never evicts in their place
         with self._lock:
             if key in t._index:
                 return PutStatus.EXISTS
@@ -184,6 +187,7 @@ class KVStore(EvictionMixin, PersistenceMixin):
     # ------------------------------------------------------------ get path
     def _get_into(self, t: Tenant, key: bytes, views: list[np.ndarray], session: Session | None, exact: bool) -> int | None:
         total = sum(v.shape[0] for v in views)
+        self._reap_leases()
         with self._lock:
             entry = t._index.get(key)
             if entry is None:
@@ -220,6 +224,7 @@ class KVStore(EvictionMixin, PersistenceMixin):
             self._ref(session, entry)
 
     def _get_many(self, t: Tenant, keys: list[bytes], out: np.ndarray, session: Session | None) -> int:
+        self._reap_leases()
         with self._lock:
             entries = []
             for key in keys:
@@ -250,6 +255,7 @@ class KVStore(EvictionMixin, PersistenceMixin):
         return len(entries)
 
     def _read_range(self, t: Tenant, key: bytes, offset: int, view: np.ndarray) -> bool:
+        self._reap_leases()
         with self._lock:
             entry = t._index.get(key)
             if entry is None:
@@ -297,34 +303,110 @@ class KVStore(EvictionMixin, PersistenceMixin):
             return True
 
     def _pin(self, t: Tenant, keys: list[bytes], pin: bool) -> int:
+        self._reap_leases()
         ranges = []  # extents whose device pin state changes (first pin / last unpin)
         done = 0
         with self._lock:
             for key in keys:
                 entry = t._index.get(key)
-                if entry is None:
-                    continue
-                if pin:
-                    size = self._extent_bytes(entry)
-                    if entry.pins == 0:
-                        if t.pinned_bytes + size > t.max_pinned_bytes:
-                            continue  # over this tenant's pin budget
-                        self._unplace(entry)
-                        t.pinned_bytes += size
-                        ranges.append((entry.hpa, entry.nbytes))
-                    entry.pins += 1
-                elif entry.pins:
-                    entry.pins -= 1
-                    if entry.pins == 0:
-                        t.pinned_bytes -= self._extent_bytes(entry)
-                        self._place(entry)
-                        ranges.append((entry.hpa, entry.nbytes))
-                else:
-                    continue
-                done += 1
+                if entry is not None and (self._pin_entry(entry, ranges) if pin else self._unpin_entry(entry, ranges)):
+                    done += 1
         if ranges:
             self._hint("pin" if pin else "unpin", coalesce(ranges))
         return done
+
+    def _pin_entry(self, entry: Entry, ranges: list) -> bool:
+        """Under the lock: one more pin on a stored entry; False if over its tenant's pin budget."""
+        t = entry.tenant
+        if entry.pins == 0:
+            size = self._extent_bytes(entry)
+            if t.pinned_bytes + size > t.max_pinned_bytes:
+                return False
+            self._unplace(entry)
+            t.pinned_bytes += size
+            ranges.append((entry.hpa, entry.nbytes))
+        entry.pins += 1
+        return True
+
+    def _unpin_entry(self, entry: Entry, ranges: list) -> bool:
+        """Under the lock: one pin fewer; False if the entry holds none (or is gone)."""
+        if not entry.pins or entry.tenant._index.get(entry.key) is not entry:
+            return False
+        entry.pins -= 1
+        if entry.pins == 0:
+            entry.tenant.pinned_bytes -= self._extent_bytes(entry)
+            self._place(entry)
+            ranges.append((entry.hpa, entry.nbytes))
+        return True
+
+    # ------------------------------------------------------------ pin leases (pinleases.py)
+    def _lease_pins(self, t: Tenant, keys: list[bytes], lease_s: float, lease_id) -> PinLease:
+        lease_s = self._leases.check_duration(lease_s)
+        self._reap_leases()
+        ranges, released = [], []
+        with self._lock:
+            old = self._leases.get(t, lease_id) if lease_id is not None else None
+            if old is not None:  # the same lookup again: its new pins replace the old ones
+                self._drop_lease(old, released)
+            entries = []
+            for key in keys:
+                entry = t._index.get(key)
+                if entry is not None and self._pin_entry(entry, ranges):
+                    entries.append(entry)
+            lease = PinLease(t, lease_id, entries, self._leases.clock() + lease_s)
+            if entries:
+                self._leases.add(lease)
+                self._leases.arm(self._lease_timer)
+            else:
+                lease.released = True  # nothing to hold
+        if released:
+            self._hint("unpin", coalesce(released))
+        if ranges:
+            self._hint("pin", coalesce(ranges))
+        return lease
+
+    def _release_lease(self, lease: PinLease) -> int:
+        ranges: list = []
+        with self._lock:
+            n = self._drop_lease(lease, ranges)
+        if ranges:
+            self._hint("unpin", coalesce(ranges))
+        return n
+
+    def _release_lease_id(self, t: Tenant, lease_id) -> int:
+        with self._lock:
+            lease = self._leases.get(t, lease_id)
+        return 0 if lease is None else self._release_lease(lease)
+
+    def _drop_lease(self, lease: PinLease, ranges: list) -> int:
+        """Under the lock: release a lease's pins; returns how many it still held."""
+        if lease.released:
+            return 0
+        lease.released = True
+        self._leases.forget(lease)
+        return sum(self._unpin_entry(entry, ranges) for entry in lease.entries)
+
+    def _reap_leases(self) -> None:
+        """Release every lease past its deadline (cheap when none is due)."""
+        if not len(self._leases):
+            return
+        due = self._leases.next_deadline()
+        if due is None or due > self._leases.clock():
+            return
+        ranges: list = []
+        with self._lock:
+            for lease in self._leases.pop_expired():
+                self._drop_lease(lease, ranges)
+                lease.tenant.counters["leases_expired"] += 1
+        if ranges:
+            self._hint("unpin", coalesce(ranges))
+
+    def _lease_timer(self) -> None:
+        with self._lock:
+            self._leases.timer_fired(threading.current_thread())
+        self._reap_leases()
+        with self._lock:
+            self._leases.arm(self._lease_timer)
 
     def _prefetch(self, t: Tenant, keys: list[bytes], session: Session | None, deadline_ns: int) -> PrefetchTicket:
         with self._lock:

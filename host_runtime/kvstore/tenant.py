@@ -15,6 +15,7 @@ from host_runtime.buffers import byte_view, byte_views
 from host_runtime.kvstore.entries import Entry, PutStatus
 
 if TYPE_CHECKING:
+    from host_runtime.kvstore.pinleases import PinLease
     from host_runtime.kvstore.store import KVStore
 
 
@@ -199,7 +200,8 @@ class Tenant:
         self.pinned_bytes = 0
         self.protected_bytes = 0  # extent bytes protected by prefetches not yet waited for
         self.evicted_keys: deque[bytes] = deque(maxlen=1 << 16)  # drained by adapters
-        self.counters = {"puts": 0, "gets": 0, "hits": 0, "misses": 0, "evicted": 0, "removed": 0}
+        self.counters = {"puts": 0, "gets": 0, "hits": 0, "misses": 0, "evicted": 0, "removed": 0,
+                         "leases_expired": 0}
 
     # -------- keys
     def prefix_keys(self, tokens: Any, tokens_per_chunk: int, **kw) -> list[bytes]:
@@ -296,6 +298,17 @@ class Tenant:
 
     def unpin(self, keys: Sequence[Any]) -> int:
         return self.store._pin(self, [kvkeys.normalize_key(k) for k in keys], False)
+
+    def lease_pins(self, keys: Sequence[Any], lease_s: float, *, lease_id: Any = None) -> "PinLease":
+        """Pin these chunks for at most `lease_s` seconds (pinleases.py): for engines that
+        pin at lookup and may never unpin. Released by ``lease.release()``,
+        ``release_pins(lease_id)``, a new lease under the same id, or its deadline;
+        within the tenant's pin budget like any pin (``lease.pinned`` says how many)."""
+        return self.store._lease_pins(self, [kvkeys.normalize_key(k) for k in keys], lease_s, lease_id)
+
+    def release_pins(self, lease_id: Any) -> int:
+        """Release the lease `lease_id`; returns how many chunks it still pinned (0 if none)."""
+        return self.store._release_lease_id(self, lease_id)
 
     def prefetch(self, keys: Sequence[Any], *, session: Session | None = None, deadline_ns: int = 0) -> "PrefetchTicket":
         """Hint (NEXT_PREFIX) that the leading stored keys will be read soon, and protect
