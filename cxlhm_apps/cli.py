@@ -1,7 +1,13 @@
 """The `cxlhm` command line. Subcommands live in cxlhm_apps/commands/, one module each;
 packages add more through the ``cxlhm.commands`` entry-point group (a module with NAME,
 HELP, add_arguments(parser) and run(args)). A command that fails to load is reported on
-stderr by its entry point and the others still work."""
+stderr by its entry point and the others still work.
+
+Exit status: 0 done; 2 bad input, including a firmware policy whose hook numba cannot
+compile (one line: policy, hook, file:line, numba's reason); 70 a cxlhm bug; 130 interrupted;
+141 the reader of the output left. CXLHM_TRACEBACK=1 shows the full traceback instead
+(for a policy that does not compile: numba's whole text).
+"""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +15,7 @@ import os
 import pkgutil
 import sys
 
+from cxlhm import compile_errors
 from cxlhm_apps import commands
 from cxlhm.config import ConfigError
 from cxlhm.registry import Registry
@@ -77,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug: still one line for the user, the traceback on request
         if os.environ.get("CXLHM_TRACEBACK"):
             raise
+        policy_error = compile_errors.explain(exc)
+        if policy_error is not None:  # a policy's hook numba cannot compile: the policy's code, exit 2
+            print(f"{prog}: error: {policy_error} (set CXLHM_TRACEBACK=1 for numba's full text)", file=sys.stderr)
+            return 2
         print(f"{prog}: error: internal error {type(exc).__name__}: {_one_line(exc)} "
               "(set CXLHM_TRACEBACK=1 to see where)", file=sys.stderr)
         return 70
