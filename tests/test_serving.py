@@ -72,7 +72,7 @@ def test_three_turns_recompute_by_hand():
 
 
 def test_three_turns_host_dram_by_hand():
-    res = replay(three_turns(), "lmcache-local", TINY, gpu=LinearGpu())
+    res = replay(three_turns(), "lmcache-local", TINY.replace(load_mode="async", store_mode="async"), gpu=LinearGpu())
     ttft = (res.first_token - res.arrival) / MS
     # turn 2: chunk 0 from host DRAM (512,000 bytes at 1 byte/ns: 0.512 ms), chunk 1
     # still on the GPU, then a prefill of the 512 new tokens: 0.512 + 10 + 51.2 ms.
@@ -84,9 +84,19 @@ def test_three_turns_host_dram_by_hand():
     assert s["hit_gpu"] == pytest.approx(2048 / (1024 + 1536))
 
 
+def test_lmcache_blocks_the_iteration_on_its_loads_and_stores_by_hand():
+    """LMCache's defaults: the iteration that prefills a request first waits for its load,
+    and holds the GPU after the forward until the new KV is copied out (1 byte/ns)."""
+    res = replay(three_turns(), "lmcache-local", TINY, gpu=LinearGpu())
+    ttft = (res.first_token - res.arrival) / MS
+    # turn 1: 112.4 ms + 1024 tokens x 1000 B stored (1.024 ms); session 2: 163.6 + 1.536;
+    # turn 2: load chunk 0 (0.512) + prefill 61.2 + store chunk 2 (0.512); turn 3: 61.2 + 0.512
+    assert ttft == pytest.approx([113.424, 165.136, 62.224, 61.712])
+
+
 def test_loading_slower_than_recomputing_is_not_done():
     # At 1 MB/s chunk 0 takes 0.512 s to load; recomputing chunks 0-1 costs 102.4 ms.
-    res = replay(three_turns(), "lmcache-local", TINY, gpu=LinearGpu(bandwidth=1e6))
+    res = replay(three_turns(), "lmcache-local", TINY.replace(store_mode="async"), gpu=LinearGpu(bandwidth=1e6))
     ttft = (res.first_token - res.arrival) / MS
     assert ttft[2] == pytest.approx(163.6)
     assert res.recompute_choices == 1

@@ -54,9 +54,20 @@ def _pcie(ctx: TierContext):
             gpu_links(ctx.n_gpus, ctx.pcie_bandwidth, ctx.pcie_latency_ns, "pcie-d2h"))
 
 
+# How each system's loads and stores meet the GPU's iterations (params.load_mode /
+# store_mode override them): LMCache's vLLM connector (lmcache 0.5.6,
+# integration/vllm/vllm_v1_adapter.py) retrieves in start_load_kv before the forward and
+# stores in wait_for_save after it, both synchronously, unless enable_async_loading or
+# use_layerwise is set (both default False in lmcache/v1/config.py). Mooncake's store and
+# the CXL-HM device are written and read asynchronously (the request waits, not the GPU).
+ASYNC, BLOCKING, LAYERWISE = "async", "blocking", "layerwise"
+
+
 @dataclasses.dataclass(frozen=True)
 class Recompute:
     paper: str = "vLLM with its GPU prefix cache only"
+    load_mode: str = ASYNC
+    store_mode: str = ASYNC
 
     def make_tier(self, ctx: TierContext) -> Tier:
         return NoTier()
@@ -65,6 +76,8 @@ class Recompute:
 @dataclasses.dataclass(frozen=True)
 class LmcacheLocal:
     paper: str = "LMCache, local CPU-DRAM backend (D of host DRAM, LRU)"
+    load_mode: str = BLOCKING
+    store_mode: str = BLOCKING
 
     def make_tier(self, ctx: TierContext) -> Tier:
         down, up = _pcie(ctx)
@@ -76,6 +89,8 @@ class CxlHm:
     policy: str = "lru"
     hints: bool = False
     paper: str = ""
+    load_mode: str = ASYNC
+    store_mode: str = ASYNC
 
     def make_tier(self, ctx: TierContext) -> Tier:
         p = ctx.params
@@ -91,6 +106,8 @@ class CxlHm:
 @dataclasses.dataclass(frozen=True)
 class MooncakeDram:
     paper: str = "Mooncake Store: distributed DRAM pool (16 x D, the paper's 1 TB) over RDMA"
+    load_mode: str = ASYNC
+    store_mode: str = ASYNC
 
     def make_tier(self, ctx: TierContext) -> Tier:
         p = ctx.params
@@ -101,7 +118,9 @@ class MooncakeDram:
 
 @dataclasses.dataclass(frozen=True)
 class Ideal:
-    paper: str = "upper bound: unbounded host DRAM"
+    paper: str = "upper bound: unbounded host DRAM, asynchronous loads and stores"
+    load_mode: str = ASYNC
+    store_mode: str = ASYNC
 
     def make_tier(self, ctx: TierContext) -> Tier:
         down, up = _pcie(ctx)
@@ -127,6 +146,13 @@ def device_system(name: str) -> CxlHm:
     except firmware_policies.UnknownPolicy as exc:  # unknown, or a broken outside package (named)
         raise UnknownName(f"configuration {name!r}: {exc}") from None
     return CxlHm(policy, hints, f"CXL-HM with the {policy} firmware, {'with' if hints else 'no'} lifecycle hints")
+
+
+def modes(system, params: ServingParams) -> tuple[str, str]:
+    """(load mode, store mode) a replay uses for `system`: params' override, else the
+    system's own (an outside system without the fields: asynchronous)."""
+    return (params.load_mode or getattr(system, "load_mode", ASYNC),
+            params.store_mode or getattr(system, "store_mode", ASYNC))
 
 
 SYSTEMS.register("recompute", Recompute)

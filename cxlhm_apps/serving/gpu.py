@@ -275,13 +275,29 @@ class GpuModel:
         t = a + lin * total_new + p * pairs
         small = total_new < PREFILL_FIT_MIN_TOKENS
         if np.any(small):
-            n = np.clip(total_new[small], b.small_n[0], b.small_n[-1])
+            raw = total_new[small]
+            n = np.clip(raw, b.small_n[0], b.small_n[-1])
             c = mean_cached[small]
             cc = np.clip(c, b.small_c[0], b.small_c[-1])
             cols = np.array([np.interp(n, b.small_n, b.small_t[:, j]) for j in range(b.small_c.size)])
             floor = np.array([np.interp(cc[i], b.small_c, cols[:, i]) for i in range(n.size)])
             floor += p * n * np.maximum(0.0, c - b.small_c[-1])  # longer prefixes than measured: the pair cost
-            t[small] = np.maximum(t[small], floor)
+            # Below the smallest measured prefill (128 new tokens) the cost comes from the
+            # model, not the floor: one new token on a cached prefix is one decode step of a
+            # batch of one over that context (measured CUDA-graph steps), and between 1 and
+            # 128 tokens it grows linearly to the measured 128-token time.
+            below = raw < b.small_n[0]
+            if np.any(below):
+                c0, c1, c2, c3 = b.decode
+                ctx = c[below] + 1.0
+                one = np.minimum(c0 + c1 + (c2 + c3) * ctx, floor[below])
+                share = (np.maximum(raw[below], 1.0) - 1.0) / (b.small_n[0] - 1.0)
+                floor[below] = one + share * (floor[below] - one)
+                t_small = t[small]
+                t_small[below] = floor[below]
+                t[small] = np.maximum(t_small, floor)
+            else:
+                t[small] = np.maximum(t[small], floor)
         return t
 
     def _prefill_many(self, total_new, pairs, mean_cached, requests):
@@ -314,6 +330,22 @@ class GpuModel:
         cacheds = np.asarray(cacheds, np.float64)
         out = self._prefill_many(news, news * news / 2 + news * cacheds, cacheds, np.ones_like(news))
         return np.where(news > 0, out, 0.0)
+
+    def iteration_s(self, news, cacheds, batch: int, context_tokens: float) -> float:
+        """One mixed iteration (vLLM V1): prefill chunks `news` on `cacheds` plus one decode
+        token for each of `batch` requests holding `context_tokens` of KV. The step's
+        weight read and launch cost (a decode step of one request on no context) is paid
+        once; the decodes add their per-sequence and KV-reading cost on top (assumed
+        additive: the chunk's matmuls are compute-bound, the decodes' attention reads
+        memory)."""
+        t = self.prefill_s(news, cacheds)
+        if batch > 0:
+            t += max(0.0, self.decode_s(batch, context_tokens) - self.decode_s(1, 0.0))
+        return t
+
+    @property
+    def layers(self) -> int:
+        return self.shape.layers
 
     # ------------------------------------------------------------ decode
     def decode_steps_s(self, batch: int, context_tokens: float, steps: int) -> np.ndarray:

@@ -25,8 +25,27 @@ class ServingParams:
     # Running requests pin their KV in it; the rest is the GPU prefix cache (present in
     # every configuration).
     gpu_kv_bytes: int = 0
-    max_batched_tokens: int = 16384   # new tokens per prefill iteration (assumed, vLLM-like)
-    max_running: int = 256            # vLLM's max_num_seqs default
+    # How an iteration is formed (batching.PRESETS: vllm-v1 | sglang | whole-prompt), with
+    # that engine's defaults for the GPU: token budget per iteration (vLLM's
+    # max_num_batched_tokens, SGLang's chunked_prefill_size) and running sequences.
+    batching: str = "vllm-v1"
+    max_batched_tokens: int = 0       # 0: the preset's default for the GPU (vLLM 8192 on H100/H200)
+    max_running: int = 0              # 0: the preset's default (vLLM max_num_seqs 1024 on H100/H200)
+    # How a tier's loads and stores meet the GPU's iterations; "" = each system's own
+    # (configs.py: LMCache's local backend blocks the iteration on both, as its vLLM
+    # connector does by default; the DRAM pool and the device run asynchronously).
+    # load_mode: async (the request waits, the GPU works on others) | blocking (the
+    # iteration that schedules the request waits for the load) | layerwise (the
+    # iteration waits per layer: load and prefill pipelined over the model's layers).
+    load_mode: str = ""
+    # store_mode: async | blocking (the iteration that finishes a prefill waits for the
+    # copy of its new KV out of HBM). Applies to host-DRAM stores.
+    store_mode: str = ""
+    # Disaggregated hand-over: "gpu" (prefill GPU -> decode GPU directly, NIXL / Mooncake
+    # transfer engine over RDMA; the tier only serves reuse) | "tier" (through the store).
+    handover: str = "gpu"
+    handover_bandwidth: float = 400e9 / 8 * 0.85   # one 400 Gb/s NIC per GPU at 85%, as rdma_bandwidth
+    handover_latency_ns: float = 5_000.0
     # SLO for "max QPS": p90 TTFT <= 2 s (assumed: interactive chat; a parameter).
     slo_ttft_s: float = 2.0
     # ... and p90 TBT <= 100 ms (assumed: ~10 tokens/s, faster than reading). Without it a
@@ -75,6 +94,25 @@ class ServingParams:
         from cxlhm_apps.serving.gpu import kv_pool_bytes, shape_named, spec_named
         return kv_pool_bytes(shape_named(self.model), spec_named(self.gpu))
 
+    def batching_preset(self):
+        from cxlhm_apps.serving.batching import preset
+        return preset(self.batching)
+
+    @property
+    def token_budget(self) -> int:
+        """Tokens per iteration in effect (max_batched_tokens or the preset's default)."""
+        if self.max_batched_tokens:
+            return self.max_batched_tokens
+        from cxlhm_apps.serving.gpu import spec_named
+        return self.batching_preset().budget(spec_named(self.gpu).hbm_bytes)
+
+    @property
+    def running_limit(self) -> int:
+        if self.max_running:
+            return self.max_running
+        from cxlhm_apps.serving.gpu import spec_named
+        return self.batching_preset().max_running(spec_named(self.gpu).hbm_bytes)
+
     def gpu_cost_model(self):
         from cxlhm_apps.serving.gpu import gpu_model
         return gpu_model(self.model, self.gpu, prefill=self.prefill_model, decode=self.decode_model)
@@ -95,6 +133,8 @@ def device_timing(params: ServingParams) -> dict:
 
 SIZE_KEYS = ("dram_bytes", "gpu_kv_bytes")
 WRITE_MODES = ("", "write-back", "write-through", "write-buffer")
+CHOICES = {"load_mode": ("", "async", "blocking", "layerwise"), "store_mode": ("", "async", "blocking"),
+           "handover": ("gpu", "tier")}
 
 
 def params_from(spec_items: tuple, base: ServingParams | None = None, spec: Spec | None = None) -> ServingParams:
@@ -128,6 +168,11 @@ def params_from(spec_items: tuple, base: ServingParams | None = None, spec: Spec
             if key == "gpu":
                 from cxlhm_apps.serving.gpu import spec_named
                 spec_named(value)
+            if key in CHOICES and value not in CHOICES[key]:
+                raise ValueError(f"must be one of {', '.join(repr(m) for m in CHOICES[key])}, got {value!r}")
+            if key == "batching":
+                from cxlhm_apps.serving.batching import preset
+                preset(value)
             if key == "device_write_mode" and value not in WRITE_MODES:
                 raise ValueError(f"must be one of {', '.join(repr(m) for m in WRITE_MODES)}, got {value!r}")
         except (ValueError, TypeError) as exc:

@@ -17,12 +17,15 @@ A request's life:
               load that would be slower than recomputing (a slow or backlogged tier, a
               short chunk) is not done. The load starts now (asynchronously: the GPU keeps
               working on other requests).
-  prefill     when loaded, FIFO; a prefill iteration takes ready requests up to
-              max_batched_tokens new tokens; prefills run before decode steps (vLLM's
-              default without chunked prefill). The first token comes out here: TTFT.
-              The request's new chunks are then stored to the tier (APPEND hints).
+  prefill     when loaded (or, for a blocking / layer-wise tier, when scheduled: the
+              iteration then waits for the load), FIFO, in iterations formed by the
+              engine's batching preset (batching.py: vLLM V1's token budget shared by
+              prefill chunks and decodes, SGLang's prefill-first chunks, or whole
+              prompts). The first token comes out of the iteration that computes the
+              last chunk: TTFT. The request's new chunks are then stored to the tier
+              (APPEND hints); a blocking store holds that iteration for the copy.
   decode      continuous batching: one step emits a token for every running request;
-              consecutive steps are charged in blocks up to the next event.
+              steps with no prefill waiting are charged in blocks up to the next event.
   finish      the KV stays on the GPU as prefix cache; the store emits SESSION_PAUSE
               (with the expected pause when known), SESSION_END when the session is
               over (or, for chats, after session_timeout_s without a new turn); a
@@ -40,7 +43,10 @@ from collections import deque
 
 import numpy as np
 
-from cxlhm_apps.serving.configs import TierContext, make_system
+from itertools import islice
+
+from cxlhm_apps.serving.batching import plan_iteration
+from cxlhm_apps.serving.configs import BLOCKING, LAYERWISE, TierContext, make_system, modes
 from cxlhm_apps.serving.gpu import GpuModel
 from cxlhm_apps.serving.params import ServingParams
 from cxlhm_apps.serving.tiers import GpuKvPool, Tier
@@ -113,6 +119,11 @@ class Engine:
                           self.gpu.h2d_bandwidth, self.gpu.h2d_latency_s * 1e9)
         self.system = make_system(config)
         self.tier: Tier = self.system.make_tier(ctx)
+        self.batching = params.batching_preset()
+        self.budget = params.token_budget
+        self.max_running = params.running_limit
+        self.load_mode, self.store_mode = modes(self.system, params)
+        self.layers = int(getattr(self.gpu, "layers", 32))
         self.gpus = [GpuInstance(i, params.kv_pool_bytes) for i in range(self.n_gpus)]
         n = len(self.reqs)
         self.arrival = np.full(n, np.nan)
@@ -120,6 +131,11 @@ class Engine:
         self.done = np.full(n, np.nan)
         self.load_ns = np.zeros(n)
         self.tokens = {k: np.zeros(n) for k in ("gpu", "dram", "ssd", "recomputed", "new")}
+        self.left = np.zeros(n)       # new tokens still to prefill
+        self.done_new = np.zeros(n)   # new tokens prefilled by earlier chunks
+        self.pending: dict[int, tuple] = {}  # blocking / layer-wise loads, issued when first scheduled
+        self.store_ns = 0.0           # GPU time held by blocking stores
+        self.stall_ns = 0.0           # GPU time held waiting for blocking / layer-wise loads
         self.computed = np.zeros(n_chunks, bool)   # chunks some earlier request computed
         self.plan: dict[int, tuple] = {}  # request -> (ids, bytes, private, new, cached, loaded ids)
         self.children: dict[int, list[int]] = {}
@@ -212,7 +228,7 @@ class Engine:
         """The FIFO admission loop, with `admit(inst, i, now) -> bool` deciding each head."""
         if inst.blocked_at == inst.pool.releases:
             return  # the head did not fit, and nothing was freed since
-        while inst.waiting and inst.running < self.params.max_running:
+        while inst.waiting and inst.running < self.max_running:
             if not admit(inst, inst.waiting[0], now):
                 inst.blocked_at = inst.pool.releases
                 break
@@ -236,16 +252,25 @@ class Engine:
         self.tokens["gpu"][i] = gpu_tok
         self.tokens["recomputed"][i] = float(toks[k:][seen[k:]].sum())
         self.tokens["new"][i] = float(toks[k:][~seen[k:]].sum())
-        if load.size:
-            res = self.tier.load(now, r.session, ids[load], nbytes[load], inst.index)
-            share = res.dram_chunks / max(1e-12, res.dram_chunks + res.ssd_chunks)
-            self.tokens["dram"][i] = load_tok * share
-            self.tokens["ssd"][i] = load_tok * (1 - share)
-            self.load_ns[i] = res.done_ns - now
-            self.push(res.done_ns, LOAD_DONE, i)
+        self.left[i] = new
+        self.done_new[i] = 0.0
+        if load.size and self.load_mode in (BLOCKING, LAYERWISE):
+            self.pending[i] = (ids[load], nbytes[load], load_tok)
+            inst.ready.append(i)
+        elif load.size:
+            done = self.issue_load(inst, i, now, ids[load], nbytes[load], load_tok)
+            self.push(done, LOAD_DONE, i)
         else:
             inst.ready.append(i)
         return True
+
+    def issue_load(self, inst: GpuInstance, i: int, now: float, ids, nbytes, load_tok: float) -> float:
+        res = self.tier.load(now, self.reqs[i].session, ids, nbytes, inst.index)
+        share = res.dram_chunks / max(1e-12, res.dram_chunks + res.ssd_chunks)
+        self.tokens["dram"][i] = load_tok * share
+        self.tokens["ssd"][i] = load_tok * (1 - share)
+        self.load_ns[i] = res.done_ns - now
+        return res.done_ns
 
     def private_bytes(self, r) -> float:
         """KV the request adds while decoding (not part of any stored chunk)."""
@@ -264,7 +289,11 @@ class Engine:
             positive = cum_load > 0
             est[positive] = self.tier.estimate_load_ns(now, cum_load[positive], 0)
         new = np.maximum(1.0, total - cum_tok)  # at least the last token is computed
-        cost = est + self.gpu.prefill_alone_s(new, total - new) * 1e9
+        compute = self.gpu.prefill_alone_s(new, total - new) * 1e9
+        if self.load_mode == LAYERWISE:
+            cost = np.maximum(est, compute) + np.minimum(est, compute) / self.layers
+        else:
+            cost = est + compute
         k = int(np.argmin(cost))
         if count and k < on_gpu.size and needs_load.any() and cum_load[-1] > cum_load[k]:
             self.recompute_choices += 1
@@ -278,22 +307,23 @@ class Engine:
 
     # ------------------------------------------------------------ the GPU
     def kick(self, inst: GpuInstance, now: float) -> None:
-        """Give an idle GPU its next iteration: prefills first, else decode steps."""
+        """Give an idle GPU its next iteration: what the batching preset schedules from
+        the ready prefills (with the decodes, where it mixes them), else decode steps."""
         if inst.busy:
             return
         if inst.ready:
-            batch, tokens = [], 0.0
-            while inst.ready:
-                new = self.plan[inst.ready[0]][3]
-                if batch and tokens + new > self.params.max_batched_tokens:
+            waiting, total = [], 0.0
+            for i in inst.ready:  # enough of the queue to fill the budget
+                waiting.append(float(self.left[i]))
+                total += waiting[-1]
+                if total >= self.budget:
                     break
-                batch.append(inst.ready.popleft())
-                tokens += new
-            news = [self.plan[i][3] for i in batch]
-            cacheds = [self.plan[i][4] for i in batch]
-            duration = self.gpu.prefill_s(news, cacheds) * 1e9
-            self._busy(inst, now, duration, ("prefill", batch))
-            return
+            chunks, decodes = plan_iteration(self.batching, self.budget, waiting, inst.batch)
+            if chunks:
+                sched = list(islice(inst.ready, len(chunks)))
+                self._busy(inst, now, self.iteration_ns(inst, now, sched, chunks, decodes),
+                           ("prefill", (sched, chunks, decodes)))
+                return
         if inst.batch:
             finish_step = inst.decoding[0][0]
             steps = min(DECODE_BLOCK, finish_step - inst.step)
@@ -302,7 +332,42 @@ class Engine:
             horizon = self.events[0][0] if self.events else math.inf
             starts = ends - durations
             k = max(1, int(np.searchsorted(starts, horizon, side="left")))
-            self._busy(inst, now, float(ends[k - 1] - now), ("decode", k))
+            self._busy(inst, now, float(ends[k - 1] - now), ("decode", (k, inst.batch)))
+
+    def iteration_ns(self, inst: GpuInstance, now: float, sched: list, chunks: list, decodes: int) -> float:
+        """How long the iteration holds the GPU: its compute, plus the loads it waits for
+        (blocking: before it; layer-wise: pipelined per layer) and the blocking stores of
+        the prefills it completes (the copy of their new KV out of HBM)."""
+        cacheds = [self.plan[i][4] + self.done_new[i] for i in sched]
+        if decodes:
+            iteration = getattr(self.gpu, "iteration_s", None)
+            compute = (iteration(chunks, cacheds, decodes, inst.context) if iteration else
+                       self.gpu.prefill_s(chunks, cacheds) + float(self.gpu.decode_steps_s(decodes, inst.context, 1)[0]))
+        else:
+            compute = self.gpu.prefill_s(chunks, cacheds)
+        duration = compute * 1e9
+        loaded = now
+        for i in sched:
+            if i in self.pending:
+                ids, nbytes, load_tok = self.pending.pop(i)
+                loaded = max(loaded, self.issue_load(inst, i, now, ids, nbytes, load_tok))
+                inst.pool.materialize(ids)
+        if loaded > now:
+            wait = loaded - now
+            if self.load_mode == LAYERWISE:
+                stalled = max(wait, duration) + min(wait, duration) / self.layers
+            else:
+                stalled = wait + duration
+            self.stall_ns += stalled - duration
+            duration = stalled
+        if self.store_mode == BLOCKING and self.tier.stores and getattr(self.tier, "blocking_stores", True):
+            end = now + duration
+            for i, take in zip(sched, chunks):
+                if take >= self.left[i] - 1e-9:
+                    end = max(end, self.store(inst, i, now + duration))
+            self.store_ns += end - now - duration
+            duration = end - now
+        return duration
 
     def _busy(self, inst, now, duration, work) -> None:
         inst.busy = True
@@ -316,17 +381,27 @@ class Engine:
         inst = self.gpus[index]
         inst.busy = False
         if kind == "prefill":
-            for i in work:
-                self.prefilled(inst, i, now)
+            sched, chunks, decodes = work
+            if decodes:
+                self.advance_decodes(inst, 1, decodes, now)
+            for i, take in zip(sched, chunks):
+                self.left[i] -= take
+                self.done_new[i] += take
+            while inst.ready and self.left[inst.ready[0]] <= 1e-9 and inst.ready[0] in sched:
+                self.prefilled(inst, inst.ready.popleft(), now)
         else:
-            inst.step += work
-            inst.context += inst.batch * work
-            while inst.decoding and inst.decoding[0][0] <= inst.step:
-                _, i = heapq.heappop(inst.decoding)
-                self.leave_decode(inst, i)
-                self.finish(inst, i, now)
+            steps, batch = work
+            self.advance_decodes(inst, steps, batch, now)
         self.try_admit(inst, now)
         self.kick(inst, now)
+
+    def advance_decodes(self, inst: GpuInstance, steps: int, batch: int, now: float) -> None:
+        inst.step += steps
+        inst.context += batch * steps
+        while inst.decoding and inst.decoding[0][0] <= inst.step:
+            _, i = heapq.heappop(inst.decoding)
+            self.leave_decode(inst, i)
+            self.finish(inst, i, now)
 
     def first_token_at(self, i: int, now: float) -> None:
         self.first_token[i] = now

@@ -298,6 +298,9 @@ class CxlHmTier(Tier):
     of device DRAM in front of an SSD large enough for every chunk. Chunk `c` lives at
     HPA c x `stride`; a chunk of b bytes is ceil(b / block) device blocks."""
     dram_label = "device DRAM"
+    # The device's model clock takes accesses in time order, so a store cannot be charged
+    # ahead at the end of an iteration still to run: its stores are always asynchronous.
+    blocking_stores = False
 
     def __init__(self, dram_bytes: int, policy: str, n_chunks: int, stride: int, pcie_down: list[Link],
                  pcie_up: list[Link],
