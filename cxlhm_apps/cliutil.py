@@ -82,3 +82,33 @@ def check_input_file(path: str, what: str, *, limit: int | None = MAX_TEXT_INPUT
         raise CommandError(f"{what} {path}: not a regular file")
     if limit is not None and st.st_size > limit:
         raise CommandError(f"{what} {path}: {st.st_size} bytes; at most {limit} accepted")
+
+
+def hints_ignored(policy_name: str) -> bool:
+    """True when the policy has no on_hint hook: every lifecycle hint but PIN/UNPIN (which
+    the device carries out itself) reaches the firmware only through on_hint, so such a
+    policy runs the same with hints as without."""
+    import firmware_policies
+    from firmware_policies.base import no_hint
+    return firmware_policies.get(policy_name).on_hint is no_hint
+
+
+def hints_ignored_warning(prog: str, policy_name: str) -> str:
+    """The warning for POLICY+hints when the policy takes no hints."""
+    return (f"{prog}: warning: {policy_name}+hints: {policy_name} has no on_hint hook, so it ignores the "
+            f"lifecycle hints and runs as plain {policy_name} (give the policy an on_hint, see docs/policies.md)")
+
+
+def compare_ratio(base: float, value: float, *, tolerance: float = 0.005) -> str:
+    """How `value` stands to `base` for a figure where lower is better, in words that say
+    the direction: "1.52x lower", "1.01x higher", "the same" (within `tolerance`)."""
+    if base <= 0 and value <= 0:
+        return "the same"
+    if value <= 0:
+        return "0 (base > 0)"
+    if base <= 0:
+        return "higher (base 0)"
+    ratio = value / base
+    if abs(ratio - 1) <= tolerance:
+        return "the same"
+    return f"{1 / ratio:.2f}x lower" if ratio < 1 else f"{ratio:.2f}x higher"

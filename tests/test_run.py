@@ -10,7 +10,7 @@ import pytest
 
 from cxlhm_apps.cli import main
 from cxlhm_apps.replay import chunk_pattern, replay_mission
-from cxlhm.traces.mooncake import DEFAULT_TRACE, read_requests
+from cxlhm.traces.mooncake import DEFAULT_TRACE, DEFAULT_TRACE_PATH, read_requests
 from cxlhm.traces.sessions import recover_sessions
 from host_runtime.driver import open_device
 
@@ -32,7 +32,9 @@ def _replay(slice_, policy, hints, **cfg):
 
 
 def test_the_trace_ships_with_the_package():
-    assert DEFAULT_TRACE.is_file() and "shared" not in DEFAULT_TRACE.parts
+    assert isinstance(DEFAULT_TRACE, str) and DEFAULT_TRACE.endswith(".jsonl.xz")  # no Path trap
+    assert DEFAULT_TRACE_PATH.is_file() and str(DEFAULT_TRACE_PATH) == DEFAULT_TRACE
+    assert "shared" not in DEFAULT_TRACE_PATH.parts
     assert len(read_requests(limit=10)) == 10
 
 

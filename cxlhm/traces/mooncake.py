@@ -20,7 +20,9 @@ from cxlhm.traces import TraceError, check_trace_file, text_lines
 
 BLOCK_TOKENS = 512
 # Shipped with the package (Apache-2.0, see data/README.md), so a pip install or a plain clone can run.
-DEFAULT_TRACE = Path(__file__).resolve().parent / "data" / "mooncake_conversation_trace.jsonl.xz"
+# A str, as every other path a user passes around (`.endswith`, f-strings, argv); the Path is beside it.
+DEFAULT_TRACE_PATH = Path(__file__).resolve().parent / "data" / "mooncake_conversation_trace.jsonl.xz"
+DEFAULT_TRACE = str(DEFAULT_TRACE_PATH)
 MAX_HASH_ID = (1 << 63) - 1  # ids are stored as int64
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from cxlhm_apps.cliutil import CommandError, check_output_path, default_output_dir, positive_int, size_arg
+from cxlhm_apps.cliutil import (CommandError, check_output_path, compare_ratio, default_output_dir, hints_ignored,
+                                hints_ignored_warning, positive_int, size_arg)
 from cxlhm_apps.commands._device_args import add_device_arguments, config_overrides, load_device_config
 from cxlhm_apps.replay import MS, MissionResult, replay_mission
 from cxlhm.traces.mooncake import DEFAULT_TRACE, read_requests
@@ -114,6 +115,9 @@ def parse_configs(text: str) -> list[RunConfig]:
 
 def run(args) -> int:
     configs = parse_configs(args.configs)
+    for config in configs:
+        if config.hints and hints_ignored(config.policy):
+            print(hints_ignored_warning("cxlhm run", config.policy), file=sys.stderr)
     if args.policy:
         raise CommandError("--policy: give the configurations with --configs POLICY[+hints],... instead")
     if not 0 <= args.lead <= 3_600_000:
@@ -190,9 +194,11 @@ def print_report(args, cfg, results: list[MissionResult], n_requests: int, turns
     print(f"cxlhm run: {' '.join(sys.argv[1:]) or '(defaults)'}")
     print(f"  trace    {args.trace}: first {n_requests} requests, {s['sessions']} conversations "
           f"({s['multi_turn_sessions']} multi-turn), {s['requests_resuming']} requests resume one; "
-          f"{chunks} distinct chunks of {format_size(chunk_bytes)}")
-    print(f"  device   {cfg.name}: {format_size(cfg.dram_bytes)} DRAM ({cfg.dram_bytes // cfg.block_size} blocks of "
-          f"{format_size(cfg.block_size)}), data {cfg.data}, {clock}")
+          f"{chunks} distinct chunks (one hash id = one chunk)")
+    sizes = (f"block = chunk = {format_size(cfg.block_size)}" if chunk_bytes == cfg.block_size else
+             f"blocks of {format_size(cfg.block_size)}, chunks of {format_size(chunk_bytes)}")
+    print(f"  device   {cfg.name}: {format_size(cfg.dram_bytes)} DRAM = {cfg.dram_bytes // cfg.block_size} blocks "
+          f"({sizes}), data {cfg.data}, {clock}")
     print(f"  hints    SESSION_RESUME/NEXT_PREFIX at arrival, KV load {args.lead:g} ms later; APPEND, "
           f"SESSION_PAUSE, SESSION_END through the mailbox (configs with +hints only)")
     rows = [("config", lambda r, m: r.label)]
@@ -226,9 +232,9 @@ def print_report(args, cfg, results: list[MissionResult], n_requests: int, turns
     if len(results) > 1 and results[0].load_latency_ns.size:
         base = metrics[0]
         for r, m in zip(results[1:], metrics[1:]):
-            if m["kv_load_p99_us"] > 0:
-                print(f"  {r.label} vs {results[0].label}: KV-load p99 {base['kv_load_p99_us'] / m['kv_load_p99_us']:.2f}x "
-                      f"lower, p50 {base['kv_load_p50_us'] / max(m['kv_load_p50_us'], 1e-9):.2f}x lower")
+            print(f"  {r.label} vs {results[0].label}: KV-load p99 "
+                  f"{compare_ratio(base['kv_load_p99_us'], m['kv_load_p99_us'])}, "
+                  f"p50 {compare_ratio(base['kv_load_p50_us'], m['kv_load_p50_us'])}")
     print("  (write absorption: share of written bytes no host access waited to write back; prefetch late: "
           "useful prefetches still in flight when read)")
     if plot is not None:
