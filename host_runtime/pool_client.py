@@ -1,12 +1,17 @@
 """A host process's attachment to a pooled CXL-HM device (cxlhm.pool.PoolService).
 
+    key = open("/var/lib/cxlhm-pool/hosts/host-a.key", "rb").read()   # this host's own key
     with PoolHost.attach("/run/cxlhm/pool.sock", "host-a", ["tenant-1"], authkey=key) as host:
         t = host.tenant("tenant-1")
         t.store(0, b"hello")               # through the service
         t.load(0, 5)                       # from the tenant's mirror when the block is there
         host.hints.session_resume(7, [(t.window_base, 1 << 20)])   # this host's own mailbox
 
-Offsets are bytes of the tenant's partition. In hints (this host's mailbox), the host's
+The host proves its name with its key (a challenge answered with HMAC-SHA256, see
+cxlhm/pool/identity.py); the key never crosses the socket. Offsets are bytes of the
+tenant's partition; one outside it is an error before anything is read. Once the service
+this host attached to has closed, died or restarted, mirror reads miss and requests
+fail with SERVICE_GONE: attach again. In hints (this host's mailbox), the host's
 window is its tenants' partitions laid end to end in the order it asked for them:
 `tenant.window_base + offset`.
 """
@@ -15,14 +20,16 @@ from __future__ import annotations
 import functools
 import json
 import os
+import socket
 import threading
-from multiprocessing import connection, reduction
 from typing import Any
 
 import numpy as np
 
 from cxlhm.pool import protocol as P
-from cxlhm.pool.mirror import MirrorReader
+from cxlhm.pool import wire
+from cxlhm.pool.identity import proof
+from cxlhm.pool.mirror import LifeReader, MirrorReader
 from host_runtime.buffers import byte_view
 from host_runtime.mailbox import HintClient, MailboxClient
 
@@ -44,8 +51,15 @@ class PooledTenant:
         self.direct_hits = 0       # reads served from the mirror, no round trip
         self.service_reads = 0
 
+    def _bounds(self, offset: int, n: int) -> None:
+        if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0 \
+                or offset + n > self.size:
+            raise PoolError(P.Status.OUT_OF_RANGE, f"[{offset}, +{n}) is outside tenant {self.name!r}'s "
+                                                   f"{self.size}-byte partition (offsets 0..{self.size - n} accepted)")
+
     def read_into(self, offset: int, buf: Any) -> int:
         view = byte_view(buf, writable=True)
+        self._bounds(offset, view.shape[0])
         if self.mirror.read(offset, view):
             self.direct_hits += 1
             return view.shape[0]
@@ -66,6 +80,7 @@ class PooledTenant:
 
     def write_from(self, offset: int, buf: Any) -> int:
         view = byte_view(buf, writable=False)
+        self._bounds(offset, view.shape[0])
         for start in range(0, max(1, view.shape[0]), P.MAX_MESSAGE):
             part = view[start:start + P.MAX_MESSAGE]
             self.host._call(P.Op.WRITE, self.id, offset + start, 0, part.data)
@@ -80,9 +95,47 @@ class PooledTenant:
         return offset, generation
 
 
+def handshake(address: str | os.PathLike, name: str, tenants: list[str], authkey: bytes,
+              timeout: float = 30.0) -> tuple[socket.socket, dict, list[int]]:
+    """Connect and attach: (the socket, the service's reply, the descriptors it sent:
+    the life counter's, then one mirror's per tenant). AttachRefused says why not."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    fds: list[int] = []
+    try:
+        sock.settimeout(timeout)
+        sock.connect(str(address))
+        hello = json.loads(wire.recv(sock, 1 << 16))
+        if "error" in hello:
+            raise AttachRefused(P.Status.NOT_GRANTED, hello["error"])
+        answer = proof(authkey, bytes.fromhex(hello["challenge"]), name)
+        wire.send(sock, json.dumps({"host": name, "tenants": list(tenants), "proof": answer.hex()}).encode())
+        raw, fds = wire.recv_with_fds(sock, 1 << 16, 1 + len(tenants))
+        reply = json.loads(raw)
+        if "error" in reply:
+            raise AttachRefused(P.Status.NOT_GRANTED, reply["error"])
+        if len(fds) != 1 + len(reply["tenants"]):
+            raise AttachRefused(P.Status.BAD_REQUEST, f"the service sent {len(fds)} descriptors, "
+                                                      f"{1 + len(reply['tenants'])} expected")
+        sock.settimeout(None)
+        return sock, reply, fds
+    except wire.WireError as exc:
+        for fd in fds:
+            os.close(fd)
+        sock.close()
+        raise AttachRefused(P.Status.SERVICE_GONE, f"the pool service at {address} ended the attach ({exc}); "
+                                                   "its log says why") from None
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        sock.close()
+        raise
+
+
 class PoolHost:
-    def __init__(self, conn, name: str, reply: dict, mirrors: list[MirrorReader], mailbox_timeout: float = 10.0):
+    def __init__(self, conn, name: str, reply: dict, mirrors: list[MirrorReader], mailbox_timeout: float = 10.0,
+                 life: LifeReader | None = None):
         self._conn, self.name = conn, name
+        self.life = life
         self.mailbox_timeout = mailbox_timeout
         self.host_id = reply["host_id"]
         self.block_size = reply["block_size"]
@@ -98,18 +151,20 @@ class PoolHost:
                mailbox_timeout: float = 10.0) -> "PoolHost":
         """`mailbox_timeout`: seconds a mailbox command may take (every host's commands
         share one firmware, so more than a single host's default)."""
-        conn = connection.Client(str(address), family="AF_UNIX", authkey=authkey)
+        sock, reply, fds = handshake(address, name, tenants, authkey)
+        mirrors: list[MirrorReader] = []
         try:
-            conn.send_bytes(json.dumps({"host": name, "tenants": list(tenants), "pid": os.getpid()}).encode())
-            reply = json.loads(conn.recv_bytes())
-            if "error" in reply:
-                raise AttachRefused(P.Status.NOT_GRANTED, reply["error"])
-            mirrors = [MirrorReader(reduction.recv_handle(conn), reply["mirror_entries"], reply["block_size"])
-                       for _ in reply["tenants"]]
+            life = LifeReader(fds.pop(0), reply["life"])
+            while fds:
+                mirrors.append(MirrorReader(fds.pop(0), reply["mirror_entries"], reply["block_size"], life))
         except BaseException:
-            conn.close()
+            for fd in fds:
+                os.close(fd)
+            for m in mirrors:
+                m.close()
+            sock.close()
             raise
-        return cls(conn, name, reply, mirrors, mailbox_timeout)
+        return cls(sock, name, reply, mirrors, mailbox_timeout, life)
 
     def tenant(self, name: str) -> PooledTenant:
         try:
@@ -121,8 +176,15 @@ class PoolHost:
         with self._lock:
             if self.closed:
                 raise PoolError(P.Status.BAD_REQUEST, f"host {self.name!r} is detached")
-            self._conn.send_bytes(P.request(op, tenant, a, b, payload))
-            raw = self._conn.recv_bytes()
+            if self.life is not None and not self.life.current:
+                raise PoolError(P.Status.SERVICE_GONE, f"host {self.name!r}: the pool service it attached to "
+                                                       "has closed or restarted since; attach again")
+            try:
+                wire.send(self._conn, P.request(op, tenant, a, b, payload))
+                raw = wire.recv(self._conn, P.MAX_MESSAGE + P.REPLY.size + (1 << 16))
+            except (wire.WireError, OSError) as exc:
+                raise PoolError(P.Status.SERVICE_GONE, f"host {self.name!r}: the pool service went away ({exc}); "
+                                                       "attach again") from None
         status, v1, v2 = P.REPLY.unpack_from(raw)
         body = raw[P.REPLY.size:]
         if status != P.Status.OK:
@@ -155,6 +217,8 @@ class PoolHost:
         self._conn.close()
         for t in self.tenants.values():
             t.mirror.close()
+        if self.life is not None:
+            self.life.close()
 
     def __enter__(self) -> "PoolHost":
         return self

@@ -37,12 +37,23 @@ def in_process_service(tmp_path: Path, **kw) -> PoolService:
     handle = open_device({**DEVICE, "backend": {"path": str(tmp_path / "pool.img")}})
     kw.setdefault("partition_bytes", PARTITION)
     kw.setdefault("mirror_bytes", 32 * BLOCK)
-    return PoolService(handle, tmp_path / "pool.sock", state_dir=tmp_path / "state", authkey=b"k" * 32, **kw).start()
+    try:
+        return PoolService(handle, tmp_path / "pool.sock", state_dir=tmp_path / "state", authkey=b"k" * 32,
+                           **kw).start()
+    except BaseException:
+        handle.close()
+        raise
 
 
-def attach(service_or_socket, name: str, tenants: list[str], authkey: bytes = b"k" * 32) -> PoolHost:
-    sock = service_or_socket.socket_path if isinstance(service_or_socket, PoolService) else service_or_socket
-    return PoolHost.attach(sock, name, tenants, authkey=authkey)
+def attach(service_or_socket, name: str, tenants: list[str], authkey: bytes | None = None) -> PoolHost:
+    """`authkey` defaults to the in-process service's key for `name` (or b"k" * 32)."""
+    if isinstance(service_or_socket, PoolService):
+        sock = service_or_socket.socket_path
+        if authkey is None:
+            authkey = service_or_socket.host_key(name)
+    else:
+        sock = service_or_socket
+    return PoolHost.attach(sock, name, tenants, authkey=authkey if authkey is not None else b"k" * 32)
 
 
 def pooled_kv(host: PoolHost, tenant: str, directory: str) -> PooledKV:
@@ -74,6 +85,9 @@ class ServeProcess:
     @property
     def authkey(self) -> bytes:
         return (self.state / "authkey").read_bytes()
+
+    def host_key(self, name: str) -> bytes:
+        return (self.state / "hosts" / f"{name}.key").read_bytes()
 
     def kill(self) -> None:
         self.proc.kill()

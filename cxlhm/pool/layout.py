@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
+
+from cxlhm.pool import statefiles
 
 
 class LayoutError(ValueError):
@@ -58,7 +59,7 @@ class Layout:
 
     def _load(self) -> None:
         try:
-            state = json.loads(self.path.read_text())
+            state = json.loads(statefiles.read_file(self.path))
             if state["partition_bytes"] != self.partition_bytes or state["block_size"] != self.block_size:
                 raise LayoutError(f"{self.path}: saved with partition_bytes={state['partition_bytes']}, "
                                   f"block_size={state['block_size']}; this service has {self.partition_bytes}, "
@@ -75,12 +76,7 @@ class Layout:
             return
         state = {"partition_bytes": self.partition_bytes, "block_size": self.block_size,
                  "tenants": [dataclasses.asdict(t) for t in self.tenants.values()], "hosts": self.hosts}
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            json.dump(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        statefiles.write_atomic(self.path, json.dumps(state).encode())  # never through a planted link
 
     def tenant(self, name: str) -> TenantPartition:
         found = self.tenants.get(name)

@@ -12,17 +12,95 @@ then the block. A host's read (`MirrorReader.read`):
   seq even, tag matches  ->  copy the block  ->  xxh3 of the copy matches the header
   and seq unchanged      ->  a hit; anything else is a miss (ask the service).
 The hash check makes a torn copy (a writer racing the reader) a miss, never wrong bytes.
+
+What a host cannot do to it: the memfd is sealed (no shrinking or growing, no write(2)
+and no writable mapping from anyone after the service's own; F_SEAL_SEAL so the seals
+stay) and the host is sent a read-only descriptor, so it can neither forge an entry
+for other hosts nor truncate the segment under the service (which would SIGBUS it).
+
+Service lives (`ServiceLife`): a counter in <state>/life that every service start and
+every clean close bumps; hosts map it read-only beside the mirrors and a read counts as
+a hit only while the counter still holds the life they attached in. A host left over
+from a service that was killed and restarted (its mirror mapping frozen, never
+invalidated again) therefore misses, and its next request says why.
 """
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
+import stat
+from pathlib import Path
 
 import numpy as np
 import xxhash
 
 HEADER = 64
 SEQ, TAG, SUM = 0, 1, 2
+F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | F_SEAL_FUTURE_WRITE | fcntl.F_SEAL_SEAL
+LIFE_BYTES = 4096
+
+
+def read_only_fd(fd: int) -> int:
+    """A new read-only descriptor of the file open as `fd` (to hand to a host)."""
+    return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+
+
+class ServiceLife:
+    """The service's life counter (see the module docstring)."""
+
+    def __init__(self, state_dir: Path | None):
+        if state_dir is None:
+            self.fd = os.memfd_create("cxlhm-pool-life", os.MFD_CLOEXEC)
+        else:
+            self.fd = os.open(state_dir / "life", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            st = os.fstat(self.fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(f"{state_dir}/life is not a regular file")
+            if st.st_size < LIFE_BYTES:
+                os.ftruncate(self.fd, LIFE_BYTES)
+            self._mm = mmap.mmap(self.fd, LIFE_BYTES, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self._word = np.frombuffer(self._mm, np.uint64, 1)
+        self._word[0] += 1
+        self.value = int(self._word[0])
+
+    def end(self) -> None:
+        """This life is over: hosts attached in it miss from now on."""
+        if self._mm is not None:
+            self._word[0] += 1
+            self._word = None
+            self._mm.flush()
+            self._mm.close()
+            self._mm = None
+            os.close(self.fd)
+
+
+class LifeReader:
+    def __init__(self, fd: int, expected: int):
+        try:
+            self._mm = mmap.mmap(fd, LIFE_BYTES, mmap.MAP_SHARED, mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        self.word = np.frombuffer(self._mm, np.uint64, 1)
+        self.expected = expected
+
+    @property
+    def current(self) -> bool:
+        return self.word is not None and int(self.word[0]) == self.expected
+
+    def close(self) -> None:
+        self.word = None
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:
+                pass
+            self._mm = None
 
 
 def segment_bytes(entries: int, block_size: int) -> int:
@@ -55,9 +133,15 @@ class MirrorWriter(_Segment):
     """The service's side: owns the memfd; hosts get the fd (and map it read-only)."""
 
     def __init__(self, name: str, entries: int, block_size: int):
-        self.fd = os.memfd_create(f"cxlhm-mirror-{name}", os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, segment_bytes(entries, block_size))
-        mm = mmap.mmap(self.fd, segment_bytes(entries, block_size), mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.fd = os.memfd_create(f"cxlhm-mirror-{name}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(self.fd, segment_bytes(entries, block_size))
+            mm = mmap.mmap(self.fd, segment_bytes(entries, block_size), mmap.MAP_SHARED,
+                           mmap.PROT_READ | mmap.PROT_WRITE)
+            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, SEALS)  # the service's own mapping stays writable
+        except BaseException:
+            os.close(self.fd)
+            raise
         super().__init__(mm, entries, block_size)
         self.installs = self.invalidations = 0
 
@@ -103,10 +187,16 @@ class MirrorWriter(_Segment):
 class MirrorReader(_Segment):
     """A host's read-only mapping of a tenant's mirror."""
 
-    def __init__(self, fd: int, entries: int, block_size: int):
-        mm = mmap.mmap(fd, segment_bytes(entries, block_size), mmap.MAP_SHARED, mmap.PROT_READ)
-        os.close(fd)
+    def __init__(self, fd: int, entries: int, block_size: int, life: LifeReader | None = None):
+        try:
+            size = os.fstat(fd).st_size
+            if size != segment_bytes(entries, block_size):
+                raise OSError(f"a mirror of {size} bytes; {entries} entries of {block_size}-byte blocks expected")
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        finally:
+            os.close(fd)
         super().__init__(mm, entries, block_size)
+        self.life = life
 
     def read(self, offset: int, out: np.ndarray) -> bool:
         """Fill `out` with the bytes at partition `offset` if every block is mirrored
@@ -115,6 +205,8 @@ class MirrorReader(_Segment):
         n = out.shape[0]
         if n == 0:
             return True
+        if offset < 0 or self.headers is None:
+            return False
         first, last = offset // bs, (offset + n - 1) // bs
         if last - first + 1 > self.entries:
             return False
@@ -134,4 +226,4 @@ class MirrorReader(_Segment):
                 return False
             if not whole:
                 out[lo - offset:hi - offset] = dst[lo - b * bs:hi - b * bs]
-        return True
+        return self.life is None or self.life.current  # checked last: a life that ended meanwhile is a miss

@@ -11,6 +11,8 @@ session to the firmware. Geometry answers (Identify) describe the host's window.
 """
 from __future__ import annotations
 
+import threading
+
 from cxlhm.mailbox.hints import HintKind, deliver_each
 from cxlhm.mailbox.poison import PoisonList, PoisonRecord, poison_list
 
@@ -22,14 +24,44 @@ def device_session(tenant_id: int, session: int) -> int:
     return (tenant_id + 1) << SESSION_BITS | session
 
 
+class PinBudget:
+    """The device blocks one tenant holds pinned (PIN until UNPIN), shared by every
+    host of the tenant: a PIN that would take the tenant past `limit` blocks is declined
+    (advisory, like any hint), so no tenant can pin the device's DRAM away from the others."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.blocks: set[int] = set()
+        self._lock = threading.Lock()
+
+    @property
+    def pinned(self) -> int:
+        return len(self.blocks)
+
+    def take(self, first_block: int, n_blocks: int) -> list[int] | None:
+        """Reserve the range's blocks not pinned yet (None: over the budget)."""
+        with self._lock:
+            new = [b for b in range(first_block, first_block + n_blocks) if b not in self.blocks] \
+                if n_blocks <= self.limit else None
+            if new is None or len(self.blocks) + len(new) > self.limit:
+                return None
+            self.blocks.update(new)
+            return new
+
+    def give_back(self, blocks) -> None:
+        with self._lock:
+            self.blocks.difference_update(blocks)
+
+
 class HostPort:
-    def __init__(self, device, partitions: list, partition_bytes: int):
+    def __init__(self, device, partitions: list, partition_bytes: int, pins: dict | None = None):
         self._device = device                    # the pooled cxlhm Device
         self.partitions = list(partitions)       # TenantPartition, in grant order
         self.partition_bytes = partition_bytes
         self.block_size = device.block_size
         self.capacity = len(self.partitions) * partition_bytes
         self.cfg = device.cfg
+        self.pins = pins or {}  # tenant id -> PinBudget
         self.hints_delivered = 0
         self.hints_declined = 0
 
@@ -67,11 +99,32 @@ class HostPort:
             take = min(left, per - within)
             part = self.partitions[k]
             dev_block = part.base // self.block_size + within
-            ok &= self._deliver(kind, device_session(part.id, session) if session else 0, dev_block, take, arg,
-                                lock_timeout)
+            ok &= self._deliver_budgeted(kind, part.id, device_session(part.id, session) if session else 0,
+                                         dev_block, take, arg, lock_timeout)
             block += take
             left -= take
         return ok
+
+    def _deliver_budgeted(self, kind, tenant_id, session, first_block, n_blocks, arg, lock_timeout) -> bool:
+        budget = self.pins.get(tenant_id)
+        if budget is None or int(kind) not in (HintKind.PIN, HintKind.UNPIN):
+            return self._deliver(kind, session, first_block, n_blocks, arg, lock_timeout)
+        if int(kind) == HintKind.UNPIN:
+            followed = self._deliver(kind, session, first_block, n_blocks, arg, lock_timeout)
+            budget.give_back(range(first_block, first_block + n_blocks))
+            return followed
+        new = budget.take(first_block, n_blocks)
+        if new is None:
+            self.hints_declined += 1
+            return False  # past the tenant's pin budget: declined
+        try:
+            followed = self._deliver(kind, session, first_block, n_blocks, arg, lock_timeout)
+        except BaseException:
+            budget.give_back(new)
+            raise
+        if not followed:
+            budget.give_back(new)
+        return followed
 
     def _deliver(self, kind, session, first_block, n_blocks, arg, lock_timeout) -> bool:
         followed = self._device.hint(int(kind), session, first_block, n_blocks, arg, lock_timeout=lock_timeout) \

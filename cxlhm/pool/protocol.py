@@ -15,7 +15,7 @@ REQUEST = struct.Struct("<BIQQ")
 REPLY = struct.Struct("<iQQ")
 CHUNK_HEADER = struct.Struct("<8s32sQQQ")  # magic, fingerprint (32 B), length, xxh3-64, reserved
 CHUNK_MAGIC = b"CXLHMCHK"
-MAX_MESSAGE = 64 << 20  # one request or reply: larger accesses are cut by the client
+MAX_MESSAGE = 4 << 20  # one request or reply: larger accesses are cut by the client (bounds a host's bytes in flight)
 
 
 class Op(enum.IntEnum):
@@ -33,6 +33,7 @@ class Status(enum.IntEnum):
     OUT_OF_RANGE = 3    # outside the tenant's partition
     TOO_LARGE = 4       # a chunk larger than the partition
     DEVICE_ERROR = 5    # the device failed the access (media error, poison)
+    SERVICE_GONE = 6    # (host side) the service this host attached to closed, died or restarted: attach again
 
 
 class PoolError(RuntimeError):

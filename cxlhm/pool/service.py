@@ -2,52 +2,98 @@
 attach to at once.
 
 It owns the device (firmware, SSD back end, device DRAM) and listens on a Unix socket.
-A host attaches with its name and the tenants it serves; the service checks the grants,
+A host proves who it is (cxlhm/pool/identity.py: a challenge answered with its own key)
+and names the tenants it serves; the service checks them against that host's grants,
 then gives it
   * a mailbox register block of its own (a Mailbox over a HostPort: the firmware sees
     every host's hints, in the device's terms),
   * for each granted tenant, the tenant's partition of the HDM range (size, id) and a
-    read-only mapping of the tenant's mirror (cxlhm/pool/mirror.py), through which the
-    host loads recently used blocks without asking the service.
+    sealed, read-only descriptor of the tenant's mirror (cxlhm/pool/mirror.py), through
+    which the host loads recently used blocks without asking the service,
+  * a read-only descriptor of the service's life counter (a host of an earlier life misses).
 Everything else - misses, writes, chunk allocation, flush - is a request on the socket,
 checked against the host's grants and the partition bounds on every call.
+
+What no host can do to the others: stop the accept loop (each connection is served by a
+thread of its own, the handshake has a deadline, a listen backlog of 128, at most
+`max_pending` handshakes and `max_hosts` hosts at once), hold more than the bytes it has
+actually sent (messages are read in pieces as they arrive, at most MAX_MESSAGE each),
+see another host's counters (STATS answers with the asking host's own and its tenants'),
+or make the device flush in a loop (FLUSH does nothing while the host's tenants hold no
+unflushed write, and one host's flushes are spaced `flush_interval_s` apart).
 
 What is simplified against a multi-headed device: writes go through the service (so the
 mirror stays coherent without a hardware coherence protocol), the mirror is a copy kept
 beside the device's own DRAM cache rather than that cache itself, and isolation holds
-against hosts that use the protocol (a process of the same user could still open the
-service's files through /proc).
+against hosts that use the protocol as another user would (a process of the service's
+own user could still open the service's files through /proc).
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import secrets
 import socket
+import stat
 import threading
-from multiprocessing import connection, reduction
+import time
 from pathlib import Path
 
 import numpy as np
 
 from cxlhm.mailbox import Mailbox
 from cxlhm.pool import protocol as P
+from cxlhm.pool import statefiles, wire
+from cxlhm.pool.identity import Identities, IdentityError, check_name
 from cxlhm.pool.layout import Layout, LayoutError
-from cxlhm.pool.mirror import MirrorWriter
-from cxlhm.pool.port import HostPort
+from cxlhm.pool.mirror import HEADER, MirrorWriter, ServiceLife, read_only_fd
+from cxlhm.pool.port import HostPort, PinBudget
 
 log = logging.getLogger("cxlhm.pool")
 ATTACH_MAX = 64 << 10
+HOST_IDLE_POLL_S = 0.05  # a host's mailbox thread, idle: 20 polls a second (not 200), many hosts stay cheap
+
+
+def machine_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def claim_socket(path: str) -> None:
+    """Make room for our socket at `path`: nothing there, or a stale socket of this user
+    (nobody answers on it), which is removed. Anything else is refused, never deleted."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise statefiles.StateError(errno.EEXIST, f"--socket {path} exists and is not a socket; "
+                                                  "refusing to replace it: give a free path")
+    if st.st_uid != os.geteuid():
+        raise statefiles.StateError(errno.EPERM, f"--socket {path} is another user's socket (uid {st.st_uid}); "
+                                                 "refusing to replace it")
+    with socket.socket(socket.AF_UNIX) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            os.unlink(path)  # a socket nobody listens on: left by a killed service
+            return
+        except OSError as exc:
+            raise statefiles.StateError(exc.errno or errno.EBUSY, f"--socket {path}: {exc}") from None
+    raise statefiles.StateError(errno.EADDRINUSE, f"--socket {path}: another service is serving on it; "
+                                                  "stop it first or give another path")
 
 
 class _Tenant:
-    """Service-side state of one partition: its mirror and the lock that orders device
-    changes against mirror updates."""
+    """Service-side state of one partition: its mirror, its pin budget, and the lock
+    that orders device changes against mirror updates."""
 
-    def __init__(self, partition, mirror: MirrorWriter):
-        self.partition, self.mirror = partition, mirror
+    def __init__(self, partition, mirror: MirrorWriter, pins: PinBudget):
+        self.partition, self.mirror, self.pins = partition, mirror, pins
         self.lock = threading.Lock()
+        self.dirty = False  # written since the last device flush
 
 
 class _HostSession:
@@ -56,45 +102,96 @@ class _HostSession:
         self.by_id = {t.partition.id: t for t in tenants}
         self.ops = {op.name.lower(): 0 for op in P.Op}
         self.bytes_read = self.bytes_written = 0
+        self.last_flush = 0.0
 
 
 class PoolService:
     """``PoolService(handle, socket_path, state_dir=...).start()``; ``close()`` when done.
-    `handle`: an open host_runtime DeviceHandle (the service owns it from now on)."""
+    `handle`: an open host_runtime DeviceHandle (the service owns it from now on).
+    `grants`: host name -> tenants (each granted host gets a key of its own, see
+    `host_key`); without grants the pool is open to every host proving `authkey`."""
 
     def __init__(self, handle, socket_path: str | os.PathLike, *, state_dir: str | os.PathLike | None = None,
                  partition_bytes: int | None = None, mirror_bytes: int = 16 << 20,
-                 grants: dict[str, list[str]] | None = None, authkey: bytes | None = None):
+                 grants: dict[str, list[str]] | None = None, authkey: bytes | None = None,
+                 max_hosts: int = 32, max_pending: int = 16, auth_deadline_s: float = 5.0,
+                 flush_interval_s: float = 0.5, pin_fraction: float = 0.25):
         self.handle = handle
         self.device = handle.device
         self.block_size = handle.block_size
         self.socket_path = str(socket_path)
         self.state_dir = Path(state_dir) if state_dir is not None else None
+        self._state_fd = -1
         if self.state_dir is not None:
-            self.state_dir.mkdir(parents=True, exist_ok=True)
-        if partition_bytes is None:
-            partition_bytes = max(self.block_size, handle.capacity // 16 // self.block_size * self.block_size)
-        self.layout = Layout(handle.capacity, self.block_size, partition_bytes,
-                             self.state_dir / "pool.json" if self.state_dir is not None else None)
-        self.mirror_entries = max(1, mirror_bytes // self.block_size)
-        self.grants = {h: list(ts) for h, ts in grants.items()} if grants is not None else None
-        self.authkey = authkey if authkey is not None else secrets.token_bytes(32)
+            statefiles.make_folder(self.state_dir)
+            self._state_fd = statefiles.hold_folder(self.state_dir)
+        try:
+            if partition_bytes is None:
+                partition_bytes = max(self.block_size, handle.capacity // 16 // self.block_size * self.block_size)
+            self.layout = Layout(handle.capacity, self.block_size, partition_bytes,
+                                 self.state_dir / "pool.json" if self.state_dir is not None else None)
+            # a mirror larger than a partition would never fill: it is cut to one
+            self.mirror_entries = max(1, min(mirror_bytes, partition_bytes) // self.block_size)
+            need = max(mirror_bytes, self.mirror_entries * (HEADER + self.block_size) * self.layout.max_tenants)
+            if need > machine_memory() // 2:
+                raise LayoutError(f"mirror_bytes {mirror_bytes}: the mirrors of up to {self.layout.max_tenants} "
+                                  f"tenants would take {need} bytes, more than half of this machine's "
+                                  f"{machine_memory()}; give less")
+            if not (0 < pin_fraction <= 1):
+                raise LayoutError(f"pin_fraction must be in (0, 1], got {pin_fraction}")
+            self.pin_blocks = max(1, int(self.device.cfg.dram_bytes // self.block_size * pin_fraction))
+            self.identities = Identities(self.state_dir, grants,
+                                         pool_key=authkey if authkey is not None else secrets.token_bytes(32))
+        except BaseException:
+            self._release_state()
+            raise
+        self.authkey = self.identities.pool_key
+        self.max_hosts, self.max_pending = max_hosts, max_pending
+        self.auth_deadline_s, self.flush_interval_s = auth_deadline_s, flush_interval_s
         self._tenants: dict[str, _Tenant] = {}
         self._hosts: dict[int, _HostSession] = {}
-        self._lock = threading.Lock()  # layout, tenants, hosts
+        self._lock = threading.Lock()  # layout, tenants, hosts, connections
+        self._flush_lock = threading.Lock()
         self._stop = threading.Event()
-        self._listener: connection.Listener | None = None
+        self._sock: socket.socket | None = None
+        self._sock_ino = None
+        self.life: ServiceLife | None = None
         self._threads: list[threading.Thread] = []
-        self._conns: set = set()  # open host connections (close() shuts them down)
+        self._conns: set[socket.socket] = set()
+        self._pending = 0
+        self.counts = {"refused_busy": 0, "refused_auth": 0, "handshake_failures": 0, "device_flushes": 0,
+                       "flushes_skipped": 0, "layout_save_errors": 0}
+
+    def host_key(self, host: str) -> bytes:
+        """The key host `host` proves (its own where granted, else the pool's)."""
+        key = self.identities.key_for(host)
+        if key is None:
+            raise KeyError(f"host {host!r} has no grant in this pool")
+        return key
+
+    def grant(self, host: str, tenants: list[str]) -> bytes:
+        """Grant `tenants` to `host` from now on; returns its key."""
+        with self._lock:
+            return self.identities.grant(host, tenants)
 
     # ------------------------------------------------------------ lifetime
     def start(self) -> "PoolService":
-        if self._listener is not None:
+        if self._sock is not None:
             return self  # started already (``with PoolService(...).start() as svc``)
-        if os.path.exists(self.socket_path):
-            os.unlink(self.socket_path)  # a stale socket of a killed service
-        self._listener = connection.Listener(self.socket_path, family="AF_UNIX", authkey=self.authkey)
-        os.chmod(self.socket_path, 0o600)
+        claim_socket(self.socket_path)
+        self.life = ServiceLife(self.state_dir)  # before anyone attaches: hosts of the last life miss from now on
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            sock.bind(self.socket_path)
+        except OSError:
+            sock.close()
+            raise
+        finally:
+            os.umask(old)
+        self._sock_ino = os.stat(self.socket_path).st_ino
+        sock.listen(128)
+        self._sock = sock
         t = threading.Thread(target=self._accept_loop, name="cxlhm-pool-accept", daemon=True)
         t.start()
         self._threads.append(t)
@@ -104,35 +201,58 @@ class PoolService:
         self._stop.wait()
 
     def close(self) -> None:
-        """Stop accepting, drop every host, flush and close the device."""
+        """Stop accepting, drop every host, flush and close the device, then save the
+        layout (a layout that cannot be saved costs ring space after a restart; a device
+        left unflushed would cost acknowledged data)."""
         if self._stop.is_set():
             return
         self._stop.set()
-        if self._listener is not None:
-            try:  # wake the accept loop
-                with socket.socket(socket.AF_UNIX) as s:
-                    s.connect(self.socket_path)
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept loop
             except OSError:
                 pass
-            self._listener.close()
         with self._lock:
             conns = list(self._conns)
         for conn in conns:  # a host thread waiting for its next request wakes up with EOF
             try:
-                with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                    s.shutdown(socket.SHUT_RDWR)
+                conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
         for t in self._threads:
             t.join(10)
         with self._lock:
-            for host in self._hosts.values():
-                host.mailbox.close()
+            hosts = list(self._hosts.values())
             self._hosts.clear()
-            self.layout.save()
-        self.handle.close()
-        for tenant in self._tenants.values():
-            tenant.mirror.close()
+        for host in hosts:
+            host.mailbox.close()
+        if self.life is not None:
+            self.life.end()
+        try:
+            self.handle.close()  # flushes device DRAM to the SSD
+        finally:
+            try:
+                self.layout.save()
+            except OSError as exc:
+                self.counts["layout_save_errors"] += 1
+                log.error("pool: the device is flushed and closed, but the layout could not be saved (%s); "
+                          "after a restart, ring space written since the last saved layout is handed out again",
+                          exc)
+            for tenant in self._tenants.values():
+                tenant.mirror.close()
+            if self._sock is not None:
+                self._sock.close()
+                try:
+                    if os.stat(self.socket_path).st_ino == self._sock_ino:
+                        os.unlink(self.socket_path)
+                except OSError:
+                    pass
+            self._release_state()
+
+    def _release_state(self) -> None:
+        if self._state_fd >= 0:
+            os.close(self._state_fd)
+            self._state_fd = -1
 
     def __enter__(self) -> "PoolService":
         return self.start()
@@ -144,86 +264,140 @@ class PoolService:
     def _accept_loop(self) -> None:
         while not self._stop.is_set():
             try:
-                conn = self._listener.accept()
-            except (OSError, EOFError, connection.AuthenticationError) as exc:
-                if self._stop.is_set():
+                conn, _ = self._sock.accept()
+            except OSError as exc:
+                if self._stop.is_set() or exc.errno in (errno.EINVAL, errno.EBADF):
                     return
-                log.warning("pool: refused a connection: %s", exc)
+                log.warning("pool: accept failed: %s", exc)
+                time.sleep(0.05)  # EMFILE and the like: do not spin
                 continue
-            if self._stop.is_set():
-                conn.close()
-                return
+            with self._lock:
+                busy = self._pending >= self.max_pending
+                if not busy:
+                    self._pending += 1
+                    self._conns.add(conn)
+            if busy:
+                self.counts["refused_busy"] += 1
+                self._refuse_quietly(conn, f"the service has {self.max_pending} attaches in progress; retry")
+                continue
             t = threading.Thread(target=self._serve_host, args=(conn,), name="cxlhm-pool-host", daemon=True)
             t.start()
             self._threads = [x for x in self._threads if x.is_alive()] + [t]
+
+    @staticmethod
+    def _refuse_quietly(conn: socket.socket, message: str) -> None:
+        try:
+            conn.setblocking(False)
+            wire.send(conn, json.dumps({"error": message}).encode())
+        except OSError:
+            pass
+        conn.close()
 
     def _tenant(self, name: str) -> _Tenant:
         found = self._tenants.get(name)
         if found is None:
             part = self.layout.tenant(name)
-            found = self._tenants[name] = _Tenant(part, MirrorWriter(name, self.mirror_entries, self.block_size))
+            found = self._tenants[name] = _Tenant(part, MirrorWriter(name, self.mirror_entries, self.block_size),
+                                                  PinBudget(self.pin_blocks))
         return found
 
-    def _attach(self, conn) -> _HostSession | None:
-        """Read the host's attach request, check it, answer, and hand over the mirrors."""
-        raw = conn.recv_bytes(ATTACH_MAX)
+    def _attach(self, conn: socket.socket) -> _HostSession | None:
+        """The handshake (under the caller's deadline): challenge, proof, grants, reply
+        with the descriptors. None (the host told why) if refused."""
+        def refuse(message: str) -> None:
+            wire.send(conn, json.dumps({"error": message}).encode())
+
+        challenge = secrets.token_bytes(32)
+        wire.send(conn, json.dumps({"challenge": challenge.hex(), "life": self.life.value}).encode())
+        raw = wire.recv(conn, ATTACH_MAX)
         try:
             req = json.loads(raw)
-            name, tenants, pid = req["host"], req["tenants"], int(req["pid"])
-            if not isinstance(name, str) or not name or not isinstance(tenants, list) or not tenants \
-                    or not all(isinstance(t, str) and t for t in tenants) or len(set(tenants)) != len(tenants):
-                raise ValueError("expected {host: name, tenants: [distinct names], pid: int}")
-        except (ValueError, KeyError, TypeError) as exc:
-            conn.send_bytes(json.dumps({"error": f"bad attach request: {exc}"}).encode())
-            return None
-        if self.grants is not None:
-            refused = [t for t in tenants if t not in self.grants.get(name, [])]
-            if refused:
-                conn.send_bytes(json.dumps({"error": f"host {name!r} is not granted tenant(s) {refused}"}).encode())
-                return None
+            name, tenants, answer = req["host"], req["tenants"], bytes.fromhex(req["proof"])
+            if not isinstance(tenants, list) or not tenants or len(set(map(str, tenants))) != len(tenants):
+                raise ValueError("tenants: a list of distinct names expected")
+            check_name(name)
+            for t in tenants:
+                check_name(t, "tenant")
+        except (ValueError, KeyError, TypeError, AttributeError, IdentityError) as exc:
+            return refuse(f"bad attach request: {exc}; expected {{host: name, tenants: [names], proof: hex}}")
+        if not self.identities.verify(name, challenge, answer):
+            self.counts["refused_auth"] += 1
+            return refuse(f"host {name!r}: authentication failed (not the key of {name!r})")
+        refused = self.identities.allowed(name, tenants)
+        if refused:
+            return refuse(f"host {name!r} is not granted tenant(s) {refused}")
         with self._lock:
+            if len(self._hosts) >= self.max_hosts:
+                self.counts["refused_busy"] += 1
+                return refuse(f"the service serves at most {self.max_hosts} hosts at once; all attached")
             try:
                 host_id = self.layout.host_id(name)
                 ts = [self._tenant(t) for t in tenants]
             except LayoutError as exc:
-                conn.send_bytes(json.dumps({"error": str(exc)}).encode())
-                return None
-            port = HostPort(self.device, [t.partition for t in ts], self.layout.partition_bytes)
-            mailbox = Mailbox(port).start()
+                return refuse(str(exc))
+            except OSError as exc:  # the layout could not be saved: the state folder's disk is full, ...
+                return refuse(f"the service cannot record host {name!r}: {exc.strerror or exc} "
+                              f"(its state folder {self.state_dir})")
+            port = HostPort(self.device, [t.partition for t in ts], self.layout.partition_bytes,
+                            pins={t.partition.id: t.pins for t in ts})
+            mailbox = Mailbox(port, idle_poll_s=HOST_IDLE_POLL_S).start()
             session = _HostSession(name, host_id, ts, mailbox, port)
             self._hosts[id(session)] = session
-        conn.send_bytes(json.dumps({
-            "host_id": host_id, "regs": mailbox.path, "block_size": self.block_size,
-            "partition_bytes": self.layout.partition_bytes, "mirror_entries": self.mirror_entries,
-            "tenants": [{"name": t.partition.name, "id": t.partition.id} for t in ts]}).encode())
-        for t in ts:
-            reduction.send_handle(conn, t.mirror.fd, pid)
+        fds = [read_only_fd(self.life.fd)] + [read_only_fd(t.mirror.fd) for t in ts]
+        try:
+            wire.send(conn, json.dumps({
+                "host_id": host_id, "regs": mailbox.path, "block_size": self.block_size,
+                "partition_bytes": self.layout.partition_bytes, "mirror_entries": self.mirror_entries,
+                "life": self.life.value,
+                "tenants": [{"name": t.partition.name, "id": t.partition.id} for t in ts]}).encode(), fds)
+        except BaseException:
+            self._drop(session)
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)
         return session
 
-    def _serve_host(self, conn) -> None:
-        session = None
+    def _drop(self, session: _HostSession) -> None:
         with self._lock:
-            self._conns.add(conn)
+            self._hosts.pop(id(session), None)
+        session.mailbox.close()
+
+    def _serve_host(self, conn: socket.socket) -> None:
+        session = None
+        pending = True
         try:
-            session = self._attach(conn)
+            conn.settimeout(self.auth_deadline_s)
+            try:
+                session = self._attach(conn)
+            finally:
+                with self._lock:
+                    self._pending -= 1
+                pending = False
             if session is None:
                 return
+            conn.settimeout(None)
             while not self._stop.is_set():
                 try:
-                    msg = conn.recv_bytes(P.MAX_MESSAGE + P.REQUEST.size)
-                except (EOFError, OSError):
-                    return  # the host closed or was killed: nothing of it is left to clean but its session
-                conn.send_bytes(self._handle(session, msg))
+                    msg = wire.recv(conn, P.MAX_MESSAGE + P.REQUEST.size)
+                except wire.WireError:
+                    return  # the host closed or was killed, or broke the framing: its session goes
+                wire.send(conn, self._handle(session, msg))
+        except (wire.WireError, OSError) as exc:
+            if session is None:
+                self.counts["handshake_failures"] += 1
+                log.info("pool: an attach failed: %s", exc)
         except Exception:
             log.exception("pool: host connection failed")
         finally:
+            if pending:
+                with self._lock:
+                    self._pending -= 1
             with self._lock:
                 self._conns.discard(conn)
             conn.close()
             if session is not None:
-                with self._lock:
-                    self._hosts.pop(id(session), None)
-                session.mailbox.close()
+                self._drop(session)
 
     # ------------------------------------------------------------ requests
     def _handle(self, s: _HostSession, msg: bytes) -> bytes:
@@ -238,9 +412,9 @@ class PoolService:
         s.ops[op.name.lower()] += 1
         try:
             if op is P.Op.FLUSH:
-                return P.reply(v1=self.flush())
+                return P.reply(v1=self._host_flush(s))
             if op is P.Op.STATS:
-                return P.reply(payload=json.dumps(self.stats()).encode())
+                return P.reply(payload=json.dumps(self.host_stats(s)).encode())
             tenant = s.by_id.get(tid)
             if tenant is None:
                 return P.reply(P.Status.NOT_GRANTED, payload=f"host {s.name!r} was not given tenant {tid}".encode())
@@ -279,6 +453,7 @@ class PoolService:
         n = len(data)
         first, last = offset // bs, (offset + n - 1) // bs
         tenant.mirror.invalidate(first, last - first + 1)  # before the device changes
+        tenant.dirty = True
         arr = np.frombuffer(data, np.uint8)
         self.handle.write_from(tenant.partition.base + offset, arr)
         whole_lo, whole_hi = -(-offset // bs), (offset + n) // bs
@@ -299,7 +474,8 @@ class PoolService:
         """Allocate room for a whole chunk (header + payload, built by the host) and write it."""
         size = self.layout.partition_bytes
         if not len(chunk) or len(chunk) > min(size, P.MAX_MESSAGE):
-            return P.reply(P.Status.TOO_LARGE, payload=f"a {len(chunk)}-byte chunk: 1..{min(size, P.MAX_MESSAGE)} accepted".encode())
+            return P.reply(P.Status.TOO_LARGE,
+                           payload=f"a {len(chunk)}-byte chunk: 1..{min(size, P.MAX_MESSAGE)} accepted".encode())
         bs = self.block_size
         tail = -len(chunk) % bs
         if tail:  # the allocation is whole blocks: write them whole, so they go to the mirror at once
@@ -311,28 +487,63 @@ class PoolService:
         return P.reply(v1=offset, v2=generation)
 
     # ------------------------------------------------------------ control
+    def _host_flush(self, s: _HostSession) -> int:
+        """A host's FLUSH: nothing to do while none of its tenants holds an unflushed
+        write; otherwise one device flush, at most one per `flush_interval_s` for this
+        host (it waits, the others do not)."""
+        if not any(t.dirty for t in s.tenants):
+            self.counts["flushes_skipped"] += 1
+            return 0
+        wait = s.last_flush + self.flush_interval_s - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        s.last_flush = time.monotonic()
+        return self.flush()
+
     def flush(self) -> int:
-        """Make everything written so far durable: device DRAM to the SSD, then the layout."""
-        with self._lock:
-            tenants = list(self._tenants.values())
-        for t in tenants:  # no write is half-done while the device flushes
-            t.lock.acquire()
-        try:
-            written = self.handle.flush()
+        """Make everything written so far durable: device DRAM to the SSD, then the layout
+        (a layout that cannot be saved is logged and counted; the device is flushed)."""
+        with self._flush_lock:
             with self._lock:
-                self.layout.save()
-        finally:
-            for t in tenants:
-                t.lock.release()
-        return written
+                tenants = list(self._tenants.values())
+            for t in tenants:  # no write is half-done while the device flushes
+                t.lock.acquire()
+            try:
+                written = self.handle.flush()
+                self.counts["device_flushes"] += 1
+                for t in tenants:
+                    t.dirty = False
+            finally:
+                for t in tenants:
+                    t.lock.release()
+            try:
+                with self._lock:
+                    self.layout.save()
+            except OSError as exc:
+                self.counts["layout_save_errors"] += 1
+                log.error("pool: the device is flushed, but the layout could not be saved: %s", exc)
+            return written
+
+    def host_stats(self, s: _HostSession) -> dict:
+        """What a host may know: its own session's counters and its own tenants'."""
+        with self._lock:
+            return {"host": s.name, "host_id": s.host_id, "ops": dict(s.ops), "bytes_read": s.bytes_read,
+                    "bytes_written": s.bytes_written, "hints_delivered": s.port.hints_delivered,
+                    "hints_declined": s.port.hints_declined,
+                    "tenants": {t.partition.name: self._tenant_stats(t) for t in s.tenants}}
+
+    @staticmethod
+    def _tenant_stats(t: _Tenant) -> dict:
+        return {"id": t.partition.id, "allocations": t.partition.allocations,
+                "mirror_installs": t.mirror.installs, "mirror_invalidations": t.mirror.invalidations,
+                "pinned_blocks": t.pins.pinned, "pin_budget_blocks": t.pins.limit}
 
     def stats(self) -> dict:
+        """Everything (the service's own view, for its operator; hosts get host_stats)."""
         with self._lock:
             hosts = [{"host": h.name, "host_id": h.host_id, "tenants": [t.partition.name for t in h.tenants],
                       "ops": dict(h.ops), "bytes_read": h.bytes_read, "bytes_written": h.bytes_written,
                       "hints_delivered": h.port.hints_delivered, "hints_declined": h.port.hints_declined}
                      for h in self._hosts.values()]
-            tenants = {name: {"id": t.partition.id, "allocations": t.partition.allocations,
-                              "mirror_installs": t.mirror.installs, "mirror_invalidations": t.mirror.invalidations}
-                       for name, t in self._tenants.items()}
-        return {"hosts": hosts, "tenants": tenants, "device": self.handle.stats()}
+            tenants = {name: self._tenant_stats(t) for name, t in self._tenants.items()}
+        return {"hosts": hosts, "tenants": tenants, "service": dict(self.counts), "device": self.handle.stats()}

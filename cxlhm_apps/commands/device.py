@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import signal
 import sys
 import threading
@@ -19,13 +18,16 @@ DESCRIPTION = """\
 Run one emulated CXL-HM device as a service that several host processes attach to at
 once, each with its own mailbox register block and its own window of the HDM range.
 
-  cxlhm device serve --socket /tmp/pool.sock --state /var/lib/cxlhm-pool \\
-        --partition-bytes 1GiB --grant host-a=tenant1 --grant host-b=tenant1,tenant2
+  cxlhm device grant --state /var/lib/cxlhm-pool host-a=tenant1 host-b=tenant1,tenant2
+  cxlhm device serve --socket /tmp/pool.sock --state /var/lib/cxlhm-pool --partition-bytes 1GiB
 
-The state folder keeps the SSD image (unless --set backend.path= says otherwise), the
-pool layout and the authentication key hosts read (<state>/authkey). SIGTERM or Ctrl-C
-flushes and closes the device; a service killed outright loses only what was written
-since the last flush.
+Each granted host has a key of its own, <state>/hosts/<host>.key (made by `grant` or by
+`serve --grant`); give each host only its own file. A host proves its name with it, and
+gets only that name's tenants. Without any grant the pool is open to every host that
+holds <state>/authkey. The state folder (owned by this user, not writable by others,
+one service at a time) keeps the SSD image (unless --set backend.path= says otherwise),
+the pool layout, the grants and the keys. SIGTERM or Ctrl-C flushes and closes the
+device; a service killed outright loses only what was written since the last flush.
 """
 
 
@@ -41,7 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--grant", action="append", default=[], metavar="HOST=TENANT[,TENANT...]",
                        help="allow HOST to attach these tenants (repeatable; without any --grant every "
                             "authenticated host may attach any tenant)")
+    serve.add_argument("--max-hosts", type=int, default=32, metavar="N", help="hosts attached at once (default 32)")
     add_device_arguments(serve)
+    grant = sub.add_parser("grant", help="give hosts keys of their own and grant them tenants")
+    grant.add_argument("--state", required=True, metavar="DIR", help="the service's state folder")
+    grant.add_argument("grants", nargs="+", metavar="HOST=TENANT[,TENANT...]")
 
 
 def _fail(message: str) -> int:
@@ -63,17 +69,36 @@ def _grants(items: list[str]) -> dict[str, list[str]] | None:
 
 
 def authkey(state: Path) -> bytes:
-    """The state folder's authkey, made on first use (readable by this user only)."""
-    path = state / "authkey"
-    if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(secrets.token_bytes(32))
-    return path.read_bytes()
+    """The state folder's pool-wide key (an open pool's), made on first use, written
+    whole or not at all; an empty or short one is refused, never used."""
+    from cxlhm.pool.identity import key_file
+    return key_file(state / "authkey")
+
+
+def _grant(args: argparse.Namespace) -> int:
+    from cxlhm.pool import statefiles
+    from cxlhm.pool.identity import Identities, IdentityError
+    state = Path(args.state)
+    try:
+        grants = _grants(args.grants)
+        statefiles.make_folder(state)
+        ids = Identities(state)
+        for host, tenants in grants.items():
+            ids.grant(host, tenants)
+            print(f"cxlhm device: {host} may attach {', '.join(ids.grants[host])}; "
+                  f"its key: {state / 'hosts' / (host + '.key')}")
+    except (ValueError, OSError) as exc:
+        return _fail(str(exc) if not isinstance(exc, OSError) or not exc.strerror or exc.filename is None
+                     else f"{exc.filename}: {exc.strerror}")
+    print("cxlhm device: a running service reads grants when it starts: restart it to apply them")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
-    from cxlhm.pool import PoolService
+    if args.action == "grant":
+        return _grant(args)
+    from cxlhm.pool import PoolService, statefiles
+    from cxlhm.pool.identity import IdentityError
     from cxlhm.pool.layout import LayoutError
     from host_runtime.driver import open_device
     state = Path(args.state)
@@ -83,23 +108,35 @@ def run(args: argparse.Namespace) -> int:
         partition = parse_size(args.partition_bytes) if args.partition_bytes else None
     except ValueError as exc:
         return _fail(str(exc))
+    if args.max_hosts < 1:
+        return _fail(f"--max-hosts must be at least 1, got {args.max_hosts}")
     try:
-        state.mkdir(parents=True, exist_ok=True)
+        statefiles.make_folder(state)
         key = authkey(state)
+    except IdentityError as exc:
+        return _fail(f"--state {args.state}: {exc}")
     except OSError as exc:
-        return _fail(f"--state {args.state}: {exc.strerror or exc}")
+        return _fail(f"--state {args.state}: {exc.strerror or exc}" if not isinstance(exc, statefiles.StateError)
+                     else str(exc))
     cfg = config_from_args(args)
     if cfg.backend.path is None:  # persist in the state folder unless told otherwise
         args.overrides.append(f"backend.path={state / 'device.img'}")
         cfg = config_from_args(args)
+    try:
+        from cxlhm.pool.service import claim_socket
+        claim_socket(args.socket)  # before the device opens: a refused path costs nothing
+        holder = statefiles.hold_folder(state)  # before the device: a second service is refused, not left to race
+        os.close(holder)
+    except OSError as exc:
+        return _fail(str(exc))
     try:
         handle = open_device(cfg)
     except OSError as exc:
         return _fail(f"cannot open the device: {exc}")
     try:
         service = PoolService(handle, args.socket, state_dir=state, partition_bytes=partition, mirror_bytes=mirror,
-                              grants=grants, authkey=key).start()
-    except (LayoutError, OSError) as exc:
+                              grants=grants, authkey=key, max_hosts=args.max_hosts).start()
+    except (LayoutError, IdentityError, OSError) as exc:
         handle.close()
         return _fail(str(exc))
     done = threading.Event()

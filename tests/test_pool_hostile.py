@@ -1,0 +1,444 @@
+"""The pooled device against hosts that do not follow the protocol, and against the
+accidents of its state folder: each test is one way a host or an operator could break
+isolation, stop the service or lose acknowledged data, and what happens instead."""
+from __future__ import annotations
+
+import errno
+import json
+import mmap
+import os
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from cxlhm.pool import PoolService, protocol as P, wire
+from cxlhm.pool.identity import IdentityError, proof
+from cxlhm.pool.layout import LayoutError
+from cxlhm.pool.mirror import MirrorReader, ServiceLife, segment_bytes
+from cxlhm.pool.statefiles import StateError
+from host_runtime.driver import open_device
+from host_runtime.pool_client import AttachRefused, PoolError, handshake
+from pool_helpers import BLOCK, DEVICE, PARTITION, attach, block_record, in_process_service, read_record
+
+
+@pytest.fixture
+def service(tmp_path):
+    svc = in_process_service(tmp_path)
+    yield svc
+    svc.close()
+
+
+def raw_connect(svc: PoolService) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(10)
+    s.connect(svc.socket_path)
+    return s
+
+
+# ---------------------------------------------------------------- identity
+def test_a_host_cannot_attach_under_another_hosts_name(tmp_path):
+    svc = in_process_service(tmp_path, grants={"host-a": ["t1"], "host-b": ["t2"]})
+    try:
+        key_a, key_b = svc.host_key("host-a"), svc.host_key("host-b")
+        assert key_a != key_b and len(key_a) == 32
+        with pytest.raises(AttachRefused, match="authentication failed"):
+            attach(svc, "host-a", ["t1"], authkey=key_b)   # b's key, a's name
+        with pytest.raises(AttachRefused, match="authentication failed"):
+            attach(svc, "host-a", ["t1"], authkey=b"k" * 32)  # the pool-wide key opens no granted name
+        with pytest.raises(AttachRefused, match="not granted"):
+            attach(svc, "host-b", ["t1"], authkey=key_b)   # its own name, another's tenant
+        a = attach(svc, "host-a", ["t1"], authkey=key_a)
+        a.tenant("t1").store(0, b"t1 only")
+        b = attach(svc, "host-b", ["t2"], authkey=key_b)
+        assert b.tenant("t2").load(0, 7) != b"t1 only"
+        a.close(), b.close()
+        # keys live in the state folder, one file per host, this user's only
+        path = tmp_path / "state" / "hosts" / "host-a.key"
+        assert path.read_bytes() == key_a and path.stat().st_mode & 0o077 == 0
+    finally:
+        svc.close()
+
+
+def test_grants_and_keys_survive_a_restart_and_a_replayed_proof_fails(tmp_path):
+    svc = in_process_service(tmp_path, grants={"h": ["t"]})
+    key = svc.host_key("h")
+    s = raw_connect(svc)
+    hello = json.loads(wire.recv(s, 4096))
+    answer = proof(key, bytes.fromhex(hello["challenge"]), "h").hex()
+    s.close()
+    s = raw_connect(svc)  # a proof for one challenge does not answer another
+    wire.recv(s, 4096)
+    wire.send(s, json.dumps({"host": "h", "tenants": ["t"], "proof": answer}).encode())
+    assert "authentication failed" in json.loads(wire.recv(s, 4096))["error"]
+    s.close()
+    svc.close()
+    svc = in_process_service(tmp_path)  # no grants given: the saved ones hold
+    try:
+        with pytest.raises(AttachRefused, match="authentication failed"):
+            attach(svc, "h", ["t"], authkey=b"k" * 32)
+        attach(svc, "h", ["t"], authkey=key).close()
+    finally:
+        svc.close()
+
+
+# ---------------------------------------------------------------- the mirror
+def test_mirror_descriptors_are_sealed_and_read_only(service):
+    writer = attach(service, "writer", ["t"])
+    writer.tenant("t").write_from(0, block_record(1, 0, 1))
+    sock, reply, fds = handshake(service.socket_path, "hostile", ["t"], service.authkey)
+    try:
+        life_fd, mirror_fd = fds
+        size = segment_bytes(reply["mirror_entries"], reply["block_size"])
+        with pytest.raises(OSError):
+            os.pwrite(mirror_fd, b"forged", 64)
+        with pytest.raises(OSError):
+            mmap.mmap(mirror_fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        with pytest.raises(OSError):
+            os.ftruncate(mirror_fd, 0)  # a truncated mirror would SIGBUS the service
+        rw = os.open(f"/proc/self/fd/{mirror_fd}", os.O_RDWR)  # reopened read-write through /proc: still sealed
+        try:
+            for act in (lambda: os.pwrite(rw, b"forged", 64), lambda: os.ftruncate(rw, 0),
+                        lambda: os.ftruncate(rw, 2 * size),
+                        lambda: mmap.mmap(rw, size, mmap.MAP_SHARED, mmap.PROT_WRITE)):
+                with pytest.raises(OSError) as err:
+                    act()
+                assert err.value.errno in (errno.EPERM, errno.EACCES, errno.EBUSY)
+        finally:
+            os.close(rw)
+        with pytest.raises(OSError):
+            os.pwrite(life_fd, b"\0" * 8, 0)
+        assert os.fstat(mirror_fd).st_size == size
+    finally:
+        for fd in fds:
+            os.close(fd)
+        sock.close()
+    reader = attach(service, "reader", ["t"])
+    t = reader.tenant("t")
+    assert read_record(np.frombuffer(t.load(0, BLOCK), np.uint8)) == (1, 1, 0) and t.direct_hits == 1
+    writer.tenant("t").write_from(0, block_record(1, 0, 2))  # the service still writes its mirror
+    assert read_record(np.frombuffer(t.load(0, BLOCK), np.uint8)) == (2, 1, 0) and t.direct_hits == 2
+    writer.close(), reader.close()
+
+
+def test_offsets_outside_the_partition_are_refused_before_the_mirror(service):
+    a = attach(service, "a", ["t"])
+    t = a.tenant("t")
+    t.write_from(0, block_record(1, 0, 1))
+    t.write_from(0, b"x")  # invalidates entry 0 (tag 0): partition block -1 must not match it
+    buf = np.empty(BLOCK, np.uint8)
+    for offset in (-BLOCK, -1, PARTITION, PARTITION - 1):
+        with pytest.raises(PoolError, match="outside tenant 't'"):
+            t.read_into(offset, buf)
+        with pytest.raises(PoolError, match="outside tenant 't'"):
+            t.write_from(offset, buf)
+    assert not t.mirror.read(-BLOCK, buf)
+    a.close()
+
+
+# ---------------------------------------------------------------- what hosts may know and do
+def test_stats_answer_with_the_asking_hosts_own_counters(service):
+    a, b = attach(service, "host-a", ["t1"]), attach(service, "host-b", ["t2"])
+    a.tenant("t1").store(0, b"x" * 10)
+    seen = b.stats()
+    assert seen["host"] == "host-b" and set(seen["tenants"]) == {"t2"}
+    assert "host-a" not in json.dumps(seen) and "t1" not in json.dumps(seen)
+    assert a.stats()["bytes_written"] == 10
+    a.close(), b.close()
+
+
+def test_flush_does_nothing_for_a_clean_host_and_is_spaced_for_a_busy_one(tmp_path):
+    svc = in_process_service(tmp_path, flush_interval_s=0.2)
+    try:
+        a = attach(svc, "a", ["t"])
+        t = a.tenant("t")
+        t.store(0, b"x")
+        a.flush()
+        before = svc.counts["device_flushes"]
+        for _ in range(50):  # nothing written since: no device flush at all
+            assert a.flush() == 0
+        assert svc.counts["device_flushes"] == before
+        started = time.monotonic()
+        for i in range(4):
+            t.store(0, bytes([i]))
+            a.flush()
+        assert time.monotonic() - started >= 0.6  # 4 flushes, 0.2 s apart at least
+        assert svc.counts["device_flushes"] == before + 4
+        a.close()
+    finally:
+        svc.close()
+
+
+def test_pin_budget_per_tenant(tmp_path):
+    svc = in_process_service(tmp_path, pin_fraction=0.25)  # 16 DRAM slots: 4 blocks per tenant
+    try:
+        a, b = attach(svc, "a", ["t1"]), attach(svc, "b", ["t2"])
+        assert a.hints.pin([(0, 16 * BLOCK)]).declined == 1  # more than its share
+        assert a.hints.pin([(0, 4 * BLOCK)]).declined == 0
+        assert a.hints.pin([(8 * BLOCK, BLOCK)]).declined == 1  # the share is used up
+        assert b.hints.pin([(0, 4 * BLOCK)]).declined == 0  # another tenant has its own
+        a.hints.unpin([(0, 2 * BLOCK)])
+        assert a.hints.pin([(8 * BLOCK, 2 * BLOCK)]).declined == 0
+        assert svc.stats()["tenants"]["t1"]["pinned_blocks"] == 4
+        a.close(), b.close()
+    finally:
+        svc.close()
+
+
+def test_mirror_bytes_beyond_the_machine_are_refused(tmp_path):
+    handle = open_device({**DEVICE, "backend": {"path": str(tmp_path / "pool.img")}})
+    try:
+        with pytest.raises(LayoutError, match="more than half of this machine"):
+            PoolService(handle, tmp_path / "s.sock", partition_bytes=PARTITION,
+                        mirror_bytes=1 << 40)
+    finally:
+        handle.close()
+
+
+# ---------------------------------------------------------------- denial of service
+def test_a_silent_connection_blocks_nobody_and_is_dropped_at_the_deadline(tmp_path):
+    svc = in_process_service(tmp_path, auth_deadline_s=0.5)
+    try:
+        silent = [raw_connect(svc) for _ in range(3)]
+        started = time.monotonic()
+        attach(svc, "a", ["t"]).close()
+        assert time.monotonic() - started < 3
+        for s in silent:  # the hello, then the service hangs up at its deadline
+            wire.recv(s, 4096)
+            with pytest.raises(wire.WireError):
+                wire.recv(s, 4096)
+            s.close()
+        assert svc.counts["handshake_failures"] >= 3
+    finally:
+        svc.close()
+
+
+@pytest.mark.parametrize("bad", [b"not json", b"[]", b'{"host": 1, "tenants": ["t"], "proof": "00"}',
+                                 b'{"host": "a", "tenants": "t", "proof": "00"}',
+                                 b'{"host": "a", "tenants": ["t"], "proof": "zz"}',
+                                 b'{"host": "../x", "tenants": ["t"], "proof": "00"}', b"\xff" * 100])
+def test_malformed_handshakes_are_answered_and_the_service_goes_on(service, bad):
+    s = raw_connect(service)
+    wire.recv(s, 4096)
+    wire.send(s, bad)
+    assert "error" in json.loads(wire.recv(s, 4096))
+    s.close()
+    attach(service, "a", ["t"]).close()
+
+
+def test_oversized_and_truncated_frames_cost_the_sender_only(service):
+    s = raw_connect(service)
+    wire.recv(s, 4096)
+    s.sendall(wire.FRAME.pack(1 << 30))  # announces a GiB
+    with pytest.raises(wire.WireError):
+        wire.recv(s, 4096)  # hung up on, nothing allocated
+    s.close()
+    a = attach(service, "a", ["t"])
+    a._conn.sendall(wire.FRAME.pack(P.MAX_MESSAGE) + b"x" * 100)  # a stalled big request on its own connection
+    b = attach(service, "b", ["t"])
+    b.tenant("t").store(0, b"fine")
+    assert b.tenant("t").load(0, 4) == b"fine"
+    a.close(), b.close()
+
+
+def test_hosts_and_pending_attaches_are_bounded(tmp_path):
+    svc = in_process_service(tmp_path, max_hosts=3, max_pending=2, auth_deadline_s=2)
+    try:
+        hosts = [attach(svc, f"h{i}", ["t"]) for i in range(3)]
+        with pytest.raises(AttachRefused, match="at most 3 hosts"):
+            attach(svc, "h3", ["t"])
+        hosts.pop().close()
+        assert wait_until(lambda: len(svc.stats()["hosts"]) == 2)
+        hosts.append(attach(svc, "h3", ["t"]))
+        silent = [raw_connect(svc) for _ in range(2)]
+        time.sleep(0.2)
+        extra = raw_connect(svc)  # a third handshake in progress: refused at once, with a reason
+        assert "attaches in progress" in json.loads(wire.recv(extra, 4096))["error"]
+        for s in silent + [extra]:
+            s.close()
+        for h in hosts:
+            h.close()
+    finally:
+        svc.close()
+
+
+def wait_until(predicate, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+# ---------------------------------------------------------------- the state folder and the socket
+def test_a_second_service_on_the_same_state_is_refused(tmp_path):
+    svc = in_process_service(tmp_path)
+    other = open_device({**DEVICE, "backend": {"path": str(tmp_path / "other.img")}})
+    try:
+        with pytest.raises(StateError, match="in use by another pool service"):
+            PoolService(other, tmp_path / "other.sock", state_dir=tmp_path / "state", partition_bytes=PARTITION)
+    finally:
+        other.close()
+        svc.close()
+
+
+def test_planted_links_in_the_state_folder_are_not_followed(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    for name in ("pool.tmp", "pool.json.tmp", "grants.json.tmp"):
+        (state / name).symlink_to(victim)
+    svc = in_process_service(tmp_path, grants={"a": ["t"]})
+    try:
+        attach(svc, "a", ["t"]).close()  # a new tenant and host: the layout is saved
+        svc.flush()
+    finally:
+        svc.close()
+    assert victim.read_text() == "precious"
+    assert not (state / "pool.json").is_symlink() and json.loads((state / "pool.json").read_text())["tenants"]
+    (state / "pool.json").unlink()
+    (state / "pool.json").symlink_to(victim)
+    with pytest.raises(LayoutError, match="symlink"):
+        in_process_service(tmp_path)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
+def test_a_state_folder_of_another_user_or_writable_by_others_is_refused(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    os.chown(state, 12345, 12345)
+    with pytest.raises(StateError, match="belongs to uid 12345"):
+        in_process_service(tmp_path)
+    os.chown(state, 0, 0)
+    state.chmod(0o777)
+    with pytest.raises(StateError, match="writable by group or others"):
+        in_process_service(tmp_path)
+
+
+def test_a_socket_path_that_is_not_a_stale_socket_is_never_deleted(tmp_path):
+    image = tmp_path / "pool.img"
+    handle = open_device({**DEVICE, "backend": {"path": str(image)}})
+    handle.close()
+    size = image.stat().st_size
+    handle = open_device({**DEVICE, "backend": {"path": str(tmp_path / "b.img")}})
+    try:
+        svc = PoolService(handle, image, state_dir=tmp_path / "state", partition_bytes=PARTITION)
+        with pytest.raises(StateError, match="is not a socket"):
+            svc.start()
+    finally:
+        handle.close()
+    assert image.stat().st_size == size
+
+
+def test_a_live_socket_is_not_taken_over_and_a_stale_one_is(tmp_path):
+    svc = in_process_service(tmp_path)
+    second = open_device({**DEVICE, "backend": {"path": str(tmp_path / "b.img")}})
+    try:
+        other = PoolService(second, svc.socket_path, state_dir=tmp_path / "state2", partition_bytes=PARTITION)
+        with pytest.raises(StateError, match="another service is serving on it"):
+            other.start()
+        attach(svc, "a", ["t"]).close()  # the first one still serves
+    finally:
+        second.close()
+        svc.close()
+    stale = socket.socket(socket.AF_UNIX)  # a socket nobody listens on any more
+    stale.bind(svc.socket_path)
+    stale.close()
+    svc = in_process_service(tmp_path)
+    attach(svc, "a", ["t"]).close()
+    svc.close()
+
+
+def test_an_empty_or_short_key_is_refused_not_used(tmp_path):
+    from cxlhm_apps.commands.device import authkey
+    state = tmp_path / "st"
+    state.mkdir(mode=0o700)
+    (state / "authkey").write_bytes(b"")
+    with pytest.raises(IdentityError, match="holds 0 bytes"):
+        authkey(state)
+    (state / "authkey").unlink()
+    key = authkey(state)
+    assert len(key) == 32 and authkey(state) == key and not list(state.glob("*.tmp"))
+    handle = open_device({**DEVICE, "backend": {"path": str(tmp_path / "p.img")}})
+    try:
+        with pytest.raises(IdentityError, match="at least 16"):
+            PoolService(handle, tmp_path / "s.sock", partition_bytes=PARTITION, authkey=b"")
+    finally:
+        handle.close()
+
+
+# ---------------------------------------------------------------- lost or wrong data
+def test_close_flushes_the_device_first_even_when_the_layout_cannot_be_saved(tmp_path, monkeypatch):
+    svc = in_process_service(tmp_path)
+    a = attach(svc, "a", ["t"])
+    for j in range(20):
+        a.tenant("t").write_from(j * BLOCK, block_record(1, j, 1))
+    a.close()
+
+    def full(*_):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(svc.layout, "save", full)
+    svc.close()  # logs the layout error, goes on
+    assert svc.counts["layout_save_errors"] == 1
+    handle = open_device({**DEVICE, "backend": {"path": str(tmp_path / "pool.img")}})
+    try:
+        buf = np.empty(BLOCK, np.uint8)
+        for j in range(20):  # the tenant's partition is the first: device offset = partition offset
+            handle.read_into(j * BLOCK, buf)
+            assert read_record(buf) == (1, 1, j)
+    finally:
+        handle.close()
+
+
+def test_attach_on_a_full_disk_is_a_clear_refusal(service, monkeypatch):
+    def full(*_):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(service.layout, "save", full)
+    with pytest.raises(AttachRefused, match="No space left on device"):
+        attach(service, "new-host", ["new-tenant"])
+    monkeypatch.undo()
+    attach(service, "new-host", ["new-tenant"]).close()
+
+
+def test_a_host_of_an_earlier_service_life_misses_and_is_told(tmp_path):
+    svc = in_process_service(tmp_path)
+    a = attach(svc, "a", ["t"])
+    t = a.tenant("t")
+    t.write_from(0, block_record(1, 0, 1))
+    assert read_record(np.frombuffer(t.load(0, BLOCK), np.uint8)) == (1, 1, 0) and t.direct_hits == 1
+    life = ServiceLife(tmp_path / "state")  # what a restarted service does first (this one was "killed")
+    buf = np.empty(BLOCK, np.uint8)
+    assert not t.mirror.read(0, buf)  # the frozen mirror is not served any more
+    with pytest.raises(PoolError, match="closed or restarted since; attach again") as err:
+        t.read_into(0, buf)
+    assert err.value.status == P.Status.SERVICE_GONE
+    life.end()
+    a.close()
+    svc.close()
+    b = attach(in_process_service(tmp_path), "a", ["t"])  # the same holds after a clean close
+    b.close()
+
+
+def test_a_closed_service_ends_its_hosts_mirror_hits(tmp_path):
+    svc = in_process_service(tmp_path)
+    a = attach(svc, "a", ["t"])
+    t = a.tenant("t")
+    t.write_from(0, block_record(1, 0, 1))
+    svc.close()
+    assert not t.mirror.read(0, np.empty(BLOCK, np.uint8))
+    with pytest.raises(PoolError) as err:
+        t.load(0, BLOCK)
+    assert err.value.status == P.Status.SERVICE_GONE
+    a.close()
+
+
+def test_mirror_reader_refuses_a_segment_of_the_wrong_size(tmp_path):
+    fd = os.memfd_create("x")
+    os.ftruncate(fd, 100)
+    with pytest.raises(OSError, match="a mirror of 100 bytes"):
+        MirrorReader(fd, 4, BLOCK)
