@@ -1,13 +1,15 @@
 """cxlhm-fio job-file parsing: options, units, inheritance, arithmetic, errors."""
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cxlhm_apps.fio import options as O
 from cxlhm_apps.fio.distributions import DistSpec
-from cxlhm_apps.fio.jobfile import JobFileError, build_jobs, read_sections
+from cxlhm_apps.fio.jobfile import JobFileError, build_jobs, load_jobs, read_sections
 from cxlhm_apps.fio.values import Percent, parse_size, parse_time_ns, split_directions
 
 
@@ -70,6 +72,10 @@ EXAMPLES = {
     "clat_percentiles": ("0", False), "lat_percentiles": ("1", True), "slat_percentiles": ("1", True),
     "percentile_list": ("99.9:50", (50.0, 99.9)), "cxlhm_profile": ("cmm-h", "cmm-h"), "cxlhm_policy": ("lru", "lru"),
     "cxlhm_dram": ("64m", 64 << 20), "cxlhm_block_size": ("4k", 4096), "cxlhm_clock": ("wall", "wall"),
+    "directory": ("/tmp", "/tmp"), "filename_format": ("f.$jobnum", "f.$jobnum"), "filesize": ("8m", 8 << 20),
+    "buffered": ("0", False), "thread": ("1", True), "offset_increment": ("1m", 1 << 20),
+    "blockalign": ("8k", (8192, 8192)), "loops": ("3", 3), "numa_cpu_nodes": ("0", "0"),
+    "numa_mem_policy": ("local", "local"),
 }
 NEEDS = {"time_based": "runtime=1\n", "verify_backlog": "verify=crc32c\n"}
 
@@ -81,7 +87,7 @@ def test_examples_cover_every_option():
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_every_option_parses(name):
     text, expected = EXAMPLES[name]
-    engine = "ioengine=io_uring\n" if name in ("ioengine",) else ""
+    engine = "ioengine=cxlhm\n" if name.startswith("cxlhm_") else ""
     job = one(f"[j]\n{NEEDS.get(name, '')}{engine}{name}={text}\n")
     assert job[name] == expected
 
@@ -95,7 +101,8 @@ def test_aliases_and_bare_flags():
 def test_defaults_when_not_given():
     job = one("[j]\nsize=1m\n")
     assert job["rw"].name == "read" and job["bs"] == (4096, 4096) and job["iodepth"] == 1
-    assert job["numjobs"] == 1 and job["ioengine"] == "cxlhm" and job["rwmixread"] == 50
+    assert job["numjobs"] == 1 and job["rwmixread"] == 50
+    assert job["ioengine"] == "psync" and not job["direct"]  # fio's defaults: psync, buffered
 
 
 def test_kb_base_applies_to_the_job_sizes():
@@ -177,7 +184,8 @@ def test_rwmixwrite_sets_rwmixread():
     ("[j]\nverify=sha1\n", 2, "verify", "one of"),
     ("[j]\nioengine=io_uring\ncxlhm_dram=64m\n", 3, "cxlhm_dram", "ioengine=cxlhm only"),
     ("[j]\ncxlhm_clock=sundial\n", 2, "cxlhm_clock", "one of"),
-    ("[j]\ndirect=0\n", 2, "direct", "direct=1"),
+    ("[j]\nioengine=psync\nhipri=1\n", 3, "hipri", "ioengine=pvsync2 only"),
+    ("[j]\nzonemode=zbd\n", 2, "zonemode", "not modelled"),
     ("[j]\nkb_base=999\n", 2, "kb_base", "1000 or 1024"),
 ])
 def test_bad_options_report_file_line_and_option(text, line, option, words):
@@ -197,6 +205,29 @@ def test_bad_options_report_file_line_and_option(text, line, option, words):
 def test_bad_structure_reports_file_and_line(text, line, words):
     err = error_of(text)
     assert err.line == line and words in str(err)
+
+
+def test_every_refused_option_of_a_file_is_listed_in_one_error(tmp_path):
+    inc = tmp_path / "inc.fio"
+    inc.write_text("zonesize=4m\n")
+    path = tmp_path / "many.fio"
+    path.write_text("[global]\nrate=1m\nbs=12 parsecs\n[a]\ninclude inc.fio\nbogus=1\n[b]\nrw=sideways\n"
+                    "iodepth=0\n[c]\ntime_based\n")
+    with pytest.raises(JobFileError) as info:
+        load_jobs([str(path)])
+    err = info.value
+    found = [(os.path.basename(e.path), e.line, e.option) for e in err.errors]
+    assert found == [("many.fio", 2, "rate"), ("inc.fio", 1, "zonesize"), ("many.fio", 6, "bogus"),
+                     ("many.fio", 3, "bs"), ("many.fio", 8, "rw"), ("many.fio", 9, "iodepth"),
+                     ("many.fio", 11, "time_based")]
+    text = str(err)
+    assert text.startswith(f"{path}:2: option 'rate'") and "7 problems" in text
+    assert text.count("bs=") == 0 and text.count("option 'bs'") == 1  # a bad global is said once, not per job
+
+
+def test_name_in_global_names_no_job():
+    jobs, _ = build_jobs([read_sections("[global]\nname=foo\n[a]\n[b]\nname=bar\n")])
+    assert [j.name for j in jobs] == ["a", "bar"]  # as fio 3.33 names them
 
 
 def test_unknown_option_suggests_a_close_name():

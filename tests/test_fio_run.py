@@ -19,7 +19,7 @@ from cxlhm_apps.fio.pattern import IoGenerator, SizeChoice
 from cxlhm_apps.fio.runner import run_jobs
 from cxlhm.timing import TimingModel
 
-DEVICE = "cxlhm_dram=1m\ncxlhm_block_size=4k\n"
+DEVICE = "ioengine=cxlhm\ncxlhm_dram=1m\ncxlhm_block_size=4k\n"
 
 
 def run(text: str):

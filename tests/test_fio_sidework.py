@@ -14,7 +14,7 @@ from cxlhm_apps.fio.pattern import IoGenerator
 from cxlhm_apps.fio.runner import run_jobs
 from cxlhm_apps.fio.sidework import SideWork
 
-DEVICE = "cxlhm_dram=1m\ncxlhm_block_size=4k\n"
+DEVICE = "ioengine=cxlhm\ncxlhm_dram=1m\ncxlhm_block_size=4k\n"
 
 
 def test_tasks_run_in_the_order_given_on_one_thread():

@@ -23,7 +23,7 @@ from cxlhm_apps.fio.stats import num2str
 INSTALL_HINT = ("real fio is not installed (no `fio` on PATH); install it with `apt-get install fio` "
                 "(Debian/Ubuntu), `dnf install fio` (Fedora) or `brew install fio`, then rerun with --compare-fio")
 # ours only, or meaningless for a raw file: never handed to fio
-_NOT_FOR_FIO = set(DEVICE_OPTIONS) | {"ioengine", "direct", "verify", "do_verify", "verify_fatal", "verify_backlog",
+_NOT_FOR_FIO = set(DEVICE_OPTIONS) | {"ioengine", "direct", "buffered", "verify", "do_verify", "verify_fatal", "verify_backlog",
                                       "filename", "lat_percentiles"}
 COMPARE_SUFFIX = ".fio-compare"
 FIO_TIMEOUT_S = 3600
@@ -41,8 +41,9 @@ def fio_filename(job: JobSpec) -> str | None:
 
 
 def fio_job_text(jobs: list[JobSpec]) -> str:
-    """The jobs as a fio job file: every option as written, the device options dropped,
-    io_uring + O_DIRECT, device images swapped for files of fio's own."""
+    """The jobs as a fio job file: every option as written, the device options dropped;
+    a device job becomes io_uring + O_DIRECT on a file of fio's own, a job on one of
+    fio's engines keeps its engine and its direct/buffered setting."""
     lines = []
     for job in jobs:
         lines.append(f"[{job.name}]")
@@ -55,7 +56,11 @@ def fio_job_text(jobs: list[JobSpec]) -> str:
             lines.append(f"filename={filename}")
         elif job["ioengine"] == "cxlhm":  # fio's default name, on a file of its own
             lines.append(f"filename_format=$jobname.$jobnum.$filenum{COMPARE_SUFFIX}")
-        lines += ["ioengine=io_uring", "direct=1", "lat_percentiles=1", ""]
+        if job["ioengine"] == "cxlhm":
+            lines += ["ioengine=io_uring", "direct=1"]
+        else:
+            lines += [f"ioengine={job['ioengine']}", f"direct={int(job['direct'])}"]
+        lines += ["lat_percentiles=1", ""]
     return "\n".join(lines)
 
 
@@ -128,7 +133,7 @@ def _fmt_lat(ns: float) -> str:
 def compare_text(ours: list[dict], theirs: dict, version: str) -> str:
     """Both summaries and the ratios, per job and direction."""
     out = [f"\nSide by side: cxlhm ({version}) vs real fio ({theirs.get('fio version', '?')}, "
-           "ioengine=io_uring, direct=1; device images replaced by files of fio's own)\n",
+           "the jobs' own engines; device jobs as ioengine=io_uring, direct=1 on files of fio's own)\n",
            f"  {'job':<20} {'dir':<5} {'':<7} {'IOPS':>10} {'BW':>12} {'lat avg':>10} {'lat p99':>10}\n"]
     for a, b in zip(ours, theirs.get("jobs", [])):
         for direction in ("read", "write"):

@@ -10,8 +10,8 @@
   its completion is seen.
   Model clock: the job is an event loop over N outstanding I/Os (clocks.ModelLoop);
   each I/O is issued at the model time the one it replaces completes.
-- IoUringEngine (ioengine=io_uring): the raw baseline, O_DIRECT io_uring on a plain
-  file with a native closed loop that keeps N I/Os in flight (fio's io_uring engine).
+- fio's own engines on a plain file (psync, sync, pvsync, pvsync2, mmap, posixaio,
+  libaio, io_uring; buffered or direct) live in raw_engines and are registered here.
 
 Buffers live in an IoArena: one page-aligned mmap cut in slots, filled once with
 random bytes (the payload of writes, as fio's default buffers are).
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import mmap
-import os
 import resource
 import threading
 import time
@@ -29,13 +28,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from cxlhm.config import ConfigError
 from cxlhm.device.interface import StreamDevice
 from cxlhm.registry import Registry
+from cxlhm_apps.fio import raw_engines
 from cxlhm_apps.fio.clocks import ModelClock
 from cxlhm_apps.fio.pattern import Chunk
 from cxlhm_apps.fio.stats import submit_bucket
-from cxlhm.media.ssd import SsdBackend
 
 # Submitter threads per job on the wall clock, measured on the 2-core development machine
 # (4k random reads, QD32, all misses). Whole batches: 1 thread x 32 deep 27k IOPS,
@@ -368,56 +366,10 @@ def _groups(direction: np.ndarray, offset: np.ndarray, size: np.ndarray):
         yield np.flatnonzero(keys == key)
 
 
-class IoUringEngine:
-    """Raw O_DIRECT io_uring on a plain file: the baseline the device is compared with."""
+class IoUringEngine(raw_engines.IoUringRawEngine):
+    """Raw io_uring on a plain file (fio's io_uring engine; raw_engines has it and
+    fio's other file engines)."""
     name = "io_uring"
-    helper_cpu = (0.0, 0.0)  # no helper threads: the runner's thread does all the work
-
-    def __init__(self, path: str, file_size: int, iodepth: int, *, serialize_overlap: bool = False,
-                 submit_batch: int = 1):
-        self.iodepth = iodepth
-        self.serialize_overlap = serialize_overlap
-        self.submit_batch = min(submit_batch or iodepth, iodepth)  # fio: 0 means iodepth
-        self.ssd = SsdBackend(path, file_size, max(iodepth, 1), source=f"filename={path}",
-                              submit_batch=self.submit_batch)
-        self._ops = np.zeros((0, 4), np.int64)
-
-    def now_ns(self) -> int:
-        return time.monotonic_ns()
-
-    def drain(self) -> int:
-        return time.monotonic_ns()  # the closed loop returns only when its I/Os completed
-
-    def execute(self, chunk: Chunk, arena: IoArena, deadline_ns: int, *, keep_read_data: bool) -> Completed:
-        n = len(chunk)
-        if self._ops.shape[0] < n:
-            self._ops = np.zeros((n, 4), np.int64)
-        ops = self._ops[:n]
-        ops[:, 0] = arena.base + chunk.slot * arena.slot_bytes
-        ops[:, 1] = chunk.size
-        ops[:, 2] = chunk.offset
-        ops[:, 3] = chunk.direction
-        res, lat = self.ssd.run_closed_loop(ops, self.iodepth, deadline_ns, serialize_overlap=self.serialize_overlap)
-        end = self.now_ns()
-        done = res.shape[0]
-        bad = np.flatnonzero(res != chunk.size[:done])
-        if bad.size:
-            i = int(bad[0])
-            errno_ = -int(res[i]) if res[i] < 0 else 5
-            raise EngineError(errno_, f"{'write' if chunk.direction[i] else 'read'} at offset {int(chunk.offset[i])}, "
-                                      f"length {int(chunk.size[i])}: {os.strerror(errno_) if res[i] < 0 else 'short transfer'}")
-        # the native loop submits once `submit_batch` I/Os are prepared, or when it has to
-        # wait: with a batch of 1 every submit carries one I/O
-        submits = np.zeros(7, np.int64)
-        if done:
-            batches, rest = divmod(done, self.submit_batch)
-            submits[submit_bucket(self.submit_batch)] += batches
-            if rest:
-                submits[submit_bucket(rest)] += 1
-        return Completed(done, None, lat, end, min(self.iodepth, max(done, 1)), submits, np.zeros((2, 2), np.int64))
-
-    def close(self) -> None:
-        self.ssd.close()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -434,13 +386,10 @@ def _open_cxlhm(worker) -> CxlhmEngine:
     return CxlhmEngine(worker.share, worker.job["iodepth"], worker.arena.slot_bytes)
 
 
-def _open_io_uring(worker) -> IoUringEngine:
-    try:
-        return IoUringEngine(worker.plan.filename, worker.plan.file_end, worker.job["iodepth"],
-                             serialize_overlap=worker.job["serialize_overlap"],
-                             submit_batch=worker.job["iodepth_batch_submit"])
-    except ConfigError as exc:
-        raise worker.job.error("filename", str(exc).split(": ", 1)[-1]) from None
+def _raw_opener(name: str) -> Callable:
+    def open_(worker):
+        return raw_engines.open_raw(name, worker)
+    return open_
 
 
 def _as_engine(obj) -> EngineKind:
@@ -451,7 +400,8 @@ def _as_engine(obj) -> EngineKind:
 
 ENGINES: Registry[EngineKind] = Registry("fio ioengine", "cxlhm.fio_engines", check=_as_engine)
 ENGINES.add("cxlhm", EngineKind(uses_device=True, measures_slat=True, open=_open_cxlhm))
-ENGINES.add("io_uring", EngineKind(uses_device=False, measures_slat=False, open=_open_io_uring))
+for _name in raw_engines.ENGINE_OPS:  # fio's own engines on a plain file, shared by any number of clones
+    ENGINES.add(_name, EngineKind(uses_device=False, measures_slat=False, open=_raw_opener(_name)))
 
 
 def engine_of(job) -> EngineKind:

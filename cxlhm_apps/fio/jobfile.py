@@ -7,7 +7,9 @@ file, no sections inside); ``${VAR}`` environment expansion and fio's ``$pagesiz
 ``$mb_memory`` and ``$ncpus`` keywords in values; bare flags (``time_based``).
 
 Every problem is a JobFileError naming file, line and option. Nothing is silently
-ignored: an option that is not in the table (options.py) is an error.
+ignored: an option that is not in the table (options.py) is an error. A file's
+problems are gathered and raised together (JobFileErrors): one run lists every
+option that has to change, not just the first.
 """
 from __future__ import annotations
 
@@ -34,6 +36,36 @@ class JobFileError(ValueError):
         self.path, self.line, self.option, self.message = path, line, option, message
         where = f"{path}:{line}" if line else path
         super().__init__(f"{where}: option {option!r}: {message}" if option else f"{where}: {message}")
+
+
+class JobFileErrors(JobFileError):
+    """Several problems, one line each; path/line/option are the first one's."""
+
+    def __init__(self, errors: list[JobFileError]):
+        first = errors[0]
+        self.errors = errors
+        self.path, self.line, self.option, self.message = first.path, first.line, first.option, first.message
+        ValueError.__init__(self, "\n".join(str(e) for e in errors) + f"\n({len(errors)} problems, every one listed)")
+
+
+class _Collector:
+    """Gathers JobFileErrors (once each: a bad global is met by every job below it)."""
+
+    def __init__(self):
+        self.errors: list[JobFileError] = []
+        self._seen: set[str] = set()
+
+    def add(self, exc: JobFileError) -> None:
+        for one in getattr(exc, "errors", None) or [exc]:
+            if str(one) not in self._seen:
+                self._seen.add(str(one))
+                self.errors.append(one)
+
+    def raise_any(self) -> None:
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            raise JobFileErrors(self.errors)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,10 +181,14 @@ class Sections(list):
 
 
 def read_sections(text: str, path: str = "<stdin>", *, _depth: int = 0, _in_section: Section | None = None,
-                  _include: bool = False) -> Sections:
+                  _include: bool = False, problems: _Collector | None = None) -> Sections:
     """Split job-file text into sections of raw options. Checks syntax and option names;
-    values are checked by build_jobs (they depend on kb_base and the job's other options)."""
+    values are checked by build_jobs (they depend on kb_base and the job's other options).
+    Problems with single option lines go to `problems` (default: raised together at the
+    end); a broken structure (section header, include) is raised at once."""
     sections = Sections(path)
+    own = problems is None
+    problems = _Collector() if own else problems
     current = _in_section
     base_dir = Path(path).parent if not path.startswith("<") else Path.cwd()
     for lineno, raw_line in enumerate(text.splitlines(), start=1):
@@ -189,37 +225,42 @@ def read_sections(text: str, path: str = "<stdin>", *, _depth: int = 0, _in_sect
             if not regular:
                 raise JobFileError(path, lineno, None, f"include: {str(inc_path)!r} is not a regular file; "
                                                        "include takes a job file")
-            read_sections(_read_text(inc_path), str(inc_path), _depth=_depth + 1, _in_section=current, _include=True)
+            read_sections(_read_text(inc_path), str(inc_path), _depth=_depth + 1, _in_section=current, _include=True,
+                          problems=problems)
             continue
         key, sep, value = line.partition("=")
         key = key.strip()
         if not _KEY_RE.match(key):
-            raise JobFileError(path, lineno, None, f"cannot parse {line!r}; expected option=value")
+            problems.add(JobFileError(path, lineno, None, f"cannot parse {line!r}; expected option=value"))
+            continue
+        if current is None:
+            problems.add(JobFileError(path, lineno, key, "option outside of a section; start with [global] or [jobname]"))
+            continue
         opt = O.lookup(key)
         if opt is None:
-            close = difflib.get_close_matches(key.lower(), list(O.BY_NAME), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise JobFileError(path, lineno, key, f"unknown or unsupported option{hint}; `cxlhm fio --cmdhelp` lists the supported ones")
-        if current is None:
-            raise JobFileError(path, lineno, key, "option outside of a section; start with [global] or [jobname]")
+            problems.add(JobFileError(path, lineno, key, O.unknown_option_message(key)))
+            continue
         if sep:
             text_value = _expand(value.strip())
         elif opt.flag:
             text_value = None
         else:
-            raise JobFileError(path, lineno, key, f"needs a value ({key}=...)")
+            problems.add(JobFileError(path, lineno, key, f"needs a value ({key}=...)"))
+            continue
         current.options.append(RawOption(key, text_value, path, lineno))
+    if own:
+        problems.raise_any()
     return sections
 
 
-def read_job_file(path: str) -> Sections:
+def read_job_file(path: str, problems: _Collector | None = None) -> Sections:
     """Sections of a job file; '-' reads standard input."""
     if path == "-":
         import sys
         stream = getattr(sys.stdin, "buffer", None)  # (a text stream stands in for it in tests)
         data = stream.read(MAX_JOB_FILE_BYTES + 1) if stream else sys.stdin.read(MAX_JOB_FILE_BYTES + 1).encode()
-        return read_sections(_decode(data, "<stdin>"), "<stdin>")
-    return read_sections(_read_text(Path(path)), path)
+        return read_sections(_decode(data, "<stdin>"), "<stdin>", problems=problems)
+    return read_sections(_read_text(Path(path)), path, problems=problems)
 
 
 # ---------------------------------------------------------------- building jobs
@@ -234,57 +275,90 @@ def _parse_value(raw: RawOption, kb_base: int) -> Any:
         raise JobFileError(raw.path, raw.line, raw.key, str(exc)) from None
 
 
-def _build_job(section: Section, globals_in_force: dict[str, RawOption], index: int) -> JobSpec:
+def _build_job(section: Section, globals_in_force: dict[str, RawOption], index: int,
+               problems: _Collector) -> JobSpec | None:
+    """The job, or None with its problems added to `problems` (every bad value, then the
+    rules between options where the values themselves were good)."""
     given = dict(globals_in_force)
     for raw in section.options:
         given[raw.canonical] = raw
     kb_base = 1024
     if "kb_base" in given:
-        kb_base = _parse_value(given["kb_base"], 1024)
-    values = {opt.name: opt.default for opt in O.OPTIONS}
+        try:
+            kb_base = _parse_value(given["kb_base"], 1024)
+        except JobFileError as exc:
+            problems.add(exc)
+    values = {opt.name: opt.default for opt in O.all_options()}
+    bad: set[str] = set()
     for name, raw in given.items():
-        values[name] = _parse_value(raw, kb_base)
-    job = JobSpec(values["name"] or section.name, index, section.path, section.line, values, given, list(section.options))
-    _check_job(job)
-    return job
+        try:
+            values[name] = _parse_value(raw, kb_base)
+        except JobFileError as exc:
+            problems.add(exc)
+            bad.add(name)
+    if "buffered" in given and ("direct" not in given or _later(given["buffered"], given["direct"])):
+        values["direct"] = not values["buffered"]  # fio: buffered is direct's inverse, the later one wins
+    values["buffered"] = not values["direct"]
+    job = JobSpec(_job_name(section, values), index, section.path, section.line, values, given, list(section.options))
+    # the rules between options, where the values they involve are good (a bad one
+    # stands at its default, which would make a rule's complaint misleading)
+    for exc in _check_job(job):
+        if not {O.lookup(exc.option).name if exc.option and O.lookup(exc.option) else exc.option} & bad:
+            problems.add(exc)
+    return None if bad else job
 
 
-def _check_job(job: JobSpec) -> None:
-    """Rules between options (single values were checked while parsing)."""
+def _later(a: RawOption, b: RawOption) -> bool:
+    return (a.path, a.line) > (b.path, b.line) if a.path == b.path else True
+
+
+def _job_name(section: Section, values: dict[str, Any]) -> str:
+    """fio's job name: name= in the job's own section, else the section's name (a name=
+    in [global] names no job: fio takes each job's name from its section)."""
+    own = next((raw for raw in reversed(section.options) if raw.canonical == "name"), None)
+    return own.text if own is not None and own.text else section.name
+
+
+def _check_job(job: JobSpec):
+    """The rules between options that the job breaks, as JobFileErrors (single values
+    were checked while parsing)."""
     v, given = job.values, job.given
     if "rwmixread" in given and "rwmixwrite" in given:
         if v["rwmixread"] + v["rwmixwrite"] != 100:
             later = max(("rwmixread", "rwmixwrite"), key=lambda k: (given[k].path, given[k].line))
-            raise job.error(later, f"rwmixread={v['rwmixread']} and rwmixwrite={v['rwmixwrite']} do not add up to 100")
+            yield job.error(later, f"rwmixread={v['rwmixread']} and rwmixwrite={v['rwmixwrite']} do not add up to 100")
     elif "rwmixwrite" in given:
         v["rwmixread"] = 100 - v["rwmixwrite"]
     v["rwmixwrite"] = 100 - v["rwmixread"]
     if v["time_based"] and v["runtime"] is None:
-        raise job.error("time_based", "time_based needs a runtime")
+        yield job.error("time_based", "time_based needs a runtime")
     if v["runtime"] is not None and v["runtime"] <= 0:
-        raise job.error("runtime", "must be positive")
-    if not v["direct"]:
-        raise job.error("direct", "only direct=1 is supported: both engines bypass the host page cache")
+        yield job.error("runtime", "must be positive")
+    for name, (_, engine) in O.engine_options().items():
+        if name in given and v["ioengine"] != engine:
+            yield job.error(name, f"applies to ioengine={engine} only (this job uses ioengine={v['ioengine']})")
     if v["ioengine"] != "cxlhm":
         for name in O.DEVICE_OPTIONS:
             if name in given:
-                raise job.error(name, f"applies to ioengine=cxlhm only (this job uses ioengine={v['ioengine']})")
+                yield job.error(name, f"applies to ioengine=cxlhm only (this job uses ioengine={v['ioengine']})")
     if v["ioengine"] == "cxlhm":
         unavailable = clocks.model_clock_unavailable()
         if v["cxlhm_clock"] == "model" and unavailable:
-            raise job.error("cxlhm_clock", unavailable)
+            yield job.error("cxlhm_clock", unavailable)
     if v["verify_backlog"] and v["verify"] in ("0", "null"):
-        raise job.error("verify_backlog", "needs verify=crc32c|md5|xxhash")
+        yield job.error("verify_backlog", "needs verify=crc32c|md5|xxhash")
     for name in ("bs", "bsrange", "bssplit"):
         if name in given:
             read, write = v[name]
             if read is None and write is None:
-                raise job.error(name, "gives no block size")
+                yield job.error(name, "gives no block size")
 
 
-def build_jobs(files: list[list[Section]]) -> tuple[list[JobSpec], list[RawOption]]:
+def build_jobs(files: list[list[Section]], problems: _Collector | None = None) -> tuple[list[JobSpec], list[RawOption]]:
     """Jobs of every file, in order, and the global options as written (for the report).
-    Globals apply to the jobs below them in their own file only."""
+    Globals apply to the jobs below them in their own file only. Every problem found is
+    raised at the end, together with those already in `problems`."""
+    problems = problems or _Collector()
     jobs: list[JobSpec] = []
     all_globals: dict[str, RawOption] = {}
     for sections in files:
@@ -294,9 +368,15 @@ def build_jobs(files: list[list[Section]]) -> tuple[list[JobSpec], list[RawOptio
                 for raw in section.options:
                     in_force[raw.canonical] = raw
                     all_globals[raw.canonical] = raw
-                    _parse_value(raw, 1024)  # a bad global is an error even with no job below it
+                    try:
+                        _parse_value(raw, 1024)  # a bad global is an error even with no job below it
+                    except JobFileError as exc:
+                        problems.add(exc)
                 continue
-            jobs.append(_build_job(section, in_force, len(jobs)))
+            job = _build_job(section, in_force, len(jobs), problems)
+            if job is not None:
+                jobs.append(job)
+    problems.raise_any()
     if not jobs:
         where = getattr(files[-1], "path", "<input>") if files else "<input>"
         raise JobFileError(where, 0, None, "no jobs defined (add a [jobname] section)")
@@ -304,4 +384,6 @@ def build_jobs(files: list[list[Section]]) -> tuple[list[JobSpec], list[RawOptio
 
 
 def load_jobs(paths: list[str]) -> tuple[list[JobSpec], list[RawOption]]:
-    return build_jobs([read_job_file(p) for p in paths])
+    """The jobs of the files; every problem of every file in one JobFileError."""
+    problems = _Collector()
+    return build_jobs([read_job_file(p, problems) for p in paths], problems)

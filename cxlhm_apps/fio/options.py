@@ -226,15 +226,30 @@ OPTIONS: tuple[Option, ...] = (
     Option("name", "str", _text, None, "job name (defaults to the section name)", group="description"),
     Option("description", "str", _text, "", "free text shown in the report", group="description"),
     # target
-    Option("ioengine", "str", _ioengine, "cxlhm",
-           "cxlhm: the emulated device (driver API); io_uring: O_DIRECT io_uring on a plain file (raw baseline)",
+    Option("ioengine", "str", _ioengine, "psync",
+           "psync (fio's default), sync, pvsync, pvsync2, mmap, posixaio, libaio, io_uring: fio's engines on a plain "
+           "file; cxlhm: the emulated device (driver API)",
            group="target"),
     Option("filename", "str", _text, None,
-           "file to do I/O on; for ioengine=cxlhm the device's backing SSD image. Default: JOBNAME.CLONE.0 in the current folder",
+           "file to do I/O on; for ioengine=cxlhm the device's backing SSD image. Default: "
+           "DIRECTORY/JOBNAME.CLONE.0 (filename_format)",
            group="target"),
-    Option("direct", "bool", _bool, True,
-           "O_DIRECT I/O. Both engines bypass the host page cache, so only 1 is accepted (default 1 here, unlike fio)",
+    Option("directory", "str", _text, None, "folder of the job's files (with filename: a relative name is in it)",
            group="target"),
+    Option("filename_format", "str", _text, "$jobname.$jobnum.$filenum",
+           "name of a job's file when filename is not given: $jobname, $jobnum (clone), $filenum, $clientuid",
+           group="target"),
+    Option("filesize", "int", _positive_size, None, "size of the job's file (default: size); I/O stays within it",
+           group="target"),
+    Option("direct", "bool", _bool, False,
+           "O_DIRECT I/O (bypass the host page cache); 0: buffered, as in fio. The device (ioengine=cxlhm) has no "
+           "host page cache: both values run the same there",
+           group="target"),
+    Option("buffered", "bool", _bool, True, "the inverse of direct (the later of the two written wins)",
+           group="target"),
+    Option("thread", "bool", _bool, False,
+           "jobs as threads instead of processes; every job runs in a thread of this process either way",
+           flag=True, group="target"),
     # I/O pattern
     Option("rw", "str", parse_rw, RwMode("read", False, True, False),
            "read, write, randread, randwrite, rw/readwrite, randrw; ':N' = I/Os per new random offset, or bytes skipped after each sequential I/O",
@@ -252,6 +267,12 @@ OPTIONS: tuple[Option, ...] = (
            "weighted block sizes: SIZE/PCT:SIZE/PCT[,...] per direction; blank percentages share the rest", group="pattern"),
     Option("size", "int|%", _size_or_percent, None, "region (and, without io_size, amount) of I/O per job clone", group="pattern"),
     Option("offset", "int|%", _size_or_percent, 0, "start of the region in the file", group="pattern"),
+    Option("offset_increment", "int|%", _size_or_percent, 0,
+           "clone N of the job starts at offset + N * offset_increment", group="pattern"),
+    Option("blockalign", "int[,int]", parse_bs, (None, None),
+           "alignment of random offsets, per direction (default: the smallest block size)", aliases=("ba",),
+           group="pattern"),
+    Option("loops", "int", _int_at_least(1), 1, "run the job's whole I/O this many times", group="pattern"),
     Option("io_size", "int", _positive_size, None, "bytes of I/O to do (may exceed size: wraps around)",
            aliases=("io_limit",), group="pattern"),
     Option("number_ios", "int", _int_at_least(1), None, "stop after this many I/Os", group="pattern"),
@@ -275,6 +296,12 @@ OPTIONS: tuple[Option, ...] = (
            "order and verify can fail, as in fio; the cxlhm engine always applies a job's overlapping writes in order)",
            flag=True, group="timing"),
     Option("numjobs", "int", _int_at_least(1, 1024), 1, "identical clones of this job, run concurrently", group="timing"),
+    Option("numa_cpu_nodes", "str", _text, None,
+           "NUMA nodes the job's CPUs are on: accepted, not applied (placement only; reported as not modelled)",
+           group="timing"),
+    Option("numa_mem_policy", "str", _text, None,
+           "NUMA memory policy of the job's buffers: accepted, not applied (placement only; reported as not modelled)",
+           group="timing"),
     Option("runtime", "time", _time, None, "stop after this long (seconds unless a unit is given)", aliases=("timeout",), group="timing"),
     Option("time_based", "bool", _bool, False, "run for the whole runtime, wrapping around the region", flag=True, group="timing"),
     Option("ramp_time", "time", _time, 0, "run this long before recording statistics", group="timing"),
@@ -311,13 +338,43 @@ for _opt in OPTIONS:
         BY_NAME[_alias] = _opt
 
 DEVICE_OPTIONS = tuple(o.name for o in OPTIONS if o.group == "device")
+NOT_MODELLED = ("numa_cpu_nodes", "numa_mem_policy")  # accepted, said in the run's messages
 GROUP_TITLES = {"description": "Description", "target": "Target", "pattern": "I/O pattern",
                 "timing": "Queueing and timing", "verify": "Data verification", "report": "Reporting",
+                "engine": "Engine options (each with its own ioengine)",
                 "device": "Emulated device (ioengine=cxlhm)"}
 
 
+def engine_options() -> dict[str, tuple[Option, str]]:
+    """Options that belong to one ioengine, declared beside it: name -> (option, engine)."""
+    from cxlhm_apps.fio.raw_engines import ENGINE_OPTIONS  # (the engines import this table's types)
+    return ENGINE_OPTIONS
+
+
+def all_options() -> tuple[Option, ...]:
+    return OPTIONS + tuple(opt for opt, _ in engine_options().values())
+
+
 def lookup(name: str) -> Option | None:
-    return BY_NAME.get(name.strip().lower())
+    key = name.strip().lower()
+    opt = BY_NAME.get(key)
+    if opt is None and key in engine_options():
+        opt = engine_options()[key][0]
+    return opt
+
+
+def unknown_option_message(key: str) -> str:
+    """Why `key` is refused, and what would be accepted."""
+    import difflib
+
+    from cxlhm_apps.fio.fio_names import NOT_MODELLED_WHY
+    why = NOT_MODELLED_WHY.get(key.lower())
+    if why:
+        return f"fio's option, not modelled here: {why}; remove it to run the job"
+    names = list(BY_NAME) + list(engine_options())
+    close = difflib.get_close_matches(key.lower(), names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown or unsupported option{hint}; `cxlhm fio --cmdhelp` lists the supported ones"
 
 
 def format_default(opt: Option) -> str:
@@ -344,7 +401,7 @@ def cmdhelp(name: str | None = None) -> str:
     lines = []
     for group, title in GROUP_TITLES.items():
         lines.append(f"{title}:")
-        for opt in OPTIONS:
+        for opt in all_options():
             if opt.group == group:
                 names = "/".join((opt.name,) + opt.aliases)
                 lines.append(f"  {names:<28} {opt.kind:<16} default {format_default(opt):<10} {opt.help}")

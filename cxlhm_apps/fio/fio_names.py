@@ -1,0 +1,82 @@
+"""fio options this tool knows by name but does not model, with the reason: a job file
+that uses one is refused with that reason (never run with the option dropped).
+
+Only options met in real job files are listed (fio's examples among them); any other
+unknown name gets the generic "unknown or unsupported option" with a close match.
+"""
+from __future__ import annotations
+
+_HARDWARE = "needs hardware or a kernel interface absent from a plain file"
+_ENGINE = "belongs to an ioengine that is not modelled (fio's file engines and cxlhm are)"
+
+NOT_MODELLED_WHY: dict[str, str] = {
+    # zoned block devices, NVMe commands, protection information
+    **{name: "zoned block devices are not modelled" for name in (
+        "zonemode", "zonesize", "zoneskip", "zonerange", "max_open_zones", "zone_reset_threshold",
+        "zone_reset_frequency", "read_beyond_wp")},
+    **{name: f"NVMe passthrough / protection information: {_HARDWARE}" for name in (
+        "cmd_type", "pi_chk", "pi_act", "apptag", "apptag_mask", "md_per_io_size", "fdp", "fdp_pli",
+        "write_mode", "num_range", "readfua", "writefua", "atomic")},
+    **{name: f"command priorities: {_HARDWARE}" for name in (
+        "cmdprio", "cmdprio_percentage", "cmdprio_bssplit", "cmdprio_class", "prioclass", "prio", "log_prio")},
+    # engines that are not modelled
+    **{name: _ENGINE for name in (
+        "sg_write_mode", "hostname", "port", "protocol", "listen", "pingpong", "https", "http_verbose",
+        "http_mode", "http_host", "http_s3_region", "http_s3_keyid", "http_s3_key", "http_swift_auth_token",
+        "http_s3_storage_class", "http_s3_sse_customer_key", "http_s3_sse_customer_algorithm", "cpuload",
+        "cpumode", "program", "arguments", "pool", "rbdname", "clientname", "gpu_dev_ids", "gpu_dev_id",
+        "cuda_io", "rocm_io", "libblkio_path", "libblkio_driver", "nfs_url", "volume", "brick", "conf",
+        "donorname", "inplace", "std_redirect", "uri", "busy_poll", "verb", "sqthread_poll",
+        "sqthread_poll_cpu", "registerfiles", "fixedbufs", "nonvectored", "userspace_reap")},
+    # workload features not modelled
+    "rate": "rate limiting is not modelled", "rate_iops": "rate limiting is not modelled",
+    "ratemin": "rate limiting is not modelled", "rate_process": "rate limiting is not modelled",
+    "thinktime": "think time between I/Os is not modelled",
+    "steadystate": "steady-state detection is not modelled", "ss": "steady-state detection is not modelled",
+    "ss_dur": "steady-state detection is not modelled", "ss_ramp": "steady-state detection is not modelled",
+    "steadystate_duration": "steady-state detection is not modelled",
+    "steadystate_ramp_time": "steady-state detection is not modelled",
+    "steadystate_check_interval": "steady-state detection is not modelled",
+    "latency_target": "latency-target depth search is not modelled",
+    "latency_window": "latency-target depth search is not modelled",
+    "latency_percentile": "latency-target depth search is not modelled",
+    "dedupe_percentage": "buffer contents control is not modelled (buffers are random)",
+    "dedupe_mode": "buffer contents control is not modelled (buffers are random)",
+    "dedupe_working_set_percentage": "buffer contents control is not modelled (buffers are random)",
+    "dedupe_global": "buffer contents control is not modelled (buffers are random)",
+    "buffer_compress_percentage": "buffer contents control is not modelled (buffers are random)",
+    "buffer_pattern": "buffer contents control is not modelled (buffers are random)",
+    "scramble_buffers": "buffer contents control is not modelled (buffers are random)",
+    "verify_pattern": "verify=pattern is not modelled (crc32c, md5, xxhash are)",
+    "verify_interval": "verify_interval is not modelled (one header per block)",
+    "verify_async": "asynchronous verify threads are not modelled", "verify_dump": "verify_dump is not modelled",
+    "verify_write_sequence": "verify_write_sequence is not modelled",
+    "startdelay": "startdelay is not modelled", "nrfiles": "several files per job are not modelled",
+    "nr_files": "several files per job are not modelled", "openfiles": "several files per job are not modelled",
+    "fallocate": "fallocate modes are not modelled (files are extended with ftruncate)",
+    "fsync": "fsync every N writes is not modelled", "fill_device": "fill_device is not modelled",
+    "continue_on_error": "continue_on_error is not modelled (a failed I/O ends the job)",
+    "ignore_error": "ignore_error is not modelled (a failed I/O ends the job)",
+    "error_dump": "error_dump is not modelled", "random_generator": "only fio's default generator's "
+    "statistics are modelled (the sequence differs from fio's)",
+    "random_sequence_stride": "random_sequence_stride is not modelled",
+    "io_submit_mode": "io_submit_mode=offload is not modelled",
+    "iodepth_batch_complete": "iodepth_batch_complete is not modelled",
+    "gtod_reduce": "gtod_reduce is not modelled (every latency is measured)",
+    "disable_lat": "disabling latency collection is not modelled",
+    "disable_clat": "disabling latency collection is not modelled",
+    "disable_slat": "disabling latency collection is not modelled",
+    "block_error_percentiles": "block error percentiles need trim/error counters not modelled",
+    "invalidate": "invalidate (dropping the page cache before a job) is not modelled",
+    "create_on_open": "create_on_open is not modelled", "create_serialize": "create_serialize is not modelled",
+    "allow_file_create": "allow_file_create is not modelled", "unlink": "unlink is not modelled",
+    "log_offset": "log_offset is not modelled (logs carry time, value, direction, size)",
+    "cpus_allowed_policy": "CPU placement is not modelled", "cpus_allowed": "CPU placement is not modelled",
+    "cpumask": "CPU placement is not modelled", "mem": "buffer memory types are not modelled",
+    "grace_time": _ENGINE, "ttl": _ENGINE, "skip_bad": "MTD devices are not modelled",
+    "threads": _ENGINE, "cont": _ENGINE, "sprandom": "sprandom is not modelled",
+    "spr_op": "sprandom is not modelled", "spr_num_regions": "sprandom is not modelled",
+    "flow_sleep": "flow control is not modelled", "flow": "flow control is not modelled",
+    "exitall": "exitall is not modelled", "exit_what": "exitall is not modelled", "exitwhat": "exitall is not modelled",
+    "wait_for": "wait_for is not modelled", "sync": "sync=1 (O_SYNC writes) is not modelled",
+}

@@ -1,0 +1,475 @@
+"""fio's own I/O engines on a plain file: psync, sync, pvsync, pvsync2, libaio,
+posixaio, mmap and io_uring, buffered or O_DIRECT (direct=1), as fio runs them.
+
+Each engine is one `RawEngineOps` (fio's `struct ioengine_ops`): its name, whether it
+is synchronous (fio caps a synchronous engine's queue depth at 1), the options it
+declares, and the class that does its I/O. Every clone opens the file itself, so any
+number of jobs and clones share one file as they do under fio (no lock: that belongs to
+the emulated device, whose image must not change behind its back).
+
+What differs from fio, and why:
+- psync/sync/pvsync/pvsync2/mmap: one system call (or copy) per I/O from Python, as
+  fio issues them; the latency includes the interpreter's call overhead (about a
+  microsecond).
+- libaio: Linux's native AIO through its system calls (io_setup/io_submit/
+  io_getevents), a closed loop of `iodepth` I/Os, reaped from Python.
+- posixaio: glibc runs POSIX AIO on helper threads that do pread/pwrite; here
+  `iodepth` threads do the same directly.
+- io_uring: the project's native closed loop (one ring per clone, `iodepth` SQEs in
+  flight), the same loop the device's SSD path uses.
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import errno
+import mmap
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from cxlhm_apps.fio import options as O
+from cxlhm_apps.fio import values as V
+from cxlhm_apps.fio.stats import submit_bucket
+
+RWF_HIPRI = 0x1
+
+
+class RawEngineError(OSError):
+    """An I/O failed; errno and the offset say which."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RawEngineOps:
+    """One of fio's engines: what fio's ioengine_ops says about it."""
+    name: str
+    sync: bool  # fio's FIO_SYNCIO: one I/O at a time, iodepth capped at 1
+    options: tuple[O.Option, ...]
+    make: Callable[..., "RawEngine"]
+    help: str
+
+
+@dataclasses.dataclass
+class Done:
+    """What execute() hands back (engines.Completed's fields)."""
+    count: int
+    slat: np.ndarray | None
+    clat: np.ndarray
+    end_ns: int
+    depth: int
+    submits: np.ndarray
+    cache: np.ndarray
+
+
+def open_flags(direct: bool, writes: bool) -> int:
+    flags = (os.O_RDWR if writes else os.O_RDONLY) | os.O_CLOEXEC
+    return flags | os.O_DIRECT if direct else flags
+
+
+class RawEngine:
+    """A clone's open file and its I/O loop. Subclasses run `_run(chunk, arena, deadline)`
+    and return (count, clat) for the issued prefix of the chunk."""
+    sync = True
+    helper_cpu = (0.0, 0.0)
+
+    def __init__(self, path: str, file_end: int, iodepth: int, *, direct: bool, writes: bool, values: dict):
+        self.path, self.file_end = path, file_end
+        self.iodepth = 1 if self.sync else iodepth
+        self.direct = direct
+        self.values = values
+        self.fd = os.open(path, open_flags(direct, writes))
+
+    def now_ns(self) -> int:
+        return time.monotonic_ns()
+
+    def drain(self) -> int:
+        return time.monotonic_ns()
+
+    def execute(self, chunk, arena, deadline_ns: int, *, keep_read_data: bool):
+        from cxlhm_apps.fio.engines import Completed
+        count, clat, submits = self._run(chunk, arena, deadline_ns)
+        return Completed(count, None, clat, time.monotonic_ns(), min(self.iodepth, max(count, 1)), submits,
+                         np.zeros((2, 2), np.int64))
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    @staticmethod
+    def _failed(chunk, i: int, errno_: int | None, got: int | None = None) -> RawEngineError:
+        what = "write" if chunk.direction[i] else "read"
+        reason = os.strerror(errno_) if errno_ else f"short transfer ({got} of {int(chunk.size[i])} bytes)"
+        return RawEngineError(errno_ or errno.EIO, f"{what} at offset {int(chunk.offset[i])}, length "
+                                                   f"{int(chunk.size[i])}: {reason}")
+
+
+def _one_per_submit(count: int) -> np.ndarray:
+    submits = np.zeros(7, np.int64)
+    if count:
+        submits[submit_bucket(1)] += count
+    return submits
+
+
+class _SyncLoop(RawEngine):
+    """One I/O at a time, in issue order; `_io(i, buf, offset, write)` does one."""
+
+    def _run(self, chunk, arena, deadline_ns):
+        n = len(chunk)
+        clat = np.zeros(n, np.int64)
+        offsets, sizes, slots, dirs = (chunk.offset.tolist(), chunk.size.tolist(), chunk.slot.tolist(),
+                                       chunk.direction.tolist())
+        clock = time.monotonic_ns
+        done = 0
+        for i in range(n):
+            t0 = clock()
+            if t0 >= deadline_ns:
+                break
+            try:
+                got = self._io(arena.view(slots[i], sizes[i]), offsets[i], dirs[i])
+            except OSError as exc:
+                raise self._failed(chunk, i, exc.errno) from None
+            clat[i] = clock() - t0
+            if got != sizes[i]:
+                raise self._failed(chunk, i, None, got)
+            done += 1
+        return done, clat[:done], _one_per_submit(done)
+
+
+class PsyncEngine(_SyncLoop):
+    def _io(self, buf, offset, write):
+        return os.pwrite(self.fd, buf, offset) if write else os.preadv(self.fd, [buf], offset)
+
+
+class SyncEngine(_SyncLoop):
+    """read(2)/write(2) after lseek(2), as fio's sync engine (it seeks only when the
+    file position is not already the I/O's offset)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._pos = -1
+
+    def _io(self, buf, offset, write):
+        if self._pos != offset:
+            os.lseek(self.fd, offset, os.SEEK_SET)
+        got = os.write(self.fd, buf) if write else os.readv(self.fd, [buf])
+        self._pos = offset + got
+        return got
+
+
+class PvsyncEngine(_SyncLoop):
+    def _io(self, buf, offset, write):
+        return os.pwritev(self.fd, [buf], offset) if write else os.preadv(self.fd, [buf], offset)
+
+
+class Pvsync2Engine(_SyncLoop):
+    """preadv2/pwritev2; hipri=1 sets RWF_HIPRI (polled completion where the device
+    supports it; a plain file system refuses it with EOPNOTSUPP, as under fio)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._flags = RWF_HIPRI if self.values.get("hipri") else 0
+
+    def _io(self, buf, offset, write):
+        if write:
+            return os.pwritev(self.fd, [buf], offset, self._flags)
+        return os.preadv(self.fd, [buf], offset, self._flags)
+
+
+class MmapEngine(_SyncLoop):
+    """The file mapped shared; a read copies out of the mapping, a write into it (page
+    faults do the I/O, as in fio's mmap engine). direct=1 is refused at parse time: an
+    mmap goes through the page cache by nature (fio's engine ignores O_DIRECT)."""
+
+    def __init__(self, path, file_end, iodepth, *, direct, writes, values):
+        super().__init__(path, file_end, iodepth, direct=False, writes=writes, values=values)
+        size = max(file_end, os.fstat(self.fd).st_size)
+        self._map = mmap.mmap(self.fd, size, mmap.MAP_SHARED,
+                              mmap.PROT_READ | (mmap.PROT_WRITE if writes else 0))
+        self._view = np.frombuffer(self._map, np.uint8) if writes else np.frombuffer(self._map, np.uint8)
+
+    def _io(self, buf, offset, write):
+        n = buf.shape[0]
+        if write:
+            self._view[offset:offset + n] = buf
+        else:
+            buf[:] = self._view[offset:offset + n]
+        return n
+
+    def close(self) -> None:
+        self._view = None
+        try:
+            self._map.close()
+        except BufferError:
+            pass
+        super().close()
+
+
+class PosixaioEngine(RawEngine):
+    """`iodepth` threads each doing pread/pwrite (glibc's POSIX AIO runs them on helper
+    threads the same way). What ran is always a prefix of the chunk."""
+    sync = False
+
+    def _run(self, chunk, arena, deadline_ns):
+        n = len(chunk)
+        clat = np.zeros(n, np.int64)
+        take = threading.Lock()
+        state = {"next": 0, "stop": False, "error": None}
+        offsets, sizes, slots, dirs = (chunk.offset.tolist(), chunk.size.tolist(), chunk.slot.tolist(),
+                                       chunk.direction.tolist())
+        fd = self.fd
+
+        def worker():
+            while True:
+                with take:
+                    i = state["next"]
+                    if state["stop"] or i >= n or time.monotonic_ns() >= deadline_ns:
+                        return
+                    state["next"] = i + 1
+                t0 = time.monotonic_ns()
+                buf = arena.view(slots[i], sizes[i])
+                try:
+                    got = os.pwrite(fd, buf, offsets[i]) if dirs[i] else os.preadv(fd, [buf], offsets[i])
+                    if got != sizes[i]:
+                        raise self._failed(chunk, i, None, got)
+                except OSError as exc:
+                    with take:
+                        state["stop"] = True
+                        state["error"] = exc if isinstance(exc, RawEngineError) else self._failed(chunk, i, exc.errno)
+                    return
+                clat[i] = time.monotonic_ns() - t0
+
+        threads = [threading.Thread(target=worker, name="cxlhm-fio-posixaio") for _ in range(min(self.iodepth, n))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if state["error"] is not None:
+            raise state["error"]
+        done = min(state["next"], n)
+        return done, clat[:done], _one_per_submit(done)
+
+
+# Linux native AIO: system call numbers and the kernel's struct iocb / io_event (x86-64
+# and aarch64 share the layout; the numbers differ).
+_AIO_SYSCALLS = {"x86_64": (206, 207, 208, 209), "aarch64": (0, 1, 4, 2)}
+IOCB_CMD_PREAD, IOCB_CMD_PWRITE = 0, 1
+
+
+class _Iocb(ctypes.Structure):
+    _fields_ = [("aio_data", ctypes.c_uint64), ("aio_key", ctypes.c_uint32), ("aio_rw_flags", ctypes.c_int32),
+                ("aio_lio_opcode", ctypes.c_uint16), ("aio_reqprio", ctypes.c_int16), ("aio_fildes", ctypes.c_uint32),
+                ("aio_buf", ctypes.c_uint64), ("aio_nbytes", ctypes.c_uint64), ("aio_offset", ctypes.c_int64),
+                ("aio_reserved2", ctypes.c_uint64), ("aio_flags", ctypes.c_uint32), ("aio_resfd", ctypes.c_uint32)]
+
+
+class _IoEvent(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_uint64), ("obj", ctypes.c_uint64), ("res", ctypes.c_int64), ("res2", ctypes.c_int64)]
+
+
+def libaio_unavailable() -> str | None:
+    """Why libaio cannot run here (None: it can)."""
+    if os.uname().machine not in _AIO_SYSCALLS:
+        return f"Linux native AIO's system calls are not known for {os.uname().machine}"
+    return None
+
+
+class LibaioEngine(RawEngine):
+    """Linux native AIO: `iodepth` iocbs in flight, each submitted as it is prepared
+    (fio's iodepth_batch_submit=1 default), completions reaped as they come."""
+    sync = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._setup, self._destroy, self._getevents, self._submit = _AIO_SYSCALLS[os.uname().machine]
+        self._ctx = ctypes.c_ulong(0)
+        if self._libc.syscall(self._setup, ctypes.c_long(self.iodepth), ctypes.byref(self._ctx)) < 0:
+            err = ctypes.get_errno()
+            os.close(self.fd)
+            raise RawEngineError(err, f"io_setup({self.iodepth}) failed: {os.strerror(err)}")
+        self._iocbs = (_Iocb * self.iodepth)()
+        self._events = (_IoEvent * self.iodepth)()
+        batch = int(values_get(self.values, "iodepth_batch_submit", 1)) or self.iodepth
+        self._batch = min(batch, self.iodepth)
+
+    def _syscall(self, number, *args) -> int:
+        got = self._libc.syscall(number, *args)
+        if got < 0:
+            err = ctypes.get_errno()
+            if err == errno.EINTR:
+                return 0
+            raise RawEngineError(err, f"native AIO system call failed: {os.strerror(err)}")
+        return got
+
+    def _run(self, chunk, arena, deadline_ns):
+        n = len(chunk)
+        clat = np.zeros(n, np.int64)
+        issued_at = np.zeros(n, np.int64)
+        submits = np.zeros(7, np.int64)
+        offsets, sizes, dirs = chunk.offset.tolist(), chunk.size.tolist(), chunk.direction.tolist()
+        addrs = (arena.base + chunk.slot * arena.slot_bytes).tolist()
+        free = list(range(self.iodepth))
+        slot_io = [0] * self.iodepth
+        ctx = self._ctx
+        next_i, inflight, done = 0, 0, 0
+        ptrs = (ctypes.POINTER(_Iocb) * self.iodepth)()
+        failure = None
+        while done < next_i or (next_i < n and failure is None):
+            stop = failure is not None or time.monotonic_ns() >= deadline_ns
+            k, batch = 0, []
+            while not stop and free and next_i < n and k < self._batch:
+                s = free.pop()
+                cb = self._iocbs[s]
+                cb.aio_data, cb.aio_fildes = s, self.fd
+                cb.aio_lio_opcode = IOCB_CMD_PWRITE if dirs[next_i] else IOCB_CMD_PREAD
+                cb.aio_buf, cb.aio_nbytes, cb.aio_offset = addrs[next_i], sizes[next_i], offsets[next_i]
+                ptrs[k] = ctypes.pointer(cb)
+                slot_io[s] = next_i
+                batch.append(next_i)
+                next_i += 1
+                k += 1
+            if k:
+                issued_at[batch] = time.monotonic_ns()
+                sent = 0
+                while sent < k:
+                    sent += self._syscall(self._submit, ctx, ctypes.c_long(k - sent),
+                                          ctypes.byref(ptrs, sent * ctypes.sizeof(ctypes.c_void_p)))
+                submits[submit_bucket(k)] += 1
+                inflight += k
+            if inflight and (not free or next_i >= n or stop or k == 0):
+                got = self._syscall(self._getevents, ctx, ctypes.c_long(1), ctypes.c_long(self.iodepth),
+                                    self._events, None)
+                now = time.monotonic_ns()
+                for e in range(got):
+                    ev = self._events[e]
+                    s = int(ev.data)
+                    i = slot_io[s]
+                    clat[i] = now - issued_at[i]
+                    if ev.res != sizes[i] and failure is None:
+                        failure = self._failed(chunk, i, -ev.res if ev.res < 0 else None, ev.res)
+                    free.append(s)
+                inflight -= got
+                done += got
+            elif not inflight and stop:
+                break
+        if failure is not None:
+            raise failure
+        return next_i, clat[:next_i], submits
+
+    def close(self) -> None:
+        if self._ctx.value:
+            self._libc.syscall(self._destroy, self._ctx)
+            self._ctx = ctypes.c_ulong(0)
+        super().close()
+
+
+def values_get(values: dict, name: str, default):
+    value = values.get(name, default)
+    return default if value is None else value
+
+
+class IoUringRawEngine(RawEngine):
+    """io_uring on the file (O_DIRECT or buffered): the native closed loop keeps
+    `iodepth` I/Os in flight; iodepth_batch_submit SQEs go in per io_uring_enter."""
+    sync = False
+
+    def __init__(self, path, file_end, iodepth, *, direct, writes, values):
+        from cxlhm.media import native
+        super().__init__(path, file_end, iodepth, direct=direct, writes=writes, values=values)
+        self._ffi, self._lib = native.load()
+        batch = int(values_get(values, "iodepth_batch_submit", 1)) or self.iodepth
+        self.submit_batch = min(batch, self.iodepth)
+        self.serialize_overlap = bool(values.get("serialize_overlap"))
+        self._ring = None  # made by the thread that runs the job: the ring has a single issuer (as fio's)
+        self._ops = np.zeros((0, 4), np.int64)
+
+    def _open_ring(self):
+        err = self._ffi.new("int *")
+        ring = self._lib.cxlhm_ring_open_owned(max(self.iodepth, 1), err)
+        if ring == self._ffi.NULL:
+            raise RawEngineError(err[0], f"io_uring setup failed: {os.strerror(err[0])}")
+        self._lib.cxlhm_ring_submit_batch(ring, self.submit_batch)
+        self._ring = ring
+
+    def _run(self, chunk, arena, deadline_ns):
+        if self._ring is None:
+            self._open_ring()
+        n = len(chunk)
+        if self._ops.shape[0] < n:
+            self._ops = np.zeros((n, 4), np.int64)
+        ops = self._ops[:n]
+        ops[:, 0] = arena.base + chunk.slot * arena.slot_bytes
+        ops[:, 1] = chunk.size
+        ops[:, 2] = chunk.offset
+        ops[:, 3] = chunk.direction
+        res = np.zeros(n, np.int64)
+        lat = np.zeros(n, np.int64)
+        ffi = self._ffi
+        issued = self._lib.cxlhm_io_qd(self._ring, self.fd, ffi.cast("struct cxlhm_io *", ops.ctypes.data), n,
+                                       self.iodepth, deadline_ns, int(self.serialize_overlap),
+                                       ffi.cast("int64_t *", res.ctypes.data), ffi.cast("int64_t *", lat.ctypes.data))
+        if issued < 0:
+            raise RawEngineError(-issued, f"io_uring closed loop failed: {os.strerror(-issued)}")
+        bad = np.flatnonzero(res[:issued] != chunk.size[:issued])
+        if bad.size:
+            i = int(bad[0])
+            raise self._failed(chunk, i, -int(res[i]) if res[i] < 0 else None, int(res[i]))
+        # the loop submits once `submit_batch` I/Os are prepared, or when it has to wait
+        submits = np.zeros(7, np.int64)
+        if issued:
+            batches, rest = divmod(issued, self.submit_batch)
+            submits[submit_bucket(self.submit_batch)] += batches
+            if rest:
+                submits[submit_bucket(rest)] += 1
+        return issued, lat[:issued], submits
+
+    def close(self) -> None:
+        if self._ring is not None:
+            self._lib.cxlhm_ring_close(self._ring)
+            self._ring = None
+        super().close()
+
+
+def _hipri(text: str, kb_base: int) -> bool:
+    return V.parse_bool(text)
+
+
+_HIPRI = O.Option("hipri", "bool", _hipri, False,
+                  "polled completion (RWF_HIPRI / IORING_SETUP_IOPOLL); needs a device that polls: a plain file "
+                  "system refuses it, as under fio", flag=True, group="engine")
+
+ENGINE_OPS: dict[str, RawEngineOps] = {
+    ops.name: ops for ops in (
+        RawEngineOps("psync", True, (), PsyncEngine, "pread(2)/pwrite(2), one I/O at a time (fio's default engine)"),
+        RawEngineOps("sync", True, (), SyncEngine, "read(2)/write(2) after lseek(2), one I/O at a time"),
+        RawEngineOps("pvsync", True, (), PvsyncEngine, "preadv(2)/pwritev(2), one I/O at a time"),
+        RawEngineOps("pvsync2", True, (_HIPRI,), Pvsync2Engine, "preadv2(2)/pwritev2(2), one I/O at a time"),
+        RawEngineOps("mmap", True, (), MmapEngine, "copies to and from the file mapped shared (buffered only)"),
+        RawEngineOps("posixaio", False, (), PosixaioEngine, "POSIX AIO: iodepth I/Os in flight on helper threads"),
+        RawEngineOps("libaio", False, (), LibaioEngine, "Linux native AIO (io_submit): iodepth I/Os in flight"),
+        RawEngineOps("io_uring", False, (), IoUringRawEngine, "io_uring: iodepth I/Os in flight (native loop)"),
+    )
+}
+
+ENGINE_OPTIONS: dict[str, tuple[O.Option, str]] = {
+    opt.name: (opt, ops.name) for ops in ENGINE_OPS.values() for opt in ops.options
+}
+
+
+def open_raw(name: str, worker) -> RawEngine:
+    """The engine `name` for a runner's worker (one clone)."""
+    ops = ENGINE_OPS[name]
+    job = worker.job
+    try:
+        return ops.make(worker.plan.filename, worker.plan.file_end, job["iodepth"], direct=bool(job["direct"]),
+                        writes=job["rw"].writes, values=job.values)
+    except OSError as exc:
+        option = "direct" if exc.errno == errno.EINVAL and job["direct"] else "filename"
+        hint = " (the file system does not support O_DIRECT; set direct=0 or use a disk-backed path)" \
+            if option == "direct" else ""
+        raise job.error(option, f"ioengine={name}: cannot open {worker.plan.filename}: "
+                                f"{exc.strerror or exc}{hint}") from None
