@@ -42,6 +42,16 @@ models SGLang lets only one TP rank write (``backup_skip``) and takes the MIN of
 ranks' hits, so a rank whose image never saw a write would veto every hit; with
 ``mla_replicas`` every TP rank writes the (identical) pages to its own image, and all
 ranks report the same hits.
+
+Storage format. A page's bytes depend on the host layout (``--hicache-mem-layout``:
+layer_first, page_first, page_first_direct, page_head; SGLang also switches it from
+its io-backend flags) and on the path: the zero-copy pieces of a layer-first MHA page
+are K0 V0 K1 V1 ..., its copied page all K layers then all V. Every page is stored
+under its key bound to a ValueFormat (host_runtime.shim.value_format: pool kind,
+dtype, page size, axis order) and the tenant name ends in ``:kvfmt1``. A reader under
+another layout or path converts pages of the same geometry (an exact permutation) and
+misses everything else (another dtype, head count, page size, an unknown pool class
+or an MLA pool split by DCP, whose pages are opaque and read back only as written).
 """
 from __future__ import annotations
 
@@ -54,6 +64,7 @@ from typing import Any
 import numpy as np
 
 from host_runtime.shim.api import KVShim, RegisteredBuffers, device_settings
+from host_runtime.shim.value_format import FormattedValues, Part, ValueFormat, raw_format
 
 log = logging.getLogger("cxlhm.shim.sglang")
 
@@ -79,6 +90,8 @@ class CxlhmHiCacheStorage(_Base):
         self.shim = shim
         self.buffers = RegisteredBuffers()
         self.mem_pool_host = None
+        self._raw = FormattedValues(shim, raw_format("sglang-value", 0))  # values of no host pool
+        self._views: dict[tuple[int, bool], FormattedValues] = {}  # per host pool and page path
         self.metrics = _PageMetrics(bool(getattr(storage_config, "enable_storage_metrics", False)))
 
     # ------------------------------------------------------------ host pool
@@ -101,15 +114,13 @@ class CxlhmHiCacheStorage(_Base):
         if target is None:
             return None
         try:
-            got = self.shim.get_into(key, target)
+            got = self._view_for(target).get_into(key, target)
         except (ValueError, TypeError) as exc:
             log.error("get %s: %s", key, exc)
             return None
-        return target if got is not None else None
+        return target if got else None
 
     def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
-        if self.shim.contains(key):
-            return True
         if value is None:
             if isinstance(target_location, (int, np.integer)) and isinstance(target_sizes, (int, np.integer)):
                 try:
@@ -121,13 +132,13 @@ class CxlhmHiCacheStorage(_Base):
                 log.error("set %s: no value given", key)
                 return False
         try:
-            return self.shim.put_from(key, value).ok
+            return self._view_for(value).put(key, value).ok
         except (ValueError, TypeError, OSError) as exc:
             log.error("set %s: %s", key, exc)
             return False
 
     def exists(self, key: str) -> bool:
-        return self.shim.contains(key)
+        return self._readable([key])[0]
 
     # ------------------------------------------------------------ batches
     def batch_get(self, keys: list[str], target_locations: Any = None, target_sizes: Any = None) -> list[Any]:
@@ -147,7 +158,8 @@ class CxlhmHiCacheStorage(_Base):
         return all(results)
 
     def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
-        return self.shim.lookup_prefix(keys)
+        hits = self._readable(keys)
+        return hits.index(False) if False in hits else len(hits)
 
     def batch_get_v1(self, keys: list[str], host_indices: Any, extra_info: Any = None) -> list[bool]:
         with self.metrics.timed(write=False) as results:
@@ -172,7 +184,7 @@ class CxlhmHiCacheStorage(_Base):
         state, so 5 pages may be restorable while 4 are not), BLOCK_GROUPS (the pool
         reports the pages its leading complete key groups cover; it never gates the KV
         hit). ``restorable_prefix_pages`` lists every restorable prefix length."""
-        kv_pages = self.shim.lookup_prefix(keys)
+        kv_pages = self.batch_exists(keys)
         hits = {"kv": kv_pages} if kv_pages else {}
         restorable = set(range(1, kv_pages + 1))
         for transfer in pool_transfers or []:
@@ -184,7 +196,7 @@ class CxlhmHiCacheStorage(_Base):
                 continue
             if not restorable:
                 break
-            present = self.shim.exists([_pool_key(k, name) for k in keys[:kv_pages]])
+            present = self._pool_readable(name, [_pool_key(k, name) for k in keys[:kv_pages]])
             if policy == ALL_PAGES:
                 boundary = present.index(False) if False in present else kv_pages
                 pool_restorable = set(range(1, boundary + 1))
@@ -207,7 +219,7 @@ class CxlhmHiCacheStorage(_Base):
         pool_keys = list(transfer.keys or [])
         if group <= 0 or block <= 0 or not pool_keys:
             return 0
-        present = self.shim.exists([_pool_key(k, str(transfer.name)) for k in pool_keys])
+        present = self._pool_readable(str(transfer.name), [_pool_key(k, str(transfer.name)) for k in pool_keys])
         groups = 0
         while (groups + 1) * group <= len(present) and all(present[groups * group:(groups + 1) * group]):
             groups += 1
@@ -250,7 +262,10 @@ class CxlhmHiCacheStorage(_Base):
     # ------------------------------------------------------------ internals
     def _target(self, key: str, location: Any, sizes: Any) -> Any:
         if location is None:
-            size = self.shim.size_of(key)
+            pool = self.mem_pool_host
+            if pool is not None and self._page_view(pool, zero_copy=False).contains(key):
+                return _empty_bytes(self._page_view(pool, zero_copy=False).fmt.nbytes)
+            size = self.shim.size_of(self._raw.key(key))
             if size is None:
                 return None
             return _empty_bytes(size)
@@ -261,6 +276,52 @@ class CxlhmHiCacheStorage(_Base):
                 log.error("get %s: %s", key, exc)
                 return None
         return location
+
+    # ------------------------------------------------------------ value formats
+    def _page_view(self, pool: Any, *, zero_copy: bool, nbytes: int | None = None) -> FormattedValues:
+        """Pages of `pool` as the copy path (get_data_page) or the zero-copy path
+        (get_page_buffer_meta's pieces) lays them out, readable from every layout of
+        the same geometry that converts exactly."""
+        view = self._views.get((id(pool), zero_copy))
+        if view is None or view.pool is not pool or (nbytes is not None and view.fmt.nbytes != nbytes):
+            view = FormattedValues(self.shim, page_format(pool, zero_copy=zero_copy, nbytes=nbytes),
+                                   readable=page_formats(pool))
+            view.pool = pool
+            self._views[(id(pool), zero_copy)] = view
+        return view
+
+    def _view_for(self, value: Any) -> FormattedValues:
+        """set/get values: a page of the registered pool (SGLang's copy path hands those
+        over) is a page in the copy layout; anything else is an opaque value."""
+        pool = self.mem_pool_host
+        if pool is not None:
+            view = self._page_view(pool, zero_copy=False)
+            if _nbytes(value) == view.fmt.nbytes:
+                return view
+        return self._raw
+
+    def _readable(self, keys: list[str]) -> list[bool]:
+        """Per key: readable by one of the paths this adapter moves pages with."""
+        pool = self.mem_pool_host
+        if pool is None:
+            return self._raw.exists(keys)
+        copy, zero_copy = self._page_view(pool, zero_copy=False), self._page_view(pool, zero_copy=True)
+        hits = copy.exists(keys)
+        missing = [i for i, hit in enumerate(hits) if not hit]
+        if missing and zero_copy.fmt != copy.fmt:
+            for i, hit in zip(missing, zero_copy.exists([keys[i] for i in missing])):
+                hits[i] = hit
+        return hits
+
+    def _pool_readable(self, name: str, keys: list[str]) -> list[bool]:
+        pool = getattr(self, "registered_pools", {}).get(name)
+        if pool is None:
+            return [False] * len(keys)
+        saved, self.mem_pool_host = self.mem_pool_host, pool
+        try:
+            return self._readable(keys)
+        finally:
+            self.mem_pool_host = saved
 
     def _pages(self, keys: list[str], host_indices: Any, *, write: bool) -> list[bool]:
         pool = self.mem_pool_host
@@ -273,12 +334,18 @@ class CxlhmHiCacheStorage(_Base):
             log.error("host_indices has %d entries, %d keys x page size %d expected", indices.shape[0], len(keys), page_size)
             return [False] * len(keys)
         parts = self._page_parts(pool, host_indices, len(keys))
+        try:
+            view = self._page_view(pool, zero_copy=parts is not None,
+                                   nbytes=sum(int(p.nbytes) for p in parts[0]) if parts else None)
+        except (ValueError, TypeError, AttributeError, NotImplementedError) as exc:
+            log.error("pages of %s: %s", type(pool).__name__, exc)
+            return [False] * len(keys)
         results = []
         for i, key in enumerate(keys):
-            if write and self.shim.contains(key):
-                results.append(True)
-                continue
             try:
+                if write and view.contains(key):
+                    results.append(True)
+                    continue
                 if parts is not None:
                     bufs = parts[i]
                 elif write:
@@ -286,9 +353,9 @@ class CxlhmHiCacheStorage(_Base):
                 else:
                     bufs = pool.get_dummy_flat_data_page()
                 if write:
-                    ok = self.shim.put_from(key, bufs).ok
+                    ok = view.put(key, bufs).ok
                 else:
-                    ok = self.shim.get_into(key, bufs) is not None
+                    ok = view.get_into(key, bufs)
                     if ok and parts is None:
                         pool.set_from_flat_data_page(int(indices[i * page_size]), bufs)
             except (ValueError, TypeError, OSError) as exc:
@@ -317,6 +384,102 @@ class CxlhmHiCacheStorage(_Base):
         except ValueError:
             return None
         return [views[i * per:(i + 1) * per] for i in range(n_keys)]
+
+
+# ------------------------------------------------------------------ page formats
+# Axis order of one page as each path of each SGLang host pool lays it out (the copy
+# path: get_data_page(flat=True); zero copy: get_page_buffer_meta's pieces end to end).
+# Only the layer-first MHA pool differs between the two: its zero-copy pieces are one
+# K and one V per layer (K0 V0 K1 V1 ...), its copy page all K layers, then all V.
+_MHA_ORDERS = {
+    ("layer_first", False): ("kv", "layer", "token", "head", "dim"),
+    ("layer_first", True): ("layer", "kv", "token", "head", "dim"),
+    ("page_first", False): ("kv", "token", "layer", "head", "dim"),
+    ("page_first_direct", False): ("kv", "layer", "token", "head", "dim"),
+    ("page_head", False): ("kv", "head", "token", "layer", "dim"),
+}
+_MLA_ORDERS = {
+    ("layer_first", False): ("layer", "token", "head", "dim"),
+    ("page_first", False): ("token", "layer", "head", "dim"),
+    ("page_first_direct", False): ("layer", "token", "head", "dim"),
+}
+FORMAT_VERSION = "kvfmt1"  # in every tenant name: the scheme the keys' formats follow
+
+
+def _orders(table: dict, layout: str, zero_copy: bool) -> tuple[str, ...] | None:
+    return table.get((layout, zero_copy)) or table.get((layout, False))
+
+
+def _dtype(dtype: Any) -> tuple[str, int]:
+    return str(dtype).replace("torch.", ""), int(getattr(dtype, "itemsize", 0) or np.dtype(dtype).itemsize)
+
+
+def _pool_kind(pool: Any) -> str | None:
+    """The pool classes whose page layouts are known exactly (subclasses may change
+    them, so only these exact classes; anything else is an opaque page)."""
+    name = f"{type(pool).__module__}.{type(pool).__qualname__}"
+    return {"sglang.srt.mem_cache.pool_host.mha.MHATokenToKVPoolHost": "mha",
+            "sglang.srt.mem_cache.pool_host.mla.MLATokenToKVPoolHost": "mla",
+            "sglang.srt.mem_cache.pool_host.mamba.MambaPoolHost": "mamba"}.get(name)
+
+
+def _geometry(pool: Any) -> dict:
+    dtype, size = _dtype(pool.dtype)
+    return {"dtype": dtype, "itemsize": size, "page": int(getattr(pool, "page_size", 1) or 1),
+            "layer": int(pool.layer_num), "head": int(getattr(pool, "head_num", 1) or 1),
+            "dim": int(getattr(pool, "head_dim", 0) or getattr(pool, "kv_cache_dim", 0))}
+
+
+def _kv_format(kind: str, layout: str, zero_copy: bool, geo: dict) -> ValueFormat | None:
+    order = _orders(_MHA_ORDERS if kind == "mha" else _MLA_ORDERS, layout, zero_copy)
+    if order is None:
+        return None
+    dims = {"kv": 2, "layer": geo["layer"], "token": geo["page"], "head": geo["head"] if kind == "mha" else 1,
+            "dim": geo["dim"]}
+    return ValueFormat(f"sglang-{kind}", (Part("kv", geo["dtype"], geo["itemsize"], tuple((a, dims[a]) for a in order)),),
+                       page_tokens=geo["page"])
+
+
+def page_format(pool: Any, *, zero_copy: bool, nbytes: int | None = None) -> ValueFormat:
+    """The format of one page of `pool` as the copy or the zero-copy path moves it."""
+    kind, layout = _pool_kind(pool), str(getattr(pool, "layout", ""))
+    page = int(getattr(pool, "page_size", 1) or 1)
+    if kind == "mla" and getattr(pool, "dcp_size", 1) != 1:
+        kind = None  # a DCP rank holds an interleaved share of each page: opaque
+    if kind in ("mha", "mla"):
+        fmt = _kv_format(kind, layout, zero_copy, _geometry(pool))
+        if fmt is not None:
+            return fmt
+    if kind == "mamba" and layout in ("page_first", "page_first_direct"):
+        names = ["temporal"] + [f"conv{i}" for i in range(len(pool.conv_buffer))] + \
+                [f"state{i}" for i in range(len(getattr(pool, "slot_state_buffers", ()) or ()))]
+        parts = []
+        for name, tensor in zip(names, pool._iter_page_tensors(0)):
+            if name == "temporal" and not tensor.numel():
+                continue  # conv-only models: no temporal piece on either path
+            dtype, size = _dtype(tensor.dtype)
+            parts.append(Part(name, dtype, size, tuple((f"a{i}", int(n)) for i, n in enumerate(tensor.shape))))
+        return ValueFormat("sglang-mamba", tuple(parts), page_tokens=page)
+    if nbytes is None:
+        nbytes = _nbytes(pool.get_dummy_flat_data_page())
+    return raw_format(f"sglang-page:{type(pool).__qualname__}:{layout}:{'zero-copy' if zero_copy else 'copy'}",
+                      nbytes, page_tokens=page)
+
+
+def page_formats(pool: Any) -> list[ValueFormat]:
+    """Every format a page of this pool's geometry may have been stored in under any
+    host layout and either path (the reader converts those that convert exactly)."""
+    kind = _pool_kind(pool)
+    if kind not in ("mha", "mla") or (kind == "mla" and getattr(pool, "dcp_size", 1) != 1):
+        return []
+    geo = _geometry(pool)
+    return [_kv_format(kind, layout, zero_copy, geo) for layout, zero_copy in (_MHA_ORDERS if kind == "mha" else _MLA_ORDERS)]
+
+
+def _nbytes(value: Any) -> int:
+    if hasattr(value, "untyped_storage"):
+        return int(value.numel() * value.element_size())
+    return int(getattr(value, "nbytes", len(value) if hasattr(value, "__len__") else 0))
 
 
 def _pool_key(key: str, pool: str) -> str:
@@ -413,8 +576,8 @@ def _tenant_name(storage_config: Any) -> str:
     r = rank_fields(storage_config)
     shard = f":pp{r['pp_rank']}-{r['pp_size']}:dp{r['dp_rank']}:cp{r['cp_rank']}-{r['cp_size']}"
     if getattr(storage_config, "is_mla_model", False):
-        return f"sglang:{model}{shard}"
-    return f"sglang:{model}:tp{r['tp_rank']}-{r['tp_size']}{shard}"
+        return f"sglang:{model}{shard}:{FORMAT_VERSION}"
+    return f"sglang:{model}:tp{r['tp_rank']}-{r['tp_size']}{shard}:{FORMAT_VERSION}"
 
 
 __all__ = ["CxlhmHiCacheStorage", "hit_policy", "rank_fields"]
