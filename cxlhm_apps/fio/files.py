@@ -18,15 +18,27 @@ LAYOUT_CHUNK = 1 << 20
 
 
 def job_filename(job, clone: int) -> str:
-    """The file a job clone works on: filename=, or fio's JOBNAME.CLONE.0. fio reads
-    `a:b` as a list of files; one file per job is supported, and `\\:` is a colon."""
+    """The file a job clone works on: filename=, or filename_format (fio's default
+    $jobname.$jobnum.$filenum), inside `directory` when one is given and the name is
+    relative. fio reads `a:b` as a list of files; one file per job is supported, and
+    `\\:` is a colon."""
     text = job["filename"]
     if not text:
-        return f"{job.name}.{clone}.0"
-    if ":" in text.replace("\\:", ""):
-        raise job.error("filename", f"{text!r} is a list of files (fio's a:b form); one file per job is "
-                                    "supported here (write a colon in a name as '\\:')")
-    return text.replace("\\:", ":")
+        name = job["filename_format"]
+        for token, value in (("$jobname", job.name), ("$jobnum", str(clone)), ("$filenum", "0"),
+                             ("$clientuid", "0")):
+            name = name.replace(token, value)
+    else:
+        if ":" in text.replace("\\:", ""):
+            raise job.error("filename", f"{text!r} is a list of files (fio's a:b form); one file per job is "
+                                        "supported here (write a colon in a name as '\\:')")
+        name = text.replace("\\:", ":")
+    folder = job["directory"]
+    if folder and not os.path.isabs(name):
+        if ":" in folder.replace("\\:", ""):
+            raise job.error("directory", f"{folder!r} is a list of folders (fio's a:b form); one is supported")
+        name = os.path.join(folder.replace("\\:", ":"), name)
+    return name
 
 
 def check_target(job, path: str) -> None:

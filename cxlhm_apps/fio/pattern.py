@@ -5,10 +5,12 @@ Semantics follow fio:
 - rwmixread picks each mixed I/O's direction; sequential directions keep their own
   position (fio's per-direction last_pos) and wrap at the end of the region.
 - bs / bsrange / bssplit per direction; bsrange sizes are multiples of the low end.
-- random offsets are aligned to the smallest block size of the job; uniform random
-  I/O covers every block once per pass (fio's random map) unless norandommap, the
-  skewed distributions never use the map (as in fio). With mixed block sizes the map's
-  cells are the largest size, so I/Os of one pass never overlap (as with fio's map).
+- random offsets are aligned to the smallest block size of the job (or blockalign);
+  uniform random I/O covers every block once per pass (fio's random map) unless
+  norandommap, the skewed distributions never use the map (as in fio). With mixed
+  block sizes (bssplit, bsrange) the map works as fio's: cells of the smallest size, a
+  random cell (the next free one after it when it is taken), and an I/O shortened to
+  the free stretch of the map at its offset, so big blocks shrink as a pass fills up.
 - rw=randread:N issues N I/Os per random offset (rw_sequencer: sequential or
   identical); rw=read:SIZE skips SIZE after each sequential I/O.
 """
@@ -84,11 +86,11 @@ class Chunk:
 class IoGenerator:
     def __init__(self, *, rw: RwMode, sequencer: str, rwmixread: int, sizes: tuple[SizeChoice, SizeChoice],
                  region_start: int, region_len: int, distribution: DistSpec | None, randommap: bool,
-                 seed: int, bytes_budget: int | None, ios_budget: int | None):
+                 seed: int, bytes_budget: int | None, ios_budget: int | None, blockalign: int | None = None):
         self.rw, self.sequencer, self.rwmixread = rw, sequencer, rwmixread
         self.sizes = sizes
         active = [sizes[d] for d in (READ, WRITE) if (rw.reads, rw.writes)[d]]
-        self.align = min(c.min for c in active)
+        self.align = blockalign or min(c.min for c in active)
         self.max_bs = max(c.max for c in active)
         self.start = region_start
         self.length = region_len - region_len % self.align
@@ -97,8 +99,13 @@ class IoGenerator:
         self.uniform = distribution is None or distribution.kind == "random"
         self.randommap = randommap and self.uniform
         # fio's random map marks every block an I/O covers, so I/Os of one pass never
-        # overlap; with mixed sizes the map here works in cells of the largest size
-        self.unit = self.max_bs if self.randommap else self.align
+        # overlap; with mixed sizes it is a bitmap of the smallest cells (fio's axmap)
+        mixed = self.max_bs != min(c.min for c in active)
+        self.unit = self.align
+        self.bitmap = None
+        if self.randommap and mixed and rw.random and max(1, rw.modifier) == 1:
+            self.bitmap = np.zeros(max(1, self.length // self.unit), bool)
+            self._map_free = self.bitmap.shape[0]
         self.nblocks = max(1, self.length // self.unit)
         self.sampler = BlockSampler(distribution, self.nblocks, seed + 1, block_bytes=self.align)
         self.permutation = BlockPermutation(self.nblocks, seed + 2) if self.randommap else None
@@ -128,11 +135,17 @@ class IoGenerator:
             mask = direction == d
             if mask.any():
                 size[mask] = self.sizes[d].draw(int(mask.sum()), self.rng)
-        if self.bytes_left is not None:  # cut at the byte budget
-            keep = int(np.searchsorted(np.cumsum(size), self.bytes_left, side="right"))
-            direction, size = direction[:keep], size[:keep]
-            n = keep
-        offset = self._random_offsets(size, direction) if self.rw.random else self._sequential_offsets(size, direction)
+        if self.bitmap is not None:  # (shortens `size` where the map is taken, and at the budget)
+            offset, n = self._mapped_offsets(size)
+            direction, size, offset = direction[:n], size[:n], offset[:n]
+        else:
+            if self.bytes_left is not None:  # cut at the byte budget
+                n = int(np.searchsorted(np.cumsum(size), self.bytes_left, side="right"))
+                direction, size = direction[:n], size[:n]
+            if self.rw.random:
+                offset = self._random_offsets(size, direction)
+            else:
+                offset = self._sequential_offsets(size, direction)
         if self.bytes_left is not None:
             self.bytes_left -= int(size.sum())
         if self.ios_left is not None:
@@ -167,6 +180,40 @@ class IoGenerator:
                 self.seq_pos[d] = pos
             offset[idx] = self.start + rel
         return offset
+
+    def _mapped_offsets(self, size: np.ndarray) -> tuple[np.ndarray, int]:
+        """fio's random map with mixed sizes, one I/O at a time: a uniform random cell,
+        or the next free one after it (wrapping) when it is taken; the I/O covers at most
+        the free stretch from there (fio's mark_random_map shortens it) and what is left
+        of the byte budget. A full map starts a new pass. Returns the offsets and how
+        many of the I/Os there are (the budget may end them early)."""
+        bitmap, unit, cells = self.bitmap, self.unit, self.bitmap.shape[0]
+        offset = np.empty(size.shape[0], np.int64)
+        draws = self.rng.integers(0, cells, size.shape[0]).tolist()
+        sizes = size.tolist()
+        left = self.bytes_left
+        for i, cell in enumerate(draws):
+            if left is not None:
+                if left < unit:
+                    return offset, i
+                sizes[i] = min(sizes[i], left - left % unit)
+            if self._map_free == 0:
+                bitmap[:] = False
+                self._map_free = cells
+            if bitmap[cell]:
+                free = np.flatnonzero(~bitmap[cell:])
+                cell = int(free[0]) + cell if free.size else int(np.flatnonzero(~bitmap[:cell])[0])
+            want = max(1, sizes[i] // unit)
+            stretch = bitmap[cell:cell + want]
+            taken = np.flatnonzero(stretch)
+            n = int(taken[0]) if taken.size else stretch.shape[0]
+            bitmap[cell:cell + n] = True
+            self._map_free -= n
+            size[i] = min(sizes[i], n * unit)
+            offset[i] = self.start + cell * unit
+            if left is not None:
+                left -= int(size[i])
+        return offset, size.shape[0]
 
     def _random_blocks(self, count: int, direction: np.ndarray) -> np.ndarray:
         if self.randommap:

@@ -138,24 +138,9 @@ def _empty_dir_json() -> dict:
 
 
 def job_options(unit: Unit) -> dict[str, str]:
-    """fio's "job options": what the job's section says, plus rw, bs, iodepth and numjobs
-    always (tools such as fio-plot key their graphs on them)."""
-    job = unit.job
-    out = {raw.key: ("1" if raw.text is None else raw.text) for raw in job.job_options}
-    own = {raw.canonical for raw in job.job_options}
-    for name, fallback in (("rw", job["rw"].name + (f":{job['rw'].modifier}" if job["rw"].modifier else "")),
-                           ("bs", _bs_text(job)), ("iodepth", str(job["iodepth"])), ("numjobs", str(job["numjobs"]))):
-        if name not in own:
-            out[name] = job.option_text(name) or fallback
-    return out
-
-
-def _bs_text(job) -> str:
-    r, w = job["bs"]
-    text = num2str(r or 4096, 4, 1, True, "").replace("Ki", "k").replace("Mi", "m").replace("Gi", "g")
-    if w and w != r:
-        text += "," + num2str(w, 4, 1, True, "").replace("Ki", "k").replace("Mi", "m").replace("Gi", "g")
-    return text
+    """fio's "job options": what the job's own section says, as written (fio leaves the
+    key out of a job whose section says nothing)."""
+    return {raw.key: ("1" if raw.text is None else raw.text) for raw in unit.job.job_options}
 
 
 def _depth_json(counts: np.ndarray, labels) -> dict:
@@ -168,8 +153,9 @@ def unit_json(unit: Unit, groups, *, bins: bool) -> dict:
     job = unit.job
     plist = unit.percentiles
     read_g, write_g = groups[s.groupid]
-    out = {"jobname": job.name, "groupid": s.groupid, "error": s.error, "eta": 0, "elapsed": s.elapsed_s,
-           "job options": job_options(unit)}
+    out = {"jobname": job.name, "groupid": s.groupid, "error": s.error, "eta": 0, "elapsed": s.elapsed_s}
+    if unit.job.job_options:
+        out["job options"] = job_options(unit)
     for d, name, g in ((READ, "read", read_g), (WRITE, "write", write_g)):
         out[name] = _dir_json(s.dirs[d], g.agg, plist, job, bins=bins) if s.dirs[d].ios else _empty_dir_json()
     out["trim"] = _empty_dir_json()

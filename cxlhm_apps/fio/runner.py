@@ -104,16 +104,21 @@ def plan_clones(jobs: list[JobSpec]) -> list[ClonePlan]:
             filename = files.job_filename(job, clone)
             files.check_target(job, filename)
             existing = os.path.getsize(filename) if os.path.isfile(filename) else 0
-            offset = _resolve(job["offset"], existing, job, "offset", min_bs)
+            known = job["filesize"] or existing  # fio: filesize is the file's size, size the I/O's
+            offset = _resolve(job["offset"], known, job, "offset", min_bs)
+            offset += clone * _resolve(job["offset_increment"], known, job, "offset_increment", min_bs)
             if job["size"] is None:
-                if existing <= offset:
+                if known <= offset:
                     raise job.error("size", f"size= is needed: {filename} does not exist or is empty")
-                size = existing - offset
+                size = known - offset
             else:
-                size = _resolve(job["size"], existing, job, "size", min_bs)
+                size = _resolve(job["size"], known, job, "size", min_bs)
+                if job["filesize"]:  # the I/O stays inside the file
+                    size = min(size, max(job["filesize"] - offset, 0))
             if size < max_bs:
                 raise job.error("size", f"the region ({size} bytes) is smaller than the block size ({max_bs} bytes)")
-            plans.append(ClonePlan(job, clone, groupid, phase, filename, offset, size, offset + size))
+            end = max(offset + size, job["filesize"] or 0)
+            plans.append(ClonePlan(job, clone, groupid, phase, filename, offset, size, end))
     return plans
 
 
@@ -219,11 +224,12 @@ class Worker:
         rw = job["rw"]
         budget = None
         if not job["time_based"]:
-            budget = job["io_size"] or plan.region_len
+            budget = (job["io_size"] or plan.region_len) * job["loops"]
         self.gen = IoGenerator(rw=rw, sequencer=job["rw_sequencer"], rwmixread=job["rwmixread"], sizes=sizes,
                                region_start=plan.region_start, region_len=plan.region_len,
                                distribution=job["random_distribution"], randommap=not job["norandommap"],
-                               seed=seed, bytes_budget=budget, ios_budget=job["number_ios"])
+                               seed=seed, bytes_budget=budget, ios_budget=job["number_ios"],
+                               blockalign=_blockalign(job))
         qd = job["iodepth"]
         if self.verify_kind:
             slots = max(qd, min(CHUNK_IOS // 4, VERIFY_ARENA_BYTES // self.gen.max_bs))
@@ -507,6 +513,30 @@ class Worker:
             self.verify_arena.close()
 
 
+def _blockalign(job: JobSpec) -> int | None:
+    """The alignment of random offsets blockalign gives for the job's directions."""
+    given = [job["blockalign"][d] for d in (READ, WRITE) if (job["rw"].reads, job["rw"].writes)[d]]
+    given = [a for a in given if a]
+    return min(given) if given else None
+
+
+def notes(jobs: list[JobSpec]) -> list[str]:
+    """What fio would say about the jobs before running them, and options accepted but
+    not applied here."""
+    from cxlhm_apps.fio.options import NOT_MODELLED
+    from cxlhm_apps.fio.raw_engines import ENGINE_OPS
+    out = []
+    if any(j["iodepth"] > 1 and j["ioengine"] in ENGINE_OPS and ENGINE_OPS[j["ioengine"]].sync for j in jobs):
+        out.append("note: both iodepth >= 1 and synchronous I/O engine are selected, queue depth will be capped at 1")
+    for job in jobs:
+        for name in NOT_MODELLED:
+            if name in job.given:
+                path, line = job.where(name)
+                out.append(f"note: {path}:{line}: job {job.name!r}: {name} is accepted but not modelled "
+                           "(placement only; the job runs where the OS puts it)")
+    return list(dict.fromkeys(out))
+
+
 # ---------------------------------------------------------------- the whole run
 
 def _seed_for(job: JobSpec, clone: int) -> int:
@@ -517,6 +547,8 @@ def _seed_for(job: JobSpec, clone: int) -> int:
 def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None) -> RunResult:
     """Run every job; raises JobFileError for problems found while setting up."""
     log = log or (lambda text: print(text, file=sys.stderr))
+    for note in notes(jobs):
+        log(note)
     plans = plan_clones(jobs)
     for plan in plans:
         if plan.job["rw"].reads:

@@ -259,7 +259,9 @@ class JobStats:
             mine.merge(theirs)
         for name in ("depth_map", "submit_map", "complete_map", "lat_n", "lat_u", "lat_m"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.run_ms = max(self.run_ms, other.run_ms)
+        # fio's group_reporting: job_runtime and the CPU figures' base are the clones'
+        # sums (each direction's runtime is the longest, in DirStats.merge)
+        self.run_ms += other.run_ms
         self.elapsed_s = max(self.elapsed_s, other.elapsed_s)
         self.usr_s += other.usr_s
         self.sys_s += other.sys_s
@@ -268,7 +270,7 @@ class JobStats:
         self.minf += other.minf
         self.verify_errors += other.verify_errors
         self.verified_blocks += other.verified_blocks
-        self.cpu_wall_s = max(self.cpu_wall_s, other.cpu_wall_s)
+        self.cpu_wall_s += other.cpu_wall_s
 
     def cpu_percent(self) -> tuple[float, float]:
         """usr and sys CPU as percentages of the job's run time on the wall clock (a

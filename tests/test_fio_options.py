@@ -1,0 +1,106 @@
+"""fio's options with fio's meaning, run on fio's own engines (no device): where files go,
+which region each clone covers, how much I/O a job does, and what the run says."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from cxlhm_apps.fio import report
+from cxlhm_apps.fio.jobfile import build_jobs, read_sections
+from cxlhm_apps.fio.raw_engines import ENGINE_OPS, libaio_unavailable
+from cxlhm_apps.fio.runner import plan_clones, run_jobs
+
+
+def jobs_of(text: str):
+    jobs, globals_ = build_jobs([read_sections(text, "t.fio")])
+    return jobs, globals_
+
+
+def run(text: str):
+    jobs, globals_ = jobs_of(text)
+    said: list[str] = []
+    result = run_jobs(jobs, log=said.append)
+    return result, report.to_json(result, globals_), said
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINE_OPS))
+@pytest.mark.parametrize("direct", [0, 1])
+def test_every_file_engine_runs_several_jobs_and_clones_on_one_file(tmp_path, engine, direct):
+    if engine == "libaio" and libaio_unavailable():
+        pytest.skip(libaio_unavailable())
+    path = tmp_path / "shared.img"
+    text = (f"[global]\nioengine={engine}\ndirect={direct}\nfilename={path}\nsize=256k\niodepth=4\n"
+            "[w]\nrw=write\nbs=16k\nnumjobs=2\n[r]\nrw=randread\nbs=4k\n[m]\nstonewall\nrw=randrw\nbs=8k\n")
+    result, out, _ = run(text)
+    assert not result.failed, [j["error"] for j in out["jobs"]]
+    per_job = [(j["jobname"], j["read"]["io_bytes"], j["write"]["io_bytes"]) for j in out["jobs"]]
+    assert per_job[:3] == [("w", 0, 256 << 10), ("w", 0, 256 << 10), ("r", 256 << 10, 0)]
+    assert per_job[3][0] == "m" and per_job[3][1] + per_job[3][2] == 256 << 10
+    depth = out["jobs"][2]["iodepth_level"]
+    assert depth["1"] == 100.0 if ENGINE_OPS[engine].sync else depth["4"] == 100.0  # fio caps sync engines at 1
+
+
+def test_a_synchronous_engine_with_a_queue_says_it_is_capped_at_one(tmp_path):
+    _, _, said = run(f"[j]\nfilename={tmp_path / 'f'}\nsize=64k\niodepth=8\nrw=write\n")
+    assert any("queue depth will be capped at 1" in line for line in said)
+
+
+def test_offset_increment_moves_each_clone(tmp_path):
+    jobs, _ = jobs_of(f"[j]\nfilename={tmp_path / 'f'}\nsize=1m\noffset=64k\noffset_increment=2m\nnumjobs=3\n"
+                      "rw=write\n")
+    plans = plan_clones(jobs)
+    assert [p.region_start for p in plans] == [64 << 10, (64 << 10) + (2 << 20), (64 << 10) + (4 << 20)]
+
+
+def test_directory_and_filename_format_place_the_files(tmp_path):
+    jobs, _ = jobs_of(f"[global]\ndirectory={tmp_path}\nsize=64k\nrw=write\n[a]\nnumjobs=2\n"
+                      "[b]\nfilename_format=b-$jobnum.dat\n[c]\nfilename=named\n")
+    assert [p.filename for p in plan_clones(jobs)] == [
+        str(tmp_path / "a.0.0"), str(tmp_path / "a.1.0"), str(tmp_path / "b-0.dat"), str(tmp_path / "named")]
+
+
+def test_filesize_sizes_the_file_and_bounds_the_io(tmp_path):
+    path = tmp_path / "f"
+    result, out, _ = run(f"[j]\nfilename={path}\nfilesize=512k\nrw=write\nbs=64k\n")
+    assert os.path.getsize(path) == 512 << 10 and out["jobs"][0]["write"]["io_bytes"] == 512 << 10
+
+
+def test_loops_repeat_the_whole_io(tmp_path):
+    _, out, _ = run(f"[j]\nfilename={tmp_path / 'f'}\nsize=128k\nrw=randwrite\nloops=3\n")
+    assert out["jobs"][0]["write"]["io_bytes"] == 3 * (128 << 10)
+
+
+def test_blockalign_aligns_random_offsets(tmp_path):
+    from cxlhm_apps.fio.runner import Worker
+    jobs, _ = jobs_of(f"[j]\nfilename={tmp_path / 'f'}\nsize=1m\nrw=randread\nbs=4k\nblockalign=64k\n")
+    worker = Worker(plan_clones(jobs)[0], None, 1)
+    try:
+        _, offsets, _ = worker.gen.next_chunk(64)
+    finally:
+        worker.arena.close()
+    assert (offsets % (64 << 10) == 0).all() and len(set(offsets.tolist())) == 16
+
+
+def test_buffered_is_the_inverse_of_direct_and_the_later_one_wins():
+    jobs, _ = jobs_of("[a]\nbuffered=0\n[b]\nbuffered=0\ndirect=0\n[c]\ndirect=1\nbuffered=1\n[d]\n")
+    assert [j["direct"] for j in jobs] == [True, False, False, False]
+
+
+def test_numa_placement_is_accepted_and_said_to_be_not_modelled(tmp_path):
+    _, _, said = run(f"[j]\nfilename={tmp_path / 'f'}\nsize=64k\nrw=write\nnuma_cpu_nodes=0\n")
+    assert any("numa_cpu_nodes is accepted but not modelled" in line and "t.fio:5" in line for line in said)
+
+
+def test_job_options_are_the_sections_own_and_absent_when_it_has_none(tmp_path):
+    _, out, _ = run(f"[global]\nfilename={tmp_path / 'f'}\nsize=64k\nrw=write\n[a]\n[b]\nbs=8k\n")
+    assert "job options" not in out["jobs"][0] and out["jobs"][1]["job options"] == {"bs": "8k"}
+
+
+def test_group_reporting_sums_the_clones_job_runtime(tmp_path):
+    result, out, _ = run(f"[j]\nfilename={tmp_path / 'f'}\nsize=2m\nrw=write\nnumjobs=3\ngroup_reporting\n")
+    job = out["jobs"][0]
+    clones = [c.stats for c in result.clones]
+    assert len(out["jobs"]) == 1 and len(clones) == 3
+    assert job["job_runtime"] == sum(c.run_ms for c in clones)  # fio sums job_runtime over the group
+    assert job["write"]["runtime"] == max(c.dirs[1].runtime_ms for c in clones)  # and takes the longest here
