@@ -48,9 +48,12 @@ def _with_block_size(trace: BlockTrace, block_size: int) -> BlockTrace:
 
 @dataclasses.dataclass(frozen=True)
 class TraceFormat:
-    """load(path, *, limit, block_size, csv_spec) -> BlockTrace, and a one-line description."""
+    """load(path, *, limit, block_size, csv_spec) -> BlockTrace, and a one-line description.
+    `own_block_size`: the file states its block size (a cxlhm block trace does), so a reader
+    keeps it unless told otherwise; other formats name objects and take the device's."""
     load: Callable[..., BlockTrace]
     description: str
+    own_block_size: bool = False
 
 
 def _as_trace_format(obj) -> TraceFormat:
@@ -66,7 +69,7 @@ for _name, _load, _text in (
         ("oracle-general", _oracle, "libCacheSim oracleGeneral binary, 24-byte records"),
         ("csv", _csv, "libCacheSim-style CSV; columns from --csv-spec"),
         ("mooncake", _mooncake, "Mooncake JSONL requests; each hash id is one block")):
-    FORMATS.add(_name, TraceFormat(_load, _text))
+    FORMATS.add(_name, TraceFormat(_load, _text, own_block_size=_name == "cxlhm"))
 _ALIASES = {"cbt": "cxlhm", "oraclegeneral": "oracle-general", "oracle_general": "oracle-general",
             "jsonl": "mooncake", "lcs-csv": "csv"}
 
@@ -90,17 +93,23 @@ def guess_format(path: str | Path) -> str:
     raise ValueError(f"cannot tell the format of {path} from its name; give one of: {', '.join(format_names())}")
 
 
-def load_trace(path: str | Path, fmt: str | None = None, *, limit: int | None = None,
-               block_size: int | None = None, csv_spec: str | None = None) -> BlockTrace:
-    """Read `path` as `fmt` (guessed from the name when None). `limit` keeps the first
-    accesses; `block_size` overrides the trace's bytes per block."""
+def trace_format(path: str | Path, fmt: str | None = None) -> TraceFormat:
+    """The TraceFormat `fmt` names (guessed from `path` when None); ValueError lists the known ones."""
     key = (fmt or guess_format(path)).lower()
-    check_trace_file(str(path))
     key = _ALIASES.get(key, key)
     if key not in FORMATS:
         raise ValueError(f"unknown trace format {fmt!r}; known: {', '.join(format_names())}")
     try:
-        trace_format = FORMATS.get(key)
+        return FORMATS.get(key)
     except LookupError as exc:  # a broken third-party format, named by the registry
         raise ValueError(str(exc)) from None
-    return trace_format.load(str(path), limit=limit, block_size=block_size, csv_spec=csv_spec)
+
+
+def load_trace(path: str | Path, fmt: str | None = None, *, limit: int | None = None,
+               block_size: int | None = None, csv_spec: str | None = None) -> BlockTrace:
+    """Read `path` as `fmt` (guessed from the name when None). `limit` keeps the first
+    accesses; `block_size` overrides the trace's bytes per block."""
+    fmt_obj = trace_format(path, fmt) if fmt is None else None  # a name that cannot be guessed, before the file
+    check_trace_file(str(path))
+    fmt_obj = fmt_obj or trace_format(path, fmt)
+    return fmt_obj.load(str(path), limit=limit, block_size=block_size, csv_spec=csv_spec)

@@ -11,11 +11,10 @@ import firmware_policies
 from cxlhm_apps.cliutil import CommandError, check_output_path, default_output_dir, positive_int
 from cxlhm_apps.commands._device_args import parse_set_value
 from cxlhm.config import ConfigError
-from cxlhm.mrc import (format_table, format_timing_table, miss_ratios, parse_cache_sizes, plot_curves, plot_latency,
-                       simulate_curves)
+from cxlhm.mrc import miss_ratios, parse_cache_sizes, plot_curves, plot_latency, simulate_curves
 from cxlhm.sim import MAX_QUEUE_DEPTH, timing_model
 from cxlhm.traces import TraceError
-from cxlhm.traces.formats import format_names, load_trace
+from cxlhm.traces.formats import format_names, load_trace, trace_format
 from cxlhm.units import format_size, parse_size
 
 NAME = "mrc"
@@ -28,12 +27,17 @@ Sizes: a bare number is a count of blocks, a number with a unit is bytes (64MiB)
 a share of the trace's distinct blocks. A size above the trace's distinct blocks is
 simulated at that count (a cache that holds everything never evicts).
 
+One block size B for the whole run, stated once in the output: --block-size if given,
+else the block size a cxlhm block trace (.cbt) records, else the device's block size
+(the --timing profile's, or cmm-h's 64 KiB without --timing) - each trace record (one
+object, one Mooncake hash id) is one device block, as in `cxlhm run`. Byte sizes in
+--sizes count B-byte blocks and the DRAM column is slots x B, with or without --timing.
+
 With --timing PROFILE every access is also charged to the profile's timing model on the
-model clock. How trace records become device I/O: each record (one access to one block
-id) is one access to one device block of B bytes at HPA id x B - a write where the trace
-says write, else a read - where B is --block-size if given, else the profile's block size
-(cmm-h: 64 KiB); byte sizes in --sizes count B-byte blocks too. A Mooncake record is one
-hash id (512 tokens of KV). Closed loop (default): --queue-depth N accesses in flight,
+model clock: each record is one access to one device block of B bytes at HPA id x B - a
+write where the trace says write, else a read. The table then has one section per figure
+(miss ratio, mean and p99 latency) so that it stays narrow; --json has every figure.
+Closed loop (default): --queue-depth N accesses in flight,
 each issued when the one N before it completed (1: one after the other). --open-loop:
 each access issues at its trace timestamp (Mooncake, cxlhm and traces with a time column)
 and its latency includes the time it queued behind earlier ones. A second plot,
@@ -62,8 +66,8 @@ def add_arguments(parser):
                         help="a policy parameter, e.g. s3fifo.small_ratio=0.2; repeatable")
     parser.add_argument("--limit", type=positive_int, default=None, help="replay only the first N accesses")
     parser.add_argument("--block-size", default=None, help="bytes per block, for byte sizes, the plot and the "
-                        "timing model (default: with --timing the profile's block size, else the trace's own; "
-                        "4KiB for oracle-general and csv)")
+                        "timing model (default: a .cbt trace's own, else the device's: the --timing profile's, "
+                        "or cmm-h's)")
     parser.add_argument("--csv-spec", default=None, help='libCacheSim-style CSV columns, e.g. "time-col=1, obj-id-col=2"')
     parser.add_argument("--out", default=None, help="PNG plot path (default: mrc.png in a new folder under "
                         "$CXLHM_OUT_DIR or ~/.local/state/cxlhm/mrc/, never the current directory)")
@@ -101,6 +105,65 @@ def _latency_plot_path(out: str) -> Path:
     return path.with_name(f"{path.stem}-latency{path.suffix or '.png'}")
 
 
+def device_block_size(profile: str | None) -> int:
+    """The block size of the device `profile` models (cxlhm's default device without one)."""
+    from cxlhm.config import DEFAULT_PROFILE
+    return timing_model(profile or DEFAULT_PROFILE).block_size
+
+
+def _block_source(args) -> str:
+    from cxlhm.config import DEFAULT_PROFILE
+    if args.block_size:
+        return "--block-size"
+    if trace_format(args.trace, args.format).own_block_size:
+        return "as the trace records it"
+    return f"{args.timing or DEFAULT_PROFILE}'s device block; one record = one block"
+
+
+TABLE_WIDTH = 100  # columns: a table wider than a terminal is split by policy
+
+
+def _policy_groups(policies: list[str], fixed: int, cell: int) -> list[list[str]]:
+    """Policies in groups whose table fits TABLE_WIDTH (at least one policy per group)."""
+    groups, current, width = [], [], fixed
+    for name in policies:
+        need = 2 + max(len(name), cell)
+        if current and width + need > TABLE_WIDTH:
+            groups.append(current)
+            current, width = [], fixed
+        current.append(name)
+        width += need
+    return groups + [current] if current else groups
+
+
+def format_report(results, block_size: int, *, timing: bool) -> str:
+    """The miss-ratio table (and with `timing` the mean and p99 latency tables), one row
+    per DRAM size ("blocks", "DRAM" = blocks x block size), a column per policy; policies
+    are split over several tables when one would be wider than TABLE_WIDTH."""
+    policies = list(results)
+    sizes = sorted({s for curve in results.values() for s in curve})
+    lead = [[str(s), format_size(s * block_size)] for s in sizes]
+    fixed = max(len("blocks"), *(len(r[0]) for r in lead)) + 2 + max(len("DRAM"), *(len(r[1]) for r in lead))
+    sections = [("miss ratio", lambda r: f"{r.miss_ratio:.4f}")]
+    if timing:
+        sections += [("mean latency, us", lambda r: f"{r.timing['mean_ns'] / 1e3:.1f}"),
+                     ("p99 latency, us", lambda r: f"{r.timing['p99_ns'] / 1e3:.1f}")]
+    out = []
+    for title, cell in sections:
+        for group in _policy_groups(policies, fixed, 6):
+            rows = [["blocks", "DRAM"] + group]
+            rows += [lead[i] + [cell(results[p][s]) for p in group] for i, s in enumerate(sizes)]
+            if timing:
+                out.append(f"{title}:")
+            out.append(_aligned(rows))
+    return "\n".join(out)
+
+
+def _aligned(table: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table)
+
+
 def run(args) -> int:
     if (args.queue_depth != 1 or args.open_loop) and not args.timing:
         raise CommandError("--queue-depth and --open-loop need --timing PROFILE")
@@ -116,8 +179,8 @@ def run(args) -> int:
         block_size = parse_size(args.block_size) if args.block_size else None
         if block_size is not None and block_size <= 0:
             raise ValueError("--block-size must be positive")
-        if args.timing and block_size is None:
-            block_size = timing_model(args.timing).block_size  # one record = one device block
+        if block_size is None and not trace_format(args.trace, args.format).own_block_size:
+            block_size = device_block_size(args.timing)  # one record = one device block
         trace = load_trace(args.trace, args.format, limit=args.limit, block_size=block_size, csv_spec=args.csv_spec)
         if len(trace) == 0:
             raise CommandError(f"--trace {args.trace}: no accesses in the trace")
@@ -140,16 +203,13 @@ def run(args) -> int:
         print(json.dumps({p: {str(s): _json_entry(r, args.timing) for s, r in curve.items()}
                           for p, curve in results.items()}, indent=1))
     else:
-        print(f"trace {args.trace}: {len(trace)} accesses, {trace.unique_blocks} distinct blocks of "
-              f"{format_size(trace.block_size)}")
+        print(f"trace {args.trace}: {len(trace)} accesses, {trace.unique_blocks} distinct blocks")
+        print(f"block = {format_size(trace.block_size)} ({_block_source(args)})")
         if args.timing:
             loop = ("open loop: each access issued at its trace timestamp" if args.open_loop else
                     f"closed loop, queue depth {args.queue_depth}")
-            print(f"latency: model clock, timing profile {args.timing}, each record one {format_size(trace.block_size)} "
-                  f"device block access, {loop}")
-            print(format_timing_table(results, trace.block_size))
-        else:
-            print(format_table(curves, trace.block_size))
+            print(f"latency: model clock, timing profile {args.timing}, each record one device block access, {loop}")
+        print(format_report(results, trace.block_size, timing=bool(args.timing)))
     if not args.no_plot:
         plot_curves(curves, args.out, block_size=trace.block_size,
                     title=f"{Path(args.trace).name}: {len(trace)} accesses")
