@@ -12,6 +12,11 @@ checksum decide, so an entry whose chunk was overwritten (ring reuse), a stale o
 entry, or a failed read is a miss - counted as stale, its bytes as wasted - and the
 caller recomputes. Locations of other tenants, or in another instance's local tier
 with no peer reader given, are misses too (this host cannot read them).
+
+Nothing the directory holds or does stops a lookup: an entry of an unknown kind or
+outside the partition is a miss (counted: bad_entries), and a directory that cannot
+answer (Redis down, a truncated table) is misses plus a counted error
+(directory_errors) - `put` then returns the location of the chunk it stored, unpublished.
 """
 from __future__ import annotations
 
@@ -21,7 +26,12 @@ import numpy as np
 import xxhash
 
 from cxlhm.pool import protocol as P
-from host_runtime.directory import ContentDirectory, DirectoryMetrics, Location, LocationKind, SparseHits
+import logging
+
+from host_runtime.directory import (ContentDirectory, DirectoryMetrics, DirectoryUnavailable, Location, LocationKind,
+                                    SparseHits)
+
+log = logging.getLogger("cxlhm.pooled_kv")
 
 HEADER = P.CHUNK_HEADER.size
 
@@ -55,16 +65,41 @@ class PooledKV:
         offset, generation = self.tenant.put_chunk(chunk_bytes(fingerprint, data))
         where = Location(LocationKind.POOL, self.host_id, self.tenant.id, offset,
                          memoryview(data).nbytes, generation)
-        self.directory.publish(fingerprint, where)
         self.metrics.metadata_ops += 1
+        try:
+            self.directory.publish(fingerprint, where)
+        except DirectoryUnavailable as exc:  # stored, not findable: a miss for others, not an error here
+            self._directory_failed(exc)
         return where
+
+    def _directory_failed(self, exc: Exception) -> None:
+        self.metrics.directory_errors += 1
+        log.warning("pooled KV: %s (treated as misses)", exc)
 
     # ------------------------------------------------------------ lookup
     def lookup_sparse(self, fingerprints: Sequence[bytes]) -> SparseHits:
         """The directory's answer, unverified (best-effort)."""
-        hits = self.directory.lookup_sparse(list(fingerprints))
+        fps = list(fingerprints)
+        try:
+            hits = self.directory.lookup_sparse(fps)
+        except DirectoryUnavailable as exc:
+            self._directory_failed(exc)
+            return SparseHits(np.zeros(len(fps), bool), np.zeros((len(fps), 3), np.uint64))
         self.metrics.metadata_ops += len(hits)
         return hits
+
+    def _location(self, hits: SparseHits, i: int) -> Location | None:
+        """Entry i as a Location this tenant can read, or None (counted as a bad entry)."""
+        try:
+            where = hits.location(i)
+        except ValueError:  # an unknown kind, a field out of range: written by something else
+            self.metrics.bad_entries += 1
+            return None
+        if where.kind is LocationKind.POOL and where.tenant == self.tenant.id \
+                and where.offset + HEADER + where.length > self.tenant.size:
+            self.metrics.bad_entries += 1
+            return None
+        return where
 
     def get_many(self, fingerprints: Sequence[bytes], *, tokens_per_chunk: int = 0) -> tuple[np.ndarray, list]:
         """Sparse get: (verified hit bitmap, the payloads as uint8 arrays or None)."""
@@ -75,8 +110,10 @@ class PooledKV:
         ok = np.zeros(len(fps), bool)
         out: list = [None] * len(fps)
         for i in np.flatnonzero(hits.hit):
-            where = hits.location(int(i))
             m.entries_returned += 1
+            where = self._location(hits, int(i))
+            if where is None:
+                continue
             data = self._read(fps[i], where)
             if data is None:
                 continue
@@ -130,8 +167,8 @@ class PooledKV:
         ranges = []
         remote = 0
         for i in np.flatnonzero(hits.hit):
-            where = hits.location(int(i))
-            if where.kind is LocationKind.POOL and where.tenant == self.tenant.id:
+            where = self._location(hits, int(i))
+            if where is not None and where.kind is LocationKind.POOL and where.tenant == self.tenant.id:
                 ranges.append((self.tenant.window_base + where.offset, HEADER + where.length))
                 self._prefetched[fps[i]] = where.host != self.host_id
                 remote += where.host != self.host_id

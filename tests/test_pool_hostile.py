@@ -442,3 +442,68 @@ def test_mirror_reader_refuses_a_segment_of_the_wrong_size(tmp_path):
     os.ftruncate(fd, 100)
     with pytest.raises(OSError, match="a mirror of 100 bytes"):
         MirrorReader(fd, 4, BLOCK)
+
+
+# ---------------------------------------------------------------- what the directory holds or does
+def _pooled(service, tmp_path, name="a", tenant="t"):
+    from host_runtime.directory import SharedMemoryDirectory
+    from host_runtime.pooled_kv import PooledKV
+    host = attach(service, name, [tenant])
+    path = tmp_path / "dir.shm"
+    d = SharedMemoryDirectory.attach(path) if path.exists() else SharedMemoryDirectory.create(path, entries=1000)
+    return host, d, PooledKV(host.tenant(tenant), d)
+
+
+@pytest.mark.parametrize("bad_word0", [7 << 56, 0xFE << 56 | 1])  # kinds no reader knows
+def test_entries_of_unknown_kind_are_misses(service, tmp_path, bad_word0):
+    from host_runtime.directory.location import key_array
+    from pool_helpers import chunk_data, keys
+    host, d, kv = _pooled(service, tmp_path)
+    ks = keys(3, b"kind")
+    for k in ks:
+        kv.put(k, chunk_data(k))
+    d.publish_words(key_array([ks[1]]), np.array([[bad_word0, 0, 64 << 32]], np.uint64))
+    ok, out = kv.get_many(ks)
+    assert ok.tolist() == [True, False, True] and bytes(out[2]) == chunk_data(ks[2])
+    assert kv.metrics.bad_entries == 1
+    assert kv.prefetch(ks, session=3) == 2  # the two good ones are still hinted
+    host.close(), d.close()
+
+
+def test_entries_outside_the_partition_are_misses_and_do_not_stop_prefetch(service, tmp_path):
+    from host_runtime.directory import Location, LocationKind
+    from pool_helpers import chunk_data, keys
+    host, d, kv = _pooled(service, tmp_path)
+    ks = keys(4, b"range")
+    for k in ks:
+        kv.put(k, chunk_data(k))
+    tid = host.tenant("t").id
+    d.publish(ks[1], Location(LocationKind.POOL, host.host_id, tid, PARTITION - 8, 4096))
+    d.publish(ks[2], Location(LocationKind.POOL, host.host_id, tid, (1 << 64) - 4096, 4096))
+    before = service.stats()["hosts"][0]["hints_delivered"]
+    assert kv.prefetch(ks, session=5) == 2
+    assert service.stats()["hosts"][0]["hints_delivered"] == before + 2
+    ok, _ = kv.get_many(ks)
+    assert ok.tolist() == [True, False, False, True] and kv.metrics.bad_entries == 4  # 2 in each pass
+    host.close(), d.close()
+
+
+def test_a_directory_that_cannot_answer_is_misses_and_a_counted_error(service):
+    from host_runtime.directory.redis import RedisDirectory
+    from host_runtime.pooled_kv import PooledKV
+    from pool_helpers import chunk_data, keys
+    with socket.socket() as s:  # a port nobody listens on: the server is down
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    host = attach(service, "a", ["t"])
+    directory = RedisDirectory(f"redis://127.0.0.1:{port}/0", namespace="down")
+    kv = PooledKV(host.tenant("t"), directory)
+    k = keys(1, b"down")[0]
+    where = kv.put(k, chunk_data(k))  # stored on the device, not published
+    assert kv.metrics.directory_errors == 1
+    raw = host.tenant("t").load(where.offset + 64, where.length)
+    assert raw == chunk_data(k)
+    ok, out = kv.get_many([k])
+    assert not ok.any() and kv.metrics.directory_errors == 2
+    assert kv.prefetch([k], session=1) == 0 and kv.metrics.directory_errors == 3
+    host.close()

@@ -21,6 +21,11 @@ import numpy as np
 from host_runtime.directory.location import Location, SparseHits, key_array, key_of, words_array
 
 
+class DirectoryUnavailable(OSError):
+    """The directory's back end could not answer (a Redis server down or unreachable,
+    a table truncated under its users): callers treat it as misses and count it."""
+
+
 class ContentDirectory(abc.ABC):
     """Abstract content directory; see the module docstring for the contract."""
 
@@ -84,4 +89,4 @@ class ContentDirectory(abc.ABC):
         return self.remove_words(keys, exp) if keys.shape[0] else 0
 
 
-__all__ = ["ContentDirectory", "Location", "SparseHits", "key_of"]
+__all__ = ["ContentDirectory", "DirectoryUnavailable", "Location", "SparseHits", "key_of"]

@@ -31,6 +31,8 @@ class DirectoryMetrics:
     prefetched_used: int = 0       # of those, read afterwards
     prefetched_remote: int = 0     # prefetched chunks another host stored
     prefetched_remote_used: int = 0
+    bad_entries: int = 0           # entries no reader can use (unknown kind, outside the partition): misses
+    directory_errors: int = 0      # directory calls that failed (back end down): misses, publishes lost
 
     def __add__(self, other: "DirectoryMetrics") -> "DirectoryMetrics":
         return DirectoryMetrics(**{f.name: getattr(self, f.name) + getattr(other, f.name)

@@ -7,9 +7,11 @@ so no client ever removes an entry another host republished meanwhile.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
-from host_runtime.directory.base import ContentDirectory
+from host_runtime.directory.base import ContentDirectory, DirectoryUnavailable
 from host_runtime.directory.location import SparseHits
 
 _REMOVE_IF = """
@@ -31,9 +33,23 @@ def _import_redis():
     return redis
 
 
+def _unavailable(method):
+    """The server's and the connection's errors as DirectoryUnavailable (an OSError),
+    which callers of any directory handle the same way."""
+    @functools.wraps(method)
+    def call(self, *args, **kw):
+        try:
+            return method(self, *args, **kw)
+        except self._errors as exc:
+            raise DirectoryUnavailable(f"redis directory {self.namespace.decode()[:-1]!r}: "
+                                       f"{type(exc).__name__}: {exc}") from exc
+    return call
+
+
 class RedisDirectory(ContentDirectory):
     def __init__(self, url: str = "redis://127.0.0.1:6379/0", *, namespace: str = "cxlhm:dir", client=None):
         redis = _import_redis()
+        self._errors = (redis.exceptions.RedisError, OSError)
         self.namespace = namespace.encode() + b":"
         self.client = client if client is not None else redis.Redis.from_url(url)
         self._remove_if = self.client.register_script(_REMOVE_IF)
@@ -47,6 +63,7 @@ class RedisDirectory(ContentDirectory):
         ns = self.namespace
         return [ns + raw[i:i + 16] for i in range(0, len(raw), 16)]
 
+    @_unavailable
     def publish_words(self, keys, words) -> int:
         names = self._names(keys)
         raw = np.ascontiguousarray(words, "<u8").tobytes()
@@ -56,6 +73,7 @@ class RedisDirectory(ContentDirectory):
             pipe.execute()
         return len(names)
 
+    @_unavailable
     def lookup_words(self, keys) -> SparseHits:
         names = self._names(keys)
         hit = np.zeros(len(names), np.bool_)
@@ -69,6 +87,7 @@ class RedisDirectory(ContentDirectory):
                                               "<u8").reshape(-1, 3)
         return SparseHits(hit, words)
 
+    @_unavailable
     def remove_words(self, keys, expected) -> int:
         names = self._names(keys)
         removed = 0
@@ -81,6 +100,7 @@ class RedisDirectory(ContentDirectory):
                 removed += int(self._remove_if(keys=chunk, args=[exp[24 * i:24 * i + 24] for i in range(len(chunk))]))
         return removed
 
+    @_unavailable
     def clear(self) -> None:
         batch = []
         for name in self.client.scan_iter(match=self.namespace + b"*", count=10000):

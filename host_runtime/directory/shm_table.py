@@ -84,7 +84,7 @@ def _find(table, mask, max_probe, k0, k1):
 
 @numba.njit(inline="always")
 def _write(table, j, k0, k1, a, b, c):
-    table[j, SEQ] += np.uint64(1)  # odd: readers back off
+    table[j, SEQ] |= np.uint64(1)  # odd: readers back off (already odd: stays so until the end)
     table[j, K0], table[j, K1] = k0, k1
     table[j, W1], table[j, W2] = b, c
     table[j, W0] = a
@@ -127,3 +127,23 @@ def remove(table, max_probe, keys, expected, use_expected, counts):
         counts[1] += 1
         removed += 1
     return removed
+
+
+@numba.njit(nogil=True, cache=True)
+def repair(table):
+    """After a writer was killed inside a batch: every slot it left half-written (odd
+    seq) becomes a removed entry with an even seq; returns (live, tombstones, repaired)
+    counted over the whole table."""
+    live = tombstones = repaired = 0
+    for j in range(table.shape[0]):
+        if table[j, SEQ] & np.uint64(1):
+            table[j, W1], table[j, W2] = np.uint64(0), np.uint64(0)
+            table[j, W0] = TOMBSTONE << KIND_SHIFT
+            table[j, SEQ] += np.uint64(1)
+            repaired += 1
+        kind = table[j, W0] >> KIND_SHIFT
+        if kind == TOMBSTONE:
+            tombstones += 1
+        elif kind != 0:
+            live += 1
+    return live, tombstones, repaired
