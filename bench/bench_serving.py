@@ -27,13 +27,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import command, machine  # noqa: E402
 
 from cxlhm_apps.serving.boundary import boundary  # noqa: E402
-from cxlhm_apps.serving.comparison import QUICK_SIZES, Comparison, parse_comparison  # noqa: E402
+from cxlhm_apps.serving.comparison import Comparison, parse_comparison  # noqa: E402
 from cxlhm_apps.serving.configs import CxlHm, make_system  # noqa: E402
 from cxlhm_apps.serving.gpu import PAIRS  # noqa: E402
 from cxlhm_apps.serving.params import ServingParams, device_timing  # noqa: E402
 from cxlhm_apps.serving.report import LEGEND, format_table, plot_all, search_notes, write_json  # noqa: E402
 from cxlhm_apps.serving.sweep import Task, run_grid  # noqa: E402
-from cxlhm_apps.serving.workloads import build  # noqa: E402
+from cxlhm_apps.serving.workloads import build, quick_sizes  # noqa: E402
 from cxlhm.units import parse_size  # noqa: E402
 
 RATIO_CONFIGS = "recompute,lmcache-local,cxlhm-hymcache,mooncake-dram,ideal"
@@ -143,7 +143,7 @@ def main() -> int:
 
     pairs = parse_pairs(args.pairs)
     refine = args.refine if args.refine is not None else (2 if args.quick else 4)
-    sizes = {k: dict(v) for k, v in QUICK_SIZES.items()} if args.quick else {}
+    sizes = quick_sizes() if args.quick else {}
     if args.requests:
         sizes.setdefault("mooncake", {})["requests"] = args.requests
     if args.sessions:

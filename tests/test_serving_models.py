@@ -18,7 +18,7 @@ from cxlhm_apps.serving.configs import CxlHm, make_system, parse_configs
 from cxlhm_apps.serving.gpu import GPUS, LLAMA3_8B, MODELS, PAIRS, fit_table, gpu_model, kv_pool_bytes
 from cxlhm_apps.serving.params import ServingParams, params_from
 from cxlhm.registry import UnknownName
-from cxlhm_apps.serving.report import COLUMNS, LEGEND, search_notes
+from cxlhm_apps.serving.report import LEGEND, columns, search_notes
 from cxlhm_apps.serving.topologies import replay
 from cxlhm_apps.serving.tiers import Link, LruDramTier
 
@@ -163,7 +163,7 @@ def test_serve_bench_bad_inputs_are_one_line_errors():
 
 # ---------------------------------------------------------------- the report
 def test_legend_explains_every_column():
-    for column in COLUMNS[1:]:
+    for column in columns()[1:]:
         for word in column.replace("TTFT mean", "TTFT").split():
             assert word in LEGEND, column
 

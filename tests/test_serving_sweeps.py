@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from cxlhm_apps.serving import workloads as W
 from cxlhm_apps.serving.boundary import boundary, device_ssd_path
-from cxlhm_apps.serving.comparison import QUICK_SIZES
+from cxlhm_apps.serving.workloads import quick_sizes
 from cxlhm_apps.serving.params import ServingParams, params_from
 from cxlhm_apps.serving.topologies import replay
 
@@ -106,7 +106,7 @@ def test_each_sweep_varies_one_axis_and_shares_its_base_cells(bench_serving):
     args = types.SimpleNamespace(sweep_configs="lmcache-local,cxlhm-hymcache,mooncake-dram", pools="16GiB,48GiB",
                                  ssd_rates="0.6GB/s,2.4GB/s", reuse="0.5")
     base = ServingParams()
-    runs = bench_serving.sweep_runs(base, ["pool", "ratio", "reuse"], args, dict(QUICK_SIZES), 2)
+    runs = bench_serving.sweep_runs(base, ["pool", "ratio", "reuse"], args, quick_sizes(), 2)
     assert [(r.sweep, r.point) for r in runs] == [
         ("pool", "95 GiB"), ("pool", "16 GiB"), ("pool", "48 GiB"), ("ratio", "1.2GB/s"), ("ratio", "0.6GB/s"),
         ("ratio", "2.4GB/s"), ("reuse", "1"), ("reuse", "0.5")]

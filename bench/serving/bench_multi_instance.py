@@ -22,7 +22,7 @@ from _common import command, machine  # noqa: E402
 
 from cxlhm_apps.serving import workloads as W  # noqa: E402
 from cxlhm_apps.serving.metrics import summarize  # noqa: E402
-from cxlhm_apps.serving.multi import MULTI_CONFIGS, ROUTINGS, replay_multi  # noqa: E402
+from cxlhm_apps.serving.multi import ROUTINGS, multi_configs, replay_multi  # noqa: E402
 from cxlhm_apps.serving.params import GiB, ServingParams  # noqa: E402
 
 BASELINE = "lmcache-local-n"
@@ -36,7 +36,7 @@ def main() -> int:
     ap.add_argument("--speed", type=float, default=4.0, help="arrival-rate multiplier (default: one instance's x N)")
     ap.add_argument("--dram-gib", type=float, default=64.0, help="DRAM D in total for every system (default 64)")
     ap.add_argument("--gpu-kv-gib", type=float, default=96.0, help="KV memory of each GPU (default 96)")
-    ap.add_argument("--configs", default=",".join(MULTI_CONFIGS))
+    ap.add_argument("--configs", default=",".join(multi_configs()))
     ap.add_argument("--routings", default=",".join(ROUTINGS))
     ap.add_argument("--json", default="out/pool-serving.json")
     ap.add_argument("--plot", default=None, help="write a bar chart here (PNG)")

@@ -36,8 +36,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import command, machine  # noqa: E402
 
-from cxlhm_apps.serving.comparison import REFERENCE_SPEED  # noqa: E402
-from cxlhm_apps.serving.configs import CONFIG_ORDER, TierContext, make_system  # noqa: E402
+from cxlhm_apps.serving.workloads import reference_speed  # noqa: E402
+from cxlhm_apps.serving.configs import TierContext, all_names, make_system  # noqa: E402
 from cxlhm_apps.serving.boundary import boundary_lines  # noqa: E402
 from cxlhm_apps.serving.bounds import report as bounds_report  # noqa: E402
 from cxlhm_apps.serving.gpu import PAIRS, TABLES  # noqa: E402
@@ -200,7 +200,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=2000, help="Mooncake: the first N requests (default 2000)")
     ap.add_argument("--sessions", type=int, default=150, help="agent sessions at speed 1 (default 150)")
     ap.add_argument("--workload", default="mooncake,agent")
-    ap.add_argument("--configs", default=",".join(CONFIG_ORDER))
+    ap.add_argument("--configs", default=",".join(all_names()))
     ap.add_argument("--class-configs", default="recompute,lmcache-local,cxlhm-hymcache,mooncake-dram",
                     help="configurations in the per-class table")
     ap.add_argument("--boundary", action="store_true", help="print the transfer-vs-recompute boundary only")
@@ -234,7 +234,7 @@ def main() -> int:
     for name in [w.strip() for w in args.workload.split(",") if w.strip()]:
         start = time.time()
         sizes = {"requests": args.requests} if name == "mooncake" else {"sessions": args.sessions}
-        speed = REFERENCE_SPEED.get(name, 1.0)
+        speed = reference_speed(name)
         spec = spec_at_speed(default_spec(name, **sizes), speed)
         w = build(spec)
         results, summaries = {}, {}

@@ -6,7 +6,11 @@ import platform
 import sys
 from pathlib import Path
 
+from cxlhm_apps.cliutil import hints_ignored, hints_ignored_warning
+from cxlhm_apps.serving.batching import PRESETS
 from cxlhm_apps.serving.comparison import parse_comparison
+from cxlhm_apps.serving.configs import DEVICE_PREFIX, HINTS_SUFFIX, all_names
+from cxlhm_apps.serving import workloads
 from cxlhm_apps.serving.gpu import GPUS, MODELS
 from cxlhm_apps.serving.params import ServingParams
 from cxlhm.registry import UnknownName
@@ -42,10 +46,17 @@ examples:
 
 def add_arguments(parser):
     parser.add_argument("--workload", default="mooncake,agent",
-                        help="comma-separated: mooncake, agent, qa or workload YAML files (default mooncake,agent)")
+                        help=f"comma-separated registered workloads ({', '.join(workloads.names())}; entry-point "
+                             "group cxlhm.serving_workloads) or workload YAML files (default mooncake,agent)")
     parser.add_argument("--configs", default="all",
-                        help="comma-separated configurations, or all; cxlhm:<policy>[+hints] puts any registered "
-                             "firmware policy on the CXL-HM device (with the KV store's lifecycle hints)")
+                        help=f"comma-separated configurations, or all ({', '.join(all_names())}); "
+                             "cxlhm:<policy>[+hints] puts any registered firmware policy on the CXL-HM device "
+                             "(with the KV store's lifecycle hints)")
+    parser.add_argument("--batching", default="vllm-v1", choices=tuple(PRESETS),
+                        help="how iterations are formed, with that engine's defaults for the GPU (default vllm-v1: "
+                             "chunked prefill mixed with decodes under an 8192-token budget on H100/H200)")
+    parser.add_argument("--handover", default="gpu", choices=("gpu", "tier"),
+                        help="disaggregated KV hand-over: GPU to GPU over RDMA (default) or through the tier")
     parser.add_argument("--model", default="llama3-8b", help=f"model shape: {', '.join(MODELS)} (default llama3-8b)")
     parser.add_argument("--gpu", default="h200", help=f"GPU: {', '.join(GPUS)} (default h200, measured)")
     parser.add_argument("--dram", default="64GiB", help="DRAM budget D (default 64GiB: the paper's 1 TB / 16)")
@@ -72,7 +83,7 @@ def add_arguments(parser):
 def run(args) -> int:
     try:
         params = ServingParams(dram_bytes=parse_size(args.dram), decode_model=args.decode, prefill_model=args.prefill,
-                               model=args.model, gpu=args.gpu)
+                               model=args.model, gpu=args.gpu, batching=args.batching, handover=args.handover)
         gpu = params.gpu_cost_model()
         if params.kv_pool_bytes <= 0:
             raise ValueError(f"{args.model} does not fit on {args.gpu}: no room is left for a KV pool")
@@ -92,6 +103,11 @@ def run(args) -> int:
     except (SpecError, TraceError, UnknownName, ValueError) as exc:
         print(f"cxlhm serve-bench: error: {exc}", file=sys.stderr)
         return 2
+    for name in comparison.configs:
+        if name.startswith(DEVICE_PREFIX) and name.endswith(HINTS_SUFFIX):
+            policy = name[len(DEVICE_PREFIX):-len(HINTS_SUFFIX)]
+            if hints_ignored(policy):
+                print(hints_ignored_warning("cxlhm serve-bench", policy), file=sys.stderr)
     out = Path(args.out)
     print(f"command: cxlhm serve-bench {' '.join(sys.argv[2:]) if sys.argv[1:2] == ['serve-bench'] else ''}".rstrip())
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, Python "
@@ -99,6 +115,8 @@ def run(args) -> int:
     print(f"GPU model: {gpu.describe()}")
     print(f"SLO: p{params.slo_percentile:g} TTFT <= {params.slo_ttft_s:g} s and TBT <= {params.slo_tbt_ms:g} ms; "
           f"GPU KV pool {params.kv_pool_bytes / 2**30:g} GiB; D = {params.dram_bytes / 2**30:g} GiB")
+    print(f"batching: {params.batching} ({params.token_budget} tokens per iteration, at most {params.running_limit} "
+          f"running; {params.batching_preset().source}); disaggregated hand-over: {params.handover}")
     if args.quick:
         print(QUICK_CAVEAT)
     try:

@@ -9,21 +9,18 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from cxlhm_apps.serving.configs import CONFIG_ORDER, parse_configs
+from cxlhm_apps.serving.configs import meta, parse_configs
 from cxlhm_apps.serving.params import ServingParams, params_from
 from cxlhm_apps.serving.report import (LEGEND, QUICK_CAVEAT, format_budget_table, format_table, plot_all, search_notes,
                                    write_json)
 from cxlhm_apps.serving.sweep import Task, run_grid
 from cxlhm_apps.serving.topologies import parse_topologies
-from cxlhm_apps.serving.workloads import WorkloadSpec, resolve
+from cxlhm_apps.serving.workloads import WorkloadSpec, kind, quick_sizes, reference_speed, resolve
 
-# Per workload: the replay speed of the TTFT columns (the same offered load for every
-# configuration) and where the max-QPS search starts. At speed 1 the Mooncake trace
-# offers ~3.4 req/s, far beyond one H200 (the paper serves it with a cluster); 0.15 is
-# ~0.5 req/s. The agent and QA generators' rates are already per GPU.
-REFERENCE_SPEED = {"mooncake": 0.15, "agent": 1.0, "qa": 1.0}
-QUICK_SIZES = {"mooncake": {"requests": 400}, "agent": {"sessions": 30}, "qa": {"users": 12, "rounds": 6}}
-BUDGET_SWEEP_CONFIGS = ("lmcache-local", "cxlhm-lru", "cxlhm-hymcache", "mooncake-dram")
+# Per workload, the registry says the replay speed of the TTFT columns (the same offered
+# load for every configuration, where the max-QPS search starts) and --quick's sizes
+# (workloads.WorkloadKind); per configuration, whether the DRAM budget matters to it
+# (configs.Meta.dram: the budget sweep runs only those).
 
 
 @dataclasses.dataclass
@@ -35,7 +32,7 @@ class Comparison:
     topologies: list[str]
     quick: bool = False
     search: bool = True
-    speed: float | None = None       # overrides REFERENCE_SPEED
+    speed: float | None = None       # overrides each workload's reference speed
     refine: int = 4
     budget_refine: int | None = None  # bisection steps for the extra-budget cells (None: refine)
     budget_topologies: tuple = ("colocated",)  # the DRAM sweep runs in these topologies
@@ -46,8 +43,8 @@ class Comparison:
         out = []
         for name in self.workloads:
             kind_changes = {}
-            if self.quick and name in QUICK_SIZES:
-                kind_changes.update(QUICK_SIZES[name])
+            if self.quick:
+                kind_changes.update(quick_sizes().get(name, {}))
             if self.sizes and name in self.sizes:
                 kind_changes.update(self.sizes[name])
             spec = dataclasses.replace(resolve(name, **kind_changes), reuse_keep=self.reuse_keep)
@@ -58,12 +55,12 @@ class Comparison:
     def tasks(self) -> list[Task]:
         tasks = []
         for spec, params in self.specs():
-            speed = self.speed or REFERENCE_SPEED.get(spec.kind, 1.0)
+            speed = self.speed or reference_speed(spec.kind)
             for topology in self.topologies:
                 for config in self.configs:
                     tasks.append(Task(spec, config, params, topology, speed, speed if self.search else None,
                                       self.refine))
-                    if config in BUDGET_SWEEP_CONFIGS and topology in self.budget_topologies:
+                    if meta(config).dram and meta(config).role != "multi" and topology in self.budget_topologies:
                         for dram in (b for b in self.budgets if b != params.dram_bytes):
                             tasks.append(Task(spec, config, params.replace(dram_bytes=dram), topology, speed,
                                               speed if self.search else None,
@@ -101,4 +98,4 @@ def parse_comparison(workloads: str, configs: str, params: ServingParams, budget
     return Comparison(names, parse_configs(configs), params, budgets, topologies, **kwargs)
 
 
-__all__ = ["Comparison", "parse_comparison", "CONFIG_ORDER", "REFERENCE_SPEED"]
+__all__ = ["Comparison", "parse_comparison", "kind"]

@@ -34,8 +34,57 @@ def _as_system(obj):
 
 # Built-ins below; outside packages add configurations under the entry-point group
 # cxlhm.serving_systems (an object, or a zero-argument factory of one, with make_tier(ctx)).
+# What reports, sweeps and the grid need to know about a configuration is metadata on the
+# object itself (`Meta` below, read with `meta(name)`), so no list of names is kept elsewhere.
 SYSTEMS: Registry = Registry("serving configuration", "cxlhm.serving_systems", check=_as_system)
-CONFIG_ORDER = ("recompute", "lmcache-local", "cxlhm-lru", "cxlhm-hymcache", "mooncake-dram", "ideal")
+
+
+@dataclasses.dataclass(frozen=True)
+class Meta:
+    """A configuration's place in reports and sweeps.
+
+    order      position in tables and in `--configs all` (lower first)
+    role       recompute | store | device | pool | bound | multi (multi-instance only)
+    baseline   the ratio column it is the baseline of ("lmc": x lmc, "moon": x moon), or ""
+    in_all     part of `--configs all`
+    dram       its figures depend on the DRAM budget D (swept by --budgets)
+    slow       cells to start first (the emulated device)"""
+    order: int = 50
+    role: str = "store"
+    baseline: str = ""
+    in_all: bool = False
+    dram: bool = True
+    slow: bool = False
+
+
+def meta(name: str) -> Meta:
+    """The metadata of configuration `name` (an outside one without any: the defaults)."""
+    return getattr(make_system(name), "meta", None) or Meta()
+
+
+def all_names() -> list[str]:
+    """`--configs all`: the registered configurations marked in_all, in order."""
+    return ordered(n for n in SYSTEMS.builtin_names() + sorted(SYSTEMS.entry_points()) if meta(n).in_all)
+
+
+def ordered(names) -> list[str]:
+    """`names` in report order (registry order, then by name)."""
+    names = list(dict.fromkeys(names))
+    return sorted(names, key=lambda n: (meta(n).order, names.index(n)))
+
+
+def baselines() -> dict[str, str]:
+    """Ratio column -> the configuration it divides by, from the registry's metadata."""
+    out = {}
+    for n in SYSTEMS.builtin_names():
+        b = meta(n).baseline
+        if b:
+            out[b] = n
+    return dict(sorted(out.items(), key=lambda kv: meta(kv[1]).order))
+
+
+def baseline_named(column: str) -> str:
+    return baselines()[column]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +117,7 @@ class Recompute:
     paper: str = "vLLM with its GPU prefix cache only"
     load_mode: str = ASYNC
     store_mode: str = ASYNC
+    meta: Meta = Meta(order=0, role="recompute", in_all=True, dram=False)
 
     def make_tier(self, ctx: TierContext) -> Tier:
         return NoTier()
@@ -78,6 +128,7 @@ class LmcacheLocal:
     paper: str = "LMCache, local CPU-DRAM backend (D of host DRAM, LRU)"
     load_mode: str = BLOCKING
     store_mode: str = BLOCKING
+    meta: Meta = Meta(order=10, role="store", baseline="lmc", in_all=True)
 
     def make_tier(self, ctx: TierContext) -> Tier:
         down, up = _pcie(ctx)
@@ -91,6 +142,7 @@ class CxlHm:
     paper: str = ""
     load_mode: str = ASYNC
     store_mode: str = ASYNC
+    meta: Meta = Meta(order=30, role="device", slow=True)
 
     def make_tier(self, ctx: TierContext) -> Tier:
         p = ctx.params
@@ -108,6 +160,7 @@ class MooncakeDram:
     paper: str = "Mooncake Store: distributed DRAM pool (16 x D, the paper's 1 TB) over RDMA"
     load_mode: str = ASYNC
     store_mode: str = ASYNC
+    meta: Meta = Meta(order=40, role="pool", baseline="moon", in_all=True)
 
     def make_tier(self, ctx: TierContext) -> Tier:
         p = ctx.params
@@ -121,6 +174,7 @@ class Ideal:
     paper: str = "upper bound: unbounded host DRAM, asynchronous loads and stores"
     load_mode: str = ASYNC
     store_mode: str = ASYNC
+    meta: Meta = Meta(order=90, role="bound", in_all=True, dram=False)
 
     def make_tier(self, ctx: TierContext) -> Tier:
         down, up = _pcie(ctx)
@@ -157,8 +211,10 @@ def modes(system, params: ServingParams) -> tuple[str, str]:
 
 SYSTEMS.register("recompute", Recompute)
 SYSTEMS.register("lmcache-local", LmcacheLocal)
-SYSTEMS.register("cxlhm-lru", lambda: CxlHm("lru", False, "CXL-HM (CMM-H-like) with generic LRU firmware"))
-SYSTEMS.register("cxlhm-hymcache", lambda: CxlHm("hymcache", True, "HyMCache: CXL-HM + hint-driven firmware"))
+SYSTEMS.register("cxlhm-lru", lambda: CxlHm("lru", False, "CXL-HM (CMM-H-like) with generic LRU firmware",
+                                            meta=Meta(order=20, role="device", in_all=True, slow=True)))
+SYSTEMS.register("cxlhm-hymcache", lambda: CxlHm("hymcache", True, "HyMCache: CXL-HM + hint-driven firmware",
+                                                 meta=Meta(order=25, role="device", in_all=True, slow=True)))
 SYSTEMS.register("mooncake-dram", MooncakeDram)
 SYSTEMS.register("ideal", Ideal)
 
@@ -173,7 +229,7 @@ def make_system(name: str):
 
 
 def parse_configs(text: str) -> list[str]:
-    names = [n.strip() for n in text.split(",") if n.strip()] if text != "all" else list(CONFIG_ORDER)
+    names = [n.strip() for n in text.split(",") if n.strip()] if text != "all" else all_names()
     if not names:
         raise UnknownName(f"no configuration given; known: {', '.join(SYSTEMS.names())}, or cxlhm:<policy>[+hints]")
     for n in names:

@@ -23,7 +23,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from cxlhm_apps.serving.configs import SYSTEMS, TierContext
+from cxlhm_apps.serving.configs import SYSTEMS, Meta, TierContext, meta
 from cxlhm_apps.serving.gpu import GpuModel
 from cxlhm_apps.serving.params import ServingParams
 from cxlhm_apps.serving.scheduler import Engine, GpuInstance, ReplayResult
@@ -31,7 +31,12 @@ from cxlhm_apps.serving.tiers import LoadResult, Tier, gpu_links
 from cxlhm_apps.serving.workloads import Workload
 
 ROUTINGS = ("round-robin", "session-affinity")
-MULTI_CONFIGS = ("cxlhm-hymcache", "cxlhm-lru", "lmcache-local-n", "lmcache-p2p", "mooncake-dram")
+
+def multi_configs() -> list[str]:
+    """The configurations of the multi-instance rows: a shared device or pool, and the
+    per-instance LMCache tiers (registry metadata: role device, pool or multi)."""
+    names = SYSTEMS.builtin_names()
+    return sorted((n for n in names if meta(n).role in ("device", "pool", "multi")), key=lambda n: (meta(n).order, n))
 
 
 class PerInstanceDramTier(Tier):
@@ -122,6 +127,7 @@ class PerInstanceDramTier(Tier):
 class PerInstanceDram:
     p2p: bool
     paper: str = ""
+    meta: Meta = Meta(order=15, role="multi")
 
     def make_tier(self, ctx: TierContext) -> Tier:
         return PerInstanceDramTier(ctx.n_gpus, ctx.params.dram_bytes / ctx.n_gpus, ctx, p2p=self.p2p)

@@ -24,15 +24,16 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
-from cxlhm_apps.serving.configs import CxlHm, make_system
+from cxlhm_apps.serving.configs import CxlHm, make_system, meta
 from cxlhm_apps.serving.metrics import max_speed_under_slo, summarize
 from cxlhm_apps.serving.params import ServingParams
 from cxlhm_apps.serving.scheduler import SloMissed
 from cxlhm_apps.serving.topologies import replay
 from cxlhm_apps.serving.workloads import AgentConfig, WorkloadSpec, build, spec_at_speed
 
-# Order cells so the slow ones (device configurations) start first.
-_COST = {"cxlhm-hymcache": 0, "cxlhm-lru": 1}
+def _cost(config: str) -> int:
+    """Cells of slow configurations (the registry's metadata: the emulated device) start first."""
+    return 0 if meta(config).slow else 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +113,7 @@ def run_grid(tasks: Sequence[Task], *, workers: int | None = None, ray: str | No
         # Forked workers inherit the compiled firmware: every cell can go on its own. Else
         # a worker compiles per process, so cells of one configuration and workload share one.
         groups[(t.config, t.workload.label) + ((i,) if context is not None else ())].append(i)
-    order = sorted(groups, key=lambda g: (_COST.get(g[0], 9), g))
+    order = sorted(groups, key=lambda g: (_cost(g[0]), g))
     results: list[dict | None] = [None] * len(tasks)
     if workers <= 1 or len(order) <= 1:
         for group in order:
@@ -171,9 +172,9 @@ def _run_ray(tasks: Sequence[Task], address: str, progress, status) -> list[dict
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
     status("")
     remote = ray.remote(run_task)
-    refs = [remote.remote(t) for t in sorted(tasks, key=lambda t: _COST.get(t.config, 9))]
+    refs = [remote.remote(t) for t in sorted(tasks, key=lambda t: _cost(t.config))]
     index = {ref: i for i, ref in enumerate(refs)}
-    ordered = sorted(range(len(tasks)), key=lambda i: _COST.get(tasks[i].config, 9))
+    ordered = sorted(range(len(tasks)), key=lambda i: _cost(tasks[i].config))
     results: list[dict | None] = [None] * len(tasks)
     pending = list(refs)
     while pending:

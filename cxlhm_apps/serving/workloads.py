@@ -170,7 +170,77 @@ def parse_config(cls, spec: Spec, *, skip=()):
 
 
 # ---------------------------------------------------------------- generators
-WORKLOADS: Registry = Registry("workload", "cxlhm.serving_workloads")
+@dataclasses.dataclass(frozen=True)
+class WorkloadKind:
+    """A registered workload: its generator, its config dataclass (the YAML keys and their
+    types), and what the comparison needs to know about it.
+
+    reference_speed  replay speed of the TTFT columns, where the max-QPS search starts
+    quick            (field, value) pairs --quick applies (small sizes)
+    scale_field      the config field a faster replay multiplies (an open stream of
+                     closed-loop sessions: more sessions over the same window); "" for a
+                     trace, which is the same requests at every speed
+    order            position in listings"""
+    build: typing.Callable
+    config: type
+    reference_speed: float = 1.0
+    quick: tuple = ()
+    scale_field: str = ""
+    order: int = 50
+
+
+def _as_kind(obj) -> WorkloadKind:
+    """A WorkloadKind, or a generator function with a `config` attribute (its dataclass)
+    and optionally reference_speed / quick / scale_field attributes."""
+    if isinstance(obj, WorkloadKind):
+        return obj
+    config = getattr(obj, "config", None)
+    if not callable(obj) or not dataclasses.is_dataclass(config):
+        raise TypeError(f"{obj!r} is neither a WorkloadKind nor a generator with a `config` dataclass attribute")
+    return WorkloadKind(obj, config, float(getattr(obj, "reference_speed", 1.0)), tuple(getattr(obj, "quick", ())),
+                        str(getattr(obj, "scale_field", "")))
+
+
+# Built-ins below; an installed package adds one under the entry-point group
+# cxlhm.serving_workloads (a WorkloadKind, or a generator with a `config` dataclass).
+WORKLOADS: Registry = Registry("workload", "cxlhm.serving_workloads", check=_as_kind)
+
+
+def workload(name: str, config: type, **meta):
+    """Register the decorated generator as workload `name` (meta: WorkloadKind's fields)."""
+    def add(fn):
+        WORKLOADS.add(name, WorkloadKind(fn, config, **meta))
+        return fn
+    return add
+
+
+def kind(name: str) -> WorkloadKind:
+    """The registered workload `name` (ValueError listing the known ones, or naming a
+    broken entry point)."""
+    from cxlhm.registry import RegistryError
+    try:
+        return WORKLOADS.get(name)
+    except RegistryError as exc:
+        raise ValueError(f"{exc}, or a YAML file") from None
+
+
+def names() -> list[str]:
+    """Registered workloads, in their order."""
+    loaded, _ = WORKLOADS.load_all()
+    return sorted(loaded, key=lambda n: (loaded[n].order, n))
+
+
+def reference_speed(name: str) -> float:
+    try:
+        return kind(name).reference_speed
+    except ValueError:
+        return 1.0
+
+
+def quick_sizes() -> dict[str, dict]:
+    """--quick's sizes of every registered workload."""
+    loaded, _ = WORKLOADS.load_all()
+    return {n: dict(k.quick) for n, k in loaded.items() if k.quick}
 
 
 class _ChunkIds:
@@ -210,7 +280,9 @@ class MooncakeConfig:
     spread_groups: int = 1
 
 
-@WORKLOADS.provides("mooncake")
+# At speed 1 the trace offers ~3.4 req/s, far beyond one H200 (the paper serves it with a
+# cluster); 0.15 is ~0.5 req/s.
+@workload("mooncake", MooncakeConfig, reference_speed=0.15, quick=(("requests", 400),), order=0)
 def mooncake(cfg: MooncakeConfig) -> Workload:
     reqs = read_requests(cfg.trace, limit=cfg.requests)
     turns = recover_sessions(reqs)
@@ -267,7 +339,7 @@ class AgentConfig:
             raise ValueError("session_rate must be > 0")
 
 
-@WORKLOADS.provides("agent")
+@workload("agent", AgentConfig, quick=(("sessions", 30),), scale_field="sessions", order=10)
 def agent(cfg: AgentConfig) -> Workload:
     rng = np.random.default_rng(cfg.seed)
     shared = cfg.system_prompt_tokens + cfg.tool_description_tokens
@@ -316,7 +388,7 @@ class QaConfig:
             raise ValueError("qps must be > 0")
 
 
-@WORKLOADS.provides("qa")
+@workload("qa", QaConfig, quick=(("users", 12), ("rounds", 6)), order=40)
 def qa(cfg: QaConfig) -> Workload:
     rng = np.random.default_rng(cfg.seed)
     ids = _ChunkIds(cfg.shared_prompt_tokens // BLOCK_TOKENS)
@@ -336,9 +408,6 @@ def qa(cfg: QaConfig) -> Workload:
                                       f"at {cfg.qps:g} QPS x speed", open_loop=False)
 
 
-CONFIGS = {"mooncake": MooncakeConfig, "agent": AgentConfig, "qa": QaConfig}
-
-
 # ---------------------------------------------------------------- specs and files
 @dataclasses.dataclass(frozen=True)
 class WorkloadSpec:
@@ -354,36 +423,41 @@ class WorkloadSpec:
         return Path(self.source).stem if self.source else self.kind
 
 
-def default_spec(kind: str, **changes) -> WorkloadSpec:
-    if kind not in CONFIGS:
-        raise ValueError(f"unknown workload {kind!r}; known: {', '.join(CONFIGS)} or a YAML file")
-    return WorkloadSpec(kind, dataclasses.replace(CONFIGS[kind](), **changes))
+def default_spec(name: str, **changes) -> WorkloadSpec:
+    return WorkloadSpec(name, dataclasses.replace(kind(name).config(), **changes))
 
 
 def spec_from_yaml(path: str | Path, serving_keys=()) -> WorkloadSpec:
     """A workload file: `kind: agent|qa|mooncake`, the generator's parameters, and an
     optional `serving:` mapping (validated by the caller against `serving_keys`)."""
     spec = load_yaml(path)
-    kind = spec.data.get("kind")
-    if kind not in CONFIGS:
-        raise spec.error("kind", f"must be one of {', '.join(CONFIGS)}, got {kind!r}")
-    cfg = parse_config(CONFIGS[kind], spec, skip=("kind", "serving"))
+    name = spec.data.get("kind")
+    if not isinstance(name, str) or name not in WORKLOADS:
+        raise spec.error("kind", f"must be one of {', '.join(WORKLOADS.names())}, got {name!r}")
+    try:
+        entry = WORKLOADS.get(name)
+    except Exception as exc:  # a broken outside package: named, at the file's line
+        raise spec.error("kind", str(exc)) from None
+    cfg = parse_config(entry.config, spec, skip=("kind", "serving"))
     serving = spec.section("serving")
     if serving_keys:
         from cxlhm_apps.serving.params import params_from  # values checked here, while lines are known
         serving.check_keys(serving_keys, "serving")
         params_from(tuple(serving.data.items()), spec=spec)
-    return WorkloadSpec(kind, cfg, tuple(sorted(serving.data.items())), str(path))
+    return WorkloadSpec(name, cfg, tuple(sorted(serving.data.items())), str(path))
 
 
 def resolve(name_or_path: str, **changes) -> WorkloadSpec:
-    if name_or_path in CONFIGS:
-        return default_spec(name_or_path, **changes)
+    if name_or_path in WORKLOADS:
+        try:
+            return default_spec(name_or_path, **changes)
+        except ValueError as exc:
+            raise SpecError(name_or_path, 0, "", str(exc)) from None
     if name_or_path.endswith((".yaml", ".yml")):
         from cxlhm_apps.serving.params import SERVING_KEYS
         spec = spec_from_yaml(name_or_path, SERVING_KEYS)
         return dataclasses.replace(spec, config=dataclasses.replace(spec.config, **changes)) if changes else spec
-    raise SpecError(name_or_path, 0, "", f"unknown workload; use {', '.join(CONFIGS)} or a YAML file")
+    raise SpecError(name_or_path, 0, "", f"unknown workload; use {', '.join(WORKLOADS.names())} or a YAML file")
 
 
 def spec_at_speed(spec: WorkloadSpec, speed: float) -> WorkloadSpec:
@@ -395,16 +469,17 @@ def spec_at_speed(spec: WorkloadSpec, speed: float) -> WorkloadSpec:
     capped by the sessions' own tool pauses - the population, not the system, would set
     "max QPS" (docs/serving.md, section 7). So: round(sessions x speed) sessions, at
     least one; the first ones are the same sessions at every speed (one RNG stream)."""
-    if spec.kind == "agent" and speed != 1.0:
-        sessions = max(1, round(spec.config.sessions * speed))
-        return dataclasses.replace(spec, config=dataclasses.replace(spec.config, sessions=sessions))
+    field = kind(spec.kind).scale_field
+    if field and speed != 1.0:
+        scaled = max(1, round(getattr(spec.config, field) * speed))
+        return dataclasses.replace(spec, config=dataclasses.replace(spec.config, **{field: scaled}))
     return spec
 
 
 @lru_cache(maxsize=8)
 def build(spec: WorkloadSpec) -> Workload:
     """The workload's requests (cached per process: sweeps build each one once)."""
-    return keep_reuse(WORKLOADS.get(spec.kind)(spec.config), spec.reuse_keep)
+    return keep_reuse(kind(spec.kind).build(spec.config), spec.reuse_keep)
 
 
 def keep_reuse(w: Workload, keep: float, seed: int = 0) -> Workload:
