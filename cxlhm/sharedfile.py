@@ -29,3 +29,27 @@ def attach_shared(name: str, min_size: int, too_small: Callable[[int], Exception
         mm.close()
         os.close(fd)
         raise
+
+
+# a killed owner's lock outlives it for a moment: the kernel drops a flock when the last
+# reference to the open file goes, and an io_uring ring torn down in the background holds
+# one for ~50-100 ms after the process is gone
+OWNER_EXIT_WAIT_S = 0.5
+
+
+def lock_exclusive(fd: int, wait_s: float = OWNER_EXIT_WAIT_S) -> float | None:
+    """flock(fd, LOCK_EX) without blocking for longer than `wait_s`: the seconds it
+    waited (0.0 when free at once), or None if another owner still held it then."""
+    import fcntl
+    import time
+    started = time.monotonic()
+    delay = 0.002
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return time.monotonic() - started
+        except BlockingIOError:
+            if time.monotonic() - started >= wait_s:
+                return None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)

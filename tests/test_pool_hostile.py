@@ -507,3 +507,30 @@ def test_a_directory_that_cannot_answer_is_misses_and_a_counted_error(service):
     assert not ok.any() and kv.metrics.directory_errors == 2
     assert kv.prefetch([k], session=1) == 0 and kv.metrics.directory_errors == 3
     host.close()
+
+
+def _hold_image(path: str, ready) -> None:
+    handle = open_device({**DEVICE, "backend": {"path": path}})
+    handle.write_from(0, np.full(BLOCK, 5, np.uint8))
+    ready.set()
+    time.sleep(600)
+
+
+def test_reopening_an_image_right_after_its_owner_was_killed_waits_for_the_lock(tmp_path, caplog):
+    import logging
+    import multiprocessing as mp
+    from cxlhm.configerror import ConfigError
+    ctx = mp.get_context("spawn")
+    path = str(tmp_path / "img")
+    for _ in range(2):  # the owner's lock lingers after a kill for a moment, not always as long
+        ready = ctx.Event()
+        p = ctx.Process(target=_hold_image, args=(path, ready))
+        p.start()
+        assert ready.wait(120)
+        with pytest.raises(ConfigError, match="already open by another device.*waited 0.5 s"):
+            open_device({**DEVICE, "backend": {"path": path}})  # a live owner: refused after the wait
+        os.kill(p.pid, 9)
+        p.join(30)
+        with caplog.at_level(logging.INFO, logger="cxlhm.media"):
+            handle = open_device({**DEVICE, "backend": {"path": path}})  # at once: no refusal
+        handle.close()

@@ -21,6 +21,7 @@ import abc
 import dataclasses
 import errno
 import fcntl
+import logging
 import os
 
 import numpy as np
@@ -71,14 +72,20 @@ class Backend(abc.ABC):
 def lock_image(fd: int, path: str, source: str) -> None:
     """Take the one-owner lock of the image at `path` (open as `fd`) or raise
     ConfigError: a second device on the same image would serve its own stale copy."""
+    from cxlhm.sharedfile import OWNER_EXIT_WAIT_S, lock_exclusive
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        waited = lock_exclusive(fd)  # a killed owner's lock goes a moment after the owner
     except OSError as exc:
         os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise ConfigError(source, "backend.path", f"{path} is already open by another device (in this or another "
-                              "process); one device owns an image at a time: close that one first") from None
         raise ConfigError(source, "backend.path", f"cannot lock {path}: {exc.strerror}") from None
+    if waited is None:
+        os.close(fd)
+        raise ConfigError(source, "backend.path", f"{path} is already open by another device (in this or another "
+                          f"process; waited {OWNER_EXIT_WAIT_S} s for an owner that just exited to let go); one "
+                          "device owns an image at a time: close that one first")
+    if waited > 0.01:
+        logging.getLogger("cxlhm.media").info("%s: waited %.0f ms for the previous owner's lock to go (an owner "
+                                              "that had just exited or been killed)", path, waited * 1e3)
 
 
 def release_image(fd: int) -> None:
