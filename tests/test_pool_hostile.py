@@ -534,3 +534,35 @@ def test_reopening_an_image_right_after_its_owner_was_killed_waits_for_the_lock(
         with caplog.at_level(logging.INFO, logger="cxlhm.media"):
             handle = open_device({**DEVICE, "backend": {"path": path}})  # at once: no refusal
         handle.close()
+
+
+def test_a_byte_flipped_in_a_block_no_host_wrote_is_an_error_not_data(tmp_path):
+    from host_runtime.directory import Location, LocationKind, SharedMemoryDirectory
+    from host_runtime.pooled_kv import PooledKV
+    svc = in_process_service(tmp_path)
+    a = attach(svc, "a", ["t0", "t"])
+    base = a.tenant("t").id * PARTITION
+    a.tenant("t").write_from(0, block_record(1, 0, 1))
+    a.close()
+    svc.close()
+    with open(tmp_path / "pool.img", "r+b") as img:  # a block of t no host ever wrote
+        img.seek(base + 5 * BLOCK + 17)
+        img.write(b"\x5a")
+    svc = in_process_service(tmp_path)
+    try:
+        a = attach(svc, "a", ["t"])
+        t = a.tenant("t")
+        with pytest.raises(PoolError, match="checksum mismatch|poison") as err:
+            t.load(5 * BLOCK, BLOCK)
+        assert err.value.status == P.Status.DEVICE_ERROR
+        assert read_record(np.frombuffer(t.load(0, BLOCK), np.uint8)) == (1, 1, 0)
+        assert t.load(6 * BLOCK, BLOCK) == bytes(BLOCK)  # its neighbours: zeros, verified
+        d = SharedMemoryDirectory.create(tmp_path / "d.shm", entries=100)
+        kv = PooledKV(t, d)
+        k = b"k" * 32
+        d.publish(k, Location(LocationKind.POOL, a.host_id, t.id, 5 * BLOCK, 100))
+        assert kv.get(k) is None and kv.metrics.stale_entries == 1  # through the KV path: a miss
+        d.close()
+        a.close()
+    finally:
+        svc.close()

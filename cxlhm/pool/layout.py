@@ -78,15 +78,24 @@ class Layout:
                  "tenants": [dataclasses.asdict(t) for t in self.tenants.values()], "hosts": self.hosts}
         statefiles.write_atomic(self.path, json.dumps(state).encode())  # never through a planted link
 
-    def tenant(self, name: str) -> TenantPartition:
+    def tenant(self, name: str, prepare=None) -> TenantPartition:
+        """The tenant's partition; a new one is numbered next, `prepare(partition)`d,
+        and only then recorded (a start interrupted while preparing prepares again)."""
         found = self.tenants.get(name)
         if found is None:
             if len(self.tenants) >= self.max_tenants:
                 raise LayoutError(f"tenant {name!r}: the device holds {self.max_tenants} partitions of "
                                   f"{self.partition_bytes} bytes, all taken")
             tid = len(self.tenants)
-            found = self.tenants[name] = TenantPartition(name, tid, tid * self.partition_bytes)
-            self.save()
+            found = TenantPartition(name, tid, tid * self.partition_bytes)
+            if prepare is not None:
+                prepare(found)
+            self.tenants[name] = found
+            try:
+                self.save()
+            except BaseException:
+                del self.tenants[name]
+                raise
         return found
 
     def host_id(self, name: str) -> int:

@@ -296,10 +296,21 @@ class PoolService:
     def _tenant(self, name: str) -> _Tenant:
         found = self._tenants.get(name)
         if found is None:
-            part = self.layout.tenant(name)
+            part = self.layout.tenant(name, prepare=self._zero_fill)
             found = self._tenants[name] = _Tenant(part, MirrorWriter(name, self.mirror_entries, self.block_size),
                                                   PinBudget(self.pin_blocks))
         return found
+
+    def _zero_fill(self, part) -> None:
+        """A new partition is written with zeros and flushed before any host gets it:
+        the device then holds a checksum for every block of it (a zero block's), so a
+        byte flipped on the image in a block no host ever wrote is poison when read,
+        never silently returned."""
+        size = self.layout.partition_bytes
+        zeros = np.zeros(min(size, P.MAX_MESSAGE), np.uint8)
+        for off in range(0, size, zeros.shape[0]):
+            self.handle.write_from(part.base + off, zeros[:min(zeros.shape[0], size - off)])
+        self.handle.flush()
 
     def _attach(self, conn: socket.socket) -> _HostSession | None:
         """The handshake (under the caller's deadline): challenge, proof, grants, reply
