@@ -84,7 +84,7 @@ def test_the_factory_builds_the_tiering_manager_with_our_tier(manager):
     assert isinstance(manager, TieringOffloadingManager)
     (tier,) = manager.secondary_tiers
     assert isinstance(tier, CxlhmTier)
-    assert tier.shim.tenant.name == "vllm:meta-llama/Llama-3.1-8B:bfloat16:tp1-pp1-pcp1-dcp1"
+    assert tier.shim.tenant.name == "vllm:meta-llama/Llama-3.1-8B:bfloat16:tp1-pp1-pcp1-dcp1:kvfmt1"
 
 
 def test_chunks_cascade_to_the_device_and_come_back_after_the_primary_forgets_them(manager):
@@ -104,7 +104,7 @@ def test_chunks_cascade_to_the_device_and_come_back_after_the_primary_forgets_th
         want[k] = rows[chunk].copy()
     manager.complete_store(keys, ctx)
     manager.on_request_finished(ctx)
-    assert settle(manager, lambda: all(tier.shim.contains(k) for k in keys))
+    assert settle(manager, lambda: all(tier.shim.contains(tier.format.key(k)) for k in keys))
     events = list(manager.take_events())
     assert any(not e.removed and set(e.keys) >= set(keys) and e.medium is vb.Medium.STORAGE for e in events)
 
@@ -132,7 +132,7 @@ def test_a_failed_read_is_a_failed_key_never_bytes(manager):
     tier.submit_store(TransferJob(job_id=101, keys=[key(9)], chunk_ids=np.array([1]), is_promotion=False,
                                   req_context=vb.ReqContext(req_id="x")))
     tier.drain_jobs()
-    tier.shim.remove([key(9)])  # evicted after a lookup said HIT
+    tier.shim.remove([tier.format.key(key(9))])  # evicted after a lookup said HIT
     rows[2] = 0
     tier.submit_load(TransferJob(job_id=102, keys=[key(9)], chunk_ids=np.array([2]), is_promotion=True,
                                  req_context=vb.ReqContext(req_id="x")))
@@ -149,3 +149,77 @@ def test_unknown_tier_settings_are_a_clear_error(tmp_path):
     spec = OffloadingSpecFactory.create_spec(offloading_config(tmp_path, "cxlhm-bad", capacity_gb=3))
     with pytest.raises(ValueError, match="unknown tier settings"):
         spec.get_manager()
+
+
+# ------------------------------------------------------------------ formats across restarts, both releases
+def _manager(tmp_path, image, **config_changes):
+    config = offloading_config(tmp_path, f"cxlhm-restart-{time.monotonic_ns()}", device={
+        "capacity": "4MiB", "block_size": "4KiB", "dram_bytes": "32KiB", "backend": {"path": str(image)}})
+    if config_changes:
+        import dataclasses
+        config = dataclasses.replace(config, **config_changes)
+    return OffloadingSpecFactory.create_spec(config).get_manager()
+
+
+def _store_one(tier, k, chunk, seed):
+    rows = np.asarray(tier._primary)
+    rows[chunk] = np.frombuffer(np.random.default_rng(seed).bytes(rows.shape[1]), np.uint8)
+    tier.submit_store(TransferJob(job_id=1, keys=[k], chunk_ids=np.array([chunk]), is_promotion=False,
+                                  req_context=vb.ReqContext(req_id="s")))
+    tier.drain_jobs()
+    assert tier.get_finished_jobs()[0].success
+    return rows[chunk].copy()
+
+
+def _load_one(tier, k, chunk):
+    rows = np.asarray(tier._primary)
+    rows[chunk] = 0
+    tier.submit_load(TransferJob(job_id=2, keys=[k], chunk_ids=np.array([chunk]), is_promotion=True,
+                                 req_context=vb.ReqContext(req_id="l")))
+    tier.drain_jobs()
+    return tier.get_finished_jobs()[0].success, rows[chunk].copy()
+
+
+@pytest.mark.parametrize("change", [None, "kv_cache_layout", "layer_names"])
+def test_a_chunk_survives_a_restart_only_under_the_settings_that_laid_it_out(tmp_path, change):
+    image = tmp_path / "vllm.img"
+    writer = _manager(tmp_path, image)
+    want = _store_one(writer.secondary_tiers[0], key(5), 1, seed=5)
+    writer.shutdown()
+
+    if change == "kv_cache_layout":  # the same row size, another order of its bytes
+        reader = _manager(tmp_path, image, kv_cache_layout="HND")
+    elif change == "layer_names":
+        base = offloading_config(tmp_path, "x").groups[0]
+        import dataclasses
+        reader = _manager(tmp_path, image, groups=(dataclasses.replace(base, layer_names=("model.layers.1.attn",)),))
+    else:
+        reader = _manager(tmp_path, image)
+    try:
+        tier = reader.secondary_tiers[0]
+        assert tier._primary.shape[1] == want.size
+        hit = tier.lookup(key(5), vb.ReqContext(req_id="l"))
+        ok, got = _load_one(tier, key(5), 3)
+        if change is None:
+            assert hit is vb.LookupResult.HIT and ok and np.array_equal(got, want)
+        else:
+            assert hit is vb.LookupResult.MISS and not ok and not got.any()  # a miss, never bytes
+    finally:
+        reader.shutdown()
+
+
+def test_recency_reaches_the_tier_with_or_without_touch(manager, monkeypatch):
+    """vLLM 0.33 calls touch() on every tier; 0.34 removed it, and a lookup hit marks
+    the chunk recently used instead. Either way the store hears of the use."""
+    tier = manager.secondary_tiers[0]
+    _store_one(tier, key(7), 1, seed=7)
+    touched = []
+    monkeypatch.setattr(tier.shim, "touch", lambda keys: touched.extend(keys))
+    ctx = vb.ReqContext(req_id="t")
+    manager.on_new_request(ctx)
+    if hasattr(SecondaryTierManager, "touch"):
+        manager.touch([key(7)], ctx)
+        assert touched == [tier.format.key(key(7))]
+        touched.clear()
+    assert tier.lookup(key(7), ctx) is vb.LookupResult.HIT
+    assert touched == [tier.format.key(key(7))]

@@ -64,7 +64,7 @@ from typing import Any
 import numpy as np
 
 from host_runtime.shim.api import KVShim, RegisteredBuffers, device_settings
-from host_runtime.shim.value_format import FormattedValues, Part, ValueFormat, raw_format
+from host_runtime.shim.value_format import FORMAT_SCHEME, FormattedValues, Part, ValueFormat, raw_format
 
 log = logging.getLogger("cxlhm.shim.sglang")
 
@@ -403,7 +403,6 @@ _MLA_ORDERS = {
     ("page_first", False): ("token", "layer", "head", "dim"),
     ("page_first_direct", False): ("layer", "token", "head", "dim"),
 }
-FORMAT_VERSION = "kvfmt1"  # in every tenant name: the scheme the keys' formats follow
 
 
 def _orders(table: dict, layout: str, zero_copy: bool) -> tuple[str, ...] | None:
@@ -576,8 +575,8 @@ def _tenant_name(storage_config: Any) -> str:
     r = rank_fields(storage_config)
     shard = f":pp{r['pp_rank']}-{r['pp_size']}:dp{r['dp_rank']}:cp{r['cp_rank']}-{r['cp_size']}"
     if getattr(storage_config, "is_mla_model", False):
-        return f"sglang:{model}{shard}:{FORMAT_VERSION}"
-    return f"sglang:{model}:tp{r['tp_rank']}-{r['tp_size']}{shard}:{FORMAT_VERSION}"
+        return f"sglang:{model}{shard}:{FORMAT_SCHEME}"
+    return f"sglang:{model}:tp{r['tp_rank']}-{r['tp_size']}{shard}:{FORMAT_SCHEME}"
 
 
 __all__ = ["CxlhmHiCacheStorage", "hit_policy", "rank_fields"]

@@ -48,6 +48,7 @@ from host_runtime.kvkeys import normalize_key
 log = logging.getLogger("cxlhm.shim.format")
 
 SEPARATOR = b"#"
+FORMAT_SCHEME = "kvfmt1"  # ends every adapter's tenant name: how its keys' formats are bound
 NATIVE = "little" if sys.byteorder == "little" else "big"
 
 

@@ -27,8 +27,14 @@ Keys are vLLM's OffloadKey bytes (block hash + group index). A chunk read that f
 (evicted since the lookup, a device read error) is reported as a failed key of the
 load job, never as bytes.
 
-Tenant: ``vllm:<model>:<parallel layout>`` (a chunk's bytes depend on the engine's
-TP/PP/PCP/DCP split unless vLLM says they are parallelism-agnostic). ``{engine}`` in
+Tenant: ``vllm:<model>:<dtype>:<parallel layout>:kvfmt1`` (a chunk's bytes depend on
+the engine's TP/PP/PCP/DCP split unless vLLM says they are parallelism-agnostic).
+Every chunk is stored under its key bound to a value format (host_runtime.shim.
+value_format; see chunk_format): chunk size, block bytes, blocks per chunk, groups
+and their layers, KV cache layout and vLLM's minor version. vLLM's worker lays a row
+out in ways a tier cannot convert, so a chunk stored under other settings is a miss.
+Tested with vLLM 0.33 (which calls touch()) and 0.34 (which does not: a lookup hit or
+a repeated store then marks the chunk recently used). ``{engine}`` in
 the image path is vLLM's engine id (one per DP replica: each replica's scheduler is
 its own process and needs its own image); a path naming it not gets ``.<engine>``
 appended when there is more than one replica.
@@ -46,6 +52,7 @@ import numpy as np
 
 from host_runtime.kvkeys import normalize_key as _key
 from host_runtime.shim.api import KVShim, device_settings
+from host_runtime.shim.value_format import FORMAT_SCHEME, FormattedValues, ValueFormat, base_key, raw_format
 
 log = logging.getLogger("cxlhm.shim.vllm")
 
@@ -82,6 +89,8 @@ class CxlhmTier(_Base):
         self.shim = shim
         rows = np.asarray(primary_kv_view).view(np.uint8)
         self._primary = rows.reshape(rows.shape[0], -1)  # one row per primary chunk
+        self.format = chunk_format(offloading_spec, self._primary.shape[1])
+        self._values = FormattedValues(shim, self.format)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cxlhm-tier")
         self._lock = threading.Lock()
         self._writing: set[bytes] = set()
@@ -95,10 +104,15 @@ class CxlhmTier(_Base):
         with self._lock:
             if _key(key) in self._writing:
                 return LookupResult.RETRY
-        return LookupResult.HIT if self.shim.contains(_key(key)) else LookupResult.MISS
+        if not self._values.contains(key):
+            return LookupResult.MISS
+        self.shim.touch([self.format.key(key)])  # recency: vLLM >= 0.34 no longer calls touch()
+        return LookupResult.HIT
 
     def touch(self, keys: Any, req_context: Any) -> None:
-        self.shim.touch([_key(k) for k in keys])
+        """vLLM 0.33 marks chunks recently used here; 0.34 dropped the call (recency
+        then comes from lookups, loads and repeated stores)."""
+        self.shim.touch([self.format.key(k) for k in keys])
 
     def on_new_request(self, req_context: Any) -> Any:
         return RequestOffloadingContext()
@@ -109,8 +123,11 @@ class CxlhmTier(_Base):
             raise ValueError(f"store job {job_metadata.job_id}: {len(job_metadata.keys)} keys but "
                              f"{len(job_metadata.chunk_ids)} chunk ids")
         with self._lock:
-            pairs = [(k, c) for k, c in pairs if k not in self._writing and not self.shim.contains(k)]
+            held = [k for k, _ in pairs if k not in self._writing and self._values.contains(k)]
+            pairs = [(k, c) for k, c in pairs if k not in self._writing and k not in held]
             self._writing.update(k for k, _ in pairs)
+        if held:  # stored again by the primary tier: it used them recently
+            self.shim.touch([self.format.key(k) for k in held])
         self._submit(job_metadata.job_id, self._store, pairs)
 
     def submit_load(self, job_metadata: Any) -> None:
@@ -136,7 +153,7 @@ class CxlhmTier(_Base):
         evicted = self.shim.tenant.evicted_keys  # this tenant's evictions only
         removed = []
         while evicted:
-            removed.append(evicted.popleft())
+            removed.append(base_key(evicted.popleft()))
         events = []
         with self._lock:
             stored, self._stored = self._stored, []
@@ -166,7 +183,7 @@ class CxlhmTier(_Base):
         try:
             for key, chunk in pairs:
                 try:
-                    status = self.shim.put_from(key, self._primary[chunk])
+                    status = self._values.put(key, self._primary[chunk])
                 except (ValueError, OSError) as exc:
                     log.error("store of %s failed: %s", key.hex(), exc)
                     ok = False
@@ -185,7 +202,7 @@ class CxlhmTier(_Base):
         start, loaded = time.perf_counter(), []
         for key, chunk in pairs:
             try:
-                if self.shim.get_into(key, self._primary[chunk]) is not None:
+                if self._values.get_into(key, self._primary[chunk]):
                     loaded.append(key)
             except (ValueError, OSError) as exc:  # wrong size, device error: a failed key, never bytes
                 log.error("load of %s failed: %s", key.hex(), exc)
@@ -204,7 +221,38 @@ def _tenant_name(spec: Any) -> str:
     p = config.parallel
     layout = ("any" if p.is_parallelism_agnostic else
               f"tp{p.tp_size}-pp{p.pp_size}-pcp{p.pcp_size}-dcp{p.dcp_size}")
-    return f"vllm:{config.model.name}:{config.model.dtype}:{layout}"
+    return f"vllm:{config.model.name}:{config.model.dtype}:{layout}:{FORMAT_SCHEME}"
 
 
-__all__ = ["CxlhmTier"]
+def chunk_format(spec: Any, row_bytes: int) -> ValueFormat:
+    """What a primary-tier chunk's bytes mean. vLLM's CPU tier lays a chunk out by
+    its own worker (canonical or per-layer blocks, the KV cache layout, the groups'
+    block sizes), which a tier cannot convert: every setting that shapes the row is
+    part of the format, with vLLM's minor version (its worker may lay rows out
+    differently in another release), so a chunk stored under other settings is a miss."""
+    config = getattr(spec, "config", None)
+    attrs: dict[str, Any] = {"vllm": _vllm_minor()}
+    if config is not None:
+        attrs.update(dtype=config.model.dtype, block_bytes=config.worker_kv_bytes_per_block,
+                     blocks_per_chunk=config.cache.blocks_per_chunk, tokens_per_hash=config.cache.tokens_per_hash,
+                     groups=_digest(repr([(g.group_id, g.tokens_per_block, tuple(g.layer_names),
+                                           getattr(g, "sliding_window_size_in_chunks", None)) for g in config.groups])),
+                     kv_cache_layout=getattr(config, "kv_cache_layout", None),
+                     canonical=getattr(config, "canonical_layout", None), replicated=getattr(config, "replicated_layout", None))
+    return raw_format("vllm-chunk", row_bytes, **attrs)
+
+
+def _vllm_minor() -> str:
+    try:
+        from importlib.metadata import version
+        return ".".join(version("vllm").split(".")[:2])
+    except Exception:  # noqa: BLE001 - no vLLM installed (a tier built around a shim in tests)
+        return "none"
+
+
+def _digest(text: str) -> str:
+    import hashlib
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+__all__ = ["CxlhmTier", "chunk_format"]
