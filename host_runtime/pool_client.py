@@ -28,6 +28,7 @@ import numpy as np
 
 from cxlhm.pool import protocol as P
 from cxlhm.pool import wire
+from cxlhm.pool.hitlog import HitRecorder
 from cxlhm.pool.identity import proof
 from cxlhm.pool.mirror import LifeReader, MirrorReader
 from host_runtime.buffers import byte_view
@@ -46,6 +47,7 @@ class PooledTenant:
     def __init__(self, host: "PoolHost", name: str, tid: int, index: int, mirror: MirrorReader):
         self.host, self.name, self.id = host, name, tid
         self.size = host.partition_bytes
+        self.index = index
         self.window_base = index * host.partition_bytes
         self.mirror = mirror
         self.direct_hits = 0       # reads served from the mirror, no round trip
@@ -62,6 +64,10 @@ class PooledTenant:
         self._bounds(offset, view.shape[0])
         if self.mirror.read(offset, view):
             self.direct_hits += 1
+            if view.shape[0] and self.host.hits is not None:  # so the firmware sees this read too
+                bs = self.host.block_size
+                first = offset // bs
+                self.host.hits.record(self.index, first, (offset + view.shape[0] - 1) // bs - first + 1)
             return view.shape[0]
         self.service_reads += 1
         done = 0
@@ -98,7 +104,8 @@ class PooledTenant:
 def handshake(address: str | os.PathLike, name: str, tenants: list[str], authkey: bytes,
               timeout: float = 30.0) -> tuple[socket.socket, dict, list[int]]:
     """Connect and attach: (the socket, the service's reply, the descriptors it sent:
-    the life counter's, then one mirror's per tenant). AttachRefused says why not."""
+    the life counter's, the hit log's, then one mirror's per tenant). AttachRefused
+    says why not."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     fds: list[int] = []
     try:
@@ -109,13 +116,13 @@ def handshake(address: str | os.PathLike, name: str, tenants: list[str], authkey
             raise AttachRefused(P.Status.NOT_GRANTED, hello["error"])
         answer = proof(authkey, bytes.fromhex(hello["challenge"]), name)
         wire.send(sock, json.dumps({"host": name, "tenants": list(tenants), "proof": answer.hex()}).encode())
-        raw, fds = wire.recv_with_fds(sock, 1 << 16, 1 + len(tenants))
+        raw, fds = wire.recv_with_fds(sock, 1 << 16, 2 + len(tenants))
         reply = json.loads(raw)
         if "error" in reply:
             raise AttachRefused(P.Status.NOT_GRANTED, reply["error"])
-        if len(fds) != 1 + len(reply["tenants"]):
+        if len(fds) != 2 + len(reply["tenants"]):
             raise AttachRefused(P.Status.BAD_REQUEST, f"the service sent {len(fds)} descriptors, "
-                                                      f"{1 + len(reply['tenants'])} expected")
+                                                      f"{2 + len(reply['tenants'])} expected")
         sock.settimeout(None)
         return sock, reply, fds
     except wire.WireError as exc:
@@ -133,9 +140,9 @@ def handshake(address: str | os.PathLike, name: str, tenants: list[str], authkey
 
 class PoolHost:
     def __init__(self, conn, name: str, reply: dict, mirrors: list[MirrorReader], mailbox_timeout: float = 10.0,
-                 life: LifeReader | None = None):
+                 life: LifeReader | None = None, hits: HitRecorder | None = None):
         self._conn, self.name = conn, name
-        self.life = life
+        self.life, self.hits = life, hits
         self.mailbox_timeout = mailbox_timeout
         self.host_id = reply["host_id"]
         self.block_size = reply["block_size"]
@@ -153,8 +160,10 @@ class PoolHost:
         share one firmware, so more than a single host's default)."""
         sock, reply, fds = handshake(address, name, tenants, authkey)
         mirrors: list[MirrorReader] = []
+        life = hits = None
         try:
             life = LifeReader(fds.pop(0), reply["life"])
+            hits = HitRecorder(fds.pop(0))
             while fds:
                 mirrors.append(MirrorReader(fds.pop(0), reply["mirror_entries"], reply["block_size"], life))
         except BaseException:
@@ -162,9 +171,12 @@ class PoolHost:
                 os.close(fd)
             for m in mirrors:
                 m.close()
+            for x in (life, hits):
+                if x is not None:
+                    x.close()
             sock.close()
             raise
-        return cls(sock, name, reply, mirrors, mailbox_timeout, life)
+        return cls(sock, name, reply, mirrors, mailbox_timeout, life, hits)
 
     def tenant(self, name: str) -> PooledTenant:
         try:
@@ -217,8 +229,9 @@ class PoolHost:
         self._conn.close()
         for t in self.tenants.values():
             t.mirror.close()
-        if self.life is not None:
-            self.life.close()
+        for x in (self.life, self.hits):
+            if x is not None:
+                x.close()
 
     def __enter__(self) -> "PoolHost":
         return self

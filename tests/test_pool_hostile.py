@@ -89,7 +89,7 @@ def test_mirror_descriptors_are_sealed_and_read_only(service):
     writer.tenant("t").write_from(0, block_record(1, 0, 1))
     sock, reply, fds = handshake(service.socket_path, "hostile", ["t"], service.authkey)
     try:
-        life_fd, mirror_fd = fds
+        life_fd, hits_fd, mirror_fd = fds
         size = segment_bytes(reply["mirror_entries"], reply["block_size"])
         with pytest.raises(OSError):
             os.pwrite(mirror_fd, b"forged", 64)
@@ -109,6 +109,8 @@ def test_mirror_descriptors_are_sealed_and_read_only(service):
             os.close(rw)
         with pytest.raises(OSError):
             os.pwrite(life_fd, b"\0" * 8, 0)
+        with pytest.raises(OSError):
+            os.ftruncate(hits_fd, 0)  # the hit log is the host's to write, not to shrink
         assert os.fstat(mirror_fd).st_size == size
     finally:
         for fd in fds:
@@ -566,3 +568,41 @@ def test_a_byte_flipped_in_a_block_no_host_wrote_is_an_error_not_data(tmp_path):
         a.close()
     finally:
         svc.close()
+
+
+# ---------------------------------------------------------------- mirror hits reach the firmware
+def test_mirror_hits_are_reported_to_the_firmware(service):
+    a = attach(service, "a", ["t0", "t"])
+    t = a.tenant("t")
+    t.write_from(0, np.ones(4 * BLOCK, np.uint8))
+    service.report_hits()
+    before = service.handle.stats()["hits"]
+    buf = np.empty(4 * BLOCK, np.uint8)
+    for _ in range(10):
+        t.read_into(0, buf)
+    assert t.direct_hits == 10 and t.service_reads == 0
+    assert wait_until(lambda: service.counts["hit_blocks_reported"] >= 40)  # the reporter's own pace
+    assert service.handle.stats()["hits"] - before >= 40
+    a.close()
+
+
+def test_a_host_scribbling_on_its_hit_log_reports_only_its_own_blocks(service):
+    from cxlhm.pool import hitlog
+    a = attach(service, "a", ["t"])
+    b = attach(service, "b", ["t2"])
+    b.tenant("t2").write_from(0, np.ones(BLOCK, np.uint8))
+    rng = np.random.default_rng(5)
+    ring, header = a.hits._ring, a.hits._header
+    for tail in (3, 10**12, 0, 2**63, 5):  # garbage entries, tails that rewind or leap
+        ring[:] = rng.integers(0, 2**63, ring.shape[0], dtype=np.uint64)
+        header[hitlog.TAIL] = tail
+        service.report_hits()
+    service.report_hits()
+    before = service.counts["hit_blocks_reported"]
+    a.hits.record(0, 1, 2)  # and one honest report: two blocks of its own partition
+    service.report_hits()
+    assert wait_until(lambda: service.counts["hit_blocks_reported"] == before + 2)
+    time.sleep(0.05)
+    assert service.counts["hit_blocks_reported"] == before + 2
+    assert b.tenant("t2").load(0, 1) == b"\x01"  # the service is fine
+    a.close(), b.close()

@@ -46,6 +46,7 @@ import numpy as np
 from cxlhm.mailbox import Mailbox
 from cxlhm.pool import protocol as P
 from cxlhm.pool import statefiles, wire
+from cxlhm.pool.hitlog import REPORT_INTERVAL_S, HitLog
 from cxlhm.pool.identity import Identities, IdentityError, check_name
 from cxlhm.pool.layout import Layout, LayoutError
 from cxlhm.pool.mirror import HEADER, MirrorWriter, ServiceLife, read_only_fd
@@ -97,8 +98,10 @@ class _Tenant:
 
 
 class _HostSession:
-    def __init__(self, name: str, host_id: int, tenants: list[_Tenant], mailbox: Mailbox, port: HostPort):
+    def __init__(self, name: str, host_id: int, tenants: list[_Tenant], mailbox: Mailbox, port: HostPort,
+                 hits: HitLog):
         self.name, self.host_id, self.tenants, self.mailbox, self.port = name, host_id, tenants, mailbox, port
+        self.hits = hits
         self.by_id = {t.partition.id: t for t in tenants}
         self.ops = {op.name.lower(): 0 for op in P.Op}
         self.bytes_read = self.bytes_written = 0
@@ -159,7 +162,9 @@ class PoolService:
         self._threads: list[threading.Thread] = []
         self._conns: set[socket.socket] = set()
         self._pending = 0
-        self.counts = {"refused_busy": 0, "refused_auth": 0, "handshake_failures": 0, "device_flushes": 0,
+        self._report_scratch = np.empty(1 << 20, np.uint8)
+        self._report_lock = threading.Lock()
+        self.counts = {"hit_blocks_reported": 0, "refused_busy": 0, "refused_auth": 0, "handshake_failures": 0, "device_flushes": 0,
                        "flushes_skipped": 0, "layout_save_errors": 0}
 
     def host_key(self, host: str) -> bytes:
@@ -195,6 +200,9 @@ class PoolService:
         t = threading.Thread(target=self._accept_loop, name="cxlhm-pool-accept", daemon=True)
         t.start()
         self._threads.append(t)
+        r = threading.Thread(target=self._report_loop, name="cxlhm-pool-hits", daemon=True)
+        r.start()
+        self._threads.append(r)
         return self
 
     def serve_forever(self) -> None:
@@ -225,7 +233,9 @@ class PoolService:
             hosts = list(self._hosts.values())
             self._hosts.clear()
         for host in hosts:
+            self._report(host)
             host.mailbox.close()
+            host.hits.close()
         if self.life is not None:
             self.life.end()
         try:
@@ -351,10 +361,11 @@ class PoolService:
                               f"(its state folder {self.state_dir})")
             port = HostPort(self.device, [t.partition for t in ts], self.layout.partition_bytes,
                             pins={t.partition.id: t.pins for t in ts})
+            hits = HitLog(name)
             mailbox = Mailbox(port, idle_poll_s=HOST_IDLE_POLL_S).start()
-            session = _HostSession(name, host_id, ts, mailbox, port)
+            session = _HostSession(name, host_id, ts, mailbox, port, hits)
             self._hosts[id(session)] = session
-        fds = [read_only_fd(self.life.fd)] + [read_only_fd(t.mirror.fd) for t in ts]
+        fds = [read_only_fd(self.life.fd), os.dup(hits.fd)] + [read_only_fd(t.mirror.fd) for t in ts]
         try:
             wire.send(conn, json.dumps({
                 "host_id": host_id, "regs": mailbox.path, "block_size": self.block_size,
@@ -371,8 +382,44 @@ class PoolService:
 
     def _drop(self, session: _HostSession) -> None:
         with self._lock:
-            self._hosts.pop(id(session), None)
-        session.mailbox.close()
+            gone = self._hosts.pop(id(session), None) is not None
+        if gone:
+            self._report(session)
+            session.mailbox.close()
+            session.hits.close()
+
+    # ------------------------------------------------------------ mirror hits -> firmware
+    def _report_loop(self) -> None:
+        while not self._stop.wait(REPORT_INTERVAL_S):
+            self.report_hits()
+
+    def report_hits(self) -> int:
+        """Replay every host's mirror hits since the last report as device reads (the
+        firmware counts and ranks them as any read); returns the blocks reported."""
+        with self._lock:
+            hosts = list(self._hosts.values())
+        return sum(self._report(h) for h in hosts)
+
+    def _report(self, host: _HostSession) -> int:
+        bs = self.block_size
+        hpa, length = host.hits.drain([t.partition for t in host.tenants], bs, self.layout.partition_bytes // bs)
+        if not hpa.shape[0]:
+            return 0
+        scratch = self._report_scratch
+        length = np.minimum(length, scratch.shape[0])
+        with self._report_lock:  # one scratch buffer: the bytes are not wanted, only the access
+            start = 0
+            while start < hpa.shape[0]:
+                ends = np.cumsum(length[start:])
+                stop = start + max(1, int(np.searchsorted(ends, scratch.shape[0], side="right")))
+                try:
+                    self.device.access(hpa[start:stop], length[start:stop], scratch.ctypes.data, False)
+                except OSError:
+                    pass  # a poisoned block: the host's own read saw the mirror's bytes; nothing to report
+                start = stop
+        blocks = int(length.sum()) // bs
+        self.counts["hit_blocks_reported"] += blocks
+        return blocks
 
     def _serve_host(self, conn: socket.socket) -> None:
         session = None
