@@ -86,7 +86,7 @@ def test_miss_partial_hit_and_wrong_geometry(model, shim):
     assert n == 0 and cache.get_seq_length() == 0  # a miss: compute everything
     out = forward(model, tokens[None, :48])
     kv.save(tokens[:48], cache_of(out))
-    shim.remove(kv.keys(tokens)[1])  # evicted from the middle: only the first chunk is usable
+    shim.remove(kv.format.key(kv.keys(tokens)[1]))  # evicted from the middle: only the first chunk is usable
     cache, n = kv.restore(tokens)
     assert n == CHUNK_TOKENS and cache.get_seq_length() == CHUNK_TOKENS
     with pytest.raises(ValueError, match="geometry"):
@@ -96,4 +96,26 @@ def test_miss_partial_hit_and_wrong_geometry(model, shim):
     # per-layer (keys, values) tensors work as well as a DynamicCache
     layers = layer_tensors(cache_of(forward(model, tokens[None, :64])))
     assert kv.save(tokens[:64], layers) == 2  # chunks 1 and 3 (0 and 2 are stored)
-    assert all(shim.exists(kv.keys(tokens)[:4]))
+    assert all(kv.values.exists(kv.keys(tokens)[:4]))
+
+
+@pytest.mark.parametrize("saved, restored", [("layer_first", "chunk_first"), ("chunk_first", "layer_first")])
+def test_a_cache_saved_in_one_layout_is_restored_in_the_other(model, shim, saved, restored):
+    geo = from_hf_config(model.config, tokens_per_chunk=CHUNK_TOKENS, dtype="float32", layout=saved)
+    tokens = torch.arange(3, 3 + 40)
+    assert HFKVCache(shim, geo).save(tokens[:32], cache_of(forward(model, tokens[None, :32]))) == 2
+    reader = HFKVCache(shim, geo.with_(layout=restored))
+    assert reader.save(tokens[:32], cache_of(forward(model, tokens[None, :32]))) == 0  # readable: not stored twice
+    cache, n = reader.restore(tokens)
+    assert n == 32
+    torch.testing.assert_close(forward(model, tokens[None, n:], cache).logits, forward(model, tokens[None]).logits[:, n:],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_a_cache_of_another_geometry_is_a_miss(model, shim):
+    geo = from_hf_config(model.config, tokens_per_chunk=CHUNK_TOKENS, dtype="float32")
+    tokens = torch.arange(50, 90)
+    HFKVCache(shim, geo).save(tokens[:32], cache_of(forward(model, tokens[None, :32])))
+    for other in (geo.with_(tokens_per_chunk=8), geo.with_(head_dim=8, num_kv_heads=4)):  # same bytes per chunk or not
+        cache, n = HFKVCache(shim, other).restore(tokens)
+        assert n == 0 and cache.get_seq_length() == 0

@@ -11,15 +11,20 @@ tenant's chained prefix keys, so turn 2 finds exactly the chunks whose whole pre
 matches. Each chunk is written in place (allocate, one write per layer and K/V,
 commit) in the geometry's byte layout, and read back with one device call per chunk.
 With a session, restore emits SESSION_RESUME for the prefix and save emits APPEND.
+
+Each chunk is stored under its key bound to its format (host_runtime.shim.
+value_format: dtype, chunk tokens, layers, heads, head dim, layout), so a cache saved
+with another geometry is a miss, and one saved in the other layout is converted.
 """
 from __future__ import annotations
 
 import inspect
 from typing import Any
 
-from host_runtime.kvgeometry import KVGeometry
+from host_runtime.kvgeometry import LAYOUTS, KVGeometry
 from host_runtime.kvstore import PutStatus, Session
 from host_runtime.shim.api import KVShim
+from host_runtime.shim.value_format import FormattedValues, geometry_format
 
 
 def cache_kwarg(model: Any) -> str:
@@ -50,6 +55,9 @@ class HFKVCache:
         if geometry.mla:
             raise ValueError("HFKVCache handles K/V attention caches; MLA models keep a latent cache")
         self.shim, self.geo = shim, geometry
+        self.format = geometry_format(geometry, "hf-kv")
+        self.values = FormattedValues(shim, self.format, readable=[
+            geometry_format(geometry.with_(layout=layout), "hf-kv") for layout in LAYOUTS])
 
     def keys(self, tokens: Any) -> list[bytes]:
         return self.shim.tenant.prefix_keys(tokens, self.geo.tokens_per_chunk)
@@ -64,8 +72,11 @@ class HFKVCache:
         seq = layers[0][0].shape[2]
         keys = self.keys(tokens)[: seq // self.geo.tokens_per_chunk]
         written = 0
+        readable = self.values.exists(keys)
         for i, key in enumerate(keys):
-            res = self.shim.allocate(key, self.geo.bytes_per_chunk, session=session)
+            if readable[i]:
+                continue  # stored already (maybe in the other layout)
+            res = self.shim.allocate(self.format.key(key), self.geo.bytes_per_chunk, session=session)
             if isinstance(res, PutStatus):
                 if res is PutStatus.NO_SPACE:
                     break
@@ -101,7 +112,10 @@ class HFKVCache:
         keys = self.keys(tokens)
         n_tokens = len(tokens) if max_tokens is None else min(len(tokens), max_tokens)
         keys = keys[: max(0, (n_tokens - 1) // self.geo.tokens_per_chunk)]
-        n = session.resume(keys) if session is not None else self.shim.lookup_prefix(keys)
+        formats = self.values.where(keys)
+        n = formats.index(None) if None in formats else len(formats)
+        if session is not None:  # SESSION_RESUME for the stored keys of the prefix
+            n = session.resume([fmt.key(k) for k, fmt in zip(keys[:n], formats[:n])])
         cache = DynamicCache()
         if n == 0:
             return cache, 0
@@ -110,7 +124,7 @@ class HFKVCache:
         chunks = torch.empty((n, *geo.chunk_shape), dtype=dtype)
         got = 0
         for i in range(n):
-            if self.shim.get_into(keys[i], chunks[i], session=session) is None:
+            if not self.values.get_into(keys[i], chunks[i], session=session):
                 break  # evicted since the lookup: use what was read
             got += 1
         if got == 0:

@@ -141,6 +141,19 @@ def raw_format(family: str, nbytes: int, **attrs: Any) -> ValueFormat:
                        attrs=tuple(sorted((k, str(v)) for k, v in attrs.items())))
 
 
+_GEOMETRY_AXES = {"layer_first": ("layer", "kv", "token", "head", "dim"),
+                  "chunk_first": ("token", "layer", "kv", "head", "dim")}
+
+
+def geometry_format(geometry: Any, family: str) -> ValueFormat:
+    """A chunk laid out as a host_runtime.kvgeometry.KVGeometry says (its two layouts
+    convert into each other exactly)."""
+    axes = _GEOMETRY_AXES[geometry.layout]
+    sizes = dict(zip(axes, geometry.chunk_shape))
+    return ValueFormat(family, (Part("kv", geometry.dtype, geometry.dtype_bytes, tuple((a, int(sizes[a])) for a in axes)),),
+                       page_tokens=geometry.tokens_per_chunk, attrs=(("mla", str(bool(geometry.mla))),))
+
+
 class FormattedValues:
     """A KVShim's values in one format, readable also from the `readable` formats it
     converts from exactly (others given there are ignored). Keys are the engine's;
@@ -228,4 +241,4 @@ def base_key(stored: bytes) -> bytes:
     return stored.rsplit(SEPARATOR, 1)[0] if SEPARATOR in stored else stored
 
 
-__all__ = ["FormattedValues", "Part", "ValueFormat", "base_key", "raw_format", "scatter"]
+__all__ = ["FORMAT_SCHEME", "FormattedValues", "Part", "ValueFormat", "base_key", "geometry_format", "raw_format", "scatter"]
