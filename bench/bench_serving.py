@@ -9,6 +9,8 @@ of sessions that keep their reuse (so the workload's reusable share)
     python bench/bench_serving.py                        # every pair and the sweeps (long on 2 cores)
     python bench/bench_serving.py --pairs llama3-8b@h200 --requests 2000 --sessions 150 --sweeps ""
     python bench/bench_serving.py --quick --sweeps-only  # the three sweeps, small workloads
+    python bench/bench_serving.py --map                  # the map: every axis in combination (servingmap.py)
+    python bench/bench_serving.py --map --quick          # the map's development grid (minutes)
 
 Prints each run's table with the command and the machine, then the summary; writes
 results.json, table.txt and the PNG plots per run, and summary.json, pairs.png (the ratios
@@ -134,7 +136,16 @@ def main() -> int:
     parser.add_argument("--out", default="out/bench-serving")
     parser.add_argument("--map-from", nargs="+", metavar="SUMMARY_JSON",
                         help="draw the plots from earlier runs' summary.json files, run nothing")
+    parser.add_argument("--map", action="store_true",
+                        help="the map (bench/serving/servingmap.py): SLOs x DRAM x context/output x tool pause x reuse "
+                             "x lead time x model/GPU x topology on the coding-agent workload; heatmaps with the "
+                             "0.7x/1.45x/3.0x contours to --out/map.png")
+    parser.add_argument("--map-speeds", default="0.25,0.5,1,2,4,8",
+                        help="--map: the ladder of replay speeds (sessions scale with the speed)")
+    parser.add_argument("--map-sessions", type=int, default=None, help="--map: sessions at speed 1 (default 48, quick 12)")
     args = parser.parse_args()
+    if args.map:
+        return run_the_map(args)
     if args.map_from:
         summary = [s for path in args.map_from for s in json.loads(Path(path).read_text())]
         Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -236,6 +247,35 @@ def main() -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
     print("\n".join(draw(summary, out)))
     print(f"results, tables and plots in {out}/")
+    return 0
+
+
+def run_the_map(args) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "serving"))
+    import servingmap as M
+    scenarios, ttft, tbt = M.grid(args.quick)
+    if args.map_sessions:
+        scenarios = [dataclasses.replace(s, sessions=args.map_sessions) for s in scenarios]
+    speeds = [float(x) for x in args.map_speeds.split(",") if x.strip()]
+    todo = M.cells(scenarios, speeds, (max(ttft), max(tbt)))
+    print(f"command: {command()}")
+    print(f"machine: {machine()} (model clock: the figures do not depend on it)")
+    print(f"map: {len(scenarios)} scenarios x {len(ttft)} TTFT SLOs x {len(tbt)} TBT SLOs; {len(todo)} ladders of "
+          f"speeds {speeds}; workload coding-agent; runner: {'Ray ' + args.ray if args.ray else 'local processes'}")
+    start = time.time()
+    results = M.run_map(todo, args.workers, args.ray, progress=lambda text: print(
+        f"{text} after {time.time() - start:.0f} s", file=sys.stderr, flush=True))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = M.ratios(results, ttft, tbt)
+    (out / "map.json").write_text(json.dumps({"cells": results, "rows": rows}, indent=1, default=float))
+    for t in (1.0, 2.0, 5.0):
+        print("\n" + M.table(rows, t, 100.0))
+    print("\n== where the paper's claims hold")
+    print("\n".join(M.summary_of_claims(rows)))
+    title = f"{command()}  |  {machine()}"
+    M.draw(rows, out / "map.png", ttft, tbt, title)
+    print(f"\nwall time {time.time() - start:.0f} s; map: {out / 'map.png'}, data: {out / 'map.json'}")
     return 0
 
 

@@ -215,3 +215,31 @@ def test_max_qps_labels_clear_the_whiskers():
     assert len(labels) == 6 and len(whiskers) >= 12
     assert not any(_overlaps(lab, w) for lab in labels for w in whiskers)
     assert all(lab.y1 <= ax.get_window_extent().y1 for lab in labels)  # inside the axes
+
+
+# ---------------------------------------------------------------- the workloads from public sources
+def test_the_coding_agent_matches_its_public_characterisation():
+    """vLLM x Mooncake blog (Codex / SWE-bench Pro): median 33 turns, ~80K context by turn
+    30, input:output 131:1, 94.2% prefix-cache hits; contexts to 128k."""
+    w = W.build(W.default_spec("coding-agent"))
+    turns = np.bincount([r.session for r in w.requests])[1:]
+    ctx = np.array([r.input_tokens for r in w.requests])
+    out = np.array([r.output_tokens for r in w.requests])
+    assert 28 <= np.median(turns) <= 38
+    assert 70_000 <= np.median([r.input_tokens for r in w.requests if r.turn == 29]) <= 95_000
+    assert 110 <= ctx.sum() / out.sum() <= 160
+    assert ctx.max() > 100_000 and ctx.max() < 131_072
+    assert 0.90 <= w.summary()["reusable_chunk_share"] <= 0.98
+    pauses = [r.after_parent_ns / 1e9 for r in w.requests if r.parent >= 0]
+    assert 15 <= np.median(pauses) <= 25 and np.percentile(pauses, 10) >= 8
+
+
+def test_the_mooncake_synthetic_trace_is_the_published_one():
+    """Mooncake FAST'25 Table 2, synthetic: 3,993 requests, mean input 15,325, output 149."""
+    w = W.build(W.default_spec("mooncake-synthetic"))
+    s = w.summary()
+    assert s["requests"] == 3993
+    assert s["mean_input_tokens"] == pytest.approx(15325, abs=1)
+    assert s["mean_output_tokens"] == pytest.approx(149, abs=1)
+    assert 0.60 <= s["reusable_chunk_share"] <= 0.70   # the paper: 66% cache ratio
+    assert W.reference_speed("mooncake-synthetic") == 0.1

@@ -255,6 +255,9 @@ class Engine:
         self.left[i] = new
         self.done_new[i] = 0.0
         if load.size and self.load_mode in (BLOCKING, LAYERWISE):
+            # read when the request is scheduled; pinned until then (LMCache's lookup pins
+            # what it found until the retrieve, so eviction cannot take it meanwhile)
+            self.tier.pin(ids[load])
             self.pending[i] = (ids[load], nbytes[load], load_tok)
             inst.ready.append(i)
         elif load.size:
@@ -351,6 +354,7 @@ class Engine:
             if i in self.pending:
                 ids, nbytes, load_tok = self.pending.pop(i)
                 loaded = max(loaded, self.issue_load(inst, i, now, ids, nbytes, load_tok))
+                self.tier.unpin(ids)
                 inst.pool.materialize(ids)
         if loaded > now:
             wait = loaded - now

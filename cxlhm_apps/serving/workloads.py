@@ -302,6 +302,27 @@ def mooncake(cfg: MooncakeConfig) -> Workload:
                                             f"{len(out)} requests, timestamps x 1/speed", open_loop=True)
 
 
+SYNTHETIC_TRACE = str(Path(__file__).resolve().parent / "data" / "mooncake_synthetic_trace.jsonl.xz")
+
+
+@dataclasses.dataclass(frozen=True)
+class MooncakeSyntheticConfig(MooncakeConfig):
+    """Mooncake FAST'25's synthetic trace (FAST25-release/traces/synthetic_trace.jsonl of
+    github.com/kvcache-ai/Mooncake, Apache-2.0, bundled xz-compressed): ShareGPT, L-Eval
+    and LooGLE requests mixed 1:1:1, Poisson arrivals; 3,993 requests, mean input 15,325
+    and output 149 tokens, 64% of its 512-token blocks seen before (the paper's Table 2:
+    15,325 / 149 / 66% cache ratio / 3,993). Its timestamps are Poisson already."""
+    trace: str = SYNTHETIC_TRACE
+    spread_groups: int = 0
+
+
+@workload("mooncake-synthetic", MooncakeSyntheticConfig, reference_speed=0.1, quick=(("requests", 400),), order=5)
+def mooncake_synthetic(cfg: MooncakeSyntheticConfig) -> Workload:
+    w = mooncake(cfg)
+    return dataclasses.replace(w, name="mooncake-synthetic",
+                               description=w.description.replace("Mooncake conversation trace", "Mooncake synthetic trace"))
+
+
 def _spread(ts_ms: np.ndarray, max_gap_ms: float = 3000.0) -> np.ndarray:
     """Requests sharing a timestamp, spread evenly (in trace order) over the gap to the
     next distinct timestamp (at most max_gap_ms); order is kept."""
@@ -367,6 +388,47 @@ def agent(cfg: AgentConfig) -> Workload:
     return Workload("agent", tuple(out), f"synthetic agent sessions (seed {cfg.seed}): {cfg.sessions} sessions at "
                                          f"{cfg.session_rate:g}/s x speed, {shared} shared prompt tokens",
                     open_loop=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class CodingAgentConfig(AgentConfig):
+    """A long-context coding agent (Codex / Claude Code-like), from public traces:
+
+    * turns: median 33 model turns per session - 610 Codex/GPT-5.4 traces on SWE-bench
+      Pro (vLLM blog, "Serving Agentic Workloads at Scale with vLLM x Mooncake",
+      2026-05-06: median 33 turns, ~80K tokens of context by turn 30, the longest beyond
+      180K, "a few hundred to a few thousand" new tokens a turn, input:output 131:1,
+      94.2% prefix-cache hit rate); the SyFI Trace Atlas (tracelab.cs.washington.edu:
+      357,161 Claude Code / Codex agent steps, 96% of input tokens served from cache,
+      2.34B appended over 357k steps, ~6.5k per step on average, a long tail).
+    * tool output: lognormal, median 1,500 tokens (sigma 0.7, mean ~1.9k): the
+      few-thousand-token deltas above; with the model's output, ~2.3k tokens a turn
+      reach ~85K by turn 30 (the traces: ~80K).
+    * model output: lognormal, median 330 tokens (sigma 0.7, mean ~420): tool calls and
+      short reasoning, sized for the traces' input:output ratio (131:1; generated: ~144:1).
+    * tool pause: lognormal, median 20 s (sigma 0.6; ~9-43 s for the middle 80%): the
+      10-60 s of builds, test runs and searches; assumed (neither source tabulates it).
+    * shared prefix: an 8k system prompt + 8k tool schemas every session shares (assumed).
+    * contexts stop at 131,072 tokens (a 128k window; the session ends there).
+    * sessions: many concurrent ones - at 0.05 new sessions/s, each ~15-20 minutes long,
+      about 50 live at speed 1."""
+    sessions: int = 200
+    session_rate: float = 0.05
+    system_prompt_tokens: int = 8192
+    tool_description_tokens: int = 8192
+    task_prompt_tokens: Dist = Dist("lognormal", 800, 0.6)
+    turns: Dist = Dist("lognormal", 33, 0.6)
+    model_output_tokens: Dist = Dist("lognormal", 330, 0.7)
+    tool_output_tokens: Dist = Dist("lognormal", 1500, 0.7)
+    tool_pause_s: Dist = Dist("lognormal", 20.0, 0.6)
+    max_context_tokens: int = 131_072
+
+
+@workload("coding-agent", CodingAgentConfig, quick=(("sessions", 12),), scale_field="sessions", order=20)
+def coding_agent(cfg: CodingAgentConfig) -> Workload:
+    w = agent(cfg)
+    return dataclasses.replace(w, name="coding-agent", description=w.description.replace(
+        "synthetic agent sessions", "long-context coding-agent sessions"))
 
 
 @dataclasses.dataclass(frozen=True)
