@@ -142,7 +142,11 @@ def main() -> int:
                              "0.7x/1.45x/3.0x contours to --out/map.png")
     parser.add_argument("--map-speeds", default="0.25,0.5,1,2,4,8",
                         help="--map: the ladder of replay speeds (sessions scale with the speed)")
-    parser.add_argument("--map-sessions", type=int, default=None, help="--map: sessions at speed 1 (default 48, quick 12)")
+    parser.add_argument("--map-sessions", type=int, default=None, help="--map: sessions at speed 1 (default 16, quick 12)")
+    parser.add_argument("--map-workload", default="coding-agent",
+                        help="--map: another registered workload runs its base scenario on the SLO axes only")
+    parser.add_argument("--map-configs", default=None, help="--map: configurations (default lmcache-local, "
+                        "cxlhm-hymcache, mooncake-dram, ideal)")
     args = parser.parse_args()
     if args.map:
         return run_the_map(args)
@@ -256,12 +260,16 @@ def run_the_map(args) -> int:
     scenarios, ttft, tbt = M.grid(args.quick)
     if args.map_sessions:
         scenarios = [dataclasses.replace(s, sessions=args.map_sessions) for s in scenarios]
+    if args.map_workload != "coding-agent":
+        scenarios = [dataclasses.replace(scenarios[0], workload=args.map_workload,
+                                         requests=args.requests or scenarios[0].requests)]
     speeds = [float(x) for x in args.map_speeds.split(",") if x.strip()]
-    todo = M.cells(scenarios, speeds, (max(ttft), max(tbt)))
+    configs = tuple(c.strip() for c in args.map_configs.split(",")) if args.map_configs else M.MAP_CONFIGS
+    todo = M.cells(scenarios, speeds, (max(ttft), max(tbt)), configs)
     print(f"command: {command()}")
     print(f"machine: {machine()} (model clock: the figures do not depend on it)")
     print(f"map: {len(scenarios)} scenarios x {len(ttft)} TTFT SLOs x {len(tbt)} TBT SLOs; {len(todo)} ladders of "
-          f"speeds {speeds}; workload coding-agent; runner: {'Ray ' + args.ray if args.ray else 'local processes'}")
+          f"speeds {speeds}; workload {args.map_workload}; runner: {'Ray ' + args.ray if args.ray else 'local processes'}")
     start = time.time()
     results = M.run_map(todo, args.workers, args.ray, progress=lambda text: print(
         f"{text} after {time.time() - start:.0f} s", file=sys.stderr, flush=True))

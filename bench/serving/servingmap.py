@@ -45,21 +45,29 @@ class Scenario:
     model: str = "llama3-8b"
     gpu: str = "h200"
     topology: str = "colocated"
-    dram_share: float = 1 / 16          # D as a share of the workload's working set
+    dram_share: float = 1 / 16          # D as a share of the working set: every distinct chunk of the speed-1 run
     max_context: int = 131_072
     output_median: float = 330.0
     tool_pause_s: float = 20.0
     reuse_keep: float = 1.0
     lead_s: float = 1.0
     sessions: int = 48                  # sessions at speed 1 (the ladder scales them)
+    workload: str = "coding-agent"      # or any registered workload (then only its size is set)
+    requests: int = 2000                # a trace's first N requests (a trace is the same at every speed)
 
     def label(self) -> str:
         short = {"llama3-8b": "8B", "qwen2.5-32b": "32B", "llama3-70b": "70B"}.get(self.model, self.model)
         gpu = {"h200": "H200", "h100-80g": "H100", "l40s-48g": "L40S", "2xh200-tp2": "2xH200"}.get(self.gpu, self.gpu)
+        if self.workload != "coding-agent":
+            return f"{self.workload} {short}/{gpu} {self.topology[:5]} D=1/{round(1 / self.dram_share)}"
         return (f"{short}/{gpu} {self.topology[:5]} D=1/{round(1 / self.dram_share)} ctx{self.max_context // 1024}k "
                 f"out{self.output_median:g} tool{self.tool_pause_s:g}s reuse{self.reuse_keep:g} lead{self.lead_s:g}s")
 
     def spec(self) -> W.WorkloadSpec:
+        if self.workload != "coding-agent":
+            cfg = W.kind(self.workload).config()
+            size = {"requests": self.requests} if hasattr(cfg, "requests") else {"sessions": self.sessions}
+            return W.WorkloadSpec(self.workload, dataclasses.replace(cfg, **size), reuse_keep=self.reuse_keep)
         cfg = dataclasses.replace(W.CodingAgentConfig(), sessions=self.sessions, max_context_tokens=self.max_context,
                                   model_output_tokens=W.Dist("lognormal", self.output_median, 0.7),
                                   tool_pause_s=W.Dist("lognormal", self.tool_pause_s, 0.6))
@@ -68,7 +76,9 @@ class Scenario:
     def params(self, loosest: tuple) -> ServingParams:
         base = ServingParams(model=self.model, gpu=self.gpu, prefetch_lead_s=self.lead_s,
                              slo_ttft_s=loosest[0], slo_tbt_ms=loosest[1])
-        return base.replace(dram_bytes=max(1 << 30, int(working_set_bytes(self.spec(), base) * self.dram_share)))
+        # the working set of the same sessions with all their reuse (dropping reuse would only grow it)
+        full = dataclasses.replace(self.spec(), reuse_keep=1.0)
+        return base.replace(dram_bytes=max(1 << 30, int(working_set_bytes(full, base) * self.dram_share)))
 
 
 def working_set_bytes(spec: W.WorkloadSpec, params: ServingParams) -> float:
@@ -102,8 +112,9 @@ def run_cell(cell: Cell) -> dict:
         except SloMissed:
             probes.append({"speed": speed, "ttft": math.inf, "tbt": math.inf, "rps": math.nan})
             break
-        except ValueError as exc:  # a request's KV larger than this GPU's pool: the scenario does not fit
-            return {"scenario": dataclasses.asdict(sc), "config": cell.config, "probes": [], "error": str(exc)}
+        except Exception as exc:  # e.g. a request's KV larger than this GPU's pool: the cell says so, the map goes on
+            return {"scenario": dataclasses.asdict(sc), "config": cell.config, "probes": probes,
+                    "error": f"{type(exc).__name__}: {exc}"}
         s = summarize(res, params.slo_ttft_s, params.slo_percentile, params.slo_tbt_ms)
         probes.append({"speed": speed, "ttft": s["ttft_slo_s"], "tbt": s["tbt_slo_ms"], "rps": s["throughput_rps"],
                        "hit_gpu": s["hit_gpu"], "hit_dram": s["hit_dram"], "hit_ssd": s["hit_ssd"],
@@ -144,22 +155,18 @@ def grid(quick: bool) -> tuple[list[Scenario], list[float], list[float]]:
         base = Scenario(sessions=12)
         scenarios = [base, dataclasses.replace(base, dram_share=1.0)]
         return scenarios, ttft, tbt
-    base = Scenario()
-    out = []
-    for (model, gpu), topology, share in itertools.product(
-            (("llama3-8b", "h200"), ("llama3-8b", "h100-80g"), ("llama3-8b", "l40s-48g"), ("qwen2.5-32b", "h200"),
-             ("llama3-70b", "2xh200-tp2")), ("colocated", "disagg"), (1 / 16, 1 / 4, 1.0)):
-        if (model, gpu) != ("llama3-8b", "h200") and (topology, share) not in (("colocated", 1 / 16),):
-            continue  # other presets: the paper's setting only
-        out.append(dataclasses.replace(base, model=model, gpu=gpu, topology=topology, dram_share=share))
-    for changes in ({"max_context": 32_768}, {"output_median": 100.0}, {"tool_pause_s": 5.0},
-                    {"tool_pause_s": 60.0}, {"reuse_keep": 0.5}, {"lead_s": 0.1}, {"lead_s": 10.0},
-                    {"max_context": 32_768, "output_median": 100.0}):
+    base = Scenario(sessions=16)
+    out = [base, dataclasses.replace(base, dram_share=1.0), dataclasses.replace(base, topology="disagg")]
+    for model, gpu in (("llama3-8b", "h100-80g"), ("llama3-8b", "l40s-48g"), ("qwen2.5-32b", "h200"),
+                       ("llama3-70b", "2xh200-tp2")):
+        out.append(dataclasses.replace(base, model=model, gpu=gpu))
+    for changes in ({"max_context": 32_768, "output_median": 100.0}, {"reuse_keep": 0.5}, {"lead_s": 0.1}):
         out.append(dataclasses.replace(base, **changes))
     return out, ttft, tbt
 
 
 def cells(scenarios, speeds, loosest, configs=MAP_CONFIGS) -> list[Cell]:
+    """Every (scenario, configuration) ladder; the lead time only reaches the device's hints."""
     out = []
     for sc in scenarios:
         for config in configs:
@@ -205,14 +212,18 @@ def ratios(results: list[dict], ttft: list[float], tbt: list[float]) -> list[dic
     by = {_key(r["scenario"], r["config"]): r for r in results}
     rows = []
     for r in results:
-        if r["config"] != "cxlhm-hymcache":
+        anchor = "cxlhm-hymcache" if any(x["config"] == "cxlhm-hymcache" for x in results) else "lmcache-local"
+        if r["config"] != anchor:
             continue
         sc = r["scenario"]
         for t, b in itertools.product(ttft, tbt):
             q = {}
             for config in MAP_CONFIGS:
                 cell = by.get(_key(sc, config))
-                q[config] = max_qps(cell["probes"], t, b) if cell and cell["probes"] else math.nan
+                if cell is None:
+                    q[config] = math.nan
+                    continue
+                q[config] = max_qps(cell["probes"], t, b) if cell["probes"] else math.nan
             row = {"scenario": Scenario(**sc).label(), **sc, "ttft_slo": t, "tbt_slo": b, "max_qps": q}
             for num, den, _, label in CLAIMS:
                 row[f"{num}/{den}"] = q[num] / q[den] if q[den] and q[den] > 0 and q[num] == q[num] else math.nan

@@ -87,11 +87,12 @@ columns: TTFT mean/p50/p90/p99 - time to first token (s) at the reference speed,
   configuration; TBT ms - mean time between output tokens; maxQPS - the highest request rate (req/s) whose p-th
   percentile TTFT and TBT meet the SLO, found by a search over replay speeds (the truth lies between maxQPS and the
   next probe, maxQPS x step: see 'search step'); x lmc / x moon - maxQPS over lmcache-local's / mooncake-dram's in
-  the same block ("-" where that baseline did not run or met the SLO at no speed); GPU / DRAM / SSD / miss - share of reusable context tokens (KV an earlier request computed) found
-  in the GPU KV pool, in the tier's DRAM (host, device or pool), on the device's SSD, or recomputed; pf acc -
-  prefetch accuracy (prefetched device blocks later read / prefetched); pf cov - prefetch coverage (reads served by
-  a prefetch / (those + device DRAM misses)); pf late - share of useful prefetches that finished after the read
-  asked for them; SSDw/reuse - bytes written to the device SSD per byte of KV loaded back from the tier."""
+  the same block ("-" where that baseline did not run or met the SLO at no speed); GPU / DRAM / SSD / miss - share
+  of reusable context tokens (KV an earlier request computed) found in the GPU KV pool, in the tier's DRAM (host,
+  device or pool), on the device's SSD, or recomputed; pf acc - prefetch accuracy (prefetched device blocks later
+  read / prefetched); pf cov - prefetch coverage (reads served by a prefetch / (those + device DRAM misses)); pf
+  late - share of useful prefetches that finished after the read asked for them; SSDw/reuse - bytes written to
+  the device SSD per byte of KV loaded back from the tier."""
 
 QUICK_CAVEAT = ("--quick: small workloads and a coarse max-QPS search (step ~19%): a smoke test of the pipeline, "
                 "not a result; run without --quick for the figures docs/serving.md quotes.")
