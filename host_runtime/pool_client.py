@@ -31,6 +31,7 @@ from cxlhm.pool import wire
 from cxlhm.pool.hitlog import HitRecorder
 from cxlhm.pool.identity import proof
 from cxlhm.pool.mirror import LifeReader, MirrorReader
+from cxlhm.pool.rings import PAYLOAD, HostRings
 from host_runtime.buffers import byte_view
 from host_runtime.mailbox import HintClient, MailboxClient
 
@@ -71,11 +72,9 @@ class PooledTenant:
             return view.shape[0]
         self.service_reads += 1
         done = 0
-        step = P.MAX_MESSAGE
-        while done < view.shape[0]:  # a read larger than one message is several
-            n = min(step, view.shape[0] - done)
-            data = self.host._call(P.Op.READ, self.id, offset + done, n)[3]
-            view[done:done + n] = np.frombuffer(data, np.uint8)
+        while done < view.shape[0]:  # a read larger than the ring's buffer is several
+            n = min(PAYLOAD, view.shape[0] - done)
+            self.host._ring_call(P.Op.READ, self.index, offset + done, n, out=view[done:done + n])
             done += n
         return done
 
@@ -87,9 +86,9 @@ class PooledTenant:
     def write_from(self, offset: int, buf: Any) -> int:
         view = byte_view(buf, writable=False)
         self._bounds(offset, view.shape[0])
-        for start in range(0, max(1, view.shape[0]), P.MAX_MESSAGE):
-            part = view[start:start + P.MAX_MESSAGE]
-            self.host._call(P.Op.WRITE, self.id, offset + start, 0, part.data)
+        for start in range(0, max(1, view.shape[0]), PAYLOAD):
+            part = view[start:start + PAYLOAD]
+            self.host._ring_call(P.Op.WRITE, self.index, offset + start, part.shape[0], payload=part)
         return view.shape[0]
 
     def store(self, offset: int, data: Any) -> None:
@@ -97,15 +96,19 @@ class PooledTenant:
 
     def put_chunk(self, chunk: bytes | memoryview) -> tuple[int, int]:
         """Allocate room in the partition and write `chunk` there: (offset, generation)."""
-        _, offset, generation, _ = self.host._call(P.Op.PUT, self.id, 0, 0, chunk)
+        raw = np.frombuffer(chunk, np.uint8)
+        if raw.shape[0] > PAYLOAD:  # too large for the rings: the service says so with a reason
+            _, offset, generation, _ = self.host._call(P.Op.PUT, self.id, 0, 0, chunk)
+            return offset, generation
+        _, offset, generation = self.host._ring_call(P.Op.PUT, self.index, 0, raw.shape[0], payload=raw)
         return offset, generation
 
 
 def handshake(address: str | os.PathLike, name: str, tenants: list[str], authkey: bytes,
               timeout: float = 30.0) -> tuple[socket.socket, dict, list[int]]:
     """Connect and attach: (the socket, the service's reply, the descriptors it sent:
-    the life counter's, the hit log's, then one mirror's per tenant). AttachRefused
-    says why not."""
+    the life counter's, the hit log's, the rings' segment and its two eventfds, then one
+    mirror's per tenant). AttachRefused says why not."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     fds: list[int] = []
     try:
@@ -116,13 +119,13 @@ def handshake(address: str | os.PathLike, name: str, tenants: list[str], authkey
             raise AttachRefused(P.Status.NOT_GRANTED, hello["error"])
         answer = proof(authkey, bytes.fromhex(hello["challenge"]), name)
         wire.send(sock, json.dumps({"host": name, "tenants": list(tenants), "proof": answer.hex()}).encode())
-        raw, fds = wire.recv_with_fds(sock, 1 << 16, 2 + len(tenants))
+        raw, fds = wire.recv_with_fds(sock, 1 << 16, 5 + len(tenants))
         reply = json.loads(raw)
         if "error" in reply:
             raise AttachRefused(P.Status.NOT_GRANTED, reply["error"])
-        if len(fds) != 2 + len(reply["tenants"]):
+        if len(fds) != 5 + len(reply["tenants"]):
             raise AttachRefused(P.Status.BAD_REQUEST, f"the service sent {len(fds)} descriptors, "
-                                                      f"{2 + len(reply['tenants'])} expected")
+                                                      f"{5 + len(reply['tenants'])} expected")
         sock.settimeout(None)
         return sock, reply, fds
     except wire.WireError as exc:
@@ -140,9 +143,9 @@ def handshake(address: str | os.PathLike, name: str, tenants: list[str], authkey
 
 class PoolHost:
     def __init__(self, conn, name: str, reply: dict, mirrors: list[MirrorReader], mailbox_timeout: float = 10.0,
-                 life: LifeReader | None = None, hits: HitRecorder | None = None):
+                 life: LifeReader | None = None, hits: HitRecorder | None = None, rings: HostRings | None = None):
         self._conn, self.name = conn, name
-        self.life, self.hits = life, hits
+        self.life, self.hits, self.rings = life, hits, rings
         self.mailbox_timeout = mailbox_timeout
         self.host_id = reply["host_id"]
         self.block_size = reply["block_size"]
@@ -160,10 +163,11 @@ class PoolHost:
         share one firmware, so more than a single host's default)."""
         sock, reply, fds = handshake(address, name, tenants, authkey)
         mirrors: list[MirrorReader] = []
-        life = hits = None
+        life = hits = rings = None
         try:
             life = LifeReader(fds.pop(0), reply["life"])
             hits = HitRecorder(fds.pop(0))
+            rings = HostRings(fds.pop(0), fds.pop(0), fds.pop(0), watch=sock.fileno())
             while fds:
                 mirrors.append(MirrorReader(fds.pop(0), reply["mirror_entries"], reply["block_size"], life))
         except BaseException:
@@ -171,12 +175,12 @@ class PoolHost:
                 os.close(fd)
             for m in mirrors:
                 m.close()
-            for x in (life, hits):
+            for x in (life, hits, rings):
                 if x is not None:
                     x.close()
             sock.close()
             raise
-        return cls(sock, name, reply, mirrors, mailbox_timeout, life, hits)
+        return cls(sock, name, reply, mirrors, mailbox_timeout, life, hits, rings)
 
     def tenant(self, name: str) -> PooledTenant:
         try:
@@ -202,6 +206,30 @@ class PoolHost:
         if status != P.Status.OK:
             raise PoolError(status, f"{op.name.lower()}: {body.decode(errors='replace')}")
         return status, v1, v2, body
+
+    def _ring_call(self, op: P.Op, index: int, offset: int, n: int, *, payload=None, out=None) -> tuple[int, int, int]:
+        """One request on the rings: `payload` goes in the shared buffer first, `out`
+        is filled from it after. (status, v1, v2); PoolError unless OK."""
+        with self._lock:
+            if self.closed:
+                raise PoolError(P.Status.BAD_REQUEST, f"host {self.name!r} is detached")
+            if not self.life.current:
+                raise PoolError(P.Status.SERVICE_GONE, f"host {self.name!r}: the pool service it attached to "
+                                                       "has closed or restarted since; attach again")
+            r = self.rings
+            if payload is not None:
+                r.payload[:n] = payload
+            try:
+                status, v1, v2 = r.call(int(op), index, offset, n, lambda: self.life.current)
+            except (ConnectionError, OSError) as exc:
+                raise PoolError(P.Status.SERVICE_GONE, f"host {self.name!r}: the pool service went away ({exc}); "
+                                                       "attach again") from None
+            if status != P.Status.OK:
+                message = bytes(r.payload[:min(v1, 4096)]).decode(errors="replace")
+                raise PoolError(status, f"{op.name.lower()}: {message}")
+            if out is not None:
+                out[:] = r.payload[:n]
+        return status, v1, v2
 
     # ------------------------------------------------------------ mailbox
     @functools.cached_property
@@ -229,7 +257,7 @@ class PoolHost:
         self._conn.close()
         for t in self.tenants.values():
             t.mirror.close()
-        for x in (self.life, self.hits):
+        for x in (self.life, self.hits, self.rings):
             if x is not None:
                 x.close()
 

@@ -89,7 +89,7 @@ def test_mirror_descriptors_are_sealed_and_read_only(service):
     writer.tenant("t").write_from(0, block_record(1, 0, 1))
     sock, reply, fds = handshake(service.socket_path, "hostile", ["t"], service.authkey)
     try:
-        life_fd, hits_fd, mirror_fd = fds
+        life_fd, hits_fd, ring_fd, _, _, mirror_fd = fds
         size = segment_bytes(reply["mirror_entries"], reply["block_size"])
         with pytest.raises(OSError):
             os.pwrite(mirror_fd, b"forged", 64)
@@ -111,6 +111,8 @@ def test_mirror_descriptors_are_sealed_and_read_only(service):
             os.pwrite(life_fd, b"\0" * 8, 0)
         with pytest.raises(OSError):
             os.ftruncate(hits_fd, 0)  # the hit log is the host's to write, not to shrink
+        with pytest.raises(OSError):
+            os.ftruncate(ring_fd, 0)  # nor its rings
         assert os.fstat(mirror_fd).st_size == size
     finally:
         for fd in fds:

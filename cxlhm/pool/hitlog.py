@@ -104,6 +104,7 @@ class HitRecorder:
         finally:
             os.close(fd)
         self._lock = threading.Lock()
+        self._tail = int(self._header[TAIL])  # the host's own count (the shared one is for the service)
 
     def record(self, tenant_index: int, first_block: int, n_blocks: int) -> None:
         if self._ring is None:
@@ -111,8 +112,9 @@ class HitRecorder:
         with self._lock:
             while n_blocks > 0:
                 take = min(n_blocks, MAX_BLOCKS)
-                tail = int(self._header[TAIL])
+                tail = self._tail
                 self._ring[tail % ENTRIES] = tenant_index << 56 | take << 40 | first_block
+                self._tail = tail + 1
                 self._header[TAIL] = tail + 1
                 first_block += take
                 n_blocks -= take

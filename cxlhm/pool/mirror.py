@@ -198,18 +198,9 @@ class MirrorReader(_Segment):
         super().__init__(mm, entries, block_size)
         self.life = life
 
-    def read(self, offset: int, out: np.ndarray) -> bool:
-        """Fill `out` with the bytes at partition `offset` if every block is mirrored
-        and verifies; False (out partly written) otherwise."""
-        bs = self.block_size
-        n = out.shape[0]
-        if n == 0:
-            return True
-        if offset < 0 or self.headers is None:
-            return False
-        first, last = offset // bs, (offset + n - 1) // bs
-        if last - first + 1 > self.entries:
-            return False
+    def _read_wrapped(self, offset: int, out: np.ndarray, first: int, last: int) -> bool:
+        """read() of a range whose entries wrap around the end of the segment: block by block."""
+        bs, n = self.block_size, out.shape[0]
         h, blocks = self.headers, self.blocks
         for b in range(first, last + 1):
             e = b % self.entries
@@ -220,10 +211,46 @@ class MirrorReader(_Segment):
             lo = max(offset, b * bs)
             hi = min(offset + n, (b + 1) * bs)
             whole = hi - lo == bs
-            dst = out[lo - offset:hi - offset] if whole else np.empty(bs, np.uint8)  # (per call: threads share readers)
+            dst = out[lo - offset:hi - offset] if whole else np.empty(bs, np.uint8)
             np.copyto(dst, blocks[e])
             if int(h[e, SEQ]) != seq or xxhash.xxh3_64_intdigest(dst) != want:
                 return False
             if not whole:
                 out[lo - offset:hi - offset] = dst[lo - b * bs:hi - b * bs]
+        return self.life is None or self.life.current
+
+    def read(self, offset: int, out: np.ndarray) -> bool:
+        """Fill `out` with the bytes at partition `offset` if every block is mirrored
+        and verifies; False (out partly written) otherwise."""
+        bs = self.block_size
+        n = out.shape[0]
+        if n == 0:
+            return True
+        if offset < 0 or self.headers is None:
+            return False
+        first, last = offset // bs, (offset + n - 1) // bs
+        k = last - first + 1
+        if k > self.entries:
+            return False
+        e0 = first % self.entries
+        if e0 + k > self.entries:
+            return self._read_wrapped(offset, out, first, last)
+        # the blocks sit in entries e0 .. e0+k-1: check, copy and verify them together
+        # (each step a call into compiled code, so the loads happen in this order)
+        hdr = self.headers[e0:e0 + k]
+        rows = hdr[:, :SUM + 1].tolist()  # (seq, tag, sum) per entry, in one pass (numpy reductions cost more)
+        for i, (seq, tag, _) in enumerate(rows):
+            if seq & 1 or tag != first + 1 + i:
+                return False
+        aligned = offset == first * bs and n == k * bs
+        dst = out.reshape(k, bs) if aligned else np.empty((k, bs), np.uint8)  # (per call: threads share readers)
+        np.copyto(dst, self.blocks[e0:e0 + k])
+        digest = xxhash.xxh3_64_intdigest
+        for i in range(k):
+            if digest(dst[i]) != rows[i][SUM]:
+                return False
+        if hdr[:, SEQ].tolist() != [row[SEQ] for row in rows]:
+            return False
+        if not aligned:
+            out[:] = dst.reshape(-1)[offset - first * bs:offset - first * bs + n]
         return self.life is None or self.life.current  # checked last: a life that ended meanwhile is a miss

@@ -51,6 +51,7 @@ from cxlhm.pool.identity import Identities, IdentityError, check_name
 from cxlhm.pool.layout import Layout, LayoutError
 from cxlhm.pool.mirror import HEADER, MirrorWriter, ServiceLife, read_only_fd
 from cxlhm.pool.port import HostPort, PinBudget
+from cxlhm.pool.rings import PAYLOAD, ServiceRings
 
 log = logging.getLogger("cxlhm.pool")
 ATTACH_MAX = 64 << 10
@@ -99,9 +100,9 @@ class _Tenant:
 
 class _HostSession:
     def __init__(self, name: str, host_id: int, tenants: list[_Tenant], mailbox: Mailbox, port: HostPort,
-                 hits: HitLog):
+                 hits: HitLog, rings: ServiceRings):
         self.name, self.host_id, self.tenants, self.mailbox, self.port = name, host_id, tenants, mailbox, port
-        self.hits = hits
+        self.hits, self.rings = hits, rings
         self.by_id = {t.partition.id: t for t in tenants}
         self.ops = {op.name.lower(): 0 for op in P.Op}
         self.bytes_read = self.bytes_written = 0
@@ -236,6 +237,9 @@ class PoolService:
             self._report(host)
             host.mailbox.close()
             host.hits.close()
+            host.rings.wake()
+        for t in self._threads:
+            t.join(10)
         if self.life is not None:
             self.life.end()
         try:
@@ -361,11 +365,11 @@ class PoolService:
                               f"(its state folder {self.state_dir})")
             port = HostPort(self.device, [t.partition for t in ts], self.layout.partition_bytes,
                             pins={t.partition.id: t.pins for t in ts})
-            hits = HitLog(name)
+            hits, rings = HitLog(name), ServiceRings(name)
             mailbox = Mailbox(port, idle_poll_s=HOST_IDLE_POLL_S).start()
-            session = _HostSession(name, host_id, ts, mailbox, port, hits)
+            session = _HostSession(name, host_id, ts, mailbox, port, hits, rings)
             self._hosts[id(session)] = session
-        fds = [read_only_fd(self.life.fd), os.dup(hits.fd)] + [read_only_fd(t.mirror.fd) for t in ts]
+        fds = [read_only_fd(self.life.fd), os.dup(hits.fd), *rings.fds()] + [read_only_fd(t.mirror.fd) for t in ts]
         try:
             wire.send(conn, json.dumps({
                 "host_id": host_id, "regs": mailbox.path, "block_size": self.block_size,
@@ -378,6 +382,9 @@ class PoolService:
         finally:
             for fd in fds:
                 os.close(fd)
+        t = threading.Thread(target=self._serve_rings, args=(session,), name="cxlhm-pool-rings", daemon=True)
+        t.start()
+        self._threads.append(t)
         return session
 
     def _drop(self, session: _HostSession) -> None:
@@ -387,6 +394,7 @@ class PoolService:
             self._report(session)
             session.mailbox.close()
             session.hits.close()
+            session.rings.wake()  # its ring thread ends and closes the rings
 
     # ------------------------------------------------------------ mirror hits -> firmware
     def _report_loop(self) -> None:
@@ -497,14 +505,70 @@ class PoolService:
         bad = self._check(offset, n)
         if bad:
             return bad
+        return P.reply(payload=self._read_blocks(s, tenant, offset, n).tobytes())
+
+    def _read_blocks(self, s: _HostSession, tenant: _Tenant, offset: int, n: int) -> np.ndarray:
+        """The bytes (a view of a buffer of the service's own), the whole blocks around
+        them read from the device and installed in the mirror."""
         bs = self.block_size
-        lo, hi = offset // bs * bs, -(-(offset + n) // bs) * bs  # whole blocks, to install them in the mirror
+        lo, hi = offset // bs * bs, -(-(offset + n) // bs) * bs
         buf = np.empty(hi - lo, np.uint8)
         with tenant.lock:
             self.handle.read_into(tenant.partition.base + lo, buf)
             tenant.mirror.install(lo // bs, buf)
         s.bytes_read += n
-        return P.reply(payload=buf[offset - lo:offset - lo + n].tobytes())
+        return buf[offset - lo:offset - lo + n]
+
+    # ------------------------------------------------------------ the rings (the data plane)
+    def _serve_rings(self, s: _HostSession) -> None:
+        r = s.rings
+        try:
+            while not self._stop.is_set() and not r.stopping:
+                r.wait()
+                if self._stop.is_set() or r.stopping:
+                    break
+                for entry in r.pending():
+                    self._ring_entry(s, entry)
+        except Exception:
+            log.exception("pool: host %r's rings failed", s.name)
+        finally:
+            r.close()
+
+    def _ring_entry(self, s: _HostSession, entry: np.ndarray) -> None:
+        r = s.rings
+        w0, offset, n, buf = (int(x) for x in entry)
+        op, index, tag = w0 & 0xFF, (w0 >> 8) & 0xFFFFFF, w0 >> 32
+        if op not in (P.Op.READ, P.Op.WRITE, P.Op.PUT) or buf > PAYLOAD or n > PAYLOAD - buf:
+            return self._ring_reply(r, tag, P.reply(P.Status.BAD_REQUEST, payload=(
+                f"ring entry: op {op} (READ, WRITE or PUT), buffer [{buf}, +{n}) within {PAYLOAD} bytes "
+                "expected").encode()))
+        op = P.Op(op)
+        s.ops[op.name.lower()] += 1
+        if index >= len(s.tenants):
+            return self._ring_reply(r, tag, P.reply(P.Status.NOT_GRANTED, payload=(
+                f"host {s.name!r} attached {len(s.tenants)} tenants; there is no tenant {index}").encode()))
+        tenant = s.tenants[index]
+        try:
+            if op is P.Op.READ:
+                bad = self._check(offset, n)
+                if bad:
+                    return self._ring_reply(r, tag, bad)
+                r.payload[buf:buf + n] = self._read_blocks(s, tenant, offset, n)
+                return r.complete(tag, P.Status.OK)
+            data = memoryview(r.payload[buf:buf + n].copy())  # the device and the mirror get the same bytes
+            reply = self._write(s, tenant, offset, data) if op is P.Op.WRITE else self._put(s, tenant, data)
+        except OSError as exc:
+            reply = P.reply(P.Status.DEVICE_ERROR, payload=str(exc).encode())
+        self._ring_reply(r, tag, reply)
+
+    @staticmethod
+    def _ring_reply(r: ServiceRings, tag: int, reply: bytes) -> None:
+        status, v1, v2 = P.REPLY.unpack_from(reply)
+        if status != P.Status.OK:  # the message goes where the host looks for it
+            message = reply[P.REPLY.size:P.REPLY.size + 4096]
+            r.payload[:len(message)] = np.frombuffer(message, np.uint8)
+            v1 = len(message)
+        r.complete(tag, status, v1, v2)
 
     def _write_locked(self, tenant: _Tenant, offset: int, data: memoryview) -> None:
         bs = self.block_size
