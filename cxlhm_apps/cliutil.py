@@ -112,3 +112,20 @@ def compare_ratio(base: float, value: float, *, tolerance: float = 0.005) -> str
     if abs(ratio - 1) <= tolerance:
         return "the same"
     return f"{1 / ratio:.2f}x lower" if ratio < 1 else f"{ratio:.2f}x higher"
+
+
+def device_block_size(profile: str | None = None) -> int:
+    """The block size of the device `profile` models (cxlhm's default device without one):
+    what one trace record is when the trace does not say (`cxlhm mrc`, `cxlhm trace`)."""
+    from cxlhm.config import DEFAULT_PROFILE
+    from cxlhm.sim import timing_model
+    return timing_model(profile or DEFAULT_PROFILE).block_size
+
+
+def trace_block_size(path: str, fmt: str | None, given: int | None, profile: str | None = None) -> int | None:
+    """The block size to read `path` with: `given`, else None when the format records its
+    own (a .cbt trace), else the device's block size."""
+    from cxlhm.traces.formats import trace_format
+    if given is not None:
+        return given
+    return None if trace_format(path, fmt).own_block_size else device_block_size(profile)

@@ -186,6 +186,22 @@ POLICIES = [
     ("unknown name", ["policies", "nosuch"]),
 ]
 
+TRACE = [
+    ("export missing input", ["trace", "export", "/nonexistent/t.jsonl", "/tmp/x.csv", "--format", "csv"]),
+    ("export unknown format", ["trace", "export", f"{H}/tiny.jsonl", "/tmp/x.bin", "--format", "parquet"]),
+    ("export empty trace", ["trace", "export", f"{H}/empty.jsonl", "/tmp/x.csv", "--format", "csv"]),
+    ("export not utf-8", ["trace", "export", f"{H}/not_utf8.jsonl", "/tmp/x.csv", "--format", "csv"]),
+    ("export onto its input", ["trace", "export", f"{H}/tiny.jsonl", f"{H}/tiny.jsonl", "--format", "csv"]),
+    ("export out missing folder", ["trace", "export", f"{H}/tiny.jsonl", "/nonexistent/dir/x.csv", "--format", "csv"]),
+    ("export obj size 0", ["trace", "export", f"{H}/tiny.jsonl", "/tmp/x.csv", "--format", "csv", "--obj-size", "0"]),
+    ("import truncated oracle", ["trace", "import", f"{H}/truncated.oracleGeneral.bin", "/tmp/x.cbt", "--format",
+                                 "oracleGeneral"]),
+    ("import bad csv", ["trace", "import", f"{H}/bad.csv", "/tmp/x.cbt", "--format", "csv"]),
+    ("import /dev/zero", ["trace", "import", "/dev/zero", "/tmp/x.cbt", "--format", "csv"]),
+    ("import bad spec", ["trace", "import", f"{H}/bad.csv", "/tmp/x.cbt", "--format", "csv", "--csv-spec", "x=1"]),
+    ("no action", ["trace"]),
+]
+
 CLI = [
     ("unknown command", ["warp"]),
     ("no command", []),
@@ -199,7 +215,7 @@ DEVICE += [
     ("state not creatable", _SERVE + [f"{H}/tiny.jsonl/state"]),
 ]
 CASES = [(f"{args[0] if args else 'cxlhm'}: {name}", args) for group in (RUN, MRC, MAILBOX, DEVICE, CALIBRATE,
-                                                                                   POLICIES, CLI)
+                                                                                   POLICIES, TRACE, CLI)
          for name, args in group]
 
 
@@ -258,9 +274,10 @@ def test_hostile_input_gets_one_clear_error(argv):
     assert "Traceback" not in err and "Traceback" not in out, err
     assert "internal error" not in err, err
     assert status not in (0, None), f"exit 0 for bad input; stdout: {out[-500:]}"
-    if command in {"run", "mrc", "mailbox", "policies", "calibrate"}:
+    if command in {"run", "mrc", "mailbox", "policies", "calibrate", "trace"} and argv != ["trace"]:
         lines = [line for line in err.splitlines() if line.strip()]
-        assert lines and lines[-1].startswith(f"cxlhm {command}: error: "), err
+        prefix = f"cxlhm {command}: error: " if command != "trace" else f"cxlhm trace {argv[1]}: error: "
+        assert lines and (lines[-1].startswith(prefix) or lines[-1].startswith("cxlhm trace: error: ")), err
         assert len(lines[-1]) < 2000, "one line, not a dump"
 
 

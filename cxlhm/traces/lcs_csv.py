@@ -148,3 +148,25 @@ def _number(text: str, what: str, path: str, lineno: int) -> float:
     if not value >= 0:
         raise TraceError(path, str(lineno), f"{what} must be non-negative, got {text.strip()!r}")
     return value
+
+
+# What write_csv writes, as a spec for read_csv (and --csv-spec): a header line, then
+# time (seconds), object id, object size (bytes), op (read/write)
+WRITTEN_SPEC = "time-col=1, obj-id-col=2, obj-size-col=3, op-col=4, has-header=true"
+
+
+def write_csv(path: str | Path, trace: BlockTrace, *, obj_size: int | None = None) -> None:
+    """Write `trace` as a CSV that read_csv (with WRITTEN_SPEC) and libCacheSim's CSV
+    reader (time, obj-id, obj-size, op fields 1-4, a header) both read back: one request
+    per access, the object id the block id, `obj_size` bytes (default the block size;
+    never 0, which readers skip), times in seconds with nanosecond digits (the access
+    index when the trace has no times)."""
+    size = trace.block_size if obj_size is None else obj_size
+    if size <= 0:
+        raise ValueError(f"object size must be positive (readers skip size-0 requests), got {size}")
+    stamps = trace.timestamps_ns if trace.timestamps_ns is not None else np.arange(len(trace), dtype=np.int64) * 10**9
+    ops = np.where(trace.writes, "write", "read")
+    with open(path, "w", newline="") as f:
+        f.write("time,obj_id,obj_size,op\n")
+        for ns, block, op in zip(stamps.tolist(), trace.blocks.tolist(), ops.tolist()):
+            f.write(f"{ns // 10**9}.{ns % 10**9:09d},{block},{size},{op}\n")

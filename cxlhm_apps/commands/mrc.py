@@ -8,11 +8,11 @@ from pathlib import Path
 from tqdm import tqdm
 
 import firmware_policies
-from cxlhm_apps.cliutil import CommandError, check_output_path, default_output_dir, positive_int
+from cxlhm_apps.cliutil import CommandError, check_output_path, default_output_dir, positive_int, trace_block_size
 from cxlhm_apps.commands._device_args import parse_set_value
 from cxlhm.config import ConfigError
 from cxlhm.mrc import miss_ratios, parse_cache_sizes, plot_curves, plot_latency, simulate_curves
-from cxlhm.sim import MAX_QUEUE_DEPTH, timing_model
+from cxlhm.sim import MAX_QUEUE_DEPTH
 from cxlhm.traces import TraceError
 from cxlhm.traces.formats import format_names, load_trace, trace_format
 from cxlhm.units import format_size, parse_size
@@ -81,6 +81,9 @@ def add_arguments(parser):
                         help="with --timing, closed loop: accesses in flight (default 1)")
     parser.add_argument("--open-loop", action="store_true",
                         help="with --timing: issue each access at its trace timestamp instead")
+    parser.add_argument("--libcachesim", action="store_true",
+                        help="also replay the trace through libCacheSim's policy of each name (LRU, LeCaR, ...; "
+                             "the libcachesim package, cxlhm[test]) and print its miss ratios beside ours")
 
 
 def _parse_params(items: list[str]) -> dict[str, dict]:
@@ -103,12 +106,6 @@ def _json_entry(result, timing: str | None):
 def _latency_plot_path(out: str) -> Path:
     path = Path(out)
     return path.with_name(f"{path.stem}-latency{path.suffix or '.png'}")
-
-
-def device_block_size(profile: str | None) -> int:
-    """The block size of the device `profile` models (cxlhm's default device without one)."""
-    from cxlhm.config import DEFAULT_PROFILE
-    return timing_model(profile or DEFAULT_PROFILE).block_size
 
 
 def _block_source(args) -> str:
@@ -164,6 +161,37 @@ def _aligned(table: list[list[str]]) -> str:
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table)
 
 
+def _libcachesim_curves(trace, results, sizes) -> dict[str, tuple[str, dict[int, float]]]:
+    """{policy: (libCacheSim class, {size: miss ratio})} for each policy with a namesake."""
+    try:
+        from cxlhm.testing.golden import libcachesim_miss_ratios, namesake
+    except ImportError as exc:
+        raise CommandError(f"--libcachesim: {exc}; install the test extra: pip install 'cxlhm[test]'") from None
+    try:
+        return {p: (cls, libcachesim_miss_ratios(cls, trace, sizes)) for p in results
+                if (cls := namesake(p)) is not None}
+    except ImportError:
+        raise CommandError("--libcachesim needs the libcachesim package: pip install 'cxlhm[test]'") from None
+
+
+def format_libcachesim(results, golden, block_size: int) -> str:
+    """libCacheSim's miss ratio per policy and size, with ours minus it in points."""
+    missing = [p for p in results if p not in golden]
+    lines = ["libCacheSim, same requests (objects = blocks): miss ratio (ours minus it, points)"]
+    if golden:
+        sizes = sorted({s for _, curve in golden.values() for s in curve})
+        lead = [[str(s), format_size(s * block_size)] for s in sizes]
+        fixed = max(len("blocks"), *(len(r[0]) for r in lead)) + 2 + max(len("DRAM"), *(len(r[1]) for r in lead))
+        for group in _policy_groups(list(golden), fixed, 15):
+            rows = [["blocks", "DRAM"] + [f"{golden[p][0]}" for p in group]]
+            rows += [lead[i] + [f"{golden[p][1][s]:.4f} ({(results[p][s].miss_ratio - golden[p][1][s]) * 100:+.2f})"
+                                for p in group] for i, s in enumerate(sizes)]
+            lines.append(_aligned(rows))
+    if missing:
+        lines.append(f"no libCacheSim policy of the same name: {', '.join(missing)}")
+    return "\n".join(lines)
+
+
 def run(args) -> int:
     if (args.queue_depth != 1 or args.open_loop) and not args.timing:
         raise CommandError("--queue-depth and --open-loop need --timing PROFILE")
@@ -179,8 +207,7 @@ def run(args) -> int:
         block_size = parse_size(args.block_size) if args.block_size else None
         if block_size is not None and block_size <= 0:
             raise ValueError("--block-size must be positive")
-        if block_size is None and not trace_format(args.trace, args.format).own_block_size:
-            block_size = device_block_size(args.timing)  # one record = one device block
+        block_size = trace_block_size(args.trace, args.format, block_size, args.timing)  # record = device block
         trace = load_trace(args.trace, args.format, limit=args.limit, block_size=block_size, csv_spec=args.csv_spec)
         if len(trace) == 0:
             raise CommandError(f"--trace {args.trace}: no accesses in the trace")
@@ -199,9 +226,13 @@ def run(args) -> int:
         print(f"cxlhm mrc: error: {exc}", file=sys.stderr)
         return 2
     curves = miss_ratios(results)
+    golden = _libcachesim_curves(trace, results, sizes) if args.libcachesim else None
     if args.json:
-        print(json.dumps({p: {str(s): _json_entry(r, args.timing) for s, r in curve.items()}
-                          for p, curve in results.items()}, indent=1))
+        figures = {p: {str(s): _json_entry(r, args.timing) for s, r in curve.items()} for p, curve in results.items()}
+        if golden is not None:
+            figures["libcachesim"] = {f"{p} ({cls})": {str(s): r for s, r in curve.items()}
+                                      for p, (cls, curve) in golden.items()}
+        print(json.dumps(figures, indent=1))
     else:
         print(f"trace {args.trace}: {len(trace)} accesses, {trace.unique_blocks} distinct blocks")
         print(f"block = {format_size(trace.block_size)} ({_block_source(args)})")
@@ -210,6 +241,8 @@ def run(args) -> int:
                     f"closed loop, queue depth {args.queue_depth}")
             print(f"latency: model clock, timing profile {args.timing}, each record one device block access, {loop}")
         print(format_report(results, trace.block_size, timing=bool(args.timing)))
+        if golden is not None:
+            print(format_libcachesim(results, golden, trace.block_size))
     if not args.no_plot:
         plot_curves(curves, args.out, block_size=trace.block_size,
                     title=f"{Path(args.trace).name}: {len(trace)} accesses")
