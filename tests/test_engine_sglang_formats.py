@@ -2,41 +2,29 @@
 another: the bytes SGLang gets back mean what was stored (converted), or the page is a
 miss - never another layout's bytes counted as a hit.
 
-Every (interface_v1 on/off) x (host layout) pair writes pages with SGLang's own page
-functions (HiCacheController._page_set_zero_copy / _generic_page_set) through the
-adapter built by SGLang's StorageBackendFactory, the store is closed, and every pair
-reads them back from the reopened image. What a page means is taken from SGLang's own
-host buffer: its axes are told apart by their sizes (all distinct here), so the check
-does not share the adapter's table of layouts."""
-import engines  # noqa: F401 - imports the engines
+Every (interface_v1 on/off) x (host layout) pair backs pages up through SGLang's real
+HiCacheController (attach_storage_backend, its backup and prefetch threads; see
+tests/sglang_engine.py), the engine is closed, and every pair prefetches them from the
+reopened image. What a page means is read from SGLang's own host buffer: its axes are
+told apart by their sizes (all distinct here), so the check does not share the
+adapter's table of layouts."""
 import numpy as np
 import pytest
 import torch
-from sglang.srt.managers.cache_controller import HiCacheController, PrefetchOperation
-from sglang.srt.mem_cache import hicache_storage as hs
-from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo
-from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
-from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+from sglang_engine import Engine, fill_random, page_starts
 
-from host_runtime.shim.value_format import FormattedValues, Part, ValueFormat
 from host_runtime.shim.sglang import page_format
+from host_runtime.shim.value_format import FormattedValues, Part, ValueFormat
 
-PAGE, LAYERS, HEADS, DIM, DEVICE_TOKENS = 4, 3, 5, 8, 64
+PAGE, LAYERS, HEADS, DIM = 4, 3, 5, 8
 LAYOUTS = ["layer_first", "page_first", "page_first_direct", "page_head"]
-PATHS = [True, False]  # interface_v1 on (zero copy), off (SGLang copies pages)
-CONFIGS = [(layout, v1) for layout in LAYOUTS for v1 in PATHS]
-WRITE_PAGES, READ_PAGES = (1, 2, 3), (9, 10, 11)
+CONFIGS = [(layout, v1) for layout in LAYOUTS for v1 in (True, False)]  # interface_v1 on (zero copy) / off (copies)
+TOKENS = 3 * PAGE
 
 
-def mha_pool(layout, dtype=torch.bfloat16, heads=HEADS):
-    k = [torch.zeros(DEVICE_TOKENS, heads, DIM, dtype=dtype) for _ in range(LAYERS)]
-    v = [torch.zeros(DEVICE_TOKENS, heads, DIM, dtype=dtype) for _ in range(LAYERS)]
-    ptrs = lambda ts: torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)  # noqa: E731
-    info = MHABufferInfo(buffers=KVBuffers(k=k, v=v, k_data_ptrs=ptrs(k), v_data_ptrs=ptrs(v), layout=KVBufferLayout.NHD),
-                         page_size=PAGE, head_num=heads, head_dim=DIM, v_head_dim=DIM, dtype=dtype,
-                         device=torch.device("cpu"))
-    return MHATokenToKVPoolHost(info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
-                                device_capacity_tokens=DEVICE_TOKENS, start_layer=0, end_layer=LAYERS)
+def engine(image, config, **kw):
+    layout, v1 = config
+    return Engine(image, layout=layout, v1=v1, page=PAGE, layers=LAYERS, heads=HEADS, dim=DIM, **kw)
 
 
 def page_meaning(pool, page):
@@ -56,129 +44,94 @@ def page_meaning(pool, page):
     return meaning.view(torch.int16)  # compared as bit patterns: random bytes hold NaNs
 
 
-def storage_config(path, v1):
-    return hs.HiCacheStorageConfig(
-        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
-        enable_storage_metrics=False, is_page_first_layout=True, model_name="meta-llama/Llama-3-8B",
-        extra_config={"backend_name": "cxlhm", "module_path": "host_runtime.shim.sglang",
-                      "class_name": "CxlhmHiCacheStorage", "interface_v1": int(v1), "hints": "none",
-                      "device": {"capacity": "8MiB", "block_size": "4KiB", "dram_bytes": "32KiB",
-                                 "backend": {"path": str(path)}}})
-
-
-class Engine:
-    """One run of SGLang's storage side: a host pool of `layout`, the adapter from the
-    factory, and the controller's page functions for the path interface_v1 picks."""
-
-    def __init__(self, path, layout, v1, pool=None):
-        self.pool = pool or mha_pool(layout)
-        self.backend = StorageBackendFactory.create_backend("dynamic", storage_config(path, v1), self.pool)
-        self.backend.register_mem_pool_host(self.pool)
-        self.v1 = v1
-        self.state = _ControllerState(self.backend, self.pool)
-
-    def store(self, keys, pages):
-        fn = HiCacheController._page_set_zero_copy if self.v1 else HiCacheController._generic_page_set
-        indices = torch.cat([torch.arange(p * PAGE, (p + 1) * PAGE) for p in pages])
-        return fn(self.state, keys, indices)
-
-    def load(self, keys, pages):
-        fn = HiCacheController._page_get_zero_copy if self.v1 else HiCacheController._generic_page_get
-        indices = torch.cat([torch.arange(p * PAGE, (p + 1) * PAGE) for p in pages])
-        return fn(self.state, PrefetchOperation("r", list(range(len(keys) * PAGE))), keys, indices)
-
-    def close(self):
-        self.backend.close()
-
-
-class _ControllerState:
-    """The attributes HiCacheController's page functions read (its constructor needs a
-    device KV pool allocator and a published parallel context; see test_engine_sglang
-    for the real controller)."""
-
-    def __init__(self, backend, pool):
-        self.storage_backend, self.storage_host_pool, self.mem_pool_host, self.page_size = backend, pool, pool, PAGE
-
-
-def fill(pool, seed):
-    gen = torch.Generator().manual_seed(seed)
-    raw = pool.kv_buffer.view(-1).view(torch.uint8)
-    raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=gen))
-
-
-def keys_of(config):
-    layout, v1 = config
-    return [f"{layout}-{'v1' if v1 else 'copy'}-{i}" for i in range(len(WRITE_PAGES))]
+def tokens_of(n):
+    return list(range(1000 * n, 1000 * n + TOKENS))
 
 
 def test_every_layout_and_path_pair_reads_the_stored_meaning_after_a_restart(tmp_path):
     image = tmp_path / "sglang.img"
     stored = {}
     for n, config in enumerate(CONFIGS):
-        engine = Engine(image, *config)
-        fill(engine.pool, seed=n)
-        assert engine.store(keys_of(config), WRITE_PAGES) is True
-        stored[config] = [page_meaning(engine.pool, p) for p in WRITE_PAGES]
-        engine.close()  # the engine restarts with another layout or path
+        e = engine(image, config)
+        assert e.zero_copy is config[1]
+        indices = e.alloc(TOKENS)
+        fill_random(e.host_pool, indices, seed=n)
+        assert e.backup(tokens_of(n), indices) == TOKENS
+        stored[config] = [page_meaning(e.host_pool, p) for p in page_starts(indices, PAGE)]
+        e.close()  # the engine restarts with another layout or path
 
     for reader in CONFIGS:
-        engine = Engine(image, *reader)
-        for writer in CONFIGS:
-            fill(engine.pool, seed=999)
-            keys = keys_of(writer)
-            assert engine.backend.batch_exists(keys) == 3, (writer, reader)
-            assert engine.load(keys, READ_PAGES) == 3, (writer, reader)
-            for want, page in zip(stored[writer], READ_PAGES):
-                assert torch.equal(page_meaning(engine.pool, page), want), f"written {writer}, read {reader}"
-        engine.close()
+        e = engine(image, reader)
+        for n, writer in enumerate(CONFIGS):
+            found, loaded, indices = e.prefetch(tokens_of(n))
+            assert (found, loaded) == (TOKENS, TOKENS), (writer, reader)
+            for want, page in zip(stored[writer], page_starts(indices, PAGE)):
+                assert torch.equal(page_meaning(e.host_pool, page), want), f"written {writer}, read {reader}"
+            e.host_pool.free(indices)
+        e.close()
 
 
 @pytest.mark.parametrize("change", ["dtype", "heads"])
 def test_a_page_of_another_geometry_is_a_miss_never_bytes(tmp_path, change):
+    """float16 and bfloat16 pages are the same size: only the format tells them apart."""
     image = tmp_path / "sglang.img"
-    writer = Engine(image, "page_first", True)
-    fill(writer.pool, seed=1)
-    assert writer.store(["g0", "g1"], (1, 2))
+    writer = engine(image, ("page_first", True))
+    indices = writer.alloc(TOKENS)
+    fill_random(writer.host_pool, indices, seed=1)
+    assert writer.backup(tokens_of(1), indices) == TOKENS
     writer.close()
-    other = mha_pool("page_first", dtype=torch.float16) if change == "dtype" else mha_pool("page_first", heads=HEADS + 2)
-    reader = Engine(image, "page_first", True, pool=other)
-    fill(reader.pool, seed=5)
-    before = reader.pool.kv_buffer.view(torch.int16).clone()
-    assert reader.backend.batch_exists(["g0", "g1"]) == 0
-    assert reader.load(["g0", "g1"], READ_PAGES[:2]) == 0
-    assert reader.backend.get("g0", reader.pool.get_dummy_flat_data_page()) is None
-    assert torch.equal(reader.pool.kv_buffer.view(torch.int16), before)  # nothing written into the pool
-    reader.close()
+    other = {"dtype": torch.float16} if change == "dtype" else {"heads": HEADS + 2}
+    for path in ("page_first", True), ("layer_first", False):
+        reader = Engine(image, layout=path[0], v1=path[1], page=PAGE, layers=LAYERS, dim=DIM,
+                        **({"heads": HEADS} | other))
+        assert reader.prefetch(tokens_of(1))[:2] == (0, 0)
+        page = reader.host_pool.get_dummy_flat_data_page()
+        assert reader.backend.batch_exists(reader.keys(tokens_of(1))) == 0
+        assert reader.backend.batch_get(reader.keys(tokens_of(1))[:1], [page]) == [None]
+        reader.close()
 
 
-def test_same_size_other_dtype_bytes_are_never_returned(tmp_path):
-    """bfloat16 and float16 pages are the same size: only the format tells them apart."""
-    image = tmp_path / "sglang.img"
-    writer = Engine(image, "layer_first", False)
-    fill(writer.pool, seed=2)
-    assert writer.store(["d0"], (1,))
-    writer.close()
-    reader = Engine(image, "layer_first", False, pool=mha_pool("layer_first", dtype=torch.float16))
-    assert reader.pool.get_dummy_flat_data_page().nbytes == writer.pool.get_dummy_flat_data_page().nbytes
-    assert reader.backend.batch_exists(["d0"]) == 0 and reader.load(["d0"], (5,)) == 0
-    reader.close()
+def test_toggling_interface_v1_on_a_running_controller_keeps_every_page(tmp_path):
+    """detach_storage_backend / attach_storage_backend with the other page path: the
+    layer-first pool's two paths lay a page out differently (K0 V0 K1 V1 against all K
+    then all V), and both read what either wrote."""
+    e = engine(tmp_path / "t.img", ("layer_first", True))
+    want = {}
+    for n, v1 in enumerate((True, False, True)):
+        if n:
+            e.detach()
+            e.attach(v1)
+        assert e.zero_copy is v1
+        indices = e.alloc(TOKENS)
+        fill_random(e.host_pool, indices, seed=10 + n)
+        assert e.backup(tokens_of(10 + n), indices) == TOKENS
+        want[n] = [page_meaning(e.host_pool, p) for p in page_starts(indices, PAGE)]
+        for m in want:
+            found, loaded, got = e.prefetch(tokens_of(10 + m))
+            assert loaded == TOKENS
+            assert all(torch.equal(page_meaning(e.host_pool, p), w) for p, w in zip(page_starts(got, PAGE), want[m]))
+            e.host_pool.free(got)
+    e.close()
 
 
 def test_the_tenant_name_carries_the_format_scheme(tmp_path):
-    engine = Engine(tmp_path / "t.img", "page_first", True)
-    assert engine.backend.shim.tenant.name.endswith(":kvfmt1")
-    engine.close()
+    e = engine(tmp_path / "t.img", ("page_first", True))
+    assert e.backend.shim.tenant.name.endswith(":kvfmt1")
+    e.close()
 
 
-def test_the_formats_of_sglangs_layouts_are_permutations_of_one_another():
-    pool = mha_pool("page_head")
-    formats = {(layout, v1): page_format(mha_pool(layout), zero_copy=v1) for layout, v1 in CONFIGS}
+def test_the_formats_of_sglangs_layouts_are_permutations_of_one_another(tmp_path):
+    pools = {layout: engine(tmp_path / f"{layout}.img", (layout, True)) for layout in LAYOUTS}
+    formats = {(layout, v1): page_format(pools[layout].host_pool, zero_copy=v1) for layout, v1 in CONFIGS}
     assert len(set(formats.values())) == 4  # layer_first's two paths differ; the others' agree
     assert formats[("layer_first", True)] != formats[("layer_first", False)]
     assert formats[("layer_first", False)] == formats[("page_first_direct", True)]  # both [kv, layer, token, ...]
+    page_bytes = pools["page_head"].host_pool.get_dummy_flat_data_page().nbytes
     for a in formats.values():
         for b in formats.values():
-            assert a.convertible_from(b) and a.nbytes == b.nbytes == pool.get_dummy_flat_data_page().nbytes
+            assert a.convertible_from(b) and a.nbytes == b.nbytes == page_bytes
+    for e in pools.values():
+        e.close()
 
 
 # ------------------------------------------------------------------ the format module itself
