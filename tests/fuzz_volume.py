@@ -5,7 +5,8 @@ cases run and the failures seen printed per input.
 
 Inputs: mailbox (command payloads, lengths, raw register writes), config (dicts, YAML
 files, --set options), fio (job files), traces (block, oracleGeneral, CSV, Mooncake
-JSONL), shim (KVShim and engine adapter calls). Each input's checks are the ones the
+JSONL), shim (KVShim and engine adapter calls), pool (a hostile host's requests, ring
+entries, shared-memory scribbles and handshakes: tests/fuzz_pool.py). Each input's checks are the ones the
 default suite runs on a few hundred cases (tests/fuzz_parsers.py, tests/fuzz_shim.py,
 tests/test_mailbox_fuzz.py). The mailbox and the shim are driven by hypothesis (generation
 only, no shrinking); config, fio and traces by atheris (libFuzzer, coverage-guided, raw
@@ -28,7 +29,7 @@ from pathlib import Path
 from hypothesis import given
 
 HERE = Path(__file__).resolve().parent
-INPUTS = ["mailbox", "config", "fio", "traces", "shim"]
+INPUTS = ["mailbox", "config", "fio", "traces", "shim", "pool"]
 
 
 def _generate(strategy, cases: int, body) -> None:
@@ -81,6 +82,16 @@ def fuzz_mailbox(cases: int, tally) -> dict:
         _generate(mf.fuzz_input, cases, lambda case: tally.run(world.check, case))
         tally.run(world.check_after, count=False)
     return {"commands_serviced": world.mailbox.commands_serviced}
+
+
+def fuzz_pool(cases: int, tally) -> dict:
+    import fuzz_pool as fp
+    world = fp.open_world()
+    try:
+        _generate(fp.CASE, cases, lambda case: tally.run(world.check, case))
+    finally:
+        world.close()
+    return {"by_kind": world.cases, "statuses": {str(k): v for k, v in world.statuses.items()}}
 
 
 def _report(result: str, name: str, tally, start: float, extra: dict) -> None:

@@ -608,3 +608,20 @@ def test_a_host_scribbling_on_its_hit_log_reports_only_its_own_blocks(service):
     assert service.counts["hit_blocks_reported"] == before + 2
     assert b.tenant("t2").load(0, 1) == b"\x01"  # the service is fine
     a.close(), b.close()
+
+
+# ---------------------------------------------------------------- the hostile-host fuzzer (a few hundred cases)
+def test_a_hostile_host_cannot_stop_the_service_or_reach_another_tenant():
+    from hypothesis import given, settings, HealthCheck
+    import fuzz_pool
+    world = fuzz_pool.open_world()
+    try:
+        @settings(max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        @given(fuzz_pool.CASE)
+        def one(case):
+            world.check(case)
+        one()
+        assert min(world.cases.values()) > 0
+        assert len(world.statuses) >= 3  # answered with OK and with errors of several kinds
+    finally:
+        world.close()
