@@ -55,11 +55,11 @@ from cxlhm import blocktable as btm
 from cxlhm import firmware as fw
 from cxlhm.jit import njit
 from cxlhm.streamstate import (  # noqa: F401 - the stream's names, used by the driver as rs.*
-    FINISHED, BLOCKED, WRITE_BACK, DEVICE_FULL, VERIFY, SLICE, WIDE, LOG_WRITES, ISSUED, WB_FAILED, VERIFY_NONE,
+    FINISHED, BLOCKED, WRITE_BACK, REAP_UNLOCKED, DEVICE_FULL, VERIFY, SLICE, WIDE, LOG_WRITES, ISSUED, WB_FAILED, VERIFY_NONE,
     VERIFY_HERE, VERIFY_ALL, REAP_AT_ONCE, SLICE_NS, NEXT, IN_FLIGHT, SLOTS, FILLS, PARKED, PARKED_FILLS,
     PARKED_WBS, DONE, FAILED, HITS, MISSES, REAPED, ERRNO, QUEUED, PEAK, WRITTEN, W_HITS, W_MISSES, N_PARKED,
     N_READY, WB_USED, WB_STAGED, WB_LOGGED, WB_LANDED, WB_FAILED_N, RING, LOG_RECORDS, LOG_SHORT, WRITTEN_LOGGED,
-    BYPASS_CACHES, N_SCALARS,
+    BYPASS_CACHES, N_SCALARS, WIDE_BLOCK,
     STAGE_SHARE, STAGE_BYTES, LOG_NONE, LOG_IN_DRIVER, COMPILED_LOG,
     WB_FREE, WB_STAGE, WB_RING, WB_LAND, WB_FAIL, WBLOCKS, _reap, _now_ns, _copy_piece, _copy_write_in,
     _in_sorted, _touches_writebacks, _queue_all, _submit_bucket, StreamState, _WB_ROWS, _WB_STATE, _WB_OWNER,
@@ -95,6 +95,20 @@ def clean_prefix(hpas, lens, block_size, special):
         if j < special.shape[0] and special[j] <= last:
             return i
     return hpas.shape[0]
+
+
+# (compiled when imported: threads that reach it first together would compile it together)
+@njit(signature_or_function="int64(intp, int64[::1], int64[::1], int64[::1], boolean)")
+def reap_unlocked(ring, st, tags, res, wide):
+    """Wait for at least one completion on the stream's ring (its own thread's: the
+    device lock is not held) and take up to as many as `run` takes at once into the
+    stream's `reaped` (`tags`, `res`; st[REAPED]); `run` completes them when it runs
+    next. Returns how many were taken, or -errno."""
+    most = tags.shape[0] if wide else min(REAP_AT_ONCE, tags.shape[0])
+    got = _reap(ring, 1, most, tags.ctypes.data, res.ctypes.data)
+    if got > 0:
+        st[REAPED] = got
+    return got
 
 
 @njit

@@ -16,7 +16,7 @@ from cxlhm import counters as C
 from cxlhm import blocktable as btm
 from cxlhm.jit import njit
 from cxlhm.streamstate import (
-    FINISHED, BLOCKED, WRITE_BACK, DEVICE_FULL, VERIFY, SLICE, WIDE, LOG_WRITES, ISSUED, WB_FAILED, VERIFY_HERE,
+    FINISHED, BLOCKED, WRITE_BACK, REAP_UNLOCKED, DEVICE_FULL, VERIFY, SLICE, WIDE, LOG_WRITES, ISSUED, WB_FAILED, VERIFY_HERE,
     VERIFY_ALL, REAP_AT_ONCE, SLICE_NS, SLICE_MAX_NS, NEXT, IN_FLIGHT, SLOTS, FILLS, PARKED_WBS, DONE, FAILED, HITS, MISSES,
     REAPED, ERRNO, QUEUED, PEAK, WRITTEN, W_HITS, W_MISSES, N_PARKED, N_READY, WB_USED, WB_STAGED, WB_LANDED,
     WB_LOGGED, WRITTEN_LOGGED, BYPASS_CACHES,
@@ -306,7 +306,7 @@ def step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addr
 @njit
 def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, stop, deadline_ns,
         slat, clat, failed_out, arrays, ring, fd, ring_room, other_slots, n_slots, owner, verify, sum_keys,
-        sum_values, victims, log_ctl, record, waiting, clock_base):
+        sum_values, victims, log_ctl, record, waiting, clock_base, shared):
     """The stream's loop for one time slice (see the module docstring). A reap goes
     back to the driver for verification: always (VERIFY_ALL), or when one of its
     blocks does not match its record in the sum table (VERIFY_HERE). Staged victims'
@@ -314,7 +314,14 @@ def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs
     `record` (empty: not here) is where the loop keeps the driver's checksums and dirty
     set in step with what it logs and what lands. The slice goes on past SLICE_NS while
     `waiting[0]` (the device lock's waiters) is 0 and `clock_base` >= 0 (the wall clock's
-    zero of the firmware's NOW_NS, which the loop then keeps), up to SLICE_MAX_NS."""
+    zero of the firmware's NOW_NS, which the loop then keeps), up to SLICE_MAX_NS.
+
+    `shared[0]` counts the streams running on the device. While another one runs, this
+    loop never waits for a completion with the lock held: when none is in it returns
+    REAP_UNLOCKED (the driver waits on the ring without the lock, puts what it took in
+    `reaped` - st[REAPED] - and runs the loop again, which completes those first), and
+    it ends its slice as soon as a thread is blocked on the lock, so each stream's
+    completions are taken while the others' I/O is at the SSD."""
     st, ts, reaped_tags, reaped_res, bad, submits = arrays[0], arrays[14], arrays[15], arrays[16], arrays[17], \
         arrays[18]
     tag_slots = arrays[6]
@@ -324,25 +331,31 @@ def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs
     # reads of many large blocks: a reap takes every completion that is in, as one run for
     # the copy engine (one block per I/O: two at a time, so new I/Os go out between them)
     wide_reads = block_size >= WIDE_BLOCK and tag_slots.shape[1] > 1
+    most = reaped_tags.shape[0] if wide_reads else REAP_AT_ONCE
+    got = st[REAPED]  # completions the driver took while it waited without the lock
     while True:
-        status = step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, stop,
-                      deadline_ns, slat, clat, arrays, ring, fd, ring_room, other_slots, n_slots, owner, victims)
-        if status != ISSUED:
-            return status
-        if st[IN_FLIGHT] + st[N_PARKED] == 0:
-            return FINISHED
-        if st[WB_STAGED] and (st[WB_STAGED] >= stage_batch or st[RING] == 0):
-            if not _log_staged(arrays, block_size, log_ctl, record):
-                return WRITE_BACK
-            continue  # the next step queues them
-        if st[QUEUED] > 0:  # the ring hands each I/O to the kernel as it is prepared
-            submits[_submit_bucket(1)] += st[QUEUED]
-            st[QUEUED] = 0
-        got = _reap(ring, 1, reaped_tags.shape[0] if wide_reads else REAP_AT_ONCE, reaped_tags.ctypes.data,
-                    reaped_res.ctypes.data)
-        if got < 0:
-            st[ERRNO] = got
-            return VERIFY  # the driver raises; nothing was taken
+        if got == 0:
+            status = step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, stop,
+                          deadline_ns, slat, clat, arrays, ring, fd, ring_room, other_slots, n_slots, owner,
+                          victims)
+            if status != ISSUED:
+                return status
+            if st[IN_FLIGHT] + st[N_PARKED] == 0:
+                return FINISHED
+            if st[WB_STAGED] and (st[WB_STAGED] >= stage_batch or st[RING] == 0):
+                if not _log_staged(arrays, block_size, log_ctl, record):
+                    return WRITE_BACK
+                continue  # the next step queues them
+            if st[QUEUED] > 0:  # the ring hands each I/O to the kernel as it is prepared
+                submits[_submit_bucket(1)] += st[QUEUED]
+                st[QUEUED] = 0
+            # another stream shares the device: submit and take what is in, never wait here
+            got = _reap(ring, 0 if shared[0] > 1 else 1, most, reaped_tags.ctypes.data, reaped_res.ctypes.data)
+            if got == 0:
+                return REAP_UNLOCKED
+            if got < 0:
+                st[ERRNO] = got
+                return VERIFY  # the driver raises; nothing was taken
         st[REAPED] = got
         st[FILLS] -= got  # off the ring: its room is free (complete settles them)
         st[RING] -= got
@@ -361,11 +374,14 @@ def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs
                  reaped_tags, reaped_res, bad, got, sum_keys if verify == VERIFY_HERE else sum_keys[:0],
                  sum_values, record)
         st[REAPED] = 0
+        got = 0
         if ahead == DEVICE_FULL:  # its plan left victims to the driver (PARKED_WBS), who also retries failed ones
             return DEVICE_FULL
         if st[WB_FAILED_N]:
             return WB_FAILED
         now = _now_ns(ts)
+        if shared[0] > 1 and waiting[1] > 0:
+            now = slice_end  # another stream waits for the lock: its completions are in
         if now >= slice_end and clock_base >= 0 and waiting[0] == 0 and now < slice_cap:
             slice_end = now + SLICE_NS  # nobody waits for the device: no driver's turn yet
             bt.scalars[btm.NOW_NS] = now - clock_base  # (what the driver's _sync_time does)

@@ -26,6 +26,8 @@ WIDE = 7  # the next read touches more blocks than a stream read may hold (none 
 LOG_WRITES = 8  # blocks written since the last return wait in `wblocks`: log them dirty, then run again
 ISSUED = 6  # (internal) as many reads in flight as allowed: reap
 WB_FAILED = 9  # write-backs failed on the ring (`wb_failed`): the driver retries them, then runs again
+REAP_UNLOCKED = 10  # another stream shares the device and no completion is in: the driver waits for
+# one on the ring without the lock (reap_unlocked), then runs again
 
 # Which reaped blocks the driver must verify (run's `verify`)
 VERIFY_NONE = 0  # the device has no checksum records

@@ -121,6 +121,9 @@ class Device(StreamReads, WriteWaves, WriteBehind, BackgroundWork, PowerLoss):
         self._idle = self._lock.idle
         self._inflight = 0  # accesses with BUSY slots and the lock released
         self._stream_states: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # per thread: its stream
+        # streams running (read_stream calls; changed under the lock): while more than one
+        # runs, none waits at the SSD with the lock held (cxlhm/readstream_kernels.py, run)
+        self._streams = np.zeros(1, np.int64)
         self._inflight_slots = 0  # slots they hold BUSY
         self.mailbox: Mailbox | None = None
         self.closed = False

@@ -136,9 +136,13 @@ class StreamReads:
         self.checksums.unrecorded = self._stream_unrecorded_sums  # what a compaction must keep of the streams' logs
         hits0, misses0 = self.thread_hits_misses()
         counted = held = 0  # fills the back end was told of, slots the device was told of
+        joined = False  # counted in self._streams (the streams running on the device)
         try:
             while True:
                 with self._lock:
+                    if not joined:
+                        self._streams[0] += 1
+                        joined = True
                     if self.closed:
                         raise DeviceClosed("the device is closed")
                     if len(self.media.poison.blocks) != version:  # new poison records: stop here
@@ -160,6 +164,9 @@ class StreamReads:
                         self._wait_for_slots(ext_hpa[i:i + 1], ext_len[i:i + 1])
                     elif status == rs.FINISHED:
                         break
+                if status == rs.REAP_UNLOCKED:  # other streams run while this one waits at the SSD
+                    self._reap_unlocked(job)
+                    continue
                 if self._lock.waiting[1]:  # a thread waits for the device: it goes first
                     self._lock.let_waiters_in()
                 if status == rs.WIDE or (status == rs.BLOCKED and alone):  # access() splits it over passes
@@ -170,9 +177,14 @@ class StreamReads:
                     clat[i], slat[i] = time.monotonic_ns() - begin, 0
                     st[rs.NEXT] = i + 1
         finally:
-            if st[rs.IN_FLIGHT] or st[rs.N_PARKED] or st[rs.WB_USED]:
-                # an error: collect what is in flight, or its slots stay BUSY
-                self._stream_drain(job, counted, held)
+            try:
+                if st[rs.IN_FLIGHT] or st[rs.N_PARKED] or st[rs.WB_USED] or st[rs.REAPED]:
+                    # an error: collect what is in flight, or its slots stay BUSY
+                    self._stream_drain(job, counted, held)
+            finally:
+                if joined:
+                    with self._lock:
+                        self._streams[0] -= 1
         s = self._scratch()
         s.hits += int(st[rs.HITS])
         s.misses += int(st[rs.MISSES])
@@ -180,6 +192,16 @@ class StreamReads:
             self.access_one(int(ext_hpa[i]), int(ext_len[i]), int(addrs[i]), bool(kinds[i]), owner, stream=False)
         return StreamResult(int(st[rs.NEXT]), s.hits - hits0, s.misses - misses0, state.submits.copy(),
                             int(st[rs.PEAK]), int(st[rs.W_HITS]), int(st[rs.W_MISSES]))
+
+    def _reap_unlocked(self, job: "_StreamJob") -> None:
+        """Without the lock: wait for a completion of the stream's own ring (the loop found
+        none in and another stream shares the device); the loop completes what this took
+        when it runs next."""
+        wide = self.block_size >= rs.WIDE_BLOCK and job.state.max_blocks > 1
+        state = job.state
+        got = rs.reap_unlocked(job.ring, state.st, state.reaped_tags, state.reaped_res, wide)
+        if got < 0:
+            raise MediaError(-got, f"io_uring reap failed: {os.strerror(-got)}")
 
     def _stream_settle(self, job: "_StreamJob", status: int) -> None:
         """Under the lock, after each time slice: what the compiled loop leaves to the
@@ -375,7 +397,8 @@ class StreamReads:
                        self.block_size, job.hpas, job.lens, job.addrs, job.kinds, stop, deadline_ns, job.slat, job.clat,
                        job.failed, job.state.arrays(), job.ring, job.fd, self.ssd.async_room() + counted,
                        self._inflight_slots - held, self.n_slots, job.owner, *self._stream_verify_mode(record),
-                       self.victim_blocks(but=job.state), log_ctl, record, self._lock.waiting, self._t0_ns)
+                       self.victim_blocks(but=job.state), log_ctl, record, self._lock.waiting, self._t0_ns,
+                       self._streams)
 
     def _stream_drain(self, job: "_StreamJob", counted: int, held: int) -> None:
         """After an error: issue nothing more, wait for the stream's fills in flight and
@@ -383,7 +406,7 @@ class StreamReads:
         slice here is raised once everything has landed."""
         st = job.state.st
         error = None
-        while st[rs.IN_FLIGHT] or st[rs.N_PARKED] or st[rs.WB_USED]:
+        while st[rs.IN_FLIGHT] or st[rs.N_PARKED] or st[rs.WB_USED] or st[rs.REAPED]:
             with self._lock:
                 try:
                     status = self._stream_run(job, int(st[rs.NEXT]), 0, counted, held)
@@ -394,5 +417,11 @@ class StreamReads:
                 finally:
                     counted, held = self._stream_account(st, counted, held)
                     self._idle.notify_all()
+            if status == rs.REAP_UNLOCKED:
+                try:
+                    self._reap_unlocked(job)
+                except MediaError as exc:
+                    error = error or exc
+                    break  # the ring failed: what is on it cannot be collected
         if error is not None:
             raise error
