@@ -144,8 +144,9 @@ def _device_settings(job: JobSpec) -> tuple:
     return tuple(job[name] for name in ("cxlhm_profile", "cxlhm_policy", "cxlhm_dram", "cxlhm_block_size", "cxlhm_clock"))
 
 
-def open_devices(plans: list[ClonePlan]) -> dict[str, DeviceShare]:
-    """One device per backing file, sized for every clone that uses it."""
+def open_devices(plans: list[ClonePlan], log=None) -> dict[str, DeviceShare]:
+    """One device per backing file, sized for every clone that uses it. `log` hears of
+    each image the device had to grow past what the jobs use."""
     from host_runtime.driver import open_device
 
     by_path: dict[str, list[ClonePlan]] = {}
@@ -160,7 +161,7 @@ def open_devices(plans: list[ClonePlan]) -> dict[str, DeviceShare]:
                 if _device_settings(other.job) != _device_settings(first):
                     raise other.job.error("cxlhm_profile", f"uses the same device ({path}) as job {first.name!r} "
                                           "with different cxlhm_* settings")
-            shares[path] = _open_device(first, path, max(p.file_end for p in users), open_device)
+            shares[path] = _open_device(first, path, max(p.file_end for p in users), open_device, log)
     except BaseException:
         for share in shares.values():
             share.handle.close()
@@ -168,7 +169,7 @@ def open_devices(plans: list[ClonePlan]) -> dict[str, DeviceShare]:
     return shares
 
 
-def _open_device(job: JobSpec, path: str, needed: int, open_device) -> DeviceShare:
+def _open_device(job: JobSpec, path: str, needed: int, open_device, log=None) -> DeviceShare:
     overrides: dict = {"backend": {"path": path}}
     if job["cxlhm_policy"]:
         overrides["firmware"] = {"policy": job["cxlhm_policy"]}
@@ -186,6 +187,7 @@ def _open_device(job: JobSpec, path: str, needed: int, open_device) -> DeviceSha
         block = cfg.block_size
         capacity = -(-max(needed, cfg.dram_bytes) // block) * block + 2 * block
         cfg = load_config(job["cxlhm_profile"], {**overrides, "capacity": capacity, "clock": clock_name})
+        before = os.path.getsize(path) if os.path.isfile(path) else 0
         handle = open_device(cfg)
     except ConfigError as exc:
         raise job.error(_option_for_key(job, exc.key), str(exc)) from None
@@ -199,7 +201,22 @@ def _open_device(job: JobSpec, path: str, needed: int, open_device) -> DeviceSha
         handle.writev(np.array([first]), block, scratch)  # compile the write and read paths now
     handle.readv(np.array([first]), block, scratch)
     warm_stream(handle.device, capacity - block, scratch)
+    after = os.path.getsize(path) if os.path.isfile(path) else 0
+    if log is not None and after > max(before, needed):
+        log(_grown_notice(path, before, after, needed, cfg.dram_bytes, block))
     return DeviceShare(handle, clocks.clock_for(clock_name, handle))
+
+
+def _grown_notice(path: str, before: int, after: int, needed: int, dram: int, block: int) -> str:
+    """What a user whose file the device grew past the jobs' region is told, and why."""
+    def size(n: int) -> str:
+        return f"{n} bytes ({n / 2**20:.1f} MiB)" if n >= 2**20 else f"{n} bytes"
+    why = [f"the jobs use {size(needed)}"]
+    if dram > needed:
+        why.append(f"a device's capacity is at least its DRAM, {size(dram)} (cxlhm_dram sets it)")
+    why.append(f"2 blocks of {block} bytes past them warm up the device's I/O paths")
+    return (f"cxlhm fio: {path}: the device grew its image from {size(before)} to {size(after)}: "
+            + "; ".join(why))
 
 
 def describe_device(share: DeviceShare) -> dict:
@@ -231,11 +248,20 @@ class Worker:
                                seed=seed, bytes_budget=budget, ios_budget=job["number_ios"],
                                blockalign=_blockalign(job))
         qd = job["iodepth"]
+        # With verify the arena's slots hold the stamped writes until they are issued: it is
+        # cut in two halves, so the next chunk is stamped into one on the side thread while
+        # the engine runs the current one from the other (fio stamps each block just before
+        # it submits it, while the others are in flight).
+        self._halves, self._half = 1, 0
         if self.verify_kind:
             slots = max(qd, min(CHUNK_IOS // 4, VERIFY_ARENA_BYTES // self.gen.max_bs))
             self.chunk_ios = slots - slots % qd if slots >= qd else qd
             if job["verify_fatal"]:  # check after every batch, to stop at the first bad block
                 self.chunk_ios = qd
+            elif slots >= 4 * qd:
+                self._halves = 2
+                half = slots // 2
+                self.chunk_ios = half - half % qd
         else:
             slots = qd
             most = min(CHUNK_IOS, CHUNK_IOS_PER_DEPTH * qd)
@@ -345,7 +371,7 @@ class Worker:
                     break
             if now >= job_end:
                 break
-            if ahead is None and not self.verify_kind:  # (verify stamps the arena's slots, which are in use)
+            if ahead is None and (not self.verify_kind or self._halves == 2):  # (into the other half)
                 ahead = self._side.submit(self._chunk_ahead)
             deadline = min(job_end, self._window[0] + SAMPLE_WINDOW_NS, NEVER if measuring else ramp_end)
             done = engine.execute(pending, self.arena, deadline, keep_read_data=bool(self.verify_kind))
@@ -388,15 +414,18 @@ class Worker:
     def _next_chunk(self) -> Chunk:
         direction, offset, size = self.gen.next_chunk(self.chunk_ios)
         n = offset.shape[0]
-        slot = np.arange(n, dtype=np.int64) % self.arena.slots
+        per_half = self.arena.slots // self._halves
+        slot = np.arange(n, dtype=np.int64) % per_half + self._half * per_half
+        self._half = (self._half + 1) % self._halves
         chunk = Chunk(direction, offset, size, slot)
         if self.verify_kind:
             chunk.serial = np.full(n, -1, np.int64)
-            for i in np.flatnonzero(direction == WRITE).tolist():
-                serial = chunk.serial[i] = self.writes_done
-                self.writes_done += 1
-                VF.stamp(self.arena.view(int(slot[i]), int(size[i])), self.verify_kind, int(offset[i]),
-                         VF.seed_of(self.seed, serial), serial)
+            writes = np.flatnonzero(direction == WRITE)
+            serials = np.arange(self.writes_done, self.writes_done + writes.shape[0], dtype=np.int64)
+            chunk.serial[writes] = serials
+            self.writes_done += writes.shape[0]
+            VF.stamp_many(self.arena.data, slot[writes] * self.arena.slot_bytes, size[writes], self.verify_kind,
+                          offset[writes], VF.seeds_of(self.seed, serials), serials)
         return chunk
 
     def _account(self, chunk: Chunk, done, measuring: bool) -> None:
@@ -427,18 +456,21 @@ class Worker:
         """Log the chunk's writes (fio's history); check its reads where fio does: every
         read of a job that only reads (the header names its own seed). A job that also
         writes checks only what its verify phase or verify_backlog reads back."""
-        writes_in_job = self.job["rw"].writes
-        for i in range(len(chunk)):
-            offset, size = int(chunk.offset[i]), int(chunk.size[i])
-            if chunk.direction[i] == WRITE:
-                serial = int(chunk.serial[i])
-                self.vlog.add(VF.Written(offset, size, VF.seed_of(self.seed, serial), serial))
-                self.backlog_due += 1
-            elif not writes_in_job:
-                self.stats.verified_blocks += 1
-                failure = VF.check(self.arena.view(int(chunk.slot[i]), size), self.verify_kind, offset)
-                if failure:
-                    self._verify_failed(failure)
+        is_write = chunk.direction == WRITE
+        writes = np.flatnonzero(is_write)
+        if writes.shape[0]:
+            serials = chunk.serial[writes]
+            add, written = self.vlog.add, VF.Written
+            for offset, size, seed, serial in zip(chunk.offset[writes].tolist(), chunk.size[writes].tolist(),
+                                                  VF.seeds_of(self.seed, serials).tolist(), serials.tolist()):
+                add(written(offset, size, seed, serial))
+            self.backlog_due += writes.shape[0]
+        if not self.job["rw"].writes:
+            reads = np.flatnonzero(~is_write)
+            self.stats.verified_blocks += reads.shape[0]
+            for _, failure in VF.check_many(self.arena.data, chunk.slot[reads] * self.arena.slot_bytes,
+                                            chunk.size[reads], self.verify_kind, chunk.offset[reads]):
+                self._verify_failed(failure)
 
     def _verify_failed(self, failure: VF.VerifyFailure) -> None:
         self.stats.verify_errors += 1
@@ -472,18 +504,21 @@ class Worker:
                     self.stats.complete_map += done.submits
                 self.progress_bytes[READ] += int(executed.size.sum())
                 self.progress_ios[READ] += len(executed)
-                for i in range(len(executed)):
-                    j = start + pos + i
-                    entry = blocks[j]
-                    seed = None if seeds_from is None else VF.seed_of(self.seed, seeds_from + j)
-                    numberio = entry.numberio if self.check_numberio else None
-                    self.stats.verified_blocks += 1
-                    failure = VF.check(arena.view(int(executed.slot[i]), entry.size), self.verify_kind,
-                                       entry.offset, seed, numberio)
-                    if failure:
-                        self._verify_failed(failure)
-                        if self._stop.is_set():
-                            return
+                first = start + pos  # the history's index of executed's first block
+                seeds = None
+                if seeds_from is not None:
+                    seeds = VF.seeds_of(self.seed, np.arange(seeds_from + first, seeds_from + first + len(executed)))
+                numberios = None
+                if self.check_numberio:
+                    numberios = np.array([blocks[j].numberio for j in range(first, first + len(executed))], np.int64)
+                failures = VF.check_many(arena.data, executed.slot * arena.slot_bytes, executed.size,
+                                         self.verify_kind, executed.offset, seeds, numberios)
+                for i, failure in failures:
+                    self._verify_failed(failure)
+                    if self._stop.is_set():  # verify_fatal: what was checked ends at this block
+                        self.stats.verified_blocks += i + 1
+                        return
+                self.stats.verified_blocks += len(executed)
                 pos += len(executed)
 
     def _reset_stats(self, now: int) -> None:
@@ -558,7 +593,7 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None) -> RunRes
                 raise files.setup_error(plan.job, plan.filename, exc, "cannot lay out") from None
         else:
             files.extend(plan.job, plan.filename, plan.file_end)
-    shares = open_devices(plans)
+    shares = open_devices(plans, log)
     workers: list[Worker] = []
     started = time.time()
     try:
