@@ -163,6 +163,7 @@ class Device(StreamReads, WriteWaves, WriteBehind, BackgroundWork, PowerLoss):
         state = open_state(self.sidecars, cfg.backend.lost_sidecar)
         self.media.poison, self.media.checksums = state.poison, state.checksums
         self.unclean_shutdown_detected, self.rebuilt_sidecars = state.unclean, state.rebuilt
+        self.media.unclean = state.unclean  # (what a checksum mismatch is likely to mean)
 
     @property
     def ssd(self):

@@ -30,6 +30,7 @@ class MediaPath:
         self.counters, self.dram = counters, dram
         self.checksums = checksums if checksums is not None else BlockChecksums(None)
         self.poison = poison if poison is not None else PoisonTable()
+        self.unclean = False  # the image was last closed uncleanly (its sidecars say)
 
     # ------------------------------------------------------------ poison
     def check_readable(self, hpas, lens) -> None:
@@ -50,6 +51,15 @@ class MediaPath:
         if self.poison:
             for hpa, n in zip(np.atleast_1d(hpas).tolist(), np.atleast_1d(lens).tolist()):
                 self.poison.written(hpa, n, self.block_size)
+
+    def mismatch_reason(self) -> str:
+        """Why a block read from the SSD may not match the checksum its last write-back
+        recorded: a write-back the last unclean shutdown tore, or - after a clean close -
+        a change made to the image by something other than the device (another program,
+        fio on the same file), which the device cannot see."""
+        why = ("a write-back torn by the unclean shutdown, or written outside the device?" if self.unclean
+               else "written outside the device since its last close?")
+        return f"checksum mismatch on SSD read: the image's bytes of the block are not the ones the device last wrote ({why})"
 
     def poison_block(self, block: int, reason: str) -> None:
         """The device cannot produce the block's bytes: reads fail until it is written.
@@ -120,7 +130,7 @@ class MediaPath:
                 self.poison_block(block, f"SSD read failed: {_why(res[i], 'short read')}")
             else:
                 self.counters[C.CHECKSUM_MISMATCHES] += 1
-                self.poison_block(block, "checksum mismatch on SSD read")
+                self.poison_block(block, self.mismatch_reason())
         return bad if mismatch is None else bad | mismatch
 
     def verify_slot(self, block: int, slot_bytes) -> bool:
@@ -129,7 +139,7 @@ class MediaPath:
         if self.checksums.matches(block, slot_bytes):
             return True
         self.counters[C.CHECKSUM_MISMATCHES] += 1
-        self.poison_block(block, "checksum mismatch on SSD read")
+        self.poison_block(block, self.mismatch_reason())
         return False
 
     # ------------------------------------------------------------ writes
