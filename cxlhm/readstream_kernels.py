@@ -352,6 +352,10 @@ def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs
             # another stream shares the device: submit and take what is in, never wait here
             got = _reap(ring, 0 if shared[0] > 1 else 1, most, reaped_tags.ctypes.data, reaped_res.ctypes.data)
             if got == 0:
+                if st[WB_STAGED] > st[WB_LOGGED] and _log_staged(arrays, block_size, log_ctl, record):
+                    # a batch short of full goes to the SSD before the wait, not after it
+                    _queue_writebacks(arrays, ring, fd)
+                    _reap(ring, 0, 0, 0, 0)  # submit only: takes no completion
                 return REAP_UNLOCKED
             if got < 0:
                 st[ERRNO] = got
