@@ -23,18 +23,38 @@ Loading it: both of LMCache's plug-in paths build a connector as
 (or the older ``remote_url: external://host:0/host_runtime.shim.lmcache/?connector_name=
 CxlhmRemoteConnector`` with ``extra_config: {cxlhm.device: ...}``). Further keys:
 ``.tenant`` (default ``lmcache``; LMCache's keys already name model, world size and
-worker), ``.index_path``, ``.hints``. ``{worker_id}`` / ``{world_size}`` in the image
-path give each worker its own image (a path naming neither gets ``.<worker_id>``
-appended when there is more than one worker).
+worker), ``.index_path``, ``.hints``, ``.pin_lease_s`` and ``.pin_budget`` (below).
+``{worker_id}`` / ``{world_size}`` in the image path give each worker its own image (a
+path naming neither gets ``.<worker_id>`` appended when there is more than one worker).
+
+Pins: LMCache's async loading looks chunks up with ``batched_async_contains(lookup_id,
+keys, pin=True)`` and then reads them with ``batched_get_non_blocking(lookup_id, ...)``;
+its unpin for a remote back end does nothing. So a lookup's pins are a lease of the KV
+store (kvstore/pinleases.py) named by the lookup id: released after that lookup's get,
+replaced by a repeated lookup, and released by the store ``pin_lease_s`` seconds after
+the lookup whatever happens (default: LMCache's ``blocking_timeout_secs``, after which
+LMCache gives the get up anyway). Pinned bytes stay within ``pin_budget`` (bytes, a size
+such as ``"64MiB"``, or a fraction of the store; default 0.25): a lookup over the budget
+still hits, its chunks are just not protected from eviction.
 
 Each stored value is LMCache's own remote metadata header (``RemoteMetadata``: length,
 memory format, shapes and dtypes of every group) followed by the memory object's
-bytes, as its fs / redis connectors save chunks, so `get` allocates the right object
-from the local CPU backend and reads straight into it. Without LMCache, a small header
-of ours is used and `get` returns a `BytesMemoryObj` (numpy-backed, ``byte_array``).
+bytes, the layout LMCache's fs connector writes with ``save_chunk_meta`` (its default),
+so `get` allocates the right object from the local CPU backend and reads straight into
+it. ``RemoteMetadata`` is taken from ``lmcache.v1.protocol`` (0.5.6) or
+``lmcache.inprocess.v1.protocol`` (0.5.7 on). Without LMCache, a small header of ours is
+used and `get` returns a `BytesMemoryObj` (numpy-backed, ``byte_array``).
+
+Errors: LMCache catches a plug-in's import and construction errors, logs them among its
+own messages and runs without the tier. This module logs them at ERROR under
+``cxlhm.shim.lmcache`` as well; ``cxlhm doctor --engine lmcache CONFIG`` loads the
+plug-in from a config the way LMCache does and names the first error before the engine
+starts.
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import logging
 import struct
 from typing import Any, Callable
@@ -46,10 +66,31 @@ from host_runtime.shim.api import KVShim, byte_view, device_settings
 
 log = logging.getLogger("cxlhm.shim.lmcache")
 
+DOCTOR_HINT = "check the config with `cxlhm doctor --engine lmcache CONFIG`"
+REMOTE_METADATA_MODULES = ("lmcache.inprocess.v1.protocol", "lmcache.v1.protocol")  # 0.5.7 on, 0.5.6
+
 try:
     from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector as _Base
-except Exception:  # noqa: BLE001 - no LMCache here
+except Exception as _exc:  # noqa: BLE001 - without LMCache the connector still works on its own
     _Base = object
+    if importlib.util.find_spec("lmcache") is not None:  # installed but broken: LMCache would hide this
+        log.error("LMCache is installed but its RemoteConnector does not import (%s: %s): the cxlhm "
+                  "connector cannot plug into it; %s", type(_exc).__name__, _exc, DOCTOR_HINT)
+
+
+def remote_metadata_class() -> type:
+    """LMCache's RemoteMetadata, wherever this release keeps it."""
+    errors = []
+    for name in REMOTE_METADATA_MODULES:
+        try:
+            cls = getattr(importlib.import_module(name), "RemoteMetadata", None)
+        except ImportError as exc:
+            errors.append(f"{name}: {exc}")
+            continue
+        if cls is not None:
+            return cls
+        errors.append(f"{name} has no RemoteMetadata")
+    raise ImportError("LMCache's RemoteMetadata was not found (" + "; ".join(errors) + ")")
 
 _HEADER = struct.Struct("<8sQ24sii4q")  # magic, payload bytes, dtype name, fmt, ndim, shape[4]
 _MAGIC = b"CXLHMLMC"
@@ -83,18 +124,35 @@ class CxlhmRemoteConnector(_Base):
 
     def __init__(self, loop: Any = None, local_cpu_backend: Any = None, config: Any = None, *,
                  shim: KVShim | None = None, allocate: Callable[..., Any] | None = None):
+        try:
+            self._build(loop, local_cpu_backend, config, shim, allocate)
+        except Exception as exc:
+            # LMCache catches this, logs it among its own messages and runs without the tier
+            log.error("the cxlhm LMCache connector could not be built: %s: %s; LMCache will run without "
+                      "this tier; %s", type(exc).__name__, exc, DOCTOR_HINT)
+            raise
+
+    def _build(self, loop, local_cpu_backend, config, shim, allocate) -> None:
         metadata = getattr(local_cpu_backend, "metadata", None)
         self._lmcache_header = _Base is not object and metadata is not None
         if self._lmcache_header:  # LMCache's shapes, dtypes and header size for this model
+            self._remote_metadata = remote_metadata_class()
             _Base.__init__(self, config if config is not None else local_cpu_backend.config, metadata)
         self.loop = loop
         self._owns_shim = shim is None
+        settings = plugin_settings(config) if shim is None else {}
+        self.pin_lease_s = _lease_seconds(settings.get("pin_lease_s"), config)
         if shim is None:
-            settings = plugin_settings(config)
             worker, world = getattr(metadata, "worker_id", 0), getattr(metadata, "world_size", 1)
             shim = KVShim.open(device_settings(settings.get("device"), {"worker_id": worker, "world_size": world},
                                                str(worker) if world > 1 else None), tenant=settings.get("tenant", "lmcache"),
                                index_path=settings.get("index_path"), hints=settings.get("hints", "mailbox"))
+            try:
+                budget = _pin_budget(settings.get("pin_budget", 0.25), shim.store.capacity)
+                shim.store.tenant(shim.tenant.name, max_pinned_bytes=budget)
+            except BaseException:
+                shim.close()
+                raise
         self.shim = shim
         self.local_cpu_backend = local_cpu_backend
         self._allocate = allocate
@@ -117,11 +175,30 @@ class CxlhmRemoteConnector(_Base):
         return True
 
     async def batched_async_contains(self, lookup_id: str, keys: list, pin: bool = False) -> int:
+        """Leading hits; with `pin`, held by a lease named `lookup_id` (released after this
+        lookup's batched_get_non_blocking, or pin_lease_s seconds from now)."""
         keys = [_key(k) for k in keys]
         n = self.shim.lookup_prefix(keys)
         if pin and n:
-            self.shim.pin(keys[:n])
+            self.shim.tenant.lease_pins(keys[:n], self.pin_lease_s, lease_id=lookup_id)
         return n
+
+    def support_batched_get_non_blocking(self) -> bool:
+        return True
+
+    async def batched_get_non_blocking(self, lookup_id: str, keys: list) -> list:
+        """The leading chunks that are read (LMCache's prefix contract: objects after the
+        first miss are released); then the lookup's pins are released."""
+        try:
+            got = []
+            for key in keys:
+                obj = self._get(_key(key))
+                if obj is None:
+                    break
+                got.append(obj)
+            return got
+        finally:
+            self.shim.tenant.release_pins(lookup_id)
 
     # ------------------------------------------------------------ data
     async def get(self, key: Any) -> Any:
@@ -184,7 +261,7 @@ class CxlhmRemoteConnector(_Base):
         return obj
 
     def _get_lmcache(self, key: bytes) -> Any:
-        from lmcache.v1.protocol import RemoteMetadata
+        RemoteMetadata = self._remote_metadata
         header = np.empty(self.remote_metadata_bytes, np.uint8)
         if not self.shim.read_range(key, 0, header):
             return None
@@ -209,7 +286,7 @@ class CxlhmRemoteConnector(_Base):
 
     def _put(self, key: bytes, memory_obj: Any) -> None:
         if self._lmcache_header:
-            from lmcache.v1.protocol import RemoteMetadata
+            RemoteMetadata = self._remote_metadata
             payload = _payload(memory_obj, writable=False)
             header = RemoteMetadata(payload.nbytes, memory_obj.get_shapes(), memory_obj.get_dtypes(),
                                     memory_obj.get_memory_format()).serialize()
@@ -255,6 +332,34 @@ def plugin_settings(config: Any) -> dict:
     return settings
 
 
+def _lease_seconds(value: Any, config: Any) -> float:
+    """How long a lookup's pins may last: the setting, else LMCache's blocking timeout."""
+    if value is None:
+        value = getattr(config, "blocking_timeout_secs", None) or 10
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not 0 < seconds <= 3600:
+        raise ValueError(f"pin_lease_s must be a number of seconds in (0, 3600], got {value!r}")
+    return seconds
+
+
+def _pin_budget(value: Any, capacity: int) -> int:
+    """pin_budget as bytes: a fraction of the store (0..1], a byte count or a size string."""
+    from cxlhm.units import parse_size
+    if isinstance(value, float) and 0 < value <= 1:
+        return int(capacity * value)
+    try:
+        budget = parse_size(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"pin_budget must be a fraction of the store in (0, 1], a byte count or a size "
+                         f"such as '64MiB', got {value!r} ({exc})") from None
+    if budget < 0:
+        raise ValueError(f"pin_budget must not be negative, got {value!r}")
+    return budget
+
+
 def _payload(obj: Any, *, writable: bool) -> np.ndarray:
     """The memory object's bytes as a flat view (its tensor, else its byte_array)."""
     tensor = getattr(obj, "tensor", None)
@@ -272,4 +377,4 @@ def _describe(obj: Any) -> tuple[tuple, str, int]:
     return (), "uint8", 0
 
 
-__all__ = ["BytesMemoryObj", "CxlhmRemoteConnector", "plugin_settings"]
+__all__ = ["BytesMemoryObj", "CxlhmRemoteConnector", "plugin_settings", "remote_metadata_class"]
