@@ -1,10 +1,14 @@
 """The SGLang adapter inside SGLang's own code (the release in requirements-engines.txt):
-built by its StorageBackendFactory from a real HiCacheStorageConfig, pages moved by its
-HiCacheController page functions through its real host KV pools, hit policies given as
-its PoolHitPolicy enum, metrics as its StorageMetrics, and every abstract method and
-signature of HiCacheStorage checked mechanically."""
+built by its StorageBackendFactory from a real HiCacheStorageConfig, or attached by a
+real HiCacheController (tests/sglang_engine.py: SGLang's device pool, allocator and
+host pool on CPU tensors, its four storage threads) that backs pages up and prefetches
+them; hybrid models with a real MambaPoolHost, compared with SGLang's own HiCacheFile;
+TP=2 MLA over two processes with the controller's own hit reduction (gloo MIN); media
+corruption; hit policies as its PoolHitPolicy enum, metrics as its StorageMetrics, and
+every abstract method and signature of HiCacheStorage checked mechanically."""
 import inspect
 import json
+import random
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,7 +16,8 @@ from types import SimpleNamespace
 import engines  # noqa: F401 - imports the engines (stubs only what SGLang needs and cannot have here)
 import pytest
 import torch
-from sglang.srt.managers.cache_controller import HiCacheController, PrefetchOperation
+from sglang.srt.managers.cache_controller import HiCacheController
+from sglang_engine import Engine, fill_random, page_starts
 from sglang.srt.mem_cache import hicache_storage as hs
 from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
@@ -76,12 +81,6 @@ def page_bytes(pool, p):
     return pool.get_data_page(p * PAGE, flat=True).view(torch.uint8).clone()
 
 
-def controller(backend_, pool):
-    """The state HiCacheController's page functions read (building the whole controller
-    needs a GPU device pool)."""
-    return SimpleNamespace(storage_backend=backend_, storage_host_pool=pool, mem_pool_host=pool, page_size=PAGE)
-
-
 # ------------------------------------------------------------------ interface, mechanically
 def test_every_abstract_method_is_implemented_with_sglangs_signature():
     assert issubclass(CxlhmHiCacheStorage, hs.HiCacheStorage)
@@ -108,26 +107,53 @@ def test_the_factory_loads_the_adapter_the_way_the_documented_command_says(backe
     assert '"interface_v1"' in source and "_page_get_zero_copy" in source  # the switch this key turns on
 
 
-# ------------------------------------------------------------------ pages through the controller
-@pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct"])
+# ------------------------------------------------------------------ pages through the real controller
+@pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct", "page_head"])
 @pytest.mark.parametrize("zero_copy", [True, False], ids=["interface_v1", "generic"])
-def test_controller_page_functions_roundtrip_real_host_pool_pages(backend, layout, zero_copy):
-    pool = host_pool(layout)
-    b = backend(pool)
-    ctl = controller(b, pool)
-    keys = [f"page{i}" for i in range(3)]
-    fill_pages(pool, [1, 2, 3], seed=7)
-    want = [page_bytes(pool, p) for p in (1, 2, 3)]
-    store = HiCacheController._page_set_zero_copy if zero_copy else HiCacheController._generic_page_set
-    assert store(ctl, keys, torch.arange(PAGE, 4 * PAGE)) is True
-    assert HiCacheController.backup_skip.fget(SimpleNamespace(storage_config=b.storage_config)) is False
+def test_the_controller_backs_pages_up_and_prefetches_them(tmp_path, layout, zero_copy):
+    e = Engine(tmp_path / "c.img", layout=layout, v1=zero_copy)
+    try:
+        assert isinstance(e.backend, CxlhmHiCacheStorage) and e.zero_copy is zero_copy
+        assert e.controller.backup_skip is False
+        tokens = list(range(3 * PAGE))
+        source = e.alloc(len(tokens))
+        fill_random(e.host_pool, source, seed=7)
+        want = [page_bytes(e.host_pool, p) for p in page_starts(source, PAGE)]
+        assert e.backup(tokens, source) == len(tokens)
+        found, loaded, target = e.prefetch(tokens + list(range(500, 500 + PAGE)))  # one page never stored
+        assert (found, loaded) == (len(tokens), len(tokens))  # the hit prefix; the missing page is a miss
+        assert [torch.equal(page_bytes(e.host_pool, p), w) for p, w in zip(page_starts(target, PAGE), want)] == [True] * 3
+        assert e.prefetch(list(range(900, 900 + 2 * PAGE)))[:2] == (0, 0)
+    finally:
+        e.close()
 
-    op = PrefetchOperation("req", list(range(4 * PAGE)))
-    load = HiCacheController._page_get_zero_copy if zero_copy else HiCacheController._generic_page_get
-    got = load(ctl, op, keys + ["never-stored"], torch.arange(8 * PAGE, 12 * PAGE))
-    assert got == 3  # the hit prefix; the missing page is a miss, not bytes
-    for i, p in enumerate((8, 9, 10)):
-        assert torch.equal(page_bytes(pool, p), want[i])
+
+def test_media_corruption_is_a_miss_never_bytes(tmp_path):
+    """The image rots under the stored pages while the engine is down: the reopened
+    store finds the keys, the device's checksums refuse the bytes, and SGLang's
+    prefetch loads only what is intact."""
+    image = tmp_path / "rot.img"
+    e = Engine(image, layout="page_first", v1=True)
+    tokens = list(range(4 * PAGE))
+    source = e.alloc(len(tokens))
+    fill_random(e.host_pool, source, seed=3)
+    want = [page_bytes(e.host_pool, p) for p in page_starts(source, PAGE)]
+    assert e.backup(tokens, source) == len(tokens)
+    backend = e.backend
+    rotten = backend._page_view(e.host_pool, zero_copy=True).key(e.keys(tokens)[2])
+    hpa, nbytes = backend.shim.tenant.extent_of(rotten)
+    e.close()
+    with open(image, "r+b") as f:  # the third page's bytes on the medium change behind the device's back
+        f.seek(hpa + nbytes // 2)
+        f.write(b"rot")
+    e = Engine(image, layout="page_first", v1=True)
+    try:
+        found, loaded, target = e.prefetch(tokens)
+        assert found == len(tokens)  # the index still lists all four
+        assert loaded == 2 * PAGE  # pages 0 and 1; page 2 fails its checksum, and the prefix stops there
+        assert all(torch.equal(page_bytes(e.host_pool, p), w) for p, w in zip(page_starts(target, PAGE)[:2], want))
+    finally:
+        e.close()
 
 
 def test_failed_reads_are_misses_and_bad_indices_a_clear_answer(backend, caplog):
