@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all bench clean fuzz
+.PHONY: run test test-all bench clean fuzz fio-compat
 
 $(STAMP): pyproject.toml setup.py native/cxlhm_native.c native/cxlhm_native.h native/cxlhm_uffd.c native/cxlhm_uffd.h native/cxlhm_copy.c native/cxlhm_copy.h native/build_native.py
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,9 @@ bench: $(STAMP)  ## every bench in bench/ (minutes; prints ratios against baseli
 fuzz: $(STAMP) $(ENGINES)  ## every untrusted input at volume (FUZZ_CASES each, default 100000; FUZZ_JOBS at once), counts printed
 	$(VENV)/bin/pip install -q atheris  # the coverage-guided generator for the parsers (not a runtime dependency)
 	cd tests && $(abspath $(VENV))/bin/python fuzz_volume.py --cases $${FUZZ_CASES:-100000} --jobs $${FUZZ_JOBS:-2} $(ARGS)
+
+fio-compat: $(STAMP)  ## fio's own examples through real fio and cxlhm fio, compared (FIO_EXAMPLES, FIO_SOURCE, or fetched)
+	$(VENV)/bin/python -m cxlhm_apps.fio.compat --fetch-if-missing $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info cxlhm/_native*.so

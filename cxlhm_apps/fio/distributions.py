@@ -51,14 +51,21 @@ def _parse_zones(text: str, kind: str, kb_base: int) -> Zones:
             raise ValueError(f"zone {item!r} must be ACCESS%/SIZE")
         access = V.parse_float(access_text)
         if kind == "zoned":
-            size = V.parse_float(size_text)
+            size = V.parse_float(size_text) if size_text.strip() else None  # blank: a share of the rest
         else:
             size = float(V.parse_size(size_text, kb_base=kb_base))
-        if access < 0 or size < 0:
+        if access < 0 or (size is not None and size < 0):
             raise ValueError(f"zone {item!r} has a negative value")
         zones.append((access, size))
     if not zones or len(zones) > 256:
         raise ValueError("between 1 and 256 zones are allowed")
+    blanks = sum(size is None for _, size in zones)
+    if blanks:  # fio shares what the given sizes leave evenly between the blank ones (whole percents)
+        given = sum(size for _, size in zones if size is not None)
+        if given > 100.0 + 1e-6:
+            raise ValueError(f"zone sizes add up to {given:g}% of the region, more than 100%")
+        rest = 100.0 if blanks == len(zones) == 1 else float(int(100 - given) // blanks)
+        zones = [(access, rest if size is None else size) for access, size in zones]
     total_access = sum(a for a, _ in zones)
     if abs(total_access - 100.0) > 1e-6:
         raise ValueError(f"zone access percentages add up to {total_access:g}, not 100")

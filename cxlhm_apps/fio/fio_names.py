@@ -74,7 +74,7 @@ NOT_MODELLED_WHY: dict[str, str] = {
     "cpus_allowed_policy": "CPU placement is not modelled", "cpus_allowed": "CPU placement is not modelled",
     "cpumask": "CPU placement is not modelled", "mem": "buffer memory types are not modelled",
     "grace_time": _ENGINE, "ttl": _ENGINE, "skip_bad": "MTD devices are not modelled",
-    "threads": _ENGINE, "cont": _ENGINE, "sprandom": "sprandom is not modelled",
+"cont": _ENGINE, "sprandom": "sprandom is not modelled",
     "spr_op": "sprandom is not modelled", "spr_num_regions": "sprandom is not modelled",
     "flow_sleep": "flow control is not modelled", "flow": "flow control is not modelled",
     "exitall": "exitall is not modelled", "exit_what": "exitall is not modelled", "exitwhat": "exitall is not modelled",

@@ -249,7 +249,7 @@ OPTIONS: tuple[Option, ...] = (
            group="target"),
     Option("thread", "bool", _bool, False,
            "jobs as threads instead of processes; every job runs in a thread of this process either way",
-           flag=True, group="target"),
+           aliases=("threads",), flag=True, group="target"),
     # I/O pattern
     Option("rw", "str", parse_rw, RwMode("read", False, True, False),
            "read, write, randread, randwrite, rw/readwrite, randrw; ':N' = I/Os per new random offset, or bytes skipped after each sequential I/O",
@@ -338,7 +338,9 @@ for _opt in OPTIONS:
         BY_NAME[_alias] = _opt
 
 DEVICE_OPTIONS = tuple(o.name for o in OPTIONS if o.group == "device")
-NOT_MODELLED = ("numa_cpu_nodes", "numa_mem_policy")  # accepted, said in the run's messages
+NOT_MODELLED = ("numa_cpu_nodes", "numa_mem_policy")
+# fio's own name where this table's differs (fio reports an option by it in "job options")
+FIO_NAME = {"blockalign": "ba", "iodepth_batch_submit": "iodepth_batch"}  # accepted, said in the run's messages
 GROUP_TITLES = {"description": "Description", "target": "Target", "pattern": "I/O pattern",
                 "timing": "Queueing and timing", "verify": "Data verification", "report": "Reporting",
                 "engine": "Engine options (each with its own ioengine)",

@@ -117,7 +117,7 @@ class IoGenerator:
 
     @property
     def exhausted(self) -> bool:
-        return (self.bytes_left is not None and self.bytes_left < self.align) or (self.ios_left is not None and self.ios_left <= 0)
+        return (self.bytes_left is not None and self.bytes_left <= 0) or (self.ios_left is not None and self.ios_left <= 0)
 
     def next_chunk(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Up to `n` I/Os: (direction, offset, size). Empty when the budget is spent."""
@@ -139,8 +139,9 @@ class IoGenerator:
             offset, n = self._mapped_offsets(size)
             direction, size, offset = direction[:n], size[:n], offset[:n]
         else:
-            if self.bytes_left is not None:  # cut at the byte budget
-                n = int(np.searchsorted(np.cumsum(size), self.bytes_left, side="right"))
+            if self.bytes_left is not None:  # fio issues while fewer bytes than the budget went out:
+                # the I/O that reaches it is the last, whole (random sizes may overshoot)
+                n = min(n, int(np.searchsorted(np.cumsum(size), self.bytes_left, side="left")) + 1)
                 direction, size = direction[:n], size[:n]
             if self.rw.random:
                 offset = self._random_offsets(size, direction)
@@ -194,9 +195,8 @@ class IoGenerator:
         left = self.bytes_left
         for i, cell in enumerate(draws):
             if left is not None:
-                if left < unit:
+                if left <= 0:
                     return offset, i
-                sizes[i] = min(sizes[i], left - left % unit)
             if self._map_free == 0:
                 bitmap[:] = False
                 self._map_free = cells

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from cxlhm_apps.fio import options as O
 from cxlhm_apps.fio.options import READ, WRITE
 from cxlhm_apps.fio.runner import CloneResult, RunResult
 from cxlhm_apps.fio.stats import (
@@ -138,9 +139,15 @@ def _empty_dir_json() -> dict:
 
 
 def job_options(unit: Unit) -> dict[str, str]:
-    """fio's "job options": what the job's own section says, as written (fio leaves the
-    key out of a job whose section says nothing)."""
-    return {raw.key: ("1" if raw.text is None else raw.text) for raw in unit.job.job_options}
+    """fio's "job options": the options the job's own section gives a value, as written
+    (fio lists no bare flag such as `stonewall`, and leaves the key out when nothing is
+    left)."""
+    return {_fio_name(raw): raw.text for raw in unit.job.job_options if raw.text is not None}
+
+
+def _fio_name(raw) -> str:
+    """The name fio reports an option by: its own name, whichever alias was written."""
+    return O.FIO_NAME.get(raw.canonical, raw.canonical)
 
 
 def _depth_json(counts: np.ndarray, labels) -> dict:
@@ -154,7 +161,7 @@ def unit_json(unit: Unit, groups, *, bins: bool) -> dict:
     plist = unit.percentiles
     read_g, write_g = groups[s.groupid]
     out = {"jobname": job.name, "groupid": s.groupid, "error": s.error, "eta": 0, "elapsed": s.elapsed_s}
-    if unit.job.job_options:
+    if job_options(unit):
         out["job options"] = job_options(unit)
     for d, name, g in ((READ, "read", read_g), (WRITE, "write", write_g)):
         out[name] = _dir_json(s.dirs[d], g.agg, plist, job, bins=bins) if s.dirs[d].ios else _empty_dir_json()

@@ -1,0 +1,412 @@
+"""fio's own example job files as an acceptance corpus: each file-backed example runs as
+written through real fio and through `cxlhm fio`, adapted the same way for both (file
+names, sizes, run time), and the two JSON reports are compared.
+
+The examples are fio's (GPL-2.0), so they are not copied into this repository: the
+corpus is read from $FIO_EXAMPLES (a folder of *.fio), else $FIO_SOURCE/examples (a fio
+checkout), else the cache that `--fetch` fills from fio's repository at the commit the
+manifest names (compat_manifest.txt: each file's name and SHA-256, checked before use).
+
+What is compared, per job in order: the name and group, the set of JSON keys (job and
+direction level), which directions did I/O, the read share of a mixed job, the mean
+block size per direction, the bytes per direction (where the job ends on its size, not
+on its run time), the run time (where it ends on its run time), and the depth most of
+the I/O ran at (iodepth_level). Speed is not compared here (bench/ does that).
+
+    python -m cxlhm_apps.fio.compat [--fetch | --fetch-if-missing] [--size 16m] [--runtime 2] [--markdown] [EXAMPLE...]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.request
+from pathlib import Path
+
+from cxlhm_apps.fio import values as V
+from cxlhm_apps.fio.raw_engines import ENGINE_OPS
+
+MANIFEST = Path(__file__).with_name("compat_manifest.txt")
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cxlhm" / "fio-examples"
+FILE_ENGINES = set(ENGINE_OPS)  # fio's engines that work on a plain file
+SIZE_OPTIONS = ("size", "filesize", "io_size", "io_limit")
+TIME_OPTIONS = ("runtime", "timeout")
+FIO_TIMEOUT_S = 60
+# keys our JSON has that fio's does not (cxlhm's device summary, verify counts)
+OUR_EXTRA_KEYS = {"cxlhm_verify", "cachehit"}
+BS_TOLERANCE = 0.10  # mean block size: random draws of bssplit/bsrange
+MIX_TOLERANCE = 5.0  # read share of a mixed job, percentage points
+RUNTIME_TOLERANCE = 0.15
+BYTES_TOLERANCE = 0.001  # random block sizes: the I/O that reaches the budget is whole, fio's and ours
+
+
+# ---------------------------------------------------------------- the corpus
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    repository: str
+    commit: str
+    files: dict[str, str]  # name -> sha256
+
+
+def read_manifest(path: Path = MANIFEST) -> Manifest:
+    repo, commit, files = "", "", {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.partition(" ")
+        if key == "repository":
+            repo = value.strip()
+        elif key == "commit":
+            commit = value.strip()
+        else:
+            files[value.strip()] = key
+    return Manifest(repo, commit, files)
+
+
+def corpus_dir() -> Path | None:
+    """Where the examples are (None: nowhere; `--fetch` gets them)."""
+    for candidate in (os.environ.get("FIO_EXAMPLES"),
+                      os.path.join(os.environ["FIO_SOURCE"], "examples") if os.environ.get("FIO_SOURCE") else None,
+                      str(CACHE)):
+        if candidate and Path(candidate).is_dir() and any(Path(candidate).glob("*.fio")):
+            return Path(candidate)
+    return None
+
+
+def check_corpus(folder: Path, manifest: Manifest) -> list[str]:
+    """What differs between the folder and the manifest (empty: the same files)."""
+    problems = []
+    for name, sha in sorted(manifest.files.items()):
+        path = folder / name
+        if not path.is_file():
+            problems.append(f"{name}: missing")
+        elif hashlib.sha256(path.read_bytes()).hexdigest() != sha:
+            problems.append(f"{name}: differs from fio {manifest.commit[:12]}")
+    return problems
+
+
+def fetch(manifest: Manifest, dest: Path = CACHE) -> Path:
+    """Download fio's examples at the manifest's commit into `dest`, checked against it."""
+    url = f"https://codeload.github.com/{manifest.repository}/tar.gz/{manifest.commit}"
+    with urllib.request.urlopen(url, timeout=120) as response:
+        data = response.read()
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        for member in tar.getmembers():
+            parts = member.name.split("/")
+            if len(parts) == 3 and parts[1] == "examples" and parts[2] in manifest.files and member.isfile():
+                (dest / parts[2]).write_bytes(tar.extractfile(member).read())
+    problems = check_corpus(dest, manifest)
+    if problems:
+        raise RuntimeError("fetched examples do not match the manifest: " + "; ".join(problems[:5]))
+    return dest
+
+
+# ---------------------------------------------------------------- adapting a file
+
+_LINE = re.compile(r"^(\s*)([A-Za-z0-9_]+)(\s*=\s*)(.*?)(\s*)$")
+
+
+@dataclasses.dataclass
+class Adapted:
+    text: str
+    engines: set[str]
+    changes: list[str]
+
+
+def _strip(line: str) -> str:
+    for i, ch in enumerate(line):
+        if ch in ";#" and (i == 0 or line[i - 1] in " \t"):
+            return line[:i]
+    return line
+
+
+def adapt(text: str, *, size_cap: int, runtime_cap_s: int) -> Adapted:
+    """The example with its files in the run's folder (every filename/directory made a
+    name there, one per distinct original), sizes capped at `size_cap` and run times at
+    `runtime_cap_s`. A file that gives no size (it names a block device, whose size
+    fio takes) gets size=`size_cap` in every section, and one that gives no run time
+    runtime=`runtime_cap_s` (a rate-limited or looping example would run for minutes).
+    Everything else as written."""
+    given = {m.group(2).lower() for m in map(_LINE.match, map(_strip, text.splitlines())) if m}
+    added = []
+    if not given & {"size", "filesize", "io_size", "io_limit"}:
+        added.append(f"size={size_cap}")
+    if not given & set(TIME_OPTIONS):
+        added.append(f"runtime={runtime_cap_s}s")
+    names: dict[str, str] = {}
+    engines: set[str] = set()
+    changes: list[str] = []
+    out = []
+    for raw in text.splitlines():
+        line = _strip(raw)
+        if line.strip().startswith("[") and added:
+            out.append(raw)
+            out.extend(added)
+            continue
+        m = _LINE.match(line)
+        if not m:
+            out.append(raw)
+            continue
+        indent, key, eq, value, _ = m.groups()
+        name = key.lower()
+        new = value
+        if name == "ioengine":
+            engines.add(value.strip())
+        elif name == "filename":
+            parts = [p for p in re.split(r"(?<!\\):", value) if p]
+            mapped = [names.setdefault(p, f"file{len(names)}.dat") for p in parts]
+            new = ":".join(mapped)
+        elif name == "directory":
+            new = "."
+        elif name in SIZE_OPTIONS:
+            try:
+                n = V.parse_size(value)
+                if n > size_cap:
+                    new = str(size_cap)
+            except ValueError:
+                pass  # a percentage or a range: as written
+        elif name in TIME_OPTIONS:
+            try:
+                if V.parse_time_ns(value) > runtime_cap_s * 10**9:
+                    new = f"{runtime_cap_s}s"
+            except ValueError:
+                pass
+        if new != value:
+            changes.append(f"{key}={value} -> {new}")
+        out.append(f"{indent}{key}{eq}{new}")
+    if not engines:
+        engines.add("psync")  # fio's default
+    changes += [f"{a} added" for a in added]
+    return Adapted("\n".join(out) + "\n", engines, list(dict.fromkeys(changes)))
+
+
+# ---------------------------------------------------------------- running both
+
+@dataclasses.dataclass
+class Outcome:
+    ok: bool
+    report: dict | None
+    message: str
+
+
+def _json_of(stdout: str) -> dict | None:
+    start = stdout.find("{")
+    if start < 0:
+        return None
+    try:
+        return json.loads(stdout[start:])
+    except ValueError:
+        return None
+
+
+def run_fio(fio: str, job: Path, cwd: Path) -> Outcome:
+    try:
+        proc = subprocess.run([fio, "--output-format=json", str(job)], cwd=cwd, capture_output=True, text=True,
+                              timeout=FIO_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return Outcome(False, None, f"fio did not finish in {FIO_TIMEOUT_S} s")
+    report = _json_of(proc.stdout)
+    if proc.returncode != 0 or report is None or any(j.get("error") for j in report.get("jobs", [])):
+        text = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        reason = next((t for t in text if "error" in t.lower() or "fio:" in t), text[-1] if text else "no output")
+        return Outcome(False, report, reason.strip()[:160])
+    return Outcome(True, report, "")
+
+
+def run_ours(job: Path, cwd: Path) -> Outcome:
+    code = "import sys; from cxlhm_apps.cli import main; sys.exit(main(sys.argv[1:]))"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2])] +
+                                                      [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, "fio", "--output-format=json", "--eta=never", str(job)],
+                              cwd=cwd, capture_output=True, text=True, timeout=FIO_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired:
+        return Outcome(False, None, f"did not finish in {FIO_TIMEOUT_S} s")
+    report = _json_of(proc.stdout)
+    if proc.returncode != 0 or report is None:
+        lines = [t.removeprefix("cxlhm fio: error: ") for t in proc.stderr.strip().splitlines()
+                 if t.strip() and not t.startswith("note:")]
+        return Outcome(False, report, " | ".join(lines)[:2000] or f"exit {proc.returncode}")
+    return Outcome(True, report, "")
+
+
+# ---------------------------------------------------------------- comparing
+
+def _mean_bs(d: dict) -> float | None:
+    return d["io_bytes"] / d["total_ios"] if d.get("total_ios") else None
+
+
+def _dominant_depth(job: dict) -> str | None:
+    levels = job.get("iodepth_level") or {}
+    return max(levels, key=lambda k: levels[k]) if levels and max(levels.values()) > 0 else None
+
+
+def _time_limited(job: dict, runtime_cap_s: int) -> bool:
+    """Whether the job ended on its run time (its bytes then depend on the machine)."""
+    opts = job.get("job options", {})
+    runtime_ms = max((d.get("runtime", 0) for d in (job["read"], job["write"])), default=0)
+    if "time_based" in opts:
+        return True
+    return runtime_ms >= runtime_cap_s * 1000 * 0.9
+
+
+def compare(fio: dict, ours: dict, *, runtime_cap_s: int) -> list[str]:
+    """Differences between fio's report and ours on the compared fields (empty: none)."""
+    diffs = []
+    fj, oj = fio.get("jobs", []), ours.get("jobs", [])
+    if len(fj) != len(oj):
+        diffs.append(f"jobs: fio {len(fj)}, cxlhm {len(oj)}")
+    if {j["groupid"] for j in fj} != {j["groupid"] for j in oj}:
+        diffs.append(f"groups: fio {sorted({j['groupid'] for j in fj})}, cxlhm {sorted({j['groupid'] for j in oj})}")
+    for f, o in zip(fj, oj):
+        who = f["jobname"]
+        if f["jobname"] != o["jobname"] or f["groupid"] != o["groupid"]:
+            diffs.append(f"{who}: name/group fio {f['jobname']}/{f['groupid']}, cxlhm {o['jobname']}/{o['groupid']}")
+        missing = set(f) - set(o)
+        extra = set(o) - set(f) - OUR_EXTRA_KEYS
+        for d in ("read", "write"):
+            missing |= {f"{d}.{k}" for k in set(f[d]) - set(o[d])}
+            extra |= {f"{d}.{k}" for k in set(o[d]) - set(f[d]) if k not in OUR_EXTRA_KEYS}
+        if missing:
+            diffs.append(f"{who}: keys missing {sorted(missing)}")
+        if extra:
+            diffs.append(f"{who}: keys fio lacks {sorted(extra)}")
+        fo, oo = f.get("job options", {}), o.get("job options", {})
+        if fo != oo:
+            keys = sorted(k for k in set(fo) | set(oo) if fo.get(k) != oo.get(k))
+            diffs.append(f"{who}: job options differ in " +
+                         ", ".join(f"{k} (fio {fo.get(k)!r}, cxlhm {oo.get(k)!r})" for k in keys))
+        active_f = [d for d in ("read", "write") if f[d]["total_ios"]]
+        active_o = [d for d in ("read", "write") if o[d]["total_ios"]]
+        if active_f != active_o:
+            diffs.append(f"{who}: directions fio {active_f}, cxlhm {active_o}")
+            continue
+        timed = _time_limited(f, runtime_cap_s)
+        if len(active_f) == 2:
+            share = [100.0 * x["read"]["total_ios"] / (x["read"]["total_ios"] + x["write"]["total_ios"]) for x in (f, o)]
+            if abs(share[0] - share[1]) > MIX_TOLERANCE:
+                diffs.append(f"{who}: read share fio {share[0]:.1f}%, cxlhm {share[1]:.1f}%")
+        for d in active_f:
+            bf, bo = _mean_bs(f[d]), _mean_bs(o[d])
+            if abs(bf - bo) > BS_TOLERANCE * bf:
+                diffs.append(f"{who}: {d} mean block fio {bf / 1024:.1f} KiB, cxlhm {bo / 1024:.1f} KiB")
+        # bytes: per direction, or in all for a mixed job (its split is random draws)
+        if not timed:
+            for label, dirs in (((d, (d,)) for d in active_f) if len(active_f) == 1 else [("total", ("read", "write"))]):
+                bf, bo = (sum(x[d]["io_bytes"] for d in dirs) for x in (f, o))
+                if abs(bf - bo) > BYTES_TOLERANCE * bf:
+                    diffs.append(f"{who}: {label} bytes fio {bf}, cxlhm {bo}")
+        if timed:
+            rf, ro = f["job_runtime"], o["job_runtime"]
+            if abs(rf - ro) > RUNTIME_TOLERANCE * rf + 100:
+                diffs.append(f"{who}: job_runtime fio {rf} ms, cxlhm {ro} ms")
+        if _dominant_depth(f) != _dominant_depth(o):
+            diffs.append(f"{who}: I/O depth fio {_dominant_depth(f)}, cxlhm {_dominant_depth(o)}")
+    return diffs
+
+
+# ---------------------------------------------------------------- one example, the whole corpus
+
+@dataclasses.dataclass
+class Row:
+    example: str
+    status: str  # "agrees", "differs", "refused", "fio refuses", "not file-backed"
+    detail: list[str]
+    adapted: list[str]
+
+
+def run_example(path: Path, fio: str, *, size_cap: int, runtime_cap_s: int, keep: Path | None = None) -> Row:
+    adapted = adapt(path.read_text(errors="replace"), size_cap=size_cap, runtime_cap_s=runtime_cap_s)
+    other = sorted(adapted.engines - FILE_ENGINES)
+    if other:
+        return Row(path.name, "not file-backed", [f"ioengine={', '.join(other)}"], adapted.changes)
+    with tempfile.TemporaryDirectory(prefix="cxlhm-compat-", dir=keep) as tmp:
+        tmp = Path(tmp)
+        job = tmp / path.name
+        job.write_text(adapted.text)
+        (tmp / "fio").mkdir()
+        (tmp / "ours").mkdir()
+        theirs = run_fio(fio, job, tmp / "fio")
+        if not theirs.ok:
+            return Row(path.name, "fio refuses", [theirs.message], adapted.changes)
+        ours = run_ours(job, tmp / "ours")
+    if not ours.ok:
+        return Row(path.name, "refused", ours.message.split(" | "), adapted.changes)
+    diffs = compare(theirs.report, ours.report, runtime_cap_s=runtime_cap_s)
+    return Row(path.name, "differs" if diffs else "agrees", diffs, adapted.changes)
+
+
+def table(rows: list[Row], *, markdown: bool) -> str:
+    order = {"agrees": 0, "differs": 1, "refused": 2, "fio refuses": 3, "not file-backed": 4}
+    rows = sorted(rows, key=lambda r: (order[r.status], r.example))
+    counts = {s: sum(r.status == s for r in rows) for s in order}
+    head = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    if markdown:
+        lines = [f"{len(rows)} examples: {head}.", "", "| example | as written | differences from fio / why |",
+                 "|---|---|---|"]
+        for r in rows:
+            detail = "; ".join(r.detail).replace("|", "\\|") or "-"
+            lines.append(f"| {r.example} | {r.status} | {detail} |")
+        return "\n".join(lines) + "\n"
+    lines = [f"{len(rows)} examples: {head}"]
+    for r in rows:
+        lines.append(f"{r.example:<36} {r.status}")
+        for d in r.detail:
+            lines.append(f"    {d}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cxlhm_apps.fio.compat", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("examples", nargs="*", help="example file names (default: every one)")
+    parser.add_argument("--fetch", action="store_true", help="download fio's examples (the manifest's commit) first")
+    parser.add_argument("--fetch-if-missing", action="store_true", help="download them only when none are found")
+    parser.add_argument("--size", default="16m", help="cap for size/filesize/io_size (default 16m, at most 1g)")
+    parser.add_argument("--runtime", type=int, default=2, help="cap for runtime in seconds (default 2, at most 5)")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (docs/fio.md)")
+    args = parser.parse_args(argv)
+    manifest = read_manifest()
+    if args.fetch or (args.fetch_if_missing and corpus_dir() is None):
+        print(f"fetched into {fetch(manifest)}", file=sys.stderr)
+    folder = corpus_dir()
+    if folder is None:
+        print("no corpus: set FIO_EXAMPLES (a folder of fio's examples) or FIO_SOURCE (a fio checkout), "
+              "or run with --fetch", file=sys.stderr)
+        return 2
+    problems = check_corpus(folder, manifest)
+    if problems:
+        print(f"{folder} is not fio {manifest.commit[:12]}'s examples: " + "; ".join(problems[:5]), file=sys.stderr)
+        return 2
+    fio = shutil.which("fio")
+    if fio is None:
+        print("real fio is not installed (apt-get install fio)", file=sys.stderr)
+        return 2
+    size_cap = min(V.parse_size(args.size), 1 << 30)
+    runtime_cap = max(1, min(args.runtime, 5))
+    names = args.examples or sorted(manifest.files)
+    version = subprocess.run([fio, "--version"], capture_output=True, text=True).stdout.strip()
+    rows = []
+    for name in names:
+        rows.append(run_example(folder / name, fio, size_cap=size_cap, runtime_cap_s=runtime_cap))
+        print(f"{name}: {rows[-1].status}", file=sys.stderr)
+    print(f"{version} vs cxlhm fio; fio's examples at {manifest.commit[:12]}; sizes capped at {args.size}, "
+          f"run time at {runtime_cap} s; file names made local\n")
+    print(table(rows, markdown=args.markdown), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

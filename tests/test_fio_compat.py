@@ -1,0 +1,79 @@
+"""fio's own examples as the acceptance corpus (cxlhm_apps/fio/compat.py): how an example
+is adapted, what the comparison catches, and a fast subset of the corpus run through real
+fio and through `cxlhm fio` (skipped only where fio or the corpus is absent; `make
+fio-compat` runs all of it)."""
+from __future__ import annotations
+
+import copy
+import shutil
+
+import pytest
+
+from cxlhm_apps.fio import compat
+
+needs_fio = pytest.mark.skipif(shutil.which("fio") is None, reason="real fio is not installed (apt-get install fio)")
+# examples that agree with fio on every compared field (the table in docs/fio.md has them all)
+FAST_SUBSET = ("fio-seq-read.fio", "fio-rand-RW.fio", "tiobench-example.fio", "ssd-test.fio", "rand-zones.fio",
+               "basic-verify.fio")
+
+
+def test_adapt_makes_files_local_and_caps_sizes_and_times():
+    text = ("[global]\nfilename=/dev/sdb\nsize=4g ; big\nruntime=60\n[a]\nfilename=/dev/sdb:/dev/sdc\n"
+            "directory=/mnt/x\nio_size=10%\n[b]\nrw=read\n")
+    adapted = compat.adapt(text, size_cap=16 << 20, runtime_cap_s=2)
+    lines = adapted.text.splitlines()
+    assert "filename=file0.dat" in lines and "filename=file0.dat:file1.dat" in lines
+    assert "directory=." in lines and f"size={16 << 20}" in lines and "runtime=2s" in lines
+    assert "io_size=10%" in lines and "rw=read" in lines  # a share, and the rest, as written
+    assert adapted.engines == {"psync"}
+
+
+def test_adapt_gives_a_size_and_runtime_to_a_file_without_them():
+    adapted = compat.adapt("[global]\nioengine=libaio\n[j]\nrw=write\n", size_cap=1 << 20, runtime_cap_s=1)
+    assert adapted.text.splitlines() == ["[global]", "size=1048576", "runtime=1s", "ioengine=libaio",
+                                         "[j]", "size=1048576", "runtime=1s", "rw=write"]
+
+
+def _report():
+    d = {"io_bytes": 4 << 20, "total_ios": 1024, "runtime": 100}
+    job = {"jobname": "j", "groupid": 0, "job options": {"rw": "read"}, "read": dict(d),
+           "write": {"io_bytes": 0, "total_ios": 0, "runtime": 0}, "job_runtime": 100,
+           "iodepth_level": {"1": 0.0, "4": 100.0}}
+    return {"jobs": [job]}
+
+
+def test_compare_agrees_with_itself_and_names_each_difference():
+    fio = _report()
+    assert compat.compare(fio, copy.deepcopy(fio), runtime_cap_s=2) == []
+    ours = copy.deepcopy(fio)
+    job = ours["jobs"][0]
+    job["read"]["total_ios"] = 512  # mean block 8 KiB against 4 KiB
+    job["iodepth_level"] = {"1": 100.0, "4": 0.0}
+    job["job options"]["bs"] = "8k"
+    job["extra"] = 1
+    diffs = compat.compare(fio, ours, runtime_cap_s=2)
+    assert any("read mean block fio 4.0 KiB, cxlhm 8.0 KiB" in d for d in diffs)
+    assert any("I/O depth fio 4, cxlhm 1" in d for d in diffs)
+    assert any("job options differ in bs" in d for d in diffs)
+    assert any("keys fio lacks ['extra']" in d for d in diffs)
+
+
+def test_the_manifest_pins_fios_examples():
+    manifest = compat.read_manifest()
+    assert manifest.repository == "axboe/fio" and len(manifest.commit) == 40
+    assert len(manifest.files) > 100 and all(len(sha) == 64 for sha in manifest.files.values())
+
+
+def _corpus():
+    folder = compat.corpus_dir()
+    if folder is None or compat.check_corpus(folder, compat.read_manifest()):
+        pytest.skip("fio's examples are not here (FIO_EXAMPLES, FIO_SOURCE, or python -m cxlhm_apps.fio.compat --fetch)")
+    return folder
+
+
+@needs_fio
+@pytest.mark.parametrize("example", FAST_SUBSET)
+def test_fios_example_runs_as_written_and_agrees_with_fio(example, tmp_path):
+    folder = _corpus()
+    row = compat.run_example(folder / example, shutil.which("fio"), size_cap=1 << 20, runtime_cap_s=1, keep=tmp_path)
+    assert row.status == "agrees", row.detail
