@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all bench clean fuzz fio-compat
+.PHONY: run test test-all bench clean fuzz fio-compat test-engines-next
 
 $(STAMP): pyproject.toml setup.py native/cxlhm_native.c native/cxlhm_native.h native/cxlhm_uffd.c native/cxlhm_uffd.h native/cxlhm_copy.c native/cxlhm_copy.h native/build_native.py
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,28 @@ ENGINES := $(VENV)/.engines
 $(ENGINES): $(STAMP) requirements-engines.txt
 	$(VENV)/bin/pip install -q --no-deps -r requirements-engines.txt
 	touch $(ENGINES)
+
+# The engine tests against the engines' next releases (requirements-engines-next.txt), in a venv of
+# their own (.venv-next; .venv keeps the pinned ones): the project's dependencies and the light
+# packages as in .venv, the newest engines on top with --no-deps. The tests import the project from
+# the working tree (python -m pytest puts it first), whose native extension .venv's build made.
+VENV_NEXT ?= .venv-next
+ENGINE_NAMES := sglang vllm lmcache mooncake-transfer-engine
+$(VENV_NEXT)/.engines: $(STAMP) pyproject.toml setup.py requirements-engines.txt requirements-engines-next.txt
+	$(PYTHON) -m venv $(VENV_NEXT)
+	$(VENV_NEXT)/bin/pip install -q --upgrade pip
+	$(VENV_NEXT)/bin/pip install -q '.[test,serving]'
+	grep -vE '^(#|$$|($(subst $(eval) ,|,$(ENGINE_NAMES)))==)' requirements-engines.txt > $(VENV_NEXT)/light.txt
+	$(VENV_NEXT)/bin/pip install -q --no-deps -r $(VENV_NEXT)/light.txt -r requirements-engines-next.txt
+	touch $@
+
+test-engines-next: $(VENV_NEXT)/.engines  ## the engine tests on the engines' next releases (pre-releases included)
+	@for e in $(ENGINE_NAMES); do \
+	  newest=$$($(VENV_NEXT)/bin/pip index versions --pre $$e 2>/dev/null | sed -n 's/^[^ ]* (\(.*\))$$/\1/p'); \
+	  pinned=$$(sed -n "s/^$$e==//p" requirements-engines-next.txt); \
+	  [ -z "$$newest" ] || [ "$$newest" = "$$pinned" ] || echo "NOTE: $$e $$newest is in the registry; requirements-engines-next.txt pins $$pinned"; \
+	done
+	$(VENV_NEXT)/bin/python -m pytest $(wildcard tests/test_engine_*.py) $(ARGS)
 
 run: $(STAMP)  ## the main job: the Mooncake trace through the KV store, LRU vs hymcache with hints
 	$(VENV)/bin/cxlhm run $(ARGS)

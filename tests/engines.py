@@ -120,3 +120,20 @@ VERSIONS = {name: version(name) for name in ("sglang", "vllm", "lmcache", "moonc
 
 def module(name: str):
     return importlib.import_module(name)
+
+
+def lmcache_name(module: str, name: str):
+    """`name` from an LMCache module given by its 0.5.6 place under ``lmcache.v1``; 0.5.7
+    moved several (event_manager, rpc_utils, lookup_client, protocol, ...) under
+    ``lmcache.inprocess.v1``, sometimes leaving a module of the old name without them."""
+    errors = []
+    for package in ("lmcache.v1", "lmcache.inprocess.v1"):
+        try:
+            found = importlib.import_module(f"{package}.{module}")
+        except ModuleNotFoundError as exc:
+            errors.append(str(exc))
+            continue
+        if hasattr(found, name):
+            return getattr(found, name)
+        errors.append(f"{package}.{module} has no {name}")
+    raise ImportError(f"LMCache's {name}: " + "; ".join(errors))

@@ -10,7 +10,7 @@ import asyncio
 import inspect
 import tempfile
 
-import engines  # noqa: F401 - imports the engines
+import engines  # imports the engines
 import pytest
 import torch
 from lmcache.utils import CacheEngineKey
@@ -18,15 +18,18 @@ from lmcache.v1.config import LMCacheEngineConfig
 from lmcache.v1.memory_management import MemoryFormat
 from lmcache.v1.metadata import LMCacheMetadata
 from lmcache.v1.storage_backend.connector import ConnectorManager
-from lmcache.v1.event_manager import EventManager, EventType
-from lmcache.v1.lookup_client.async_lookup_message import LookupCleanupMsg, LookupResponseMsg
-from lmcache.v1.lookup_client.lmcache_async_lookup_client import LMCacheAsyncLookupServer
-from lmcache.v1.rpc_utils import get_zmq_rpc_path_lmcache
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.storage_manager import StorageManager
 
 from host_runtime.shim.lmcache import CxlhmRemoteConnector
+
+EventManager = engines.lmcache_name("event_manager", "EventManager")
+EventType = engines.lmcache_name("event_manager", "EventType")
+LookupCleanupMsg = engines.lmcache_name("lookup_client.async_lookup_message", "LookupCleanupMsg")
+LookupResponseMsg = engines.lmcache_name("lookup_client.async_lookup_message", "LookupResponseMsg")
+LMCacheAsyncLookupServer = engines.lmcache_name("lookup_client.lmcache_async_lookup_client", "LMCacheAsyncLookupServer")
+get_zmq_rpc_path_lmcache = engines.lmcache_name("rpc_utils", "get_zmq_rpc_path_lmcache")
 
 SHAPE = torch.Size([2, 2, 16, 16])  # [K/V, layers, tokens, hidden]
 
