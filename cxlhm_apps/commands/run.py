@@ -17,6 +17,7 @@ from tqdm import tqdm
 from cxlhm_apps.cliutil import (CommandError, check_output_path, compare_ratio, default_output_dir, hints_ignored,
                                 hints_ignored_warning, positive_int, size_arg)
 from cxlhm_apps.commands._device_args import add_device_arguments, config_overrides, load_device_config
+from cxlhm_apps.parallel_warmup import ParallelWarmup
 from cxlhm_apps.replay import MS, MissionResult, replay_mission
 from cxlhm.traces.mooncake import DEFAULT_TRACE, read_requests
 from cxlhm.traces.sessions import recover_sessions
@@ -144,15 +145,10 @@ def run(args) -> int:
         print("cxlhm run: the first run compiles the firmware (about a minute); later runs reuse it",
               file=sys.stderr)
     results: list[MissionResult] = []
-    for config in configs:
-        cfg = load_device_config(args, {"clock": "model", **overrides,
-                                        "firmware": {**overrides.get("firmware", {}), "policy": config.policy,
-                                                     "background": "manual" if base.clock == "model" else
-                                                     overrides.get("firmware", {}).get("background", "thread")}})
-        with open_device(cfg) as handle, tqdm(total=len(requests), desc=config.label, unit="req", leave=False,
-                                              disable=not progress) as bar:
-            results.append(replay_mission(handle, requests, turns, chunk_bytes=chunk_bytes, hints=config.hints,
-                                          lead_ns=int(args.lead * MS), label=config.label, progress=bar.update))
+    with ParallelWarmup([c.label for c in configs], lambda label: _warmup_argv(args, label)) as warmup:
+        for config in configs:
+            warmup.wait_for(config.label)
+            results.append(_run_config(args, config, overrides, base, requests, turns, chunk_bytes, progress))
     if plot is not None:
         plot_latency_cdf(results, plot, title=f"{Path(args.trace).name}: first {len(requests)} requests, "
                                               f"lead {args.lead:g} ms ({base.clock} clock)")
@@ -161,6 +157,34 @@ def run(args) -> int:
     else:
         print_report(args, base, results, len(requests), turns, chunks, chunk_bytes, plot)
     return 1 if any(r.corrupt_chunks for r in results) else 0
+
+
+def _run_config(args, config: RunConfig, overrides: dict, base, requests, turns, chunk_bytes: int,
+                progress: bool) -> MissionResult:
+    cfg = load_device_config(args, {"clock": "model", **overrides,
+                                    "firmware": {**overrides.get("firmware", {}), "policy": config.policy,
+                                                 "background": "manual" if base.clock == "model" else
+                                                 overrides.get("firmware", {}).get("background", "thread")}})
+    with open_device(cfg) as handle, tqdm(total=len(requests), desc=config.label, unit="req", leave=False,
+                                          disable=not progress) as bar:
+        return replay_mission(handle, requests, turns, chunk_bytes=chunk_bytes, hints=config.hints,
+                              lead_ns=int(args.lead * MS), label=config.label, progress=bar.update)
+
+
+WARMUP_REQUESTS = 200  # enough for every compiled path a replay takes (loads, evictions, hints)
+
+
+def _warmup_argv(args, label: str) -> list[str]:
+    """The command line of a child that compiles `label`'s firmware with this run's device."""
+    argv = ["run", "--trace", args.trace, "--requests", str(min(args.requests, WARMUP_REQUESTS)), "--configs", label,
+            "--lead", repr(args.lead), "--no-plot", "--no-progress", "--json"]
+    if args.chunk_bytes:
+        argv += ["--chunk-bytes", str(args.chunk_bytes)]
+    if args.device:
+        argv += ["--device", args.device]
+    for item in args.overrides:
+        argv += ["--set", item]
+    return argv
 
 
 def summary(r: MissionResult) -> dict:
