@@ -1,13 +1,24 @@
 # The two commands a fresh machine needs (README): `make run` and `make test`.
-# Both create .venv, build the native extension (cffi) and install everything first.
+# Both create .venv and build the native extension (cffi) first; `make run` installs only what
+# the main job needs (the package), `make test` adds the test and serving extras.
 PYTHON ?= python3
 VENV ?= .venv
 STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
 
 .PHONY: run test test-all bench clean fuzz fio-compat test-engines-next
 
-$(STAMP): pyproject.toml setup.py native/cxlhm_native.c native/cxlhm_native.h native/cxlhm_uffd.c native/cxlhm_uffd.h native/cxlhm_copy.c native/cxlhm_copy.h native/build_native.py
-	$(PYTHON) -m venv $(VENV)
+SOURCES := pyproject.toml setup.py native/cxlhm_native.c native/cxlhm_native.h native/cxlhm_uffd.c native/cxlhm_uffd.h native/cxlhm_copy.c native/cxlhm_copy.h native/build_native.py
+
+# the package alone (no torch, no test tools): the main job; an existing .venv is kept
+$(RUN_STAMP): $(SOURCES)
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e .
+	touch $(RUN_STAMP)
+
+# everything the suite needs: the test extra (pytest, hypothesis, libcachesim, redis and a
+# redis-server build) and the serving extra
+$(STAMP): $(RUN_STAMP)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[test,serving]'
 	touch $(STAMP)
@@ -40,7 +51,7 @@ test-engines-next: $(VENV_NEXT)/.engines  ## the engine tests on the engines' ne
 	done
 	$(VENV_NEXT)/bin/python -m pytest $(wildcard tests/test_engine_*.py) $(ARGS)
 
-run: $(STAMP)  ## the main job: the Mooncake trace through the KV store, LRU vs hymcache with hints
+run: $(RUN_STAMP)  ## the main job: the Mooncake trace through the KV store, LRU vs hymcache with hints
 	$(VENV)/bin/cxlhm run $(ARGS)
 
 test: $(STAMP) $(ENGINES)  ## the test suite (fast default; slow cases: make test-all)
