@@ -104,3 +104,12 @@ def test_group_reporting_sums_the_clones_job_runtime(tmp_path):
     assert len(out["jobs"]) == 1 and len(clones) == 3
     assert job["job_runtime"] == sum(c.run_ms for c in clones)  # fio sums job_runtime over the group
     assert job["write"]["runtime"] == max(c.dirs[1].runtime_ms for c in clones)  # and takes the longest here
+
+
+def test_the_verify_phase_is_reported_apart_from_the_writes(tmp_path):
+    """fio: write.runtime is the write phase, read.runtime the verify phase, job_runtime both."""
+    _, out, _ = run(f"[v]\nfilename={tmp_path / 'f'}\nsize=4m\nrw=write\nbs=4k\nverify=crc32c\n")
+    job = out["jobs"][0]
+    read, write = job["read"]["runtime"], job["write"]["runtime"]
+    assert job["read"]["io_bytes"] == job["write"]["io_bytes"] == 4 << 20 and read >= 1 and write >= 1
+    assert abs(read + write - job["job_runtime"]) <= 2

@@ -387,8 +387,11 @@ class Worker:
                 self._verify_pass(self.vlog.take(self.backlog_due), record=measuring, seeds_from=None)
                 self.backlog_due = 0
         self._side.settle()
+        main_ios = [d.ios for d in self.stats.dirs]  # what the job's own phase did, per direction
+        main_end = verify_start = engine.now_ns()
         if self.verify_kind and job["do_verify"] and len(self.vlog) and not self._stop.is_set():
             self.state = "V"
+            main_end = verify_start = engine.drain()
             # fio draws the writes' seeds again from the start for its verify phase
             self._verify_pass(self.vlog.take(), record=True, seeds_from=0 if self.check_seed else None)
         end = engine.drain()  # the job's last I/O has completed
@@ -397,9 +400,18 @@ class Worker:
         run_ms = max(1, (end - self._measure_start) // 1_000_000)
         stats.run_ms = run_ms
         stats.elapsed_s = max(1, round((end - t0) / 1e9))
-        for d in stats.dirs:
-            d.runtime_ms = run_ms if d.ios else 0
-            d.slat_measured = engine_of(job).measures_slat
+        # fio's runtime per direction: the job's phase for the directions it did, and the
+        # verify phase's time added to the reads (job_runtime covers both)
+        main_ms = max(1, (main_end - self._measure_start) // 1_000_000)
+        verify_ms = (end - verify_start) // 1_000_000
+        for d, dir_stats in enumerate(stats.dirs):
+            ran_main = main_ios[d] > 0
+            dir_stats.runtime_ms = (main_ms if ran_main else 0) + (verify_ms if d == READ else 0)
+            if dir_stats.ios and not dir_stats.runtime_ms:
+                dir_stats.runtime_ms = 1
+            if not dir_stats.ios:
+                dir_stats.runtime_ms = 0
+            dir_stats.slat_measured = engine_of(job).measures_slat
         if stats.verify_errors:
             stats.error = errno.EILSEQ
             stats.error_text = f"{stats.verify_errors} verification failure(s)"
