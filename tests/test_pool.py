@@ -286,9 +286,9 @@ def test_bad_requests_are_answered_not_fatal(service):
     a.close()
 
 
-@pytest.mark.slow  # eight spawned host processes
-def test_eight_hosts_mixed_load_lose_no_update(service, directory):
-    hosts, blocks_each, rounds = 8, 6, 120
+@pytest.mark.slow  # sixteen spawned host processes
+def test_sixteen_hosts_mixed_load_lose_no_update(service, directory):
+    hosts, blocks_each, rounds = 16, 4, 60
     sock, key = service.socket_path, service.authkey
     results = run_hosts(*[(host_mixed, (sock, key, f"h{me}", "t", directory.path, me, hosts, blocks_each, rounds))
                           for me in range(hosts)], timeout=600)

@@ -625,3 +625,26 @@ def test_a_hostile_host_cannot_stop_the_service_or_reach_another_tenant():
         assert len(world.statuses) >= 3  # answered with OK and with errors of several kinds
     finally:
         world.close()
+
+
+def test_the_grant_command_makes_one_key_per_host_that_the_service_honours(tmp_path):
+    import subprocess
+    import sys
+    state = tmp_path / "state"
+    out = subprocess.run([sys.executable, "-m", "cxlhm_apps.cli", "device", "grant", "--state", str(state),
+                          "host-a=t1", "host-b=t1,t2"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert f"its key: {state / 'hosts' / 'host-a.key'}" in out.stdout
+    key_a = (state / "hosts" / "host-a.key").read_bytes()
+    assert len(key_a) == 32 and (state / "hosts" / "host-a.key").stat().st_mode & 0o077 == 0
+    bad = subprocess.run([sys.executable, "-m", "cxlhm_apps.cli", "device", "grant", "--state", str(state),
+                          "../evil=t1"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "host name '../evil'" in bad.stderr and "Traceback" not in bad.stderr
+    svc = in_process_service(tmp_path)
+    try:
+        attach(svc, "host-a", ["t1"], authkey=key_a).close()
+        with pytest.raises(AttachRefused, match="not granted"):
+            attach(svc, "host-a", ["t2"], authkey=key_a)
+        attach(svc, "host-b", ["t1", "t2"], authkey=(state / "hosts" / "host-b.key").read_bytes()).close()
+    finally:
+        svc.close()

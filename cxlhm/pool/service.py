@@ -378,6 +378,7 @@ class PoolService:
                 "tenants": [{"name": t.partition.name, "id": t.partition.id} for t in ts]}).encode(), fds)
         except BaseException:
             self._drop(session)
+            session.rings.close()  # (its ring thread never started)
             raise
         finally:
             for fd in fds:
