@@ -156,11 +156,14 @@ def grid(quick: bool) -> tuple[list[Scenario], list[float], list[float]]:
         scenarios = [base, dataclasses.replace(base, dram_share=1.0)]
         return scenarios, ttft, tbt
     base = Scenario(sessions=16)
-    out = [base, dataclasses.replace(base, dram_share=1.0), dataclasses.replace(base, topology="disagg")]
+    out = [base, dataclasses.replace(base, dram_share=1 / 4), dataclasses.replace(base, dram_share=1.0),
+           dataclasses.replace(base, topology="disagg")]
     for model, gpu in (("llama3-8b", "h100-80g"), ("llama3-8b", "l40s-48g"), ("qwen2.5-32b", "h200"),
                        ("llama3-70b", "2xh200-tp2")):
         out.append(dataclasses.replace(base, model=model, gpu=gpu))
-    for changes in ({"max_context": 32_768, "output_median": 100.0}, {"reuse_keep": 0.5}, {"lead_s": 0.1}):
+    for changes in ({"max_context": 32_768, "output_median": 100.0}, {"output_median": 100.0},
+                    {"output_median": 100.0, "tool_pause_s": 60.0}, {"reuse_keep": 0.5}, {"lead_s": 0.1},
+                    {"lead_s": 10.0}):
         out.append(dataclasses.replace(base, **changes))
     return out, ttft, tbt
 
