@@ -113,3 +113,36 @@ def test_the_verify_phase_is_reported_apart_from_the_writes(tmp_path):
     read, write = job["read"]["runtime"], job["write"]["runtime"]
     assert job["read"]["io_bytes"] == job["write"]["io_bytes"] == 4 << 20 and read >= 1 and write >= 1
     assert abs(read + write - job["job_runtime"]) <= 2
+
+
+def test_wait_for_starts_a_job_after_every_clone_of_the_one_it_names(tmp_path):
+    # the readers check the writers' block headers: they pass only if every write landed first
+    path = tmp_path / "f"
+    result, out, _ = run(f"[global]\nfilename={path}\nsize=1m\nbs=4k\nverify=crc32c\n"
+                         "[w]\nrw=randwrite\ndo_verify=0\nnumjobs=2\n[r]\nwait_for=w\nrw=read\n")
+    assert not result.failed and out["jobs"][2]["read"]["io_bytes"] == 1 << 20
+    assert {j["groupid"] for j in out["jobs"]} == {0}  # wait_for is no new group
+
+
+def test_wait_for_must_name_an_earlier_job():
+    from cxlhm_apps.fio.jobfile import JobFileError
+    with pytest.raises(JobFileError, match="no job named 'later' is defined before job 'a'"):
+        jobs_of("[a]\nwait_for=later\n[later]\n")
+
+
+@pytest.mark.parametrize("what", ["group", "stonewall", "all"])
+def test_exitall_ends_the_other_jobs(tmp_path, what):
+    text = (f"[global]\nsize=256k\nrw=write\n[slow]\nfilename={tmp_path / 's'}\ntime_based\nruntime=20\n"
+            f"[fast]\nfilename={tmp_path / 'f'}\nexitall\nexit_what={what}\n"
+            f"[after]\nstonewall\nfilename={tmp_path / 'a'}\n")
+    _, out, _ = run(text)
+    slow, fast, after = out["jobs"]
+    assert slow["job_runtime"] < 10_000 and fast["write"]["io_bytes"] == 256 << 10
+    assert after["write"]["io_bytes"] == (0 if what == "all" else 256 << 10)  # all: no later phase runs
+
+
+def test_exitall_of_group_leaves_other_groups_running(tmp_path):
+    text = (f"[global]\nrw=write\nsize=256k\n[slow]\nfilename={tmp_path / 's'}\nsize=2m\nbs=4k\n"
+            f"[fast]\nnew_group\nfilename={tmp_path / 'f'}\nexitall\n")
+    _, out, _ = run(text)
+    assert out["jobs"][0]["write"]["io_bytes"] == 2 << 20  # another group: it runs to its end

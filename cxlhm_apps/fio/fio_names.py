@@ -77,6 +77,5 @@ NOT_MODELLED_WHY: dict[str, str] = {
 "cont": _ENGINE, "sprandom": "sprandom is not modelled",
     "spr_op": "sprandom is not modelled", "spr_num_regions": "sprandom is not modelled",
     "flow_sleep": "flow control is not modelled", "flow": "flow control is not modelled",
-    "exitall": "exitall is not modelled", "exit_what": "exitall is not modelled", "exitwhat": "exitall is not modelled",
-    "wait_for": "wait_for is not modelled", "sync": "sync=1 (O_SYNC writes) is not modelled",
+    "sync": "sync=1 (O_SYNC writes) is not modelled",
 }

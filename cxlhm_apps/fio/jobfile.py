@@ -376,6 +376,11 @@ def build_jobs(files: list[list[Section]], problems: _Collector | None = None) -
             job = _build_job(section, in_force, len(jobs), problems)
             if job is not None:
                 jobs.append(job)
+    for k, job in enumerate(jobs):  # fio: the waitee is a job defined before the waiter
+        waitee = job["wait_for"]
+        if waitee and waitee not in {j.name for j in jobs[:k]}:
+            problems.add(job.error("wait_for", f"no job named {waitee!r} is defined before job {job.name!r} "
+                                               "(wait_for names an earlier job)"))
     problems.raise_any()
     if not jobs:
         where = getattr(files[-1], "path", "<input>") if files else "<input>"

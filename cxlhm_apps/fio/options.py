@@ -309,6 +309,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("stonewall", "bool", _bool, False, "wait for the jobs above to finish first; starts a new reporting group",
            aliases=("wait_for_previous",), flag=True, group="timing"),
     Option("new_group", "bool", _bool, False, "start a new reporting group", flag=True, group="timing"),
+    Option("wait_for", "str", _text, None, "start once every clone of the named (earlier) job has finished",
+           group="timing"),
+    Option("exitall", "bool", _bool, False, "when this job finishes, end the others (exit_what says which)",
+           flag=True, group="timing"),
+    Option("exit_what", "str", _choice("group", "stonewall", "all"), "group",
+           "with exitall: group = the jobs of its reporting group; stonewall = every running job (the next "
+           "stonewall phase still runs); all = every job", group="timing"),
     # verification
     Option("verify", "str", _choice("0", "null", "crc32c", "crc32c-intel", "md5", "xxhash"), "0",
            "checksum written blocks (header + checksum) and check them when read: crc32c, md5, xxhash (0: off)", group="verify"),

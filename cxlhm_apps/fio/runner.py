@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from cxlhm.config import ConfigError, load_config
-from cxlhm_apps.fio import clocks, files
+from cxlhm_apps.fio import clocks, files, schedule
 from cxlhm_apps.fio import verify as VF
 from cxlhm_apps.fio.engines import DeviceShare, EngineError, IoArena, engine_of, warm_stream
 from cxlhm_apps.fio.jobfile import JobSpec
@@ -288,6 +288,15 @@ class Worker:
         self._stop = threading.Event()
         self._side = SideWork(f"cxlhm-fio-{job.name}.{plan.clone}-side")
         self._ahead_bytes = 0  # bytes of the chunk made ahead and not taken yet
+
+    # -------------------------------------------------------- control from outside
+    def stop(self) -> None:
+        """End the job early (another job's exitall): what it did so far is reported."""
+        self._stop.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
 
     # -------------------------------------------------------- progress helpers
     def fraction_done(self) -> float | None:
@@ -618,13 +627,14 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None) -> RunRes
         if meter:
             meter.start()
         try:
+            ended = False  # (a job with exitall and exit_what=all finished: no later phase runs)
             for phase in sorted({p.phase for p in plans}):
-                threads = [threading.Thread(target=w.run, name=f"cxlhm-fio-{w.job.name}.{w.plan.clone}")
-                           for w in workers if w.plan.phase == phase]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
+                if ended:
+                    for w in workers:
+                        if w.plan.phase == phase:
+                            w.state = "D"
+                    continue
+                ended = schedule.run_phase([w for w in workers if w.plan.phase == phase])
                 for w in workers:
                     if w.plan.phase == phase and w.state not in ("D", "E"):  # its thread died past run()'s guard
                         w.stats.error, w.stats.error_text = errno.EIO, "the job's thread ended without finishing"
