@@ -75,7 +75,8 @@ EXAMPLES = {
     "directory": ("/tmp", "/tmp"), "filename_format": ("f.$jobnum", "f.$jobnum"), "filesize": ("8m", 8 << 20),
     "buffered": ("0", False), "thread": ("1", True), "offset_increment": ("1m", 1 << 20),
     "blockalign": ("8k", (8192, 8192)), "loops": ("3", 3), "numa_cpu_nodes": ("0", "0"),
-    "numa_mem_policy": ("local", "local"),
+    "numa_mem_policy": ("local", "local"), "wait_for": ("w", "w"), "exitall": ("1", True),
+    "exit_what": ("stonewall", "stonewall"),
 }
 NEEDS = {"time_based": "runtime=1\n", "verify_backlog": "verify=crc32c\n"}
 
@@ -88,7 +89,7 @@ def test_examples_cover_every_option():
 def test_every_option_parses(name):
     text, expected = EXAMPLES[name]
     engine = "ioengine=cxlhm\n" if name.startswith("cxlhm_") else ""
-    job = one(f"[j]\n{NEEDS.get(name, '')}{engine}{name}={text}\n")
+    job = jobs_of(f"[w]\n[j]\n{NEEDS.get(name, '')}{engine}{name}={text}\n")[-1]  # ([w]: for wait_for)
     assert job[name] == expected
 
 
