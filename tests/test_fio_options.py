@@ -146,3 +146,20 @@ def test_exitall_of_group_leaves_other_groups_running(tmp_path):
             f"[fast]\nnew_group\nfilename={tmp_path / 'f'}\nexitall\n")
     _, out, _ = run(text)
     assert out["jobs"][0]["write"]["io_bytes"] == 2 << 20  # another group: it runs to its end
+
+
+def test_logs_are_written_in_fios_format(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run(f"[a]\nfilename={tmp_path / 'f'}\nsize=256k\nrw=randrw\nbs=4k\nwrite_lat_log=x\nwrite_bw_log=x\n"
+        "write_iops_log=x\n"
+        f"[b]\nfilename={tmp_path / 'g'}\nsize=1m\nrw=write\nbs=4k\nlog_avg_msec=1\nwrite_lat_log=y\nwrite_iops_log=y\n")
+    rows = [line.split(", ") for line in (tmp_path / "x_lat.1.log").read_text().splitlines()]
+    assert len(rows) == 64 and all(len(r) == 5 and r[2] in ("0", "1") and r[3] == "4096" for r in rows)
+    assert (tmp_path / "x_slat.1.log").read_text() == ""  # psync measures no submission latency, as fio's
+    assert all(line.split(", ")[1] == "1" for line in (tmp_path / "x_iops.1.log").read_text().splitlines())
+    bw = [int(line.split(", ")[1]) for line in (tmp_path / "x_bw.1.log").read_text().splitlines()]
+    clat = [int(line.split(", ")[1]) for line in (tmp_path / "x_clat.1.log").read_text().splitlines()]
+    assert bw == [4096 * 1_000_000 // max(c, 1) for c in clat]
+    averaged = [line.split(", ") for line in (tmp_path / "y_iops.2.log").read_text().splitlines()]
+    assert averaged and all(r[2] == "1" and r[3] == "0" for r in averaged)  # windows: size column 0
+    assert not list(tmp_path.glob("*.0.log"))  # clones count from 1

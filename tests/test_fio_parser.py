@@ -76,7 +76,8 @@ EXAMPLES = {
     "buffered": ("0", False), "thread": ("1", True), "offset_increment": ("1m", 1 << 20),
     "blockalign": ("8k", (8192, 8192)), "loops": ("3", 3), "numa_cpu_nodes": ("0", "0"),
     "numa_mem_policy": ("local", "local"), "wait_for": ("w", "w"), "exitall": ("1", True),
-    "exit_what": ("stonewall", "stonewall"),
+    "exit_what": ("stonewall", "stonewall"), "write_lat_log": ("lat", "lat"), "write_bw_log": ("bw", "bw"),
+    "write_iops_log": ("io", "io"), "log_avg_msec": ("500", 500),
 }
 NEEDS = {"time_based": "runtime=1\n", "verify_backlog": "verify=crc32c\n"}
 

@@ -326,6 +326,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("clat_percentiles", "bool", _bool, True, "show completion-latency percentiles", group="report"),
     Option("lat_percentiles", "bool", _bool, False, "also show total-latency percentiles", group="report"),
     Option("slat_percentiles", "bool", _bool, False, "also show submission-latency percentiles", group="report"),
+    Option("write_lat_log", "str", _text, None,
+           "log every I/O's latency to NAME_lat.N.log, NAME_clat.N.log, NAME_slat.N.log (fio's format)",
+           group="report"),
+    Option("write_bw_log", "str", _text, None, "log bandwidth to NAME_bw.N.log (fio's format)", group="report"),
+    Option("write_iops_log", "str", _text, None, "log IOPS to NAME_iops.N.log (fio's format)", group="report"),
+    Option("log_avg_msec", "int", _int_at_least(0), 0,
+           "average the logs over windows of this many ms (0: one line per I/O)", group="report"),
     Option("percentile_list", "float_list", parse_float_list, None, "percentiles to report, e.g. 50:99:99.9 (default: fio's 17)",
            group="report"),
     # the emulated device (ioengine=cxlhm only)

@@ -26,6 +26,7 @@ from cxlhm_apps.fio import clocks, files, schedule
 from cxlhm_apps.fio import verify as VF
 from cxlhm_apps.fio.engines import DeviceShare, EngineError, IoArena, engine_of, warm_stream
 from cxlhm_apps.fio.jobfile import JobSpec
+from cxlhm_apps.fio.logs import JobLogs
 from cxlhm_apps.fio.options import READ, WRITE
 from cxlhm_apps.fio.pattern import Chunk, IoGenerator, size_choices
 from cxlhm_apps.fio.progress import Progress
@@ -286,6 +287,7 @@ class Worker:
         self._wall_start = 0
         self._budget_total = budget
         self._stop = threading.Event()
+        self.logs = JobLogs()  # none; run_jobs gives the clone its own (numbered) where the job asks
         self._side = SideWork(f"cxlhm-fio-{job.name}.{plan.clone}-side")
         self._ahead_bytes = 0  # bytes of the chunk made ahead and not taken yet
 
@@ -364,6 +366,7 @@ class Worker:
         self.state = "m" if rw.mixed else ("w" if rw.writes else "r")
         self._wall_start = time.monotonic_ns()
         t0 = self._t_start = engine.now_ns()
+        self.logs.start(t0)
         ramp_end = t0 + job["ramp_time"]
         job_end = ramp_end + job["runtime"] if job["runtime"] else NEVER
         measuring = job["ramp_time"] == 0
@@ -452,6 +455,8 @@ class Worker:
     def _account(self, chunk: Chunk, done, measuring: bool) -> None:
         if done.count == 0:
             return
+        if measuring and self.logs.active:
+            self.logs.record(chunk.direction, chunk.size, done.slat, done.clat, done.end_ns)
         stats = self.stats
         for d in (READ, WRITE):
             mask = chunk.direction == d
@@ -562,6 +567,7 @@ class Worker:
         self._window = [now, [0, 0], [0, 0]]
 
     def close(self) -> None:
+        self.logs.close(self.engine.now_ns() if self.engine is not None else None)
         if self.engine is not None:
             self.engine.close()
         self.arena.close()
@@ -622,6 +628,7 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None) -> RunRes
             share = shares.get(os.path.realpath(plan.filename)) if engine_of(plan.job).uses_device else None
             worker = Worker(plan, share, _seed_for(plan.job, plan.clone))
             workers.append(worker)
+            worker.logs = JobLogs(plan.job, len(workers))  # (fio numbers the logs by clone, from 1)
             worker.open_engine()
         meter = Progress(workers) if progress else None
         if meter:

@@ -1,0 +1,114 @@
+"""fio's per-job logs: write_lat_log=NAME writes NAME_lat.N.log, NAME_clat.N.log and
+NAME_slat.N.log, write_bw_log=NAME NAME_bw.N.log, write_iops_log=NAME NAME_iops.N.log,
+N the job clone's number counted from 1 over the whole run, in fio's line format
+
+    time (ms since the job started), value, direction (0 read, 1 write), block size, priority (0)
+
+Latencies in ns, bandwidth in KiB/s, IOPS as counts. Without log_avg_msec there is one
+line per I/O (bandwidth: its bytes x 10^6 over its completion latency in ns, as fio
+computes it; IOPS: 1); with it, one
+line per direction and window of log_avg_msec: the mean latency, the bandwidth and the
+IOPS of the I/Os of the window, block size 0.
+
+What differs from fio: the engines hand back a batch of I/Os at once, so an I/O's time is
+when its batch came back, not its own completion (a batch holds at most iodepth I/Os on
+fio's file engines; on the device a stream of up to a chunk). Submission latency is
+logged only where the engine measures it (the slat log is otherwise empty, as fio's is
+for its synchronous engines).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+KINDS = ("lat", "clat", "slat", "bw", "iops")
+OPTION_OF = {"lat": "write_lat_log", "clat": "write_lat_log", "slat": "write_lat_log",
+             "bw": "write_bw_log", "iops": "write_iops_log"}
+
+
+class JobLogs:
+    """The log files of one job clone (none open when the job asks for no log)."""
+
+    def __init__(self, job=None, number: int = 0, start_ns: int = 0):
+        self.files = {}
+        self.avg_ns = (job["log_avg_msec"] or 0) * 1_000_000 if job is not None else 0
+        self.start_ns = start_ns
+        for kind in KINDS if job is not None else ():
+            prefix = job[OPTION_OF[kind]]
+            if prefix:
+                self.files[kind] = open(f"{prefix}_{kind}.{number}.log", "w")
+        self._window_start = None
+        self._acc = {}  # (kind, direction) -> [sum, count] in the current window
+
+    @property
+    def active(self) -> bool:
+        return bool(self.files)
+
+    def start(self, now_ns: int) -> None:
+        self.start_ns = self._window_start = now_ns
+
+    def record(self, direction: np.ndarray, size: np.ndarray, slat: np.ndarray | None, clat: np.ndarray,
+               end_ns: int) -> None:
+        """A batch of I/Os that came back at `end_ns`."""
+        if not self.files or direction.shape[0] == 0:
+            return
+        lat = clat + (slat if slat is not None else 0)
+        values = {"lat": lat, "clat": clat, "slat": slat}
+        if self.avg_ns:
+            self._average(direction, size, values, end_ns)
+            return
+        t = (end_ns - self.start_ns) // 1_000_000
+        for kind, f in self.files.items():
+            if kind == "slat" and slat is None:
+                continue
+            if kind == "bw":  # (fio: the I/O's bytes over its completion latency in us, x1000)
+                column = size * 1_000_000 // np.maximum(clat, 1)
+            elif kind == "iops":
+                column = np.ones_like(size)
+            else:
+                column = values[kind]
+            f.writelines(f"{t}, {int(v)}, {int(d)}, {int(s)}, 0\n"
+                         for v, d, s in zip(column.tolist(), direction.tolist(), size.tolist()))
+
+    def _average(self, direction, size, values, end_ns) -> None:
+        while end_ns - self._window_start >= self.avg_ns:
+            self._flush(self._window_start + self.avg_ns)
+        for d in (0, 1):
+            mask = direction == d
+            if not mask.any():
+                continue
+            for kind in ("lat", "clat", "slat"):
+                if values[kind] is not None:
+                    acc = self._acc.setdefault((kind, d), [0, 0])
+                    acc[0] += int(values[kind][mask].sum())
+                    acc[1] += int(mask.sum())
+            acc = self._acc.setdefault(("bytes", d), [0, 0])
+            acc[0] += int(size[mask].sum())
+            acc[1] += int(mask.sum())
+
+    def _flush(self, window_end: int) -> None:
+        t = (window_end - self.start_ns) // 1_000_000
+        seconds = self.avg_ns / 1e9
+        for d in (0, 1):
+            moved = self._acc.get(("bytes", d))
+            if not moved or not moved[1]:
+                continue
+            for kind, f in self.files.items():
+                if kind in ("lat", "clat", "slat"):
+                    acc = self._acc.get((kind, d))
+                    if not acc or not acc[1]:
+                        continue
+                    value = acc[0] // acc[1]
+                elif kind == "bw":
+                    value = int(moved[0] / seconds / 1024)
+                else:
+                    value = int(moved[1] / seconds)
+                f.write(f"{t}, {value}, {d}, 0, 0\n")
+        self._acc = {}
+        self._window_start = window_end
+
+    def close(self, end_ns: int | None = None) -> None:
+        if self.avg_ns and self._window_start is not None and self._acc and end_ns is not None:
+            self._flush(max(end_ns, self._window_start + 1))
+        for f in self.files.values():
+            f.close()
+        self.files = {}
