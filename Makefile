@@ -30,12 +30,12 @@ $(ENGINES): $(STAMP) requirements-engines.txt
 	touch $(ENGINES)
 
 # The engine tests against the engines' next releases (requirements-engines-next.txt), in a venv of
-# their own (.venv-next; .venv keeps the pinned ones): the project's dependencies and the light
-# packages as in .venv, the newest engines on top with --no-deps. The tests import the project from
-# the working tree (python -m pytest puts it first), whose native extension .venv's build made.
+# their own (.venv-next; never touches .venv, which keeps the pinned ones): the project's dependencies
+# and the light packages as in .venv, the newest engines on top with --no-deps. Each run installs the
+# working tree's code into .venv-next (built under build/, not in place) and runs pytest from there.
 VENV_NEXT ?= .venv-next
 ENGINE_NAMES := sglang vllm lmcache mooncake-transfer-engine
-$(VENV_NEXT)/.engines: $(STAMP) pyproject.toml setup.py requirements-engines.txt requirements-engines-next.txt
+$(VENV_NEXT)/.engines: pyproject.toml setup.py requirements-engines.txt requirements-engines-next.txt
 	$(PYTHON) -m venv $(VENV_NEXT)
 	$(VENV_NEXT)/bin/pip install -q --upgrade pip
 	$(VENV_NEXT)/bin/pip install -q '.[test,serving]'
@@ -49,7 +49,8 @@ test-engines-next: $(VENV_NEXT)/.engines  ## the engine tests on the engines' ne
 	  pinned=$$(sed -n "s/^$$e==//p" requirements-engines-next.txt); \
 	  [ -z "$$newest" ] || [ "$$newest" = "$$pinned" ] || echo "NOTE: $$e $$newest is in the registry; requirements-engines-next.txt pins $$pinned"; \
 	done
-	$(VENV_NEXT)/bin/python -m pytest $(wildcard tests/test_engine_*.py) $(ARGS)
+	$(VENV_NEXT)/bin/pip install -q --no-deps --force-reinstall .
+	$(VENV_NEXT)/bin/pytest $(wildcard tests/test_engine_*.py) $(ARGS)
 
 run: $(RUN_STAMP)  ## the main job: the Mooncake trace through the KV store, LRU vs hymcache with hints
 	$(VENV)/bin/cxlhm run $(ARGS)

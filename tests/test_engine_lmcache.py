@@ -263,3 +263,23 @@ def test_lookups_whose_get_never_comes_are_released_by_their_lease(engine):
     assert e.stored(range(100, 120)) == 20
     assert e.connector.shim.stats()["pinned_bytes"] == 0
     assert e.connector.shim.stats()["leases_expired"] >= 1
+
+
+def test_a_construction_error_lmcache_swallows_is_logged_at_error_under_cxlhms_name(tmp_path, caplog):
+    """LMCache's StorageManager catches the plug-in's error and runs without the tier;
+    cxlhm's own logger says so at ERROR, naming `cxlhm doctor`."""
+    config = engine_config(tmp_path, **{"remote_storage_plugin.cxlhm.device": {
+        "capacity": "4MiB", "block_size": "4KiB", "dram_bytes": "32KiB",
+        "backend": {"path": "/proc/no-such-dir/kv.img"}}})
+    config.local_cpu, config.max_local_cpu_size = True, 0.01
+    metadata = LMCacheMetadata(model_name="m", world_size=1, local_world_size=1, worker_id=0, local_worker_id=0,
+                               kv_dtype=torch.bfloat16, kv_shape=(2, 2, 16, 2, 8))
+    with caplog.at_level("ERROR", logger="cxlhm.shim.lmcache"):
+        manager = StorageManager(config, metadata, EventManager())
+    try:
+        ours = [r for r in caplog.records if r.name == "cxlhm.shim.lmcache" and r.levelname == "ERROR"]
+        assert ours and "/proc/no-such-dir" in ours[0].getMessage() and "cxlhm doctor" in ours[0].getMessage()
+        remote = manager.storage_backends.get("RemoteBackend-cxlhm")
+        assert remote is None or remote.connection is None  # the engine runs on without the tier
+    finally:
+        manager.close()
