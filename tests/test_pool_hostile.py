@@ -526,7 +526,7 @@ def test_reopening_an_image_right_after_its_owner_was_killed_waits_for_the_lock(
     from cxlhm.configerror import ConfigError
     ctx = mp.get_context("spawn")
     path = str(tmp_path / "img")
-    for _ in range(2):  # the owner's lock lingers after a kill for a moment, not always as long
+    for _ in range(1):  # the owner's lock lingers after a kill for a moment, not always as long
         ready = ctx.Event()
         p = ctx.Process(target=_hold_image, args=(path, ready))
         p.start()
@@ -648,3 +648,24 @@ def test_the_grant_command_makes_one_key_per_host_that_the_service_honours(tmp_p
         attach(svc, "host-b", ["t1", "t2"], authkey=(state / "hosts" / "host-b.key").read_bytes()).close()
     finally:
         svc.close()
+
+
+def test_ring_entries_are_checked_like_socket_requests(service):
+    from cxlhm.pool import rings as R
+    a = attach(service, "a", ["t"])
+    b = attach(service, "b", ["t2"])
+    b.tenant("t2").write_from(0, block_record(2, 0, 1))
+    cases = [(P.Op.READ, 1, 0, BLOCK, P.Status.NOT_GRANTED),          # a tenant index it did not attach
+             (P.Op.READ, 0, PARTITION, 1, P.Status.OUT_OF_RANGE),
+             (P.Op.READ, 0, 2**64 - BLOCK, BLOCK, P.Status.OUT_OF_RANGE),
+             (P.Op.WRITE, 0, 0, R.PAYLOAD + 1, P.Status.BAD_REQUEST),  # past its buffer
+             (P.Op.FLUSH, 0, 0, 0, P.Status.BAD_REQUEST),              # not a ring op
+             (P.Op.PUT, 0, 0, 0, P.Status.TOO_LARGE)]
+    for op, index, offset, n, want in cases:
+        with pytest.raises(PoolError) as err:
+            a._ring_call(op, index, offset, n)
+        assert err.value.status == want, (op, index, offset, n, str(err.value))
+    assert read_record(np.frombuffer(b.tenant("t2").load(0, BLOCK), np.uint8)) == (1, 2, 0)
+    a.tenant("t").store(0, b"after")  # the rings go on
+    assert a.tenant("t").load(0, 5) == b"after"
+    a.close(), b.close()
