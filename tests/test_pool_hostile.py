@@ -669,3 +669,23 @@ def test_ring_entries_are_checked_like_socket_requests(service):
     a.tenant("t").store(0, b"after")  # the rings go on
     assert a.tenant("t").load(0, 5) == b"after"
     a.close(), b.close()
+
+
+def test_mirror_install_and_invalidate_across_the_wrap():
+    from cxlhm.pool.mirror import MirrorWriter
+    w = MirrorWriter("t", 4, BLOCK)
+    r = MirrorReader(os.dup(w.fd), 4, BLOCK)
+    data = np.concatenate([np.full(BLOCK, i, np.uint8) for i in range(6)])
+    w.install(3, data)  # blocks 3..8 into 4 entries: the last four (5..8) win, entries 1,2,3,0
+    out = np.empty(BLOCK, np.uint8)
+    assert not r.read(3 * BLOCK, out) and not r.read(4 * BLOCK, out)
+    for b in range(5, 9):
+        assert r.read(b * BLOCK, out) and (out == b - 3).all()
+    whole = np.empty(4 * BLOCK, np.uint8)
+    assert r.read(5 * BLOCK, whole) and (whole.reshape(4, BLOCK)[:, 0] == [2, 3, 4, 5]).all()  # a wrapped read
+    assert r.read(5 * BLOCK + 100, np.empty(BLOCK, np.uint8))  # unaligned, across two entries
+    w.invalidate(7, 3)  # blocks 7..9: entries 3 and 0
+    assert r.read(5 * BLOCK, out) and r.read(6 * BLOCK, out)
+    assert not r.read(7 * BLOCK, out) and not r.read(8 * BLOCK, out)
+    assert w.invalidations == 2
+    r.close(), w.close()

@@ -145,37 +145,49 @@ class MirrorWriter(_Segment):
         super().__init__(mm, entries, block_size)
         self.installs = self.invalidations = 0
 
+    def _runs(self, first_block: int, n_blocks: int):
+        """(first entry, first block, count) of the contiguous entry runs that blocks
+        [first_block, first_block + n_blocks) map to (at most two: the mirror wraps)."""
+        while n_blocks > 0:
+            e = first_block % self.entries
+            k = min(n_blocks, self.entries - e)
+            yield e, first_block, k
+            first_block += k
+            n_blocks -= k
+
     def invalidate(self, first_block: int, n_blocks: int) -> None:
         """Before the blocks change on the device: no host may hit their old copies."""
         h = self.headers
-        if n_blocks <= self.entries:
-            entries = [self.entry(b) for b in range(first_block, first_block + n_blocks)]
-        else:  # a range wider than the mirror: any entry may hold one of its blocks
-            entries = range(self.entries)
-        for e in entries:
-            tag = int(h[e, TAG])
-            if tag and first_block < tag <= first_block + n_blocks:
-                h[e, SEQ] += 1
-                h[e, TAG] = 0
-                h[e, SEQ] += 1
-                self.invalidations += 1
+        runs = self._runs(first_block, n_blocks) if n_blocks <= self.entries \
+            else [(0, 0, self.entries)]  # a range wider than the mirror: any entry may hold one of its blocks
+        for e, _, k in runs:
+            tags = h[e:e + k, TAG]
+            hit = np.flatnonzero((tags > np.uint64(first_block)) & (tags <= np.uint64(first_block + n_blocks)))
+            if not hit.shape[0]:
+                continue
+            rows = hit + e
+            h[rows, SEQ] += np.uint64(1)  # odd: readers back off
+            h[rows, TAG] = 0
+            h[rows, SEQ] += np.uint64(1)
+            self.invalidations += int(hit.shape[0])
 
     def install(self, first_block: int, data: np.ndarray) -> None:
         """Whole blocks just read from or written to the device, in block order."""
         bs = self.block_size
         n = data.shape[0] // bs
+        skip = max(0, n - self.entries)  # more blocks than entries: the last ones win
         h = self.headers
-        for i in range(max(0, n - self.entries), n):  # more blocks than entries: the last ones win
-            b = first_block + i
-            e = self.entry(b)
-            h[e, SEQ] += 1  # odd: readers treat the entry as missing
-            h[e, TAG] = 0
-            block = data[i * bs:(i + 1) * bs]
-            self.blocks[e] = block
-            h[e, SUM] = xxhash.xxh3_64_intdigest(block)
-            h[e, TAG] = b + 1
-            h[e, SEQ] += 1
-            self.installs += 1
+        digest = xxhash.xxh3_64_intdigest
+        for e, b, k in self._runs(first_block + skip, n - skip):
+            rows = h[e:e + k]
+            src = data[(b - first_block) * bs:(b - first_block + k) * bs].reshape(k, bs)
+            rows[:, SEQ] += np.uint64(1)  # odd: readers treat the entries as missing
+            rows[:, TAG] = 0
+            self.blocks[e:e + k] = src
+            rows[:, SUM] = np.array([digest(self.blocks[e + i]) for i in range(k)], np.uint64)
+            rows[:, TAG] = np.arange(b + 1, b + 1 + k, dtype=np.uint64)
+            rows[:, SEQ] += np.uint64(1)
+            self.installs += k
 
     def close(self) -> None:
         super().close()
