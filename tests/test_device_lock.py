@@ -95,3 +95,33 @@ def test_many_threads_leave_the_count_at_zero():
     for thread in threads:
         thread.join(60)
     assert total[0] == 12000 and lock.waiting[0] == 0
+
+
+def test_let_one_in_returns_once_a_blocked_thread_has_had_the_lock():
+    lock = DeviceLock()
+    lock.acquire()
+    had = threading.Event()
+
+    def waiter():
+        with lock:
+            had.set()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    _until(lambda: lock.waiting[1] == 1)
+    handed = lock.waiting[2]
+    lock.release()
+    lock.let_one_in(seconds=30)  # (bounded: a lost wake-up would fail the assertion, not hang)
+    assert had.is_set() or lock.locked() or lock.waiting[2] == handed + 1
+    thread.join(30)
+    assert lock.waiting[2] == handed + 1 and lock.waiting[1] == 0
+
+
+def test_a_timed_out_wait_is_not_counted_as_handed_over():
+    lock = DeviceLock()
+    lock.acquire()
+    thread = threading.Thread(target=lambda: lock.acquire(True, 0.05))
+    thread.start()
+    thread.join(30)
+    assert lock.waiting[2] == 0
+    lock.release()

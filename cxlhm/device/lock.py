@@ -21,13 +21,14 @@ import numpy as np
 class DeviceLock:
     """threading.Lock's interface (acquire, release, locked, a context manager);
     `idle`, a condition of it; `waiting`: an int64 array, [0] the threads blocked on it
-    or waiting on `idle` through wait_idle(), [1] those blocked on it."""
+    or waiting on `idle` through wait_idle(), [1] those blocked on it, [2] how many times
+    a thread that was blocked on it got it."""
     __slots__ = ("_lock", "_count_lock", "waiting", "idle")
 
     def __init__(self):
         self._lock = threading.Lock()
         self._count_lock = threading.Lock()  # (+= on an array element is no atomic step)
-        self.waiting = np.zeros(2, np.int64)
+        self.waiting = np.zeros(3, np.int64)
         self.idle = threading.Condition(self)
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
@@ -36,10 +37,12 @@ class DeviceLock:
         if not blocking:
             return False
         self._count(1, blocked=1)
+        got = False
         try:
-            return self._lock.acquire(True, timeout)
+            got = self._lock.acquire(True, timeout)
+            return got
         finally:
-            self._count(-1, blocked=-1)
+            self._count(-1, blocked=-1, handed=int(got))
 
     __enter__ = acquire
 
@@ -69,7 +72,17 @@ class DeviceLock:
         while self.waiting[1] and time.monotonic() < deadline:
             time.sleep(0.00005)
 
-    def _count(self, step: int, blocked: int = 0) -> None:
+    def let_one_in(self, seconds: float = 0.0005) -> None:
+        """Called without the lock by a thread about to take it again while other threads
+        take turns with it (several streams on one device, where someone is nearly always
+        blocked on it): wait until one blocked thread has had it (or `seconds` passed)."""
+        handed = self.waiting[2]
+        deadline = time.monotonic() + seconds
+        while self.waiting[1] and self.waiting[2] == handed and time.monotonic() < deadline:
+            time.sleep(0.00005)
+
+    def _count(self, step: int, blocked: int = 0, handed: int = 0) -> None:
         with self._count_lock:
             self.waiting[0] += step
             self.waiting[1] += blocked
+            self.waiting[2] += handed

@@ -168,7 +168,10 @@ class StreamReads:
                     self._reap_unlocked(job)
                     continue
                 if self._lock.waiting[1]:  # a thread waits for the device: it goes first
-                    self._lock.let_waiters_in()
+                    if self._streams[0] > 1:  # (streams take turns: one of them, not all)
+                        self._lock.let_one_in()
+                    else:
+                        self._lock.let_waiters_in()
                 if status == rs.WIDE or (status == rs.BLOCKED and alone):  # access() splits it over passes
                     i = int(st[rs.NEXT])
                     begin = time.monotonic_ns()
