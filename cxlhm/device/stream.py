@@ -164,11 +164,14 @@ class StreamReads:
                         self._wait_for_slots(ext_hpa[i:i + 1], ext_len[i:i + 1])
                     elif status == rs.FINISHED:
                         break
-                if status == rs.REAP_UNLOCKED:  # other streams run while this one waits at the SSD
+                shared = self._streams[0] > 1
+                if status == rs.REAP_UNLOCKED or (status == rs.SLICE and shared and st[rs.RING] > 0):
+                    # other streams run while this one waits at the SSD; at the end of a slice
+                    # cut short for a thread blocked on the lock, that thread takes it meanwhile
                     self._reap_unlocked(job)
                     continue
                 if self._lock.waiting[1]:  # a thread waits for the device: it goes first
-                    if self._streams[0] > 1:  # (streams take turns: one of them, not all)
+                    if shared:  # (streams take turns: one of them, not all)
                         self._lock.let_one_in()
                     else:
                         self._lock.let_waiters_in()
