@@ -43,3 +43,11 @@ def test_plus_hints_without_on_hint_warns_and_the_report_reads_right(capsys):
 def test_no_warning_for_a_policy_that_takes_hints(capsys):
     assert main(["run", "--configs", "hymcache+hints", *SMALL]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_policies_lists_which_take_hints(capsys):
+    assert main(["policies", "lru", "hymcache"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("lru ") and out[0].endswith("; no on_hint: ignores hints]")
+    hym = next(line for line in out if line.startswith("hymcache"))
+    assert hym.endswith("; takes hints (on_hint)]")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 
 import firmware_policies
+from firmware_policies.base import no_hint
 
 NAME = "policies"
 HELP = "list firmware policies, their one-line descriptions and parameters"
@@ -37,6 +38,7 @@ def run(args) -> int:
             broken += 1
             continue
         tags = [policy.write_mode] + (["offline: trace-driven simulation only"] if policy.needs_future else [])
+        tags.append("takes hints (on_hint)" if policy.on_hint is not no_hint else "no on_hint: ignores hints")
         print(f"{name:<10} {policy.description} [{'; '.join(tags)}]")
         for key, p in policy.params.items():
             print(f"{'':<10}   {key} ({p.type.__name__}, default {p.default!r}): {p.help}")
