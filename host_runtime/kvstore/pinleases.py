@@ -8,8 +8,8 @@ with pins. A lease (`Tenant.lease_pins`) is released by whichever comes first:
 * its holder: ``lease.release()`` or ``tenant.release_pins(lease_id)`` (an adapter
   does this on the engine's get that follows the lookup);
 * a new lease under the same id (a repeated lookup replaces the old one);
-* its deadline: the store releases expired leases at the start of every put, get and
-  pin of any tenant (before a put evicts, so expired pins never cost a chunk), and a
+* its deadline: the store releases expired leases at the start of every put, get,
+  remove and pin of any tenant (before a put evicts, so expired pins never cost a chunk), and a
   timer releases them when nothing calls the store, so no lease outlives its deadline
   by more than the timer's latency.
 

@@ -294,6 +294,7 @@ class KVStore(EvictionMixin, PersistenceMixin):
 
     # ------------------------------------------------------------ remove / pin / prefetch
     def _remove(self, t: Tenant, key: bytes) -> bool:
+        self._reap_leases()
         with self._lock:
             entry = t._index.get(key)
             if entry is None:
