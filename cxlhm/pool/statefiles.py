@@ -23,6 +23,9 @@ from pathlib import Path
 class StateError(OSError):
     """The state folder or a file in it cannot be used; the message says why."""
 
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()  # the message alone, without "[Errno N]"
+
 
 def check_folder(path: Path, uid: int | None = None) -> None:
     uid = os.geteuid() if uid is None else uid
