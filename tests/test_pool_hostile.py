@@ -689,3 +689,15 @@ def test_mirror_install_and_invalidate_across_the_wrap():
     assert not r.read(7 * BLOCK, out) and not r.read(8 * BLOCK, out)
     assert w.invalidations == 2
     r.close(), w.close()
+
+
+def test_the_socket_is_this_users_or_its_groups_never_everyones(tmp_path):
+    import stat as st
+    svc = in_process_service(tmp_path)
+    assert st.S_IMODE(os.stat(svc.socket_path).st_mode) == 0o600
+    svc.close()
+    svc = in_process_service(tmp_path, socket_mode=0o660)
+    assert st.S_IMODE(os.stat(svc.socket_path).st_mode) == 0o660
+    svc.close()
+    with pytest.raises(LayoutError, match="socket_mode 666"):
+        in_process_service(tmp_path, socket_mode=0o666)

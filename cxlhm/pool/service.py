@@ -119,7 +119,7 @@ class PoolService:
                  partition_bytes: int | None = None, mirror_bytes: int = 16 << 20,
                  grants: dict[str, list[str]] | None = None, authkey: bytes | None = None,
                  max_hosts: int = 32, max_pending: int = 16, auth_deadline_s: float = 5.0,
-                 flush_interval_s: float = 0.5, pin_fraction: float = 0.25):
+                 flush_interval_s: float = 0.5, pin_fraction: float = 0.25, socket_mode: int = 0o600):
         self.handle = handle
         self.device = handle.device
         self.block_size = handle.block_size
@@ -150,6 +150,11 @@ class PoolService:
             self._release_state()
             raise
         self.authkey = self.identities.pool_key
+        if socket_mode & ~0o660 or not socket_mode & 0o600 == 0o600:
+            self._release_state()
+            raise LayoutError(f"socket_mode {socket_mode:o}: 600 (this user's hosts) or 660 (and its group's) "
+                              "expected; the key proof, not the mode, decides who attaches")
+        self.socket_mode = socket_mode
         self.max_hosts, self.max_pending = max_hosts, max_pending
         self.auth_deadline_s, self.flush_interval_s = auth_deadline_s, flush_interval_s
         self._tenants: dict[str, _Tenant] = {}
@@ -187,7 +192,7 @@ class PoolService:
         claim_socket(self.socket_path)
         self.life = ServiceLife(self.state_dir)  # before anyone attaches: hosts of the last life miss from now on
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)
+        old = os.umask(0o777 & ~self.socket_mode)
         try:
             sock.bind(self.socket_path)
         except OSError:

@@ -44,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="allow HOST to attach these tenants (repeatable; without any --grant every "
                             "authenticated host may attach any tenant)")
     serve.add_argument("--max-hosts", type=int, default=32, metavar="N", help="hosts attached at once (default 32)")
+    serve.add_argument("--socket-mode", default="600", choices=["600", "660"],
+                       help="who may connect: this user's processes (600, default) or its group's too (660); "
+                            "each host still proves its own key")
     add_device_arguments(serve)
     grant = sub.add_parser("grant", help="give hosts keys of their own and grant them tenants")
     grant.add_argument("--state", required=True, metavar="DIR", help="the service's state folder")
@@ -135,7 +138,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"cannot open the device: {exc}")
     try:
         service = PoolService(handle, args.socket, state_dir=state, partition_bytes=partition, mirror_bytes=mirror,
-                              grants=grants, authkey=key, max_hosts=args.max_hosts).start()
+                              grants=grants, authkey=key, max_hosts=args.max_hosts,
+                              socket_mode=int(args.socket_mode, 8)).start()
     except (LayoutError, IdentityError, OSError) as exc:
         handle.close()
         return _fail(str(exc))
