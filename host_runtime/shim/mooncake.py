@@ -100,7 +100,7 @@ class _OpenImages:
     and closed by the last one to let go."""
 
     def __init__(self):
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: a store collected while opening another releases here
         self._open: dict[tuple, list] = {}  # key -> [shim, users]
 
     def acquire(self, key: tuple, opener) -> KVShim:
