@@ -163,3 +163,29 @@ def test_logs_are_written_in_fios_format(tmp_path, monkeypatch):
     averaged = [line.split(", ") for line in (tmp_path / "y_iops.2.log").read_text().splitlines()]
     assert averaged and all(r[2] == "1" and r[3] == "0" for r in averaged)  # windows: size column 0
     assert not list(tmp_path.glob("*.0.log"))  # clones count from 1
+
+
+def test_flow_keeps_the_jobs_io_counts_in_the_ratio_of_their_weights(tmp_path):
+    text = (f"[global]\nfilename={tmp_path / 'f'}\nsize=8m\nbs=4k\ntime_based\nruntime=1\nflow_sleep=100\n"
+            "[w]\nrw=write\nflow=1\n[r]\nrw=randread\nflow=3\n")
+    _, out, _ = run(text)
+    writes = out["jobs"][0]["write"]["total_ios"]
+    reads = out["jobs"][1]["read"]["total_ios"]
+    assert writes > 0 and 2.5 < reads / writes < 3.5
+
+
+def test_backwards_sequential_io_goes_down_the_file_as_fio_does(tmp_path):
+    from cxlhm_apps.fio.runner import Worker
+    jobs, _ = jobs_of(f"[b]\nfilename={tmp_path / 'f'}\nsize=64k\nbs=4k\nrw=read:-8k\n")
+    worker = Worker(plan_clones(jobs)[0], None, 1)
+    try:
+        _, offsets, _ = worker.gen.next_chunk(32)
+    finally:
+        worker.arena.close()
+    assert (offsets // 4096).tolist() == [0] + list(range(14, -1, -1))  # fio 3.33's order (the last block unread)
+
+
+def test_a_flow_job_of_a_later_phase_holds_no_one_back(tmp_path):
+    _, out, _ = run(f"[global]\nfilename={tmp_path / 'f'}\nsize=256k\n[a]\nrw=write\nflow=1\n"
+                    "[b]\nstonewall\nrw=read\nflow=5\n")
+    assert [j["write"]["io_bytes"] + j["read"]["io_bytes"] for j in out["jobs"]] == [256 << 10] * 2

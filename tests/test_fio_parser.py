@@ -77,7 +77,8 @@ EXAMPLES = {
     "blockalign": ("8k", (8192, 8192)), "loops": ("3", 3), "numa_cpu_nodes": ("0", "0"),
     "numa_mem_policy": ("local", "local"), "wait_for": ("w", "w"), "exitall": ("1", True),
     "exit_what": ("stonewall", "stonewall"), "write_lat_log": ("lat", "lat"), "write_bw_log": ("bw", "bw"),
-    "write_iops_log": ("io", "io"), "log_avg_msec": ("500", 500),
+    "write_iops_log": ("io", "io"), "log_avg_msec": ("500", 500), "flow": ("-8", -8), "flow_id": ("2", 2),
+    "flow_sleep": ("1000", 1000),
 }
 NEEDS = {"time_based": "runtime=1\n", "verify_backlog": "verify=crc32c\n"}
 

@@ -76,6 +76,5 @@ NOT_MODELLED_WHY: dict[str, str] = {
     "grace_time": _ENGINE, "ttl": _ENGINE, "skip_bad": "MTD devices are not modelled",
 "cont": _ENGINE, "sprandom": "sprandom is not modelled",
     "spr_op": "sprandom is not modelled", "spr_num_regions": "sprandom is not modelled",
-    "flow_sleep": "flow control is not modelled", "flow": "flow control is not modelled",
     "sync": "sync=1 (O_SYNC writes) is not modelled",
 }

@@ -54,10 +54,15 @@ def parse_rw(text: str, kb_base: int) -> RwMode:
     modifier = 0
     if sep:
         # random patterns count I/Os per new offset; sequential ones skip a size after each I/O
-        modifier = V.parse_int(modifier_text) if random else V.parse_size(modifier_text, kb_base=kb_base)
-        if modifier < (1 if random else 0):
-            raise ValueError(f"the :N suffix must be {'at least 1' if random else 'a non-negative size'}, got {modifier_text!r}")
-        if modifier > MAX_RW_MODIFIER:  # fio keeps it in a C int
+        # (sequential: a negative size goes backwards, as fio's rw=read:-8k)
+        backwards = not random and modifier_text.strip().startswith("-")
+        if random:
+            modifier = V.parse_int(modifier_text)
+        else:
+            modifier = V.parse_size(modifier_text.strip().lstrip("-"), kb_base=kb_base) * (-1 if backwards else 1)
+        if random and modifier < 1:
+            raise ValueError(f"the :N suffix must be at least 1, got {modifier_text!r}")
+        if abs(modifier) > MAX_RW_MODIFIER:  # fio keeps it in a C int
             raise ValueError(f"the :N suffix must be at most {MAX_RW_MODIFIER}, got {modifier_text!r}")
     return RwMode("rw" if mode == "readwrite" else mode, random, reads, writes, modifier)
 
@@ -309,6 +314,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("stonewall", "bool", _bool, False, "wait for the jobs above to finish first; starts a new reporting group",
            aliases=("wait_for_previous",), flag=True, group="timing"),
     Option("new_group", "bool", _bool, False, "start a new reporting group", flag=True, group="timing"),
+    Option("flow", "int", _int_at_least(-(1 << 20), 1 << 20), 0,
+           "weight in token-based flow control: jobs of one flow_id keep their I/O counts in the ratio of their "
+           "weights", group="timing"),
+    Option("flow_id", "int", _int_at_least(0), 0, "the flow control group of the job", group="timing"),
+    Option("flow_sleep", "int", _int_at_least(0), 0, "microseconds a job ahead of its flow share waits",
+           group="timing"),
     Option("wait_for", "str", _text, None, "start once every clone of the named (earlier) job has finished",
            group="timing"),
     Option("exitall", "bool", _bool, False, "when this job finishes, end the others (exit_what says which)",

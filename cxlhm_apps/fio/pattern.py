@@ -163,6 +163,9 @@ class IoGenerator:
             if not idx.size:
                 continue
             sz = size[idx]
+            if hole < 0:
+                offset[idx] = self.start + self._backwards(d, sz, hole)
+                continue
             step = sz + hole
             uniform = bool((sz == sz[0]).all()) and self.length % int(step[0]) == 0
             if uniform:  # the common case: wrap by modulo
@@ -214,6 +217,22 @@ class IoGenerator:
             if left is not None:
                 left -= int(size[i])
         return offset, size.shape[0]
+
+    def _backwards(self, d: int, sz: np.ndarray, hole: int) -> np.ndarray:
+        """rw=read:-SIZE, fio's way: the first I/O at the region's start, each next one
+        SIZE before the end of the one before, and one that would start before the region
+        SIZE before the region's end (fio 3.33: 0, then the blocks from the end down)."""
+        rel = np.empty(sz.shape[0], np.int64)
+        prev_end = self.seq_pos[d] if self.issued else None
+        for i, s in enumerate(sz.tolist()):
+            pos = 0 if prev_end is None else prev_end + hole
+            if pos < 0:
+                pos = self.length + hole
+            pos = max(0, min(pos, self.length - s))
+            rel[i] = pos
+            prev_end = pos + s
+        self.seq_pos[d] = prev_end
+        return rel
 
     def _random_blocks(self, count: int, direction: np.ndarray) -> np.ndarray:
         if self.randommap:

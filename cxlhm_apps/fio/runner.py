@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from cxlhm.config import ConfigError, load_config
-from cxlhm_apps.fio import clocks, files, schedule
+from cxlhm_apps.fio import clocks, files, flow, schedule
 from cxlhm_apps.fio import verify as VF
 from cxlhm_apps.fio.engines import DeviceShare, EngineError, IoArena, engine_of, warm_stream
 from cxlhm_apps.fio.jobfile import JobSpec
@@ -267,6 +267,9 @@ class Worker:
             slots = qd
             most = min(CHUNK_IOS, CHUNK_IOS_PER_DEPTH * qd)
             self.chunk_ios = max(qd, most - most % qd)
+        if job["flow"]:  # flow control weighs the jobs' counts batch by batch: batches of iodepth
+            self.chunk_ios = min(self.chunk_ios, qd)
+        self.flow = None  # its FlowTicket, where the job sets flow (run_jobs hands them out)
         self.arena = IoArena(slots, self.gen.max_bs, seed)
         self.verify_arena: IoArena | None = None
         self.state = "_"
@@ -344,6 +347,8 @@ class Worker:
             self.messages.append(f"fio: job {self.job.name!r}: {text}")
             self.state = "E"
         finally:
+            if self.flow is not None:
+                self.flow.leave()
             if self.engine is not None:
                 try:  # on the model clock, other jobs on the device stop waiting for this one
                     self.engine.drain()
@@ -367,6 +372,8 @@ class Worker:
         self._wall_start = time.monotonic_ns()
         t0 = self._t_start = engine.now_ns()
         self.logs.start(t0)
+        if self.flow is not None:
+            self.flow.join()
         ramp_end = t0 + job["ramp_time"]
         job_end = ramp_end + job["runtime"] if job["runtime"] else NEVER
         measuring = job["ramp_time"] == 0
@@ -386,7 +393,11 @@ class Worker:
             if ahead is None and (not self.verify_kind or self._halves == 2):  # (into the other half)
                 ahead = self._side.submit(self._chunk_ahead)
             deadline = min(job_end, self._window[0] + SAMPLE_WINDOW_NS, NEVER if measuring else ramp_end)
+            if self.flow is not None:
+                self.flow.wait_turn(job_end)
             done = engine.execute(pending, self.arena, deadline, keep_read_data=bool(self.verify_kind))
+            if self.flow is not None:
+                self.flow.did(done.count)
             executed, pending = pending.take(0, done.count), pending.take(done.count)
             now = done.end_ns
             self._account(executed, done, measuring)
@@ -399,6 +410,8 @@ class Worker:
                 self._verify_pass(self.vlog.take(self.backlog_due), record=measuring, seeds_from=None)
                 self.backlog_due = 0
         self._side.settle()
+        if self.flow is not None:  # (run() also lets go of it when the job fails)
+            self.flow.leave()
         main_ios = [d.ios for d in self.stats.dirs]  # what the job's own phase did, per direction
         main_end = verify_start = engine.now_ns()
         if self.verify_kind and job["do_verify"] and len(self.vlog) and not self._stop.is_set():
@@ -630,6 +643,9 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None) -> RunRes
             workers.append(worker)
             worker.logs = JobLogs(plan.job, len(workers))  # (fio numbers the logs by clone, from 1)
             worker.open_engine()
+        flow_tickets = flow.tickets(workers)
+        for worker in workers:
+            worker.flow = flow_tickets.get(id(worker))
         meter = Progress(workers) if progress else None
         if meter:
             meter.start()
