@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import paired_ratio  # noqa: E402
 from bench_fio import load, machine  # noqa: E402
 from cxlhm_apps.fio import report  # noqa: E402
+from cxlhm_apps.fio import runner as fio_runner  # noqa: E402
 from cxlhm_apps.fio.files import lay_out  # noqa: E402
 from cxlhm_apps.fio.jobfile import build_jobs, read_sections  # noqa: E402
 from cxlhm_apps.fio.runner import run_jobs  # noqa: E402
@@ -50,6 +51,41 @@ def verify_job(path: str, size: str, engine: str) -> str:
             f"randseed=1\n{engine}")
 
 
+# Each cxlhm job thread's time on a CPU, runnable but waiting for one (the scheduler's
+# run delay), and wall time, of the last run: on a small machine shared with other work a
+# job's threads queue for a CPU at every completion, and more threads queue more.
+_THREADS: list[tuple[int, int, int]] = []
+
+
+def _schedstat() -> tuple[int, int]:
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            on_cpu, waiting, _ = f.read().split()
+        return int(on_cpu), int(waiting)
+    except (OSError, ValueError):
+        return 0, 0
+
+
+def _timed_run(run):
+    def timed(self):
+        cpu0, wait0 = _schedstat()
+        start = time.monotonic_ns()
+        try:
+            run(self)
+        finally:
+            cpu1, wait1 = _schedstat()
+            _THREADS.append((cpu1 - cpu0, wait1 - wait0, time.monotonic_ns() - start))
+    return timed
+
+
+fio_runner.Worker.run = _timed_run(fio_runner.Worker.run)
+
+
+def cpu_wait() -> float:
+    """The share of its wall time the last cxlhm run's job threads spent waiting for a CPU."""
+    return sum(t[1] for t in _THREADS) / max(1, sum(t[2] for t in _THREADS))
+
+
 def total_iops(doc: dict, direction: str) -> float:
     return sum(job[direction]["iops"] for job in doc["jobs"])
 
@@ -66,6 +102,7 @@ def run_cxlhm(text: str, image: str) -> dict:
     for sidecar in Path(image).parent.glob(Path(image).name + ".cxlhm.*"):
         sidecar.unlink()
     jobs, globals_ = build_jobs([read_sections(text, "<bench>")])
+    _THREADS.clear()
     result = run_jobs(jobs, log=lambda _: None)
     if result.failed:
         raise RuntimeError("; ".join(c.stats.error_text for c in result.clones if c.stats.error))
@@ -86,10 +123,16 @@ def alternate(rounds: int, runs: dict) -> dict[str, list]:
 def scaling(args, fio: str, folder: Path, path: str) -> list[str]:
     lines = []
     for rw, direction in (("randwrite", "write"), ("randread", "read")):
+        waits: dict[int, list[float]] = {1: [], 4: []}
+
         def case(numjobs: int, device: bool):
             text = scaling_job(rw, path, args.size, args.runtime, numjobs, DEVICE_ENGINE if device else FIO_ENGINE)
             if device:
-                return lambda: total_iops(run_cxlhm(text, path), direction)
+                def run():
+                    iops = total_iops(run_cxlhm(text, path), direction)
+                    waits[numjobs].append(cpu_wait())
+                    return iops
+                return run
             return lambda: total_iops(run_fio(text, fio, folder), direction)
         got = alternate(args.rounds, {"fio x1": case(1, False), "fio x4": case(4, False),
                                       "cxlhm x1": case(1, True), "cxlhm x4": case(4, True)})
@@ -102,7 +145,9 @@ def scaling(args, fio: str, folder: Path, path: str) -> list[str]:
             f"cxlhm {med['cxlhm x1']:,.0f} -> {med['cxlhm x4']:,.0f} IOPS ({cx_scale:.2f}x; target "
             f"{SCALING_TARGET:.1f}x: {verdict}; {cx_scale / fio_scale:.2f} of fio's own scaling); cxlhm/fio "
             f"{paired_ratio(got['cxlhm x1'], got['fio x1']):.2f}x at 1 job, "
-            f"{paired_ratio(got['cxlhm x4'], got['fio x4']):.2f}x at 4")
+            f"{paired_ratio(got['cxlhm x4'], got['fio x4']):.2f}x at 4; cxlhm's job threads runnable but waiting "
+            f"for a CPU {100 * statistics.median(waits[1]):.0f}% of their time at 1 job, "
+            f"{100 * statistics.median(waits[4]):.0f}% at 4")
         print(f"  done: {rw}", flush=True)
     return lines
 
