@@ -100,12 +100,15 @@ def clean_prefix(hpas, lens, block_size, special):
 # (compiled when imported: threads that reach it first together would compile it together)
 @njit(signature_or_function="int64(intp, int64[::1], int64[::1], int64[::1], boolean)")
 def reap_unlocked(ring, st, tags, res, wide):
-    """Wait for at least one completion on the stream's ring (its own thread's: the
+    """Wait for completions on the stream's ring (its own thread's: the
     device lock is not held) and take up to as many as `run` takes at once into the
     stream's `reaped` (`tags`, `res`; st[REAPED]); `run` completes them when it runs
     next. Returns how many were taken, or -errno."""
     most = tags.shape[0] if wide else min(REAP_AT_ONCE, tags.shape[0])
-    got = _reap(ring, 1, most, tags.ctypes.data, res.ctypes.data)
+    # a quarter of what is on the ring (all of it lands: it was handed to the kernel), so
+    # a thread that other threads keep from a CPU wakes once per few completions
+    least = max(1, min(most, st[RING] // 4))
+    got = _reap(ring, least, most, tags.ctypes.data, res.ctypes.data)
     if got > 0:
         st[REAPED] = got
     return got
