@@ -8,11 +8,12 @@ import sys
 NAME = "fio"
 HELP = "run fio job files against the emulated device; fio's text or JSON output"
 DESCRIPTION = """\
-Run fio job files ([global] and job sections, fio's option syntax) with ioengine=cxlhm
-(the emulated CXL-HM device) or ioengine=io_uring (O_DIRECT on a plain file, the raw
-baseline), and print fio's normal report or fio's JSON. `-` reads a job file from
-standard input. --compare-fio runs the same jobs through real fio (a device's image is
-replaced by a file of fio's own beside it) and prints IOPS, bandwidth and latency ratios.
+Run fio job files ([global] and job sections, fio's option syntax, fio's meaning) with
+fio's own file engines (psync - fio's default -, sync, pvsync, pvsync2, mmap, posixaio,
+libaio, io_uring; buffered or direct=1) or ioengine=cxlhm (the emulated CXL-HM device),
+and print fio's normal report or fio's JSON. `-` reads a job file from standard input.
+--compare-fio runs the same jobs through real fio (a device's image is replaced by a
+file of fio's own beside it) and prints IOPS, bandwidth and latency ratios.
 
 examples:
   cxlhm fio bench/jobs/randread-4k-qd32.fio
@@ -32,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="normal: fio's text report; json / json+: fio's JSON (json+ adds latency bins)")
     parser.add_argument("--output", metavar="FILE", help="write the report to FILE instead of standard output")
     parser.add_argument("--compare-fio", action="store_true",
-                        help="also run the jobs through real fio (io_uring, O_DIRECT; never on a device's image) and print the ratios")
+                        help="also run the jobs through real fio (their own engines; device jobs as io_uring, O_DIRECT, never on a device's image) and print the ratios")
     parser.add_argument("--cmdhelp", nargs="?", const="", metavar="OPTION",
                         help="list the supported job options, or describe one")
     parser.add_argument("--eta", choices=("auto", "always", "never"), default="auto",

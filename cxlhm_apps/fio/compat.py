@@ -211,11 +211,26 @@ def _json_of(stdout: str) -> dict | None:
         return None
 
 
-def run_fio(fio: str, job: Path, cwd: Path) -> Outcome:
+def _run(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess | None:
+    """Run to the end, or None after FIO_TIMEOUT_S: then SIGTERM first, so fio ends the
+    job processes it forked (a SIGKILL would leave them running), SIGKILL if it must."""
+    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        proc = subprocess.run([fio, "--output-format=json", str(job)], cwd=cwd, capture_output=True, text=True,
-                              timeout=FIO_TIMEOUT_S)
+        out, err = proc.communicate(timeout=FIO_TIMEOUT_S)
     except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        return None
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def run_fio(fio: str, job: Path, cwd: Path) -> Outcome:
+    proc = _run([fio, "--output-format=json", str(job)], cwd)
+    if proc is None:
         return Outcome(False, None, f"fio did not finish in {FIO_TIMEOUT_S} s")
     report = _json_of(proc.stdout)
     if proc.returncode != 0 or report is None or any(j.get("error") for j in report.get("jobs", [])):
@@ -229,10 +244,8 @@ def run_ours(job: Path, cwd: Path) -> Outcome:
     code = "import sys; from cxlhm_apps.cli import main; sys.exit(main(sys.argv[1:]))"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2])] +
                                                       [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    try:
-        proc = subprocess.run([sys.executable, "-c", code, "fio", "--output-format=json", "--eta=never", str(job)],
-                              cwd=cwd, capture_output=True, text=True, timeout=FIO_TIMEOUT_S, env=env)
-    except subprocess.TimeoutExpired:
+    proc = _run([sys.executable, "-c", code, "fio", "--output-format=json", "--eta=never", str(job)], cwd, env)
+    if proc is None:
         return Outcome(False, None, f"did not finish in {FIO_TIMEOUT_S} s")
     report = _json_of(proc.stdout)
     if proc.returncode != 0 or report is None:
