@@ -77,3 +77,10 @@ def test_fios_example_runs_as_written_and_agrees_with_fio(example, tmp_path):
     folder = _corpus()
     row = compat.run_example(folder / example, shutil.which("fio"), size_cap=1 << 20, runtime_cap_s=1, keep=tmp_path)
     assert row.status == "agrees", row.detail
+
+
+def test_on_engine_puts_every_job_on_the_engine():
+    text = "[global]\nioengine=libaio\n[a]\n[b]\nioengine = psync\n"
+    assert compat.on_engine(text, "cxlhm").splitlines() == [
+        "[global]", "ioengine=cxlhm", "ioengine=cxlhm", "[a]", "ioengine=cxlhm", "[b]", "ioengine=cxlhm",
+        "ioengine=cxlhm"]
