@@ -151,7 +151,7 @@ class Engine:
         self.ctx = zmq.Context()
         self.scheduler = self.ctx.socket(zmq.PULL)  # where the lookup server answers
         self.scheduler.bind("ipc://" + get_zmq_rpc_path_lmcache("cxlhm-test", "lookup_scheduler", 0, 0))
-        self.scheduler.setsockopt(zmq.RCVTIMEO, 30_000)
+        self.scheduler.setsockopt(zmq.RCVTIMEO, 600_000)  # generous: a fresh install compiles its firmware first
         self.decode = lambda buf: msgspec.msgpack.decode(buf, type=LookupResponseMsg)
         self.server = LMCacheAsyncLookupServer(None, self.metadata)  # requests come from us, not the socket
         self.manager = StorageManager(self.config, self.metadata, EventManager(), async_lookup_server=self.server)
@@ -171,7 +171,7 @@ class Engine:
     def drain(self) -> None:
         """Wait for the tasks queued on the manager's loop (our connector's coroutines never
         yield, so a coroutine queued after them finishes after them)."""
-        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), self.manager.loop).result(60)
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), self.manager.loop).result(600)
 
     def lookup(self, lookup_id, hashes) -> int:
         """The worker's async lookup (pin=True, as LMCache's lookup server always asks):
@@ -179,7 +179,7 @@ class Engine:
         keys = [chunk_key(h) for h in hashes]
         cum = [256 * i for i in range(len(keys) + 1)]
         asyncio.run_coroutine_threadsafe(
-            self.manager.async_lookup_and_prefetch(lookup_id, keys, cum, pin=True), self.manager.loop).result(60)
+            self.manager.async_lookup_and_prefetch(lookup_id, keys, cum, pin=True), self.manager.loop).result(600)
         reply = self.decode(self.scheduler.recv())
         assert reply.lookup_id == lookup_id
         return reply.num_hit_tokens
@@ -209,8 +209,7 @@ class Engine:
         wake.send(msgspec.msgpack.encode(LookupCleanupMsg(lookup_id="stop")))
         wake.close(linger=1000)
         self.server.close()
-        self.scheduler.close(linger=0)
-        self.ctx.term()
+        self.ctx.destroy(linger=0)  # closes the scheduler socket too, never waits on a peer
 
 
 def our_connector(backend):
