@@ -189,3 +189,10 @@ def test_a_flow_job_of_a_later_phase_holds_no_one_back(tmp_path):
     _, out, _ = run(f"[global]\nfilename={tmp_path / 'f'}\nsize=256k\n[a]\nrw=write\nflow=1\n"
                     "[b]\nstonewall\nrw=read\nflow=5\n")
     assert [j["write"]["io_bytes"] + j["read"]["io_bytes"] for j in out["jobs"]] == [256 << 10] * 2
+
+
+def test_a_device_image_is_not_shared_with_fios_engines_in_one_run(tmp_path):
+    from cxlhm_apps.fio.jobfile import JobFileError
+    jobs, _ = jobs_of(f"[global]\nfilename={tmp_path / 'dev.img'}\nsize=1m\n[d]\nioengine=cxlhm\n[raw]\nrw=write\n")
+    with pytest.raises(JobFileError, match="is the image of the device job 'd' uses"):
+        plan_clones(jobs)

@@ -120,7 +120,20 @@ def plan_clones(jobs: list[JobSpec]) -> list[ClonePlan]:
                 raise job.error("size", f"the region ({size} bytes) is smaller than the block size ({max_bs} bytes)")
             end = max(offset + size, job["filesize"] or 0)
             plans.append(ClonePlan(job, clone, groupid, phase, filename, offset, size, end))
+    _check_images_stay_the_devices(plans)
     return plans
+
+
+def _check_images_stay_the_devices(plans: list[ClonePlan]) -> None:
+    """A file that a job uses as a device's image is the device's alone: a job of fio's
+    own engines writing it (or reading it half-written) would go behind the device's back."""
+    images = {os.path.realpath(p.filename): p.job for p in plans if engine_of(p.job).uses_device}
+    for plan in plans:
+        device_job = images.get(os.path.realpath(plan.filename))
+        if device_job is not None and not engine_of(plan.job).uses_device:
+            raise plan.job.error("filename", f"{plan.filename} is the image of the device job {device_job.name!r} "
+                                             f"uses; ioengine={plan.job['ioengine']} would change it behind the "
+                                             "device's back (give this job a file of its own, or ioengine=cxlhm)")
 
 
 # ---------------------------------------------------------------- devices
