@@ -1,11 +1,14 @@
-"""The Mooncake-store drop-in against Mooncake's real API (the releases in
-requirements-engines.txt). mooncake.store is a CUDA-linked extension that does not load
-on a CPU machine, so its method set is read from the installed extension's symbol
-strings, and the engines' own call sites (SGLang's, vLLM's and LMCache's Mooncake
-backends) are parsed: every ``store.<method>(...)`` they make must exist on
-CxlhmMooncakeStore and accept the arguments they pass. Then the calls those backends
-make in order (setup, register_buffer, batch_put_from_multi_buffers, ...) run against a
-device, with Mooncake's return codes."""
+"""The Mooncake-store drop-in against Mooncake's real API and the engines that use it
+(the releases in requirements-engines.txt, and the next ones through make
+test-engines-next). mooncake.store is a CUDA-linked extension that does not load on a
+CPU machine, so its method set is read from the installed extension's symbol strings,
+and every attribute SGLang's, vLLM's and LMCache's sources take from a store object -
+calls and references handed to asyncio.to_thread alike - is found with ast and must
+exist on CxlhmMooncakeStore and accept the arguments it will get. Then the engines' own
+back ends run unmodified over the drop-in (install_as_mooncake_store): SGLang's
+MooncakeStore detaching and attaching again, LMCache's MooncakestoreConnector in both
+save_chunk_meta modes, re-attach and a rotten chunk; and the raw call sequence with
+Mooncake's return codes."""
 import ast
 import asyncio
 import gc
