@@ -19,9 +19,6 @@ I/O and copy steps are skipped, so timing-only results follow the same code path
 """
 from __future__ import annotations
 
-import hashlib
-import sys
-import types
 from collections import namedtuple
 from pathlib import Path
 
@@ -30,14 +27,13 @@ import numpy as np
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-import firmware_policies
 from cxlhm import blocktable as btm
-from cxlhm import jit
+from cxlhm import policy_glue as glue
 from cxlhm.jit import njit
 from cxlhm import counters as C
 from cxlhm._native import lib as _abi
 from cxlhm.media.ssd import IO_FIELDS
-from firmware_policies.base import Policy
+from cxlhm.policies import Policy
 
 WRITE_BACK, WRITE_THROUGH, WRITE_BUFFER = 0, 1, 2
 
@@ -213,62 +209,22 @@ def mark_clean(bt, base, block_size, ops, n):
 
 _KERNELS: dict[int, Kernels] = {}
 _TEMPLATE = Path(__file__).with_name("firmware_kernels.py")
-_POLICY_LINE = '_policy = firmware_policies.get("lru")  # the policy of this copy'
 
 
 def kernels_for(policy: Policy) -> Kernels:
-    """The firmware kernels of `policy`: compiled once per install and cached on disk
-    for a registered policy (cxlhm/jit.py), once per process for any other."""
+    """The firmware kernels of `policy` (cxlhm/firmware_kernels.py through the glue
+    generator, cxlhm/policy_glue.py): compiled once per install and cached on disk for a
+    registered policy, once per process for any other."""
     key = id(policy)
     if key not in _KERNELS:
-        _KERNELS[key] = _load_kernels(policy)
+        module = policy_module(_TEMPLATE, "firmware", policy, f"the {policy.name} firmware")
+        _KERNELS[key] = Kernels(*(getattr(module, name) for name in Kernels._fields))
     return _KERNELS[key]
 
 
-def registered(policy: Policy) -> bool:
-    """Is `policy` the object the registry hands out under its name (so a generated
-    module can name it)?"""
-    try:
-        return firmware_policies.get(policy.name) is policy
-    except firmware_policies.UnknownPolicy:
-        return False
-
-
-def policy_tag(policy: Policy) -> str:
-    """A hash of the policy's own source files outside firmware_policies (whose files
-    the cache stamp covers already): a third-party policy's edit compiles afresh."""
-    digest = hashlib.sha256(policy.name.encode())
-    for hook in (policy.on_hit, policy.on_insert, policy.victim, policy.on_evict, policy.on_hint, policy.background):
-        module = sys.modules.get(getattr(getattr(hook, "py_func", hook), "__module__", ""), None)
-        if getattr(module, "__file__", None):
-            digest.update(Path(module.__file__).read_bytes())
-    return digest.hexdigest()[:8]
-
-
-def _load_kernels(policy: Policy) -> Kernels:
-    module = policy_module(_TEMPLATE, "firmware", policy, f"the {policy.name} firmware")
-    return Kernels(*(getattr(module, name) for name in Kernels._fields))
-
-
 def policy_module(template: Path, kind: str, policy: Policy, what: str):
-    """`policy`'s copy of the compiled-code module `template`, whose one line
-    `_POLICY_LINE` names the policy its functions inline (cxlhm/firmware_kernels.py is
-    one): for a registered policy a generated module in the compile cache (compiled once
-    per install, cxlhm/jit.py; `what` is said to be compiling the first time), for any
-    other object a namespace compiled in memory, every process."""
-    source = template.read_text()
-    assert _POLICY_LINE in source, f"{template.name} must bind its policy on one line"
-    module = None
-    if registered(policy):
-        name = f"{kind}_{policy.name}_{policy_tag(policy)}"
-        jit.compiling_notice(what, jit.cache_dir() / "numba" / jit.STAMP / f"{name}_{jit.STAMP}")
-        module = jit.generated_module(name, source.replace(_POLICY_LINE, f"_policy = firmware_policies.get({policy.name!r})"))
-    if module is None:  # an unregistered policy object, or no cache folder: compiled in memory, every process
-        namespace = {"__name__": f"cxlhm_{kind}_{policy.name}", "_given_policy": policy}
-        exec(compile(source.replace(_POLICY_LINE, "_policy = _given_policy"), f"<cxlhm {kind} for {policy.name}>",
-                     "exec"), namespace)
-        module = types.SimpleNamespace(**namespace)
-    return module
+    """`policy`'s copy of the glue module in file `template` (see cxlhm/policy_glue.py)."""
+    return glue.policy_module(kind, policy, Path(template).read_text(), what)
 
 
 def new_io_rows(n: int) -> np.ndarray:

@@ -1,21 +1,21 @@
 """The firmware kernels of one policy: plan, access, prefetch, hints, background work and
 the window's fault-service entry points, with the policy's hooks inlined.
 
-Each policy runs its own copy of this module: `cxlhm.firmware.kernels_for` writes it to
-the compile cache with the `_policy = ...` line below naming the policy, so the hooks
-are module globals and numba caches the compiled kernels on disk (cxlhm/jit.py says
-why not closures). The shared pieces - extents, copies, finish - are in cxlhm/firmware.py.
+Each policy runs its own copy of this module, made by the glue generator
+(cxlhm/policy_glue.py) with the `_policy = ...` line below naming the policy, so the
+hooks are module globals and numba caches the compiled kernels on disk (the generator's
+docstring says why not closures). The shared pieces - extents, copies, finish - are in cxlhm/firmware.py.
 """
 import numpy as np
 
-import firmware_policies
 from cxlhm import blocktable as btm
+from cxlhm import policies
 from cxlhm import counters as C
 from cxlhm.firmware import DONE, DONE_BUT_COPY, MODE_PREFETCH, MODE_WRITE, NOT_DONE, PLACE_NO_SLOT, PLACE_PLACED, \
     PLACE_RESIDENT, WRITE_THROUGH, emit_row, copy_extents, finish
 from cxlhm.jit import njit
 
-_policy = firmware_policies.get("lru")  # the policy of this copy
+_policy = policies.get("lru")  # the policy of this copy
 on_hit, on_insert, victim, on_evict = _policy.on_hit, _policy.on_insert, _policy.victim, _policy.on_evict
 on_hint, background_hook = _policy.on_hint, _policy.background
 

@@ -32,14 +32,17 @@ from pathlib import Path
 
 import llvmlite.binding as llvm
 import numba
-from numba.core import caching
+from llvmlite import ir
+from numba.core import caching, cgutils
+from numba.extending import intrinsic
 
 _PACKAGE = Path(__file__).resolve().parent
 _POLICIES = _PACKAGE.parent / "firmware_policies"
 # the sources whose functions the firmware's compiled code may call, and the C headers
 # whose constants and function signatures it has compiled in (a checkout's)
 _SOURCES = [*sorted(_PACKAGE.glob("*.py")), _PACKAGE / "mailbox" / "hints.py", _PACKAGE / "window" / "firmware_cfuncs.py",
-            *sorted(_POLICIES.glob("*.py")), *sorted((_PACKAGE.parent / "native").glob("*.h"))]
+            *sorted((_PACKAGE / "timing").glob("*.py")), *sorted(_POLICIES.glob("*.py")),
+            *sorted((_PACKAGE.parent / "native").glob("*.h"))]
 
 
 def cache_dir() -> Path:
@@ -147,6 +150,34 @@ def njit(fn=None, *, refcounts: bool = False, **options):
                 pass
         return numba.njit(**flags)(f)
     return decorate if fn is None else decorate(fn)
+
+
+def cfunc(signature, **options):
+    """numba.cfunc(signature, nopython=True, nogil=True), cached on disk when its code
+    lives in a file (a generated module's; see `njit`)."""
+    def decorate(f):
+        cache = f.__closure__ is None and Path(f.__code__.co_filename).is_file()
+        return numba.cfunc(signature, nopython=True, nogil=True, cache=cache, **options)(f)
+    return decorate
+
+
+@intrinsic
+def prefetch(typingctx, address):
+    """Ask the CPU to bring the cache line at integer `address` in (a hint: never
+    faults, whatever the address). A replay that knows its next accesses uses it to
+    have their table rows in cache by the time it reaches them."""
+    if not isinstance(address, numba.types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                            "llvm.prefetch.p0")
+        # a read, kept in every cache level, of data (not instructions)
+        builder.call(fn, [builder.inttoptr(args[0], i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+    return numba.types.void(address), codegen
 
 
 def c_function(symbol: str, function: ctypes._CFuncPtr, signature) -> numba.types.ExternalFunction:

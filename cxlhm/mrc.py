@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-import firmware_policies
+from cxlhm.policies import get as get_policy
 from cxlhm.sim import SimResult, simulate
 from cxlhm.traces.blocktrace import BlockTrace
 from cxlhm.units import format_size, parse_size
@@ -83,7 +83,7 @@ def simulate_curves(trace: BlockTrace, policies: Sequence[str], sizes: Sequence[
     unknown = set(params) - set(policies)
     if unknown:
         raise ValueError(f"parameters given for policies not in the run: {', '.join(sorted(unknown))}")
-    resolved = [firmware_policies.get(name) for name in policies]  # fail before any work
+    resolved = [get_policy(name) for name in policies]  # fail before any work
     for policy in resolved:
         policy.resolve_params(params.get(policy.name))
     future = trace.next_use() if any(p.needs_future for p in resolved) else None

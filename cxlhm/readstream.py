@@ -65,7 +65,7 @@ from cxlhm.streamstate import (  # noqa: F401 - the stream's names, used by the 
     _in_sorted, _touches_writebacks, _queue_all, _submit_bucket, StreamState, _WB_ROWS, _WB_STATE, _WB_OWNER,
     _WB_FREE, _WB_STAGED, _WB_LANDED, _WB_FAILED, _TAG_WBS, _landed_sum, _writeback_done, settle_writebacks,
     _queue_writebacks)
-from firmware_policies.base import Policy
+from cxlhm.policies import Policy
 
 _KERNELS: dict[int, tuple] = {}
 _TEMPLATE = Path(__file__).with_name("readstream_kernels.py")

@@ -9,8 +9,8 @@ global and numba caches the compiled loop on disk (cxlhm/jit.py says why not clo
 """
 import numpy as np
 
-import firmware_policies
 from cxlhm import firmware as fw
+from cxlhm import policies
 from cxlhm import sumtable
 from cxlhm import counters as C
 from cxlhm import blocktable as btm
@@ -25,7 +25,7 @@ from cxlhm.streamstate import (
     _WB_FREE, _WB_STAGED, _WB_LANDED, _WB_FAILED, _TAG_WBS, _COPY_JOBS, _COPY_OF, _COPY_EXPECTED, _COPY_CHECKED,
     _landed_sum, _writeback_done, _record_landed, _queue_writebacks, _copy_out_many, _copy_many, _copy_piece, _piece_job, _log_staged)
 
-_policy = firmware_policies.get("lru")  # the policy of this copy
+_policy = policies.get("lru")  # the policy of this copy
 _firmware = fw.kernels_for(_policy)
 plan, invalidate = _firmware.plan, _firmware.invalidate
 finish, touches_busy = fw.finish, fw.touches_busy

@@ -6,7 +6,11 @@ access, so the firmware's logical clock (`now`) equals the trace index - which i
 offline policies (Belady) index the trace's next-use array.
 
 The whole replay is one compiled loop (a chunk of the trace per call, so a progress bar
-can advance and Ctrl-C works between chunks); no Python runs per access.
+can advance and Ctrl-C works between chunks); no Python runs per access. The loop is
+per-policy glue (cxlhm/sim_kernels.py, compiled once per install): since the trace is
+in memory, it prefetches the index bucket and the slot's table rows of the accesses a
+few steps ahead, which is where a replay's time goes (cache misses, one random slot per
+access).
 
     result = simulate("s3fifo", blocks, n_slots=1000, params={"small_ratio": 0.1})
     result.misses, result.miss_ratio
@@ -32,20 +36,19 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numba
+from pathlib import Path
+
 import numpy as np
 
-import firmware_policies
 from cxlhm import blocktable as btm
 from cxlhm import counters as C
 from cxlhm import firmware as fw
-from cxlhm.jit import njit
+from cxlhm import policies
 from cxlhm.config import load_config
 from cxlhm.media.ssd import IO_FIELDS
-from cxlhm.timing import LatencyRecorder, TimingModel, charge_access
-from cxlhm.timing import record as record_latency
+from cxlhm.policies import Policy
+from cxlhm.timing import LatencyRecorder, TimingModel
 from cxlhm.traces.blocktrace import next_use as next_use_of
-from firmware_policies.base import Policy
 
 CHUNK = 1 << 20  # accesses per compiled call
 LATENCY_SAMPLES = 1 << 20  # latency records kept by default (an evenly spaced sample beyond that)
@@ -90,94 +93,37 @@ class SimResult:
         return self.accesses / self.wall_s if self.wall_s > 0 else float("inf")
 
 
-def _build_replay(kernels: fw.Kernels):
-    plan, finish = kernels.plan, fw.finish
-
-    @njit
-    def replay(bt, ps, counters, clock, blocks, writes, write_mode, start, stop, scratch):
-        """Run accesses [start, stop). Returns stop, or the index of the access that
-        found no evictable slot."""
-        ext_hpa, ext_len, slots, installed, writebacks, fills = scratch
-        for i in range(start, stop):
-            ext_hpa[0] = blocks[i]
-            # ---- one access through the firmware (the timed loop below adds the model) ----
-            ok, k, n_wb, n_fill = plan(bt, ps, counters, clock, ext_hpa, ext_len, writes[i], write_mode,
-                                       0, 0, 1, slots, installed, writebacks, fills)
-            finish(bt, slots, k)
-            # --------------------------------------------------------------------------
-            if not ok:
-                return i
-        return stop
-
-    return replay
-
-
-def _build_timed_replay(kernels: fw.Kernels):
-    plan, finish = kernels.plan, fw.finish
-    write_through = fw.WRITE_THROUGH
-
-    @njit
-    def replay_timed(bt, ps, counters, clock, blocks, writes, write_mode, start, stop, scratch, block_size,
-                     params, tstate, tclock, issue_ns, open_loop, ring, ring_base, rec_values, rec_meta):
-        """replay() plus the timing model, charged exactly as Device._access_batch does on
-        the model clock for a one-block access of `block_size` bytes: the planner's fill and
-        write-back rows (byte offsets, block_size long) go to charge_access; closed loop
-        (QD1): an access issues at the model clock and the clock moves to its completion;
-        open loop: it issues at max(clock, issue_ns[i]) and the clock stays there. No
-        prefetches run here, so no access waits for one (hit_ready_ns = 0). Latencies
-        (completion - issue) go to the recorder."""
-        ext_hpa, ext_len, slots, installed, writebacks, fills = scratch
-        ext_len[0] = block_size
-        through = block_size if write_mode == write_through else 0
-        now = tclock[T_NOW]
-        end = tclock[T_END]
-        for i in range(start, stop):
-            ext_hpa[0] = blocks[i] * block_size
-            is_write = writes[i]
-            ok, k, n_wb, n_fill = plan(bt, ps, counters, clock, ext_hpa, ext_len, is_write, write_mode,
-                                       0, 0, block_size, slots, installed, writebacks, fills)
-            finish(bt, slots, k)
-            if not ok:
-                tclock[T_NOW] = now
-                tclock[T_END] = end
-                return i
-            if open_loop and issue_ns[i] > now:
-                now = issue_ns[i]
-            done = charge_access(params, tstate, now, is_write, block_size, fills, n_fill, writebacks, n_wb,
-                                 0.0, through if is_write else 0)
-            record_latency(rec_values, rec_meta, done - now)
-            if done > end:
-                end = done
-            if not open_loop:
-                # this access holds its queue slot until `done`; the next access takes the
-                # slot freed longest ago, and issues once that one completed
-                qd = ring.shape[0]
-                ring[(ring_base + i) % qd] = done
-                nxt = ring[(ring_base + i + 1) % qd]
-                if nxt > now:
-                    now = nxt
-        tclock[T_NOW] = now
-        tclock[T_END] = end
-        return stop
-
-    return replay_timed
-
-
 def _scratch() -> tuple:
     """One single-block access's buffers (block_size is 1, so an access is one block)."""
     return (np.zeros(1, np.int64), np.ones(1, np.int64), np.zeros(1, np.int64), np.zeros(1, np.uint8),
             np.zeros((1, IO_FIELDS), np.int64), np.zeros((1, IO_FIELDS), np.int64))
 
 
-_REPLAYS: dict[tuple[int, bool], Callable] = {}
+_TEMPLATE = Path(__file__).with_name("sim_kernels.py")
 
 
 def _replay_for(policy: Policy, timed: bool = False) -> Callable:
-    key = (id(policy), timed)
-    if key not in _REPLAYS:
-        build = _build_timed_replay if timed else _build_replay
-        _REPLAYS[key] = build(fw.kernels_for(policy))
-    return _REPLAYS[key]
+    """`policy`'s replay loop (cxlhm/sim_kernels.py through the glue generator, so it is
+    compiled once per install for a registered policy)."""
+    module = fw.policy_module(_TEMPLATE, "sim", policy, f"the {policy.name} trace replay")
+    return module.replay_timed if timed else module.replay
+
+
+def _leaves(tree) -> list[np.ndarray]:
+    if isinstance(tree, np.ndarray):
+        return [tree]
+    if isinstance(tree, tuple):
+        return [leaf for child in tree for leaf in _leaves(child)]
+    return []
+
+
+def slot_rows(bt: btm.BlockTable, ps: tuple, n_slots: int) -> np.ndarray:
+    """(address, row stride) of every array the planner reads at a hit's slot: the block
+    table's flags and stamp and each array of the policy state with one row per slot
+    (the replay prefetches a slot's rows ahead of its access, cxlhm/sim_kernels.py).
+    The arrays must outlive the replay (the Simulator holds them)."""
+    arrays = [bt.flags, bt.stamp, *(a for a in _leaves(ps) if a.ndim >= 1 and a.shape[0] == n_slots)]
+    return np.array([(a.ctypes.data, a.strides[0]) for a in arrays], np.int64).reshape(-1, 2)
 
 
 def timing_model(timing: str | os.PathLike | TimingModel | Mapping[str, Any]) -> TimingModel:
@@ -213,7 +159,7 @@ class Simulator:
                  write_mode: str | None = None, next_use: np.ndarray | None = None,
                  timing: str | TimingModel | Mapping[str, Any] | None = None, block_size: int | None = None,
                  latency_samples: int = LATENCY_SAMPLES, queue_depth: int = 1):
-        self.policy = firmware_policies.get(policy) if isinstance(policy, str) else policy
+        self.policy = policies.get(policy) if isinstance(policy, str) else policy
         self.params = self.policy.resolve_params(params)
         if isinstance(n_slots, bool) or not isinstance(n_slots, (int, np.integer)) or n_slots < 1:
             raise ValueError(f"n_slots must be a positive integer, got {n_slots!r}")
@@ -234,6 +180,7 @@ class Simulator:
         self.accesses = 0
         self.wall_s = 0.0
         self._scratch = _scratch()
+        self._rows = slot_rows(self.bt, self.ps, self.n_slots)
         self.timing: TimingModel | None = None
         self.latency: LatencyRecorder | None = None
         self._open_loop = False
@@ -278,7 +225,7 @@ class Simulator:
                 raise ValueError("issue_ns needs a timing model (timing=...)")
             self._run(blocks, progress, lambda start, stop: self._replay(
                 self.bt, self.ps, self.counters, self.clock, blocks, writes, self._write_mode, start, stop,
-                self._scratch))
+                self._scratch, self._rows))
             return
         if blocks.size and int(blocks.max()) > np.iinfo(np.int64).max // self.block_size - 1:
             raise ValueError(f"block id {int(blocks.max())} times block_size {self.block_size} overflows int64")
@@ -295,7 +242,7 @@ class Simulator:
         t = self.timing
         self._run(blocks, progress, lambda start, stop: self._replay(
             self.bt, self.ps, self.counters, self.clock, blocks, writes, self._write_mode, start, stop,
-            self._scratch, self.block_size, t.params, t.state, self._tclock, issue_ns, open_loop, self._ring,
+            self._scratch, self._rows, self.block_size, t.params, t.state, self._tclock, issue_ns, open_loop, self._ring,
             self.accesses - start, self.latency.values, self.latency.meta))
 
     def _run(self, blocks: np.ndarray, progress, run_chunk) -> None:
@@ -365,7 +312,7 @@ def simulate(policy: str | Policy, blocks: Any, n_slots: int, *, writes: Any = N
     offline policies and is computed from `blocks` when not given. `progress(n)` is
     called after every chunk with the number of accesses it ran. `timing`, `block_size`,
     `latency_samples`, `queue_depth`: see Simulator; `issue_ns`: see Simulator.replay."""
-    policy = firmware_policies.get(policy) if isinstance(policy, str) else policy
+    policy = policies.get(policy) if isinstance(policy, str) else policy
     blocks = np.ascontiguousarray(blocks, np.int64)
     if policy.needs_future and next_use is None:
         next_use = next_use_of(blocks)

@@ -13,7 +13,7 @@ import numpy as np
 
 from cxlhm.blocktable import evictable
 from cxlhm.jit import njit
-from firmware_policies import _lists as L
+from firmware_policies import lists as L
 from firmware_policies.base import Policy
 
 T1, T2 = 1, 2

@@ -12,7 +12,7 @@ import numpy as np
 
 from cxlhm.blocktable import evictable
 from cxlhm.jit import njit
-from firmware_policies import _lists as L
+from firmware_policies import lists as L
 from firmware_policies.base import Param, Policy
 
 HAND, COUNT, MAX_FREQ = 0, 1, 2

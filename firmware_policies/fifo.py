@@ -6,7 +6,7 @@ State: one intrusive list over DRAM slots in arrival order (newest at the head).
 
 from cxlhm.blocktable import evictable
 from cxlhm.jit import njit
-from firmware_policies import _lists as L
+from firmware_policies import lists as L
 from firmware_policies.base import Policy
 
 

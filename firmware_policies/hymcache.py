@@ -37,7 +37,7 @@ import numpy as np
 from cxlhm import blocktable as btm
 from cxlhm.jit import njit
 from cxlhm.mailbox import hints as H
-from firmware_policies import _lists as L
+from firmware_policies import lists as L
 from firmware_policies.base import JOB_FLUSH, JOB_PREFETCH, Param, Policy
 
 MAIN, DEMOTED = 0, 1

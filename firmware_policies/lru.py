@@ -6,7 +6,7 @@ so hit, insert and evict are O(1); the victim walk skips pinned/busy slots.
 
 from cxlhm.blocktable import evictable
 from cxlhm.jit import njit
-from firmware_policies import _lists as L
+from firmware_policies import lists as L
 from firmware_policies.base import Policy
 
 

@@ -1,8 +1,10 @@
 """The import graph keeps the layers: the device (cxlhm, firmware_policies) <- the host
 runtime (host_runtime) <- the applications (cxlhm_apps: fio, replay, serving, the CLI).
-No import points up a layer, and no module takes part in an import cycle at load time.
-Read from the source with ast, so a lazy import inside a function counts for the layers
-too (it is a dependency all the same)."""
+No import points up a layer, no module takes part in an import cycle at load time, no
+two top-level packages import each other (the core finds policies through its registry,
+cxlhm.policies, never by importing firmware_policies), and no top-level package uses
+another's private names. Read from the source with ast, so a lazy import inside a
+function counts too (it is a dependency all the same)."""
 from __future__ import annotations
 
 import ast
@@ -143,6 +145,75 @@ def test_no_cycle_between_packages():
                 graph[package(module)].add(package(target))
     cycles = _cycles(graph)
     assert not cycles, "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_no_cycle_between_top_level_packages():
+    """Lazy imports included: a top-level package (the core, the policies, the host
+    runtime, the applications) can be understood before the ones that use it."""
+    graph: dict[str, set[str]] = {top: set() for top in LAYERS}
+    edges: dict[tuple[str, str], str] = {}
+    for module, path in sorted(MODULES.items()):
+        top = module.split(".")[0]
+        for target in sorted(_imports(module, path, load_time_only=False)):
+            other = target.split(".")[0]
+            if other in LAYERS and other != top:
+                graph[top].add(other)
+                edges.setdefault((top, other), f"{path.relative_to(ROOT)} imports {target}")
+    cycles = _cycles(graph)
+    assert not cycles, "\n".join(" <-> ".join(c) + ": " + "; ".join(edges[(a, b)] for a in c for b in c if (a, b) in edges)
+                                  for c in cycles)
+
+
+def _private(dotted: str) -> bool:
+    """A leading underscore; not a dunder, nor an enum's _sunder_ API (_value2member_map_)."""
+    return any(part.startswith("_") and not part.startswith("__") and not part.endswith("_")
+               for part in dotted.split("."))
+
+
+def _private_uses(module: str, where: str, source: str) -> list[str]:
+    """Private names (a leading underscore) of another top-level package that `module`
+    imports, or reads as an attribute of a module it imported from there. Private names
+    shared between the modules of one top-level package are that package's business."""
+    tree = ast.parse(source, where)
+    top = module.split(".")[0]
+    foreign: dict[str, str] = {}  # local name -> the other package's module it is bound to
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in LAYERS and alias.name.split(".")[0] != top:
+                    if _private(alias.name):
+                        found.append(f"{where}:{node.lineno} imports {alias.name}")
+                    foreign[alias.asname or alias.name.split(".")[0]] = alias.asname and alias.name or alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(module, node, where.endswith("__init__.py"))
+            if target.split(".")[0] not in LAYERS or target.split(".")[0] == top:
+                continue
+            for alias in node.names:
+                if _private(f"{target}.{alias.name}"):
+                    found.append(f"{where}:{node.lineno} imports {target}.{alias.name}")
+                foreign[alias.asname or alias.name] = f"{target}.{alias.name}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in foreign \
+                and _private(node.attr):
+            found.append(f"{where}:{node.lineno} uses {foreign[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_no_private_name_used_across_top_level_packages():
+    wrong = [use for module, path in sorted(MODULES.items())
+             for use in _private_uses(module, str(path.relative_to(ROOT)), path.read_text())]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_private_use_check_sees_imports_and_attributes():
+    """The check above can fail: a policy module reaching into the core's privates (and
+    its own package's privates are its business)."""
+    source = ("from cxlhm.blocktable import _home\nimport cxlhm._native\nfrom cxlhm import blocktable as btm\n"
+              "x = btm._bucket\nfrom firmware_policies import lists\ny = lists._home\nz = btm.lookup\n")
+    uses = _private_uses("firmware_policies.probe", "firmware_policies/probe.py", source)
+    assert [u.split(" ", 1)[1] for u in uses] == ["imports cxlhm.blocktable._home", "imports cxlhm._native",
+                                                  "uses cxlhm.blocktable._bucket"]
 
 
 @pytest.mark.parametrize("top", sorted(LAYERS))

@@ -16,7 +16,7 @@ from cxlhm import blocktable as btm
 from cxlhm import counters as C
 from cxlhm import firmware as fw
 from cxlhm.mailbox.hints import DeviceBusy, HintKind, deliver_each
-from firmware_policies.base import JOB_FLUSH, JOB_PREFETCH, no_background
+from cxlhm.policies import JOB_FLUSH, JOB_PREFETCH, no_background
 
 JOB_SLOTS = 256  # background jobs the policy may hand out per round
 

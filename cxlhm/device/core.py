@@ -27,7 +27,7 @@ import weakref
 import numba
 import numpy as np
 
-import firmware_policies
+from cxlhm import policies as firmware_policies
 from cxlhm import copyengine
 from cxlhm import blocktable as btm
 from cxlhm import counters as C

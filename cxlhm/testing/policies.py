@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-import firmware_policies
+from cxlhm import policies as firmware_policies
 from cxlhm import blocktable as btm
 from cxlhm.sim import Simulator, simulate
 from cxlhm.traces.mooncake_blocks import mooncake_block_trace

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from cxlhm.traces import TraceError
-from firmware_policies.base import NO_NEXT_USE
+from cxlhm.policies import NO_NEXT_USE
 
 MAGIC = b"CXLHMBT\0"
 VERSION = 1

@@ -17,7 +17,7 @@ import numpy as np
 
 from cxlhm.traces import TraceError
 from cxlhm.traces.blocktrace import BlockTrace, as_block_ids, next_use
-from firmware_policies.base import NO_NEXT_USE
+from cxlhm.policies import NO_NEXT_USE
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 RECORD = np.dtype([("clock_time", "<u4"), ("obj_id", "<u8"), ("obj_size", "<u4"), ("next_access_vtime", "<i8")])

@@ -25,7 +25,7 @@ import weakref
 
 import numpy as np
 
-import firmware_policies
+from cxlhm import policies as firmware_policies
 from cxlhm import blocktable as btm
 from cxlhm import counters as C
 from cxlhm.config import ConfigError, DeviceConfig
@@ -38,7 +38,7 @@ from cxlhm.window import firmware_cfuncs as fc
 from cxlhm.window.availability import USER_MODE_ONLY, STAGE_OTHER, WindowUnavailable, explain
 from cxlhm.window.options import WindowOptions
 from cxlhm.window.persistence import WindowPersistence
-from firmware_policies.base import JOB_FLUSH, JOB_PREFETCH
+from cxlhm.policies import JOB_FLUSH, JOB_PREFETCH
 
 MS = 1_000_000
 # Open windows, held strongly: the service thread uses the firmware arrays through raw
