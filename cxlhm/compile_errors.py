@@ -94,13 +94,10 @@ def _hooks_of(policies) -> list[_Hook]:
 def loaded_policies() -> list:
     """The policies this process has loaded: from the registry's cache and any module
     with a POLICY (an outside package's module may hold one the registry has not cached)."""
-    try:
-        import firmware_policies
-        from firmware_policies.base import Policy
-    except ImportError:
-        return []
+    from cxlhm import policies
+    from cxlhm.policies import Policy
     seen: dict[int, object] = {}
-    for policy in getattr(firmware_policies.REGISTRY, "_cache", {}).values():
+    for policy in getattr(policies.REGISTRY, "_cache", {}).values():
         seen[id(policy)] = policy
     for module in list(sys.modules.values()):
         policy = getattr(module, "POLICY", None)
