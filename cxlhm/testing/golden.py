@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import firmware_policies
+from cxlhm import policies as firmware_policies
 from cxlhm.sim import simulate
 from cxlhm.traces.blocktrace import BlockTrace
 from cxlhm.traces.oracle_general import write_oracle_general
