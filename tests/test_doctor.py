@@ -66,3 +66,17 @@ def test_a_missing_or_unreadable_config_is_named(tmp_path, capsys):
     bad.write_text("chunk_size: [unclosed\n")
     code, out = doctor(capsys, str(bad))
     assert code == 2 and "LMCache cannot read it" in out
+
+
+def test_the_legacy_external_url_is_checked_too(tmp_path, capsys):
+    dev = {"capacity": "4MiB", "block_size": "4KiB", "dram_bytes": "32KiB",
+           "backend": {"path": str(tmp_path / "ext.img")}}
+    path = tmp_path / "ext.yaml"
+    url = "external://host:0/host_runtime.shim.lmcache/?connector_name=CxlhmRemoteConnector"
+    path.write_text(f"chunk_size: 256\nlocal_cpu: false\nmax_local_cpu_size: 1\nremote_url: {json.dumps(url)}\n"
+                    f"extra_config: {json.dumps({'cxlhm.device': dev, 'cxlhm.hints': 'none'})}\n")
+    code, out = doctor(capsys, str(path))
+    assert code == 0 and "remote_url" in out and "device opened" in out, out
+    path.write_text(path.read_text().replace("?connector_name=CxlhmRemoteConnector", ""))
+    code, out = doctor(capsys, str(path))
+    assert code == 2 and "needs ?connector_name" in out
