@@ -56,7 +56,8 @@ class Engine:
     def __init__(self, image, *, layout: str = "page_first", v1: bool = True, mla: bool = False, page: int = 4,
                  layers: int = 3, heads: int = 5, dim: int = 8, tokens: int = 64, dtype=torch.bfloat16,
                  model: str = "meta-llama/Llama-3-8B", **extra):
-        join_process_group()
+        if not dist.is_initialized():  # a TP rank's process joined its group already
+            join_process_group()
         self.image, self.page, self.model, self.extra = image, page, model, extra
         if mla:
             self.device_pool = MLATokenToKVPool(tokens, page, dtype, dim, 4, layers, "cpu", False)
@@ -149,3 +150,29 @@ def page_bytes(pool, start: int) -> torch.Tensor:
     """A page as the copy path lays it out (the same layout for both pages compared)."""
     page = pool.get_data_page(int(start), flat=True)
     return page.contiguous().view(torch.uint8).clone()
+
+
+def mla_rank(rank: int, world: int, rendezvous: str, image: str, replicas: bool, results) -> None:
+    """One TP rank of an MLA model (run in its own process): back the same pages up
+    (MLA's latent KV is identical on every rank), then prefetch them; the controller
+    reduces the ranks' hits with its own gloo MIN. Puts (rank, backed up, found,
+    loaded, pages equal) on `results`."""
+    try:
+        if dist.is_initialized():  # forked from a process that had its own group
+            dist.destroy_process_group()
+        join_process_group(rank, world, rendezvous)
+        e = Engine(image, layout="page_first", v1=True, mla=True, mla_replicas=replicas)
+        tokens = list(range(6 * e.page))
+        source = e.alloc(len(tokens))
+        fill_random(e.host_pool, source, seed=11)
+        want = [page_bytes(e.host_pool, int(i)) for i in source[::e.page]]
+        backed = e.backup(tokens, source)
+        found, loaded, target = e.prefetch(tokens)
+        same = target is not None and all(torch.equal(page_bytes(e.host_pool, int(i)), w)
+                                          for i, w in zip(target[::e.page], want))
+        results.put((rank, backed, found, loaded, same, e.controller.backup_skip, e.backend.shim.tenant.name))
+        e.close()
+    except BaseException as exc:  # reported to the test, which fails with it
+        import traceback
+        results.put((rank, "error", traceback.format_exc()))
+        raise

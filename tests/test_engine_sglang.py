@@ -8,18 +8,20 @@ corruption; hit policies as its PoolHitPolicy enum, metrics as its StorageMetric
 every abstract method and signature of HiCacheStorage checked mechanically."""
 import inspect
 import json
+import multiprocessing
 import random
 import re
 from pathlib import Path
-from types import SimpleNamespace
 
 import engines  # noqa: F401 - imports the engines (stubs only what SGLang needs and cannot have here)
 import pytest
 import torch
 from sglang.srt.managers.cache_controller import HiCacheController
-from sglang_engine import Engine, fill_random, page_starts
+from sglang_engine import TIMEOUT_S, Engine, fill_random, mla_rank, page_starts
 from sglang.srt.mem_cache import hicache_storage as hs
 from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo
+from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo
+from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 from sglang.srt.mem_cache.utils import storage_namespace_seed
@@ -171,16 +173,82 @@ def test_failed_reads_are_misses_and_bad_indices_a_clear_answer(backend, caplog)
         unregistered.batch_get_v1(["a"], torch.arange(PAGE))
 
 
+# ------------------------------------------------------------------ hybrid models, real Mamba pool
+def mamba_pool(slots=16, layers=2):
+    """SGLang's MambaPoolHost over CPU state tensors (one temporal SSM state and one conv
+    state per layer and slot, of different dtypes, as a hybrid model's are)."""
+    info = MambaStateBufferInfo(temporal=torch.zeros(layers, slots, 2, 3, dtype=torch.float32),
+                                conv=(torch.zeros(layers, slots, 5, dtype=torch.bfloat16),))
+    return MambaPoolHost(info, 2.0, 0, device_capacity=slots, pin_memory=False, device="cpu", layout="page_first")
+
+
+def fill_states(pool, slots, seed):
+    gen = torch.Generator().manual_seed(seed)
+    for slot in slots:
+        page = pool.get_data_page(slot, flat=True)
+        pool.set_from_flat_data_page(slot, torch.randint(0, 256, page.shape, dtype=torch.uint8, generator=gen))
+
+
+def hybrid_pair(backend, tmp_path):
+    """Our backend and SGLang's HiCacheFile, each with the same KV and Mamba host pools."""
+    kv, mamba = host_pool("page_first"), mamba_pool()
+    ours = backend(kv)
+    cfg = storage_config(tmp_path, dp_rank=1)
+    cfg.extra_config["file_storage_path"] = str(tmp_path / "hicache-files")
+    theirs = StorageBackendFactory.create_backend("file", cfg, kv)
+    assert isinstance(theirs, hs.HiCacheFile)
+    theirs.register_mem_pool_host(kv)
+    for b in (ours, theirs):
+        b.register_mem_host_pool_v2(kv, hs.PoolName.KV)
+        b.register_mem_host_pool_v2(mamba, hs.PoolName.MAMBA)
+    return kv, mamba, ours, theirs
+
+
+def test_batch_exists_v2_equals_sglangs_file_backend_on_random_hybrid_layouts(backend, tmp_path):
+    kv, mamba, ours, theirs = hybrid_pair(backend, tmp_path)
+    fill_pages(kv, range(8), seed=1)
+    fill_states(mamba, range(8), seed=2)
+    rng = random.Random(40)
+    for trial in range(40):
+        n = rng.randint(1, 8)
+        keys = [f"h{trial}-{i}" for i in range(n)]
+        kv_stored = [k for k in keys if rng.random() < 0.85]
+        state_stored = [k for k in keys if rng.random() < 0.5]
+        writes = [hs.PoolTransfer(name=hs.PoolName.KV, keys=kv_stored, host_indices=torch.arange(len(kv_stored) * PAGE)),
+                  hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=state_stored, host_indices=torch.arange(len(state_stored)))]
+        for b in (ours, theirs):
+            assert all(all(v) for v in b.batch_set_v2(writes).values())
+        policy = rng.choice([hs.PoolHitPolicy.TRAILING_PAGES, hs.PoolHitPolicy.ALL_PAGES])
+        query = [hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=keys[-rng.randint(1, n):], hit_policy=policy)]
+        got, want = ours.batch_exists_v2(keys, query), theirs.batch_exists_v2(keys, query)
+        assert (got.kv_hit_pages, got.extra_pool_hit_pages, got.restorable_prefix_pages) == \
+               (want.kv_hit_pages, want.extra_pool_hit_pages, want.restorable_prefix_pages), (trial, policy)
+
+
+def test_mamba_states_come_back_as_sglangs_file_backend_returns_them(backend, tmp_path):
+    kv, mamba, ours, theirs = hybrid_pair(backend, tmp_path)
+    fill_states(mamba, range(4), seed=5)
+    stored = [mamba.get_data_page(s, flat=True).clone() for s in range(4)]
+    write = [hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=["s0", "s1", "s2", "s3"], host_indices=torch.arange(4))]
+    for b in (ours, theirs):
+        assert b.batch_set_v2(write) == {"mamba": [True] * 4}
+    read = [hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=["s0", "s1", "s2", "s3", "none"], host_indices=torch.arange(8, 13))]
+    for b in (theirs, ours):
+        fill_states(mamba, range(8, 13), seed=9)
+        assert b.batch_get_v2(read) == {"mamba": [True] * 4 + [False]}
+        assert all(torch.equal(mamba.get_data_page(8 + s, flat=True), stored[s]) for s in range(4))
+
+
 # ------------------------------------------------------------------ hit policies, real enum
 def test_hit_policies_with_sglangs_enum(backend):
-    kv, mamba = host_pool("page_first"), host_pool("page_first")
+    kv, mamba = host_pool("page_first"), mamba_pool()
     b = backend(kv)
     b.register_mem_host_pool_v2(mamba, hs.PoolName.MAMBA)
     keys = ["p0", "p1", "p2", "p3"]
     assert b.batch_set_v1(keys, torch.arange(4 * PAGE)) == [True] * 4
     # Mamba state stored at the ends of prefixes 2 and 4 only
     for page in ("p1", "p3"):
-        res = b.batch_set_v2([hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=[page], host_indices=torch.arange(PAGE))])
+        res = b.batch_set_v2([hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=[page], host_indices=torch.arange(1))])
         assert res == {"mamba": [True]}
     trailing = hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=["x"], hit_policy=hs.PoolHitPolicy.TRAILING_PAGES)
     result = b.batch_exists_v2(keys, [trailing])
@@ -191,13 +259,13 @@ def test_hit_policies_with_sglangs_enum(backend):
     # BLOCK_GROUPS reports its own coverage and never lowers the KV hit
     groups = hs.PoolTransfer(name=hs.PoolName.DEEPSEEK_V4_C4, keys=["g0", "g1", "g2", "g3"],
                              hit_policy=hs.PoolHitPolicy.BLOCK_GROUPS, block_pages=2, group_pages=2)
-    b.register_mem_host_pool_v2(mamba, hs.PoolName.DEEPSEEK_V4_C4)
+    b.register_mem_host_pool_v2(host_pool("page_first"), hs.PoolName.DEEPSEEK_V4_C4)
     assert b.batch_set_v2([hs.PoolTransfer(name=hs.PoolName.DEEPSEEK_V4_C4, keys=["g0", "g1"],
                                            host_indices=torch.arange(2 * PAGE))]) == {"deepseek_v4_c4": [True, True]}
     result = b.batch_exists_v2(keys, [groups])
     assert result.kv_hit_pages == 4 and result.extra_pool_hit_pages["deepseek_v4_c4"] == 2
     with pytest.raises(ValueError, match="unsupported hit policy"):
-        b.batch_exists_v2(keys, [SimpleNamespace(name="kv2", keys=None, hit_policy="newest_pages")])
+        b.batch_exists_v2(keys, [hs.PoolTransfer(name="kv2", keys=None, hit_policy="newest_pages")])  # no such policy
 
 
 def test_get_stats_is_storage_metrics_with_metrics_on_and_none_off(backend):
@@ -213,17 +281,44 @@ def test_get_stats_is_storage_metrics_with_metrics_on_and_none_off(backend):
 
 
 # ------------------------------------------------------------------ topology
-def test_mla_tp_ranks_all_write_their_replica_and_report_the_same_hits(backend):
-    writer_pool, other_pool = host_pool("page_first"), host_pool("page_first")
-    ranks = [backend(pool, is_mla_model=True, tp_size=2, tp_rank=r) for r, pool in enumerate((writer_pool, other_pool))]
-    for b, pool in zip(ranks, (writer_pool, other_pool)):
-        ctl = SimpleNamespace(storage_config=b.storage_config)
-        assert HiCacheController.backup_skip.fget(ctl) is False  # SGLang would skip rank 1's backups
-        fill_pages(pool, [0, 1], seed=11)  # MLA: the same latent KV on every rank
-        b.batch_set_v1(["m0", "m1"], torch.arange(2 * PAGE))
-    hits = [b.batch_exists(["m0", "m1"]) for b in ranks]
-    assert hits == [2, 2]  # SGLang takes the MIN: a rank without writes would make it 0
-    assert ranks[0].shim.tenant.name == ranks[1].shim.tenant.name
+def run_tp_ranks(tmp_path, replicas, world=2):
+    """An MLA model's TP ranks, each its own process (forked: the engines are imported
+    already) with its own controller, joined by gloo; see sglang_engine.mla_rank."""
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    image = str(tmp_path / "mla-{rank}.img")
+    procs = [ctx.Process(target=mla_rank, args=(rank, world, str(tmp_path / "rendezvous"), image, replicas, results))
+             for rank in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        got = sorted(results.get(timeout=TIMEOUT_S) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(TIMEOUT_S)
+            if p.is_alive():
+                p.kill()
+    for row in got:
+        assert row[1] != "error", row[2]
+    return got
+
+
+def test_tp2_mla_every_rank_writes_its_replica_and_hits_through_the_engines_min(tmp_path):
+    """SGLang lets only MLA rank 0 write (backup_skip) and takes the MIN of the ranks'
+    hits over gloo: with one image per rank, rank 1's would veto every hit. Each rank
+    writes its own replica, and each hits 24/24 with the pages' bytes."""
+    ranks = run_tp_ranks(tmp_path, replicas=True)
+    assert [(r[0], r[1], r[2], r[3], r[4], r[5]) for r in ranks] == [(0, 24, 24, 24, True, False),
+                                                                     (1, 24, 24, 24, True, False)]
+    assert ranks[0][6] == ranks[1][6]  # one tenant name: the replicas are the same KV
+    assert {p.name for p in tmp_path.glob("mla-*.img")} == {"mla-tp0-pp0-dp0-cp0.img", "mla-tp1-pp0-dp0-cp0.img"}
+
+
+def test_tp2_mla_without_replicas_shows_the_engines_min_vetoing(tmp_path):
+    """The same run with SGLang's own writer choice: rank 1 skips its backups, its
+    image stays empty, and the engine's MIN makes both ranks miss."""
+    ranks = run_tp_ranks(tmp_path, replicas=False)
+    assert [(r[0], r[1], r[2], r[3], r[5]) for r in ranks] == [(0, 24, 0, 0, False), (1, 0, 0, 0, True)]
 
 
 def test_pipeline_stages_and_dp_groups_get_their_own_images_and_tenants(backend, tmp_path):
