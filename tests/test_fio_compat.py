@@ -84,3 +84,13 @@ def test_on_engine_puts_every_job_on_the_engine():
     assert compat.on_engine(text, "cxlhm").splitlines() == [
         "[global]", "ioengine=cxlhm", "ioengine=cxlhm", "[a]", "ioengine=cxlhm", "[b]", "ioengine=cxlhm",
         "ioengine=cxlhm"]
+
+
+def test_a_refusal_is_summed_up_by_reason():
+    detail = ["/t/a.fio:12: option 'zonemode': fio's option, not modelled here: zoned block devices are not "
+              "modelled; remove it to run the job",
+              "/t/a.fio:13: option 'zonesize': fio's option, not modelled here: zoned block devices are not "
+              "modelled; remove it to run the job",
+              "/t/a.fio:10: option 'verify': must be one of 0, crc32c; got 'meta'", "(3 problems, every one listed)"]
+    assert compat.summarize(detail) == ("zonemode, zonesize (zoned block devices are not modelled); "
+                                        "verify (must be one of 0, crc32c; got 'meta')")

@@ -196,3 +196,9 @@ def test_a_device_image_is_not_shared_with_fios_engines_in_one_run(tmp_path):
     jobs, _ = jobs_of(f"[global]\nfilename={tmp_path / 'dev.img'}\nsize=1m\n[d]\nioengine=cxlhm\n[raw]\nrw=write\n")
     with pytest.raises(JobFileError, match="is the image of the device job 'd' uses"):
         plan_clones(jobs)
+
+
+def test_a_bare_log_option_names_the_log_after_the_job(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run(f"[myjob]\nfilename={tmp_path / 'f'}\nsize=64k\nrw=write\nwrite_bw_log\n")
+    assert len((tmp_path / "myjob_bw.1.log").read_text().splitlines()) == 16

@@ -34,6 +34,8 @@ class JobLogs:
         self.start_ns = start_ns
         for kind in KINDS if job is not None else ():
             prefix = job[OPTION_OF[kind]]
+            if prefix is True:  # written bare: fio names the log after the job
+                prefix = job.name
             if prefix:
                 self.files[kind] = open(f"{prefix}_{kind}.{number}.log", "w")
         self._window_start = None
