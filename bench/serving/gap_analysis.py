@@ -1,5 +1,5 @@
-"""Why cxlhm-hymcache is not 3.0x lmcache-local here: the measurements behind
-docs/serving.md section 7, which explains every gap from the paper.
+"""Where cxlhm-hymcache's gain over lmcache-local comes from: the measurements behind
+the mechanisms docs/serving.md section 7 explains.
 
     python bench/serving/gap_analysis.py                      # ~1 min on 2 cores
     python bench/serving/gap_analysis.py --requests 400 --sessions 30   # a quick look

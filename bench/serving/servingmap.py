@@ -250,9 +250,9 @@ def draw(rows: list[dict], path: Path, ttft: list[float], tbt: list[float], titl
             z[scenarios.index(r["scenario"]), slos.index((r["tbt_slo"], r["ttft_slo"]))] = r[f"{num}/{den}"]
         shown = np.where(np.isfinite(z) & (z > 0), z, np.nan)
         im = ax.imshow(shown, aspect="auto", cmap="RdYlGn", norm=LogNorm(vmin=0.3, vmax=6.0), interpolation="nearest")
-        filled = np.where(np.isfinite(shown), shown, 1e-3)
-        if len(scenarios) > 1 and len(slos) > 1:
-            cs = ax.contour(filled, levels=list(CONTOURS), colors=["navy", "black", "purple"],
+        masked = np.ma.masked_invalid(shown)  # no contour around cells without a ratio
+        if len(scenarios) > 1 and len(slos) > 1 and masked.count():
+            cs = ax.contour(masked, levels=list(CONTOURS), colors=["navy", "black", "purple"],
                             linewidths=[1.0, 1.4, 2.0], linestyles=[":", "--", "-"])
             ax.clabel(cs, fmt=lambda v: f"{v:g}x", fontsize=7)
         for (i, j), v in np.ndenumerate(z):

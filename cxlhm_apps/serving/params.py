@@ -71,7 +71,7 @@ class ServingParams:
     device_profile: str = "cmm-h"     # cxlhm/profiles: CMM-H-like hybrid device
     # The device firmware's write mode; "" = the policy's own (lru: write-back, hymcache:
     # write-buffer). write-through keeps device DRAM clean: no dirty victim ever lands on
-    # a read's path (docs/serving.md, section 8).
+    # a read's path (docs/serving.md, section 9).
     device_write_mode: str = ""
     nand_coarsening: int = 16         # tiers.NAND_COARSENING (docs/serving.md: within 5%)
     # Overrides of the device profile's timing, (key, value) pairs as in a profile's

@@ -330,7 +330,7 @@ class CxlHmTier(Tier):
         # CXL link), behind the NAND programs already queued (reads wait for them: no
         # program suspend). An earlier version learned the bandwidth from its own loads
         # (EWMA) and locked itself out: one slow load made the scheduler recompute, so
-        # no later load ever corrected the estimate (docs/serving.md, section 8).
+        # no later load ever corrected the estimate.
         p = self.d.timing.settings
         ssd_bw = min(p.nand_channels * p.nand_channel_rate, p.link_bandwidth)
         self.ns_per_byte = 1e9 / ssd_bw

@@ -529,7 +529,7 @@ def spec_at_speed(spec: WorkloadSpec, speed: float) -> WorkloadSpec:
     replay must bring *more* sessions over the same arrival window (sessions / rate).
     With a fixed set, a fast replay starts every session at once and the throughput is
     capped by the sessions' own tool pauses - the population, not the system, would set
-    "max QPS" (docs/serving.md, section 7). So: round(sessions x speed) sessions, at
+    "max QPS". So: round(sessions x speed) sessions, at
     least one; the first ones are the same sessions at every speed (one RNG stream)."""
     field = kind(spec.kind).scale_field
     if field and speed != 1.0:
