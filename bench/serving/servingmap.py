@@ -29,7 +29,7 @@ from cxlhm_apps.serving import workloads as W
 from cxlhm_apps.serving.metrics import summarize
 from cxlhm_apps.serving.params import ServingParams
 from cxlhm_apps.serving.scheduler import SloMissed
-from cxlhm_apps.serving.sweep import _fork_context, _warm_up
+from cxlhm_apps.serving.sweep import fork_context, warm_up
 from cxlhm_apps.serving.topologies import replay
 
 MAP_CONFIGS = ("lmcache-local", "cxlhm-hymcache", "mooncake-dram", "ideal")
@@ -193,7 +193,7 @@ def run_map(todo: list[Cell], workers: int | None, ray: str | None, progress=pri
         remote = ray_mod.remote(run_cell)
         return ray_mod.get([remote.remote(c) for c in todo])
     workers = workers or os.cpu_count() or 1
-    context = _fork_context()
+    context = fork_context()
     order = sorted(range(len(todo)), key=lambda i: todo[i].config != "cxlhm-hymcache")  # slow cells first
     results: list[dict | None] = [None] * len(todo)
     if workers <= 1 or context is None:
@@ -201,7 +201,7 @@ def run_map(todo: list[Cell], workers: int | None, ray: str | None, progress=pri
             results[i] = run_cell(todo[i])
             progress(f"  {n + 1}/{len(todo)} cells")
         return results
-    _warm_up({c.config for c in todo})
+    warm_up({c.config for c in todo})
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         futures = {pool.submit(run_cell, todo[i]): i for i in order}
         for n, fut in enumerate(as_completed(futures)):

@@ -107,7 +107,7 @@ def run_grid(tasks: Sequence[Task], *, workers: int | None = None, ray: str | No
         status(f"connecting to Ray ({ray})")
         return _run_ray(tasks, ray, progress, status)
     workers = workers or os.cpu_count() or 1
-    context = _fork_context()
+    context = fork_context()
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, t in enumerate(tasks):
         # Forked workers inherit the compiled firmware: every cell can go on its own. Else
@@ -125,7 +125,7 @@ def run_grid(tasks: Sequence[Task], *, workers: int | None = None, ray: str | No
     if context is not None:
         if any(isinstance(make_system(c), CxlHm) for c in {t.config for t in tasks}):
             status("compiling the CXL-HM firmware (numba)")
-        _warm_up({t.config for t in tasks})
+        warm_up({t.config for t in tasks})
         status("")
     with ProcessPoolExecutor(max_workers=min(workers, len(order)), mp_context=context) as pool:
         futures = {pool.submit(_run_group, [tasks[i] for i in groups[g]]): g for g in order}
@@ -137,14 +137,14 @@ def run_grid(tasks: Sequence[Task], *, workers: int | None = None, ray: str | No
     return results
 
 
-def _fork_context():
+def fork_context():
     """Forked workers (Linux) inherit what the parent compiled; elsewhere, the default."""
     if sys.platform != "linux":
         return None
     return multiprocessing.get_context("fork")
 
 
-def _warm_up(configs) -> None:
+def warm_up(configs) -> None:
     """Compile the CXL-HM firmware (numba: ~15 s for hymcache, longer on busy cores) once,
     in this process, before the workers fork and inherit it - rather than once per
     worker and cell group. A tiny replay with a small GPU pool and device DRAM goes
