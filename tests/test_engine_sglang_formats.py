@@ -71,6 +71,48 @@ def test_every_layout_and_path_pair_reads_the_stored_meaning_after_a_restart(tmp
         e.close()
 
 
+MLA_DIM = DIM + 4  # kv_lora_rank + the rope part (sglang_engine's MLA pool)
+MLA_CONFIGS = [(layout, v1) for layout in ("layer_first", "page_first", "page_first_direct") for v1 in (True, False)]
+
+
+def mla_page_meaning(pool, page):
+    """[layer, token, dim] of one MLA page, its axes named from their sizes."""
+    buf = pool.kv_buffer
+    names = {1: "one", LAYERS: "layer", MLA_DIM: "dim", PAGE: "token", pool.size: "slot", pool.page_num: "page"}
+    assert len(names) == 6, f"axis sizes must be distinct to tell the axes apart: {names}"
+    axes = [names[n] for n in buf.shape]
+    if "slot" in axes:
+        buf = buf.narrow(axes.index("slot"), page * PAGE, PAGE)
+        axes[axes.index("slot")] = "token"
+    if "page" in axes:
+        buf = buf.select(axes.index("page"), page)
+        axes.remove("page")
+    buf = buf.select(axes.index("one"), 0)
+    axes.remove("one")
+    return buf.permute(*[axes.index(a) for a in ("layer", "token", "dim")]).contiguous().view(torch.int16)
+
+
+def test_mla_pages_read_their_meaning_under_every_layout_and_path(tmp_path):
+    image = tmp_path / "mla.img"
+    stored = {}
+    for n, (layout, v1) in enumerate(MLA_CONFIGS):
+        e = Engine(image, layout=layout, v1=v1, mla=True, page=PAGE, layers=LAYERS, dim=DIM)
+        indices = e.alloc(TOKENS)
+        fill_random(e.host_pool, indices, seed=n)
+        assert e.backup(tokens_of(n), indices) == TOKENS
+        stored[n] = [mla_page_meaning(e.host_pool, p) for p in page_starts(indices, PAGE)]
+        e.close()
+    for layout, v1 in MLA_CONFIGS:
+        e = Engine(image, layout=layout, v1=v1, mla=True, page=PAGE, layers=LAYERS, dim=DIM)
+        for n in stored:
+            found, loaded, indices = e.prefetch(tokens_of(n))
+            assert loaded == TOKENS, (MLA_CONFIGS[n], (layout, v1))
+            assert all(torch.equal(mla_page_meaning(e.host_pool, p), w)
+                       for p, w in zip(page_starts(indices, PAGE), stored[n])), (MLA_CONFIGS[n], (layout, v1))
+            e.host_pool.free(indices)
+        e.close()
+
+
 @pytest.mark.parametrize("change", ["dtype", "heads"])
 def test_a_page_of_another_geometry_is_a_miss_never_bytes(tmp_path, change):
     """float16 and bfloat16 pages are the same size: only the format tells them apart."""

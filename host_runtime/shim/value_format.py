@@ -202,11 +202,12 @@ class FormattedValues:
     def get_into(self, key: Any, buf: Any, *, session: Any = None) -> bool:
         """Fill `buf` (a buffer or a scatter list of this format's size) with the value,
         converted when it was stored in another readable format. False on a miss; a
-        value whose size does not match its format is a miss too, never bytes."""
+        value whose size does not match its format, or that the medium cannot return
+        intact, is a miss too, never bytes."""
         try:
             if self.shim.get_into(self.fmt.key(key), buf, session=session) is not None:
                 return True
-        except ValueError as exc:
+        except (ValueError, OSError) as exc:  # a wrong size, a media error: a miss, never bytes
             log.error("value %r in %s: %s", key, self.fmt.family, exc)
             return False
         for other in self.others:
@@ -214,7 +215,7 @@ class FormattedValues:
             try:
                 if self.shim.get_into(other.key(key), staged, session=session) is None:
                     continue
-            except ValueError as exc:
+            except (ValueError, OSError) as exc:
                 log.error("value %r in %s: %s", key, other.text, exc)
                 continue
             scatter(self.fmt.convert(staged, other), buf)
