@@ -95,6 +95,11 @@ def mooncake_symbols() -> MooncakeNames:
     return MooncakeNames()
 
 
+# Methods of Mooncake releases newer than the pinned one that an engine probes for
+# (getattr) before it uses them; the drop-in has them too.
+NEWER_MOONCAKE = {"batch_probe_key"}  # vLLM 0.34's VLLM_MOONCAKE_STORE_SELECTIVE_LEASE
+
+
 def test_every_store_method_the_engines_use_exists_on_the_drop_in_and_binds():
     uses = store_uses()
     files = {u[0] for u in uses}
@@ -107,7 +112,8 @@ def test_every_store_method_the_engines_use_exists_on_the_drop_in_and_binds():
     real = mooncake_symbols()
     ours = mc.CxlhmMooncakeStore()
     for rel, line, method, args in uses:
-        assert method in real, f"{rel}:{line} uses store.{method}, which Mooncake's store.so does not name"
+        assert method in real or method in NEWER_MOONCAKE, \
+            f"{rel}:{line} uses store.{method}, which Mooncake's store.so does not name"
         assert hasattr(ours, method), f"{rel}:{line} uses store.{method}, which CxlhmMooncakeStore lacks"
         if args is not None:
             npos, keywords = args
@@ -131,7 +137,7 @@ def test_every_method_answers_invalid_params_before_setup():
 def test_the_drop_in_methods_are_mooncakes():
     real = mooncake_symbols()
     public = [n for n, m in vars(mc.CxlhmMooncakeStore).items() if not n.startswith("_") and callable(m)]
-    assert [n for n in public if n not in real] == []
+    assert [n for n in public if n not in real and n not in NEWER_MOONCAKE] == []
     assert "definitely_not_a_mooncake_method" not in real
 
 
@@ -151,7 +157,7 @@ def test_the_backends_sequence_with_mooncakes_codes(tmp_path, monkeypatch):
         k, v = pool.ctypes.data, pool.ctypes.data + 1024
         assert store.batch_put_from_multi_buffers(["p0"], [[k, v]], [[1024, 1024]]) == [mc.OK]
         assert store.batch_put_from_multi_buffers(["p0"], [[k, v]], [[1024, 1024]]) == [mc.OK]  # exists = success
-        assert store.batch_is_exist(["p0", "p1"]) == [1, 0]
+        assert store.batch_is_exist(["p0", "p1"]) == [1, 0] == store.batch_probe_key(["p0", "p1"])
         out = pool.ctypes.data + 4096
         assert store.batch_get_into_multi_buffers(["p0", "p1"], [[out, out + 1024], [out, out + 1024]],
                                                   [[1024, 1024], [1024, 1024]]) == [2048, mc.OBJECT_NOT_FOUND]

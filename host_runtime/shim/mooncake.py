@@ -364,6 +364,13 @@ class CxlhmMooncakeStore:
     def batch_is_exist(self, keys: Sequence[str]) -> list[int]:
         return [self.is_exist(k) for k in keys]
 
+    @_needs_setup(_per_key(-1))
+    def batch_probe_key(self, keys: Sequence[str]) -> list[int]:
+        """Existence without a lease (newer Mooncake; vLLM 0.34's selective lease probes with
+        it, then leases the hit with batch_is_exist). Nothing here leases on a lookup, so
+        it answers as batch_is_exist."""
+        return [self.is_exist(k) for k in keys]
+
     @_needs_setup(lambda keys=(), *rest: {})
     def batch_get_replica_desc(self, keys: Sequence[str]) -> dict[str, list]:
         """Where each stored object lives, as Mooncake's replica descriptors: one memory
