@@ -15,7 +15,8 @@ is whichever `backend.kind` names (cxlhm/media/registry.py).
 Host threads may use one device at once. One lock guards the firmware state; on the
 wall clock an access plans under it, runs its fill reads and its copy without it (its
 slots BUSY meanwhile), and settles under it again - so several threads keep I/O in
-flight together. The model clock keeps every access under the lock, in issue order.
+flight together. A stream (read_stream) holds it for a time slice; while several threads
+stream at once, none waits at the SSD with it held (stream.py, _reap_unlocked). The model clock keeps every access under the lock, in issue order.
 """
 from __future__ import annotations
 
