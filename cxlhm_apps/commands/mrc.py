@@ -52,6 +52,7 @@ examples:
   cxlhm mrc --trace w.csv --format csv --csv-spec "time-col=1, obj-id-col=2, op-col=3" --sizes 64MiB,256MiB
   cxlhm mrc --trace w.cbt --policies lru,s3fifo --sizes 1%,10% --timing cmm-h    # + mean and p99 latency
   cxlhm mrc --trace T.jsonl --policies lru,s3fifo --timing cmm-h --queue-depth 32
+  cxlhm mrc --trace T.jsonl --policies lru,lecar --libcachesim      # + libCacheSim's LRU and LeCaR
 """
 
 
