@@ -140,12 +140,12 @@ def device_dram_notes(workload: str, topology: str, block: dict) -> list[str]:
         return []
     ref = next(iter(device.values()))
     skipped = ", ".join(f"{c} {ref_.get('store_skipped_share', 0.0):.0%}" for c, ref_ in device.items())
-    return [f"{workload}, {topology}: device DRAM served no reusable token for any device configuration (GPU pool "
-            f"{ref['hit_gpu']:.0%} of them, device SSD {ref['hit_ssd']:.0%}, recomputed {ref['hit_miss']:.0%}): what a "
-            f"firmware policy keeps in DRAM is never read here, so these configurations differ only by their write "
-            f"path - NAND programs queued ahead of loads and stores skipped under backlog ({skipped} of stored "
-            f"bytes skipped). A smaller GPU pool (serving.gpu_kv_bytes) or a workload with shorter reuse distance "
-            f"tells policies apart."]
+    return [f"{workload}, {topology}: device DRAM served no reusable token for any device configuration at the "
+            f"reference speed (GPU pool {ref['hit_gpu']:.0%} of them, device SSD {ref['hit_ssd']:.0%}, recomputed "
+            f"{ref['hit_miss']:.0%}): what a firmware policy keeps in DRAM is not read there, so these configurations "
+            f"differ by their write path - NAND programs queued ahead of loads and stores skipped under backlog "
+            f"({skipped} of stored bytes skipped) - and by what spills from the GPU at the faster max-QPS probes. A "
+            f"smaller GPU pool (serving.gpu_kv_bytes) or a workload with shorter reuse distance tells policies apart."]
 
 
 def format_budget_table(results: list[dict]) -> str:
