@@ -100,6 +100,15 @@ class LeaseTable:
                 due.append(lease)
         return due
 
+    def earliest(self) -> float | None:
+        """The earliest deadline in the heap, perhaps a released lease's (no mutation, so
+        callable without the store's lock as a cheap "anything due?" check)."""
+        heap = self._heap
+        try:
+            return heap[0][0] if heap else None
+        except IndexError:  # emptied meanwhile
+            return None
+
     def next_deadline(self) -> float | None:
         while self._heap and self._heap[0][2].released:
             heapq.heappop(self._heap)

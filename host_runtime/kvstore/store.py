@@ -391,7 +391,7 @@ class KVStore(EvictionMixin, PersistenceMixin):
         """Release every lease past its deadline (cheap when none is due)."""
         if not len(self._leases):
             return
-        due = self._leases.next_deadline()
+        due = self._leases.earliest()  # read without the lock: a stale answer costs one locked look
         if due is None or due > self._leases.clock():
             return
         ranges: list = []
