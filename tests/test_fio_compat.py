@@ -94,3 +94,20 @@ def test_a_refusal_is_summed_up_by_reason():
               "/t/a.fio:10: option 'verify': must be one of 0, crc32c; got 'meta'", "(3 problems, every one listed)"]
     assert compat.summarize(detail) == ("zonemode, zonesize (zoned block devices are not modelled); "
                                         "verify (must be one of 0, crc32c; got 'meta')")
+
+
+def test_a_run_past_its_time_leaves_no_process_behind(tmp_path, monkeypatch):
+    import os
+    import subprocess
+    import sys
+    import time
+    monkeypatch.setattr(compat, "FIO_TIMEOUT_S", 1)
+    job = str(tmp_path / "unique-job.fio")
+    # like fio: a job process in a session of its own that outlives its parent and holds its output
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', "
+            "sys.argv[1]], start_new_session=True); time.sleep(60)")
+    started = time.monotonic()
+    assert compat._run([sys.executable, "-c", code, job], tmp_path) is None
+    assert time.monotonic() - started < 30
+    left = subprocess.run(["pgrep", "-f", job], capture_output=True, text=True).stdout.split()
+    assert [pid for pid in left if int(pid) != os.getpid()] == []

@@ -213,20 +213,48 @@ def _json_of(stdout: str) -> dict | None:
 
 
 def _run(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess | None:
-    """Run to the end, or None after FIO_TIMEOUT_S: then SIGTERM first, so fio ends the
-    job processes it forked (a SIGKILL would leave them running), SIGKILL if it must."""
-    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=FIO_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.terminate()
+    """Run to the end, or None after FIO_TIMEOUT_S. Output goes to files (a job process
+    fio forked may outlive fio and hold a pipe open). Past the time: SIGTERM first, so
+    fio ends its job processes, then SIGKILL, then any process still running this run's
+    job file (fio's job processes start sessions of their own)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=out, stderr=err, text=True)
         try:
-            proc.communicate(timeout=30)
+            proc.wait(timeout=FIO_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-        return None
-    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            _end_stragglers(args[-1])
+            return None
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(args, proc.returncode, out.read(), err.read())
+
+
+def _end_stragglers(job_path: str) -> None:
+    """Kill what still runs with this run's own job file (a unique temporary path) on its
+    command line: fio job processes whose parent is gone."""
+    import signal
+    import time
+    mine = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if job_path.encode() in f.read().split(b"\0"):
+                    mine.append(int(pid))
+        except OSError:
+            continue
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in mine:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        time.sleep(1)
 
 
 def run_fio(fio: str, job: Path, cwd: Path) -> Outcome:
