@@ -26,6 +26,12 @@ Hook signatures (``ps`` is the policy's own state tuple, ``bt`` the block table,
   background(ps, bt, now, budget, out) -> n     fill out[i] = (job, block, session) with up
                                                 to `budget` JOB_PREFETCH / JOB_FLUSH jobs
                                                 (optional); bt.scalars[NOW_NS] is the time
+  upcoming(ps, bt, block, slot)                 `block` (resident in `slot`, or -1: a miss)
+                                                is accessed a few accesses from now
+                                                (optional; the trace simulator, which knows
+                                                its trace, calls it): prefetch the cache
+                                                lines the hooks will read for it
+                                                (cxlhm.jit.prefetch); must change nothing
 
 `victim` must skip slots for which `blocktable.evictable(bt, slot)` is false (pinned,
 or busy in the access being planned); the runtime checks and fails loudly if not.
@@ -69,6 +75,11 @@ def no_background(ps, bt, now, budget, out):
     return 0
 
 
+@njit(inline="always")
+def no_upcoming(ps, bt, block, slot):
+    return
+
+
 @dataclasses.dataclass(frozen=True)
 class Param:
     """A declared policy parameter: its type, default and a one-line help."""
@@ -94,6 +105,7 @@ class Policy:
     on_evict: Callable
     on_hint: Callable = no_hint
     background: Callable = no_background
+    upcoming: Callable = no_upcoming
     params: Mapping[str, Param] = dataclasses.field(default_factory=dict)
     write_mode: str = "write-back"
     needs_future: bool = False  # make_state takes a third argument: the next-use array

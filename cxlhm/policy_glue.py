@@ -40,7 +40,8 @@ def policy_tag(policy: Policy) -> str:
     """A hash of the policy's own source files outside firmware_policies (whose files
     the cache stamp covers already): a third-party policy's edit compiles afresh."""
     digest = hashlib.sha256(policy.name.encode())
-    for hook in (policy.on_hit, policy.on_insert, policy.victim, policy.on_evict, policy.on_hint, policy.background):
+    for hook in (policy.on_hit, policy.on_insert, policy.victim, policy.on_evict, policy.on_hint, policy.background,
+                 policy.upcoming):
         module = sys.modules.get(getattr(getattr(hook, "py_func", hook), "__module__", ""), None)
         if getattr(module, "__file__", None):
             digest.update(Path(module.__file__).read_bytes())

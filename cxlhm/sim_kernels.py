@@ -23,6 +23,7 @@ from cxlhm.timing import record as record_latency
 _policy = policies.get("lru")  # the policy of this copy
 _firmware = fw.kernels_for(_policy)
 plan, finish = _firmware.plan, fw.finish
+upcoming = _policy.upcoming
 WRITE_THROUGH = fw.WRITE_THROUGH
 
 AHEAD = 16  # accesses: measured best of 8, 16, 32 for lru on a 100k-slot Zipf replay
@@ -33,9 +34,10 @@ T_NOW, T_END = 0, 1
 
 
 @njit(inline="always")
-def prefetch_ahead(bt, blocks, i, rows):
+def prefetch_ahead(bt, ps, blocks, i, rows):
     """Ask for the cache lines access i + AHEAD's lookup and access i + HALF's planning
-    will read (see the module doc)."""
+    will read (see the module doc), and tell the policy what access i + HALF will be
+    (its `upcoming` hook prefetches what its hooks will read)."""
     n = blocks.shape[0]
     keys = bt.index_keys
     if i + AHEAD < n:
@@ -43,10 +45,12 @@ def prefetch_ahead(bt, blocks, i, rows):
         prefetch(keys.ctypes.data + bucket * keys.strides[0])
         prefetch(bt.index_slots.ctypes.data + bucket * bt.index_slots.strides[0])
     if i + HALF < n:
-        slot = btm.lookup_index(keys, bt.index_slots, blocks[i + HALF])
+        block = blocks[i + HALF]
+        slot = btm.lookup_index(keys, bt.index_slots, block)
         if slot >= 0:
             for r in range(rows.shape[0]):
                 prefetch(rows[r, 0] + slot * rows[r, 1])
+        upcoming(ps, bt, block, slot)
 
 
 @njit
@@ -55,7 +59,7 @@ def replay(bt, ps, counters, clock, blocks, writes, write_mode, start, stop, scr
     found no evictable slot."""
     ext_hpa, ext_len, slots, installed, writebacks, fills = scratch
     for i in range(start, stop):
-        prefetch_ahead(bt, blocks, i, rows)
+        prefetch_ahead(bt, ps, blocks, i, rows)
         ext_hpa[0] = blocks[i]
         # ---- one access through the firmware (the timed loop below adds the model) ----
         ok, k, n_wb, n_fill = plan(bt, ps, counters, clock, ext_hpa, ext_len, writes[i], write_mode,
@@ -83,7 +87,7 @@ def replay_timed(bt, ps, counters, clock, blocks, writes, write_mode, start, sto
     now = tclock[T_NOW]
     end = tclock[T_END]
     for i in range(start, stop):
-        prefetch_ahead(bt, blocks, i, rows)
+        prefetch_ahead(bt, ps, blocks, i, rows)
         ext_hpa[0] = blocks[i] * block_size
         is_write = writes[i]
         ok, k, n_wb, n_fill = plan(bt, ps, counters, clock, ext_hpa, ext_len, is_write, write_mode,

@@ -12,7 +12,7 @@ the list sizes `victim` saw.
 import numpy as np
 
 from cxlhm.blocktable import evictable
-from cxlhm.jit import njit
+from cxlhm.jit import njit, prefetch
 from firmware_policies import lists as L
 from firmware_policies.base import Policy
 
@@ -100,6 +100,21 @@ def on_insert(ps, bt, slot, is_write, now):
     where[slot] = T1
 
 
+@njit(inline="always")
+def upcoming(ps, bt, block, slot):
+    """A miss: on_insert looks the block up among the ghosts, victim reads the block of
+    T1's or T2's tail slot, and trimming drops B1's or B2's tail entry."""
+    if slot < 0:
+        prev, nxt, where, t1, t2, ghosts, b1, b2, meta, p = ps
+        L.ghost_prefetch(ghosts, block)
+        for ends in (t1, t2):
+            if ends[L.TAIL] >= 0:
+                prefetch(bt.block.ctypes.data + ends[L.TAIL] * bt.block.strides[0])
+        for ends in (b1, b2):
+            if ends[L.TAIL] >= 0:
+                prefetch(ghosts.entry.ctypes.data + ends[L.TAIL] * ghosts.entry.strides[0])
+
+
 @njit
 def on_evict(ps, bt, slot, now):
     prev, nxt, where, t1, t2, ghosts, b1, b2, meta, p = ps
@@ -115,4 +130,5 @@ POLICY = Policy(
     on_insert=on_insert,
     victim=victim,
     on_evict=on_evict,
+    upcoming=upcoming,
 )

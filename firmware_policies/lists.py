@@ -18,7 +18,7 @@ tuple of arrays, and passing it through real calls costs more than the work.
 from collections import namedtuple
 
 import numpy as np
-from cxlhm.jit import njit
+from cxlhm.jit import njit, prefetch
 
 HEAD, TAIL, LEN = 0, 1, 2
 EMPTY = -1
@@ -82,6 +82,14 @@ def new_ghosts(capacity: int) -> Ghosts:
 @njit(inline="always")
 def _home(table, block):
     return np.int64((np.uint64(block) * _GOLDEN >> np.uint64(17)) & np.uint64(table.shape[0] - 1))
+
+
+@njit(inline="always")
+def ghost_prefetch(g, block):
+    """Ask the CPU for the index bucket ghost_find(g, block) starts at (a policy's
+    `upcoming` hook, ahead of a miss)."""
+    table = g.table
+    prefetch(table.ctypes.data + _home(table, block) * table.strides[0])
 
 
 @njit(inline="always")

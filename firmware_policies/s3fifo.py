@@ -52,6 +52,12 @@ def on_insert(ps, bt, slot, is_write, now):
         L.ghost_drop(ghosts, ghost, ghost[L.TAIL])
 
 
+@njit(inline="always")
+def upcoming(ps, bt, block, slot):
+    if slot < 0:  # a miss: on_insert looks the block up among the ghosts
+        L.ghost_prefetch(ps[6], block)
+
+
 @njit
 def _evict_small(ps, bt):
     """Walk small from its tail: promote blocks hit often enough, evict the first other
@@ -121,4 +127,5 @@ POLICY = Policy(
         "move_to_main_threshold": Param(int, 2, "hits in the small FIFO that earn promotion to main",
                                         lambda v: v >= 1, "must be at least 1"),
     },
+    upcoming=upcoming,
 )

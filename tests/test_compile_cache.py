@@ -17,6 +17,7 @@ import firmware_policies
 from cxlhm import firmware as fw
 from cxlhm import jit
 from cxlhm import readstream as rs
+from cxlhm import sim
 
 SCRIPT = """
 import json
@@ -37,6 +38,7 @@ STREAM_SCRIPT = """
 import json, sys
 import numpy as np
 from cxlhm import readstream as rs
+from cxlhm import sim
 from host_runtime.driver import open_device
 with open_device({"capacity": 1 << 24, "block_size": "4KiB", "dram_bytes": "64KiB",
                   "backend": {"path": sys.argv[1], "queue_depth": 8}}) as dev:
@@ -106,11 +108,12 @@ def _compiled_callees(functions) -> set[Path]:
 @pytest.mark.parametrize("policy", ["lru", "hymcache"])
 def test_the_cache_stamp_covers_what_the_compiled_kernels_call(policy):
     p = firmware_policies.get(policy)
-    kernels = [*fw.kernels_for(p), *rs.kernels_for(p)]
+    kernels = [*fw.kernels_for(p), *rs.kernels_for(p), sim._replay_for(p), sim._replay_for(p, timed=True)]
     generated = (jit.cache_dir() / "generated").resolve()
     sources = {path.resolve() for path in jit._SOURCES}
     called = {path for path in _compiled_callees(kernels) if path.parent != generated}
     assert Path(rs.__file__).with_name("readstream_kernels.py").resolve() in sources
+    assert Path(sim.__file__).with_name("sim_kernels.py").resolve() in sources
     assert called and called <= sources, sorted(map(str, called - sources))
 
 

@@ -79,3 +79,43 @@ def test_device_and_window_count_the_same_accesses_alike(tmp_path, policy):
     window = run_window(config(tmp_path, "window.img", policy))
     assert device["prefetch_pollution"] >= 2 and device["prefetch_unused"] >= 1  # the sequence exercises them
     assert {k: window[k] for k in COMPARED} == {k: device[k] for k in COMPARED}
+
+
+def _state_bytes(tree) -> list[bytes]:
+    if isinstance(tree, np.ndarray):
+        return [tree.tobytes()]
+    return [b for child in tree for b in _state_bytes(child)]
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo"])
+def test_the_replays_prefetch_hints_change_nothing(policy):
+    """The trace simulator asks the policy's `upcoming` hook to prefetch ahead of an
+    access: for a resident block and for a missing one it leaves the block table and
+    the policy state bit for bit as they were, and a replay with the hints gives the
+    counters of the same accesses planned one by one through the firmware's planner."""
+    from cxlhm import counters as C
+    from cxlhm import firmware as fw
+    from cxlhm import policies
+    from cxlhm.sim import Simulator
+
+    rng = np.random.default_rng(7)
+    blocks = rng.zipf(1.3, 4000).astype(np.int64) % 700
+    sim = Simulator(policy, 64)
+    sim.replay(blocks)
+    p = policies.get(policy)
+    before = _state_bytes((sim.bt, sim.ps))
+    resident = int(sim.bt.block[np.flatnonzero(sim.bt.block >= 0)[0]])
+    p.upcoming(sim.ps, sim.bt, resident, int(np.flatnonzero(sim.bt.block == resident)[0]))
+    p.upcoming(sim.ps, sim.bt, 10_000, -1)
+    assert _state_bytes((sim.bt, sim.ps)) == before
+
+    one_by_one = Simulator(policy, 64)
+    plan = fw.kernels_for(p).plan
+    scratch = one_by_one._scratch
+    for b in blocks:  # no replay loop, no prefetch: the planner alone
+        scratch[0][0] = b
+        ok, k, _, _ = plan(one_by_one.bt, one_by_one.ps, one_by_one.counters, one_by_one.clock, scratch[0], scratch[1],
+                           False, fw.WRITE_BACK, 0, 0, 1, scratch[2], scratch[3], scratch[4], scratch[5])
+        fw.finish(one_by_one.bt, scratch[2], k)
+        assert ok
+    assert C.as_dict(one_by_one.counters) == sim.result().counters
