@@ -4,7 +4,8 @@ job checks its share of the group's count against its weight's share of the grou
 total weight; while ahead it sleeps flow_sleep microseconds (fio busy-retries with 0;
 here at least FLOOR_US, so a waiting job gives the CPU to the others).
 
-Granularity: a job with flow set runs batches of iodepth I/Os (fio checks every I/O).
+Granularity: a job with flow set looks at its share every batch of at most
+max(iodepth, runner.FLOW_BATCH) I/Os (fio looks before every I/O).
 """
 from __future__ import annotations
 

@@ -42,6 +42,10 @@ from firmware_policies.base import PolicyParamError
 CHUNK_IOS = 16384
 CHUNK_IOS_PER_DEPTH = 512
 VERIFY_ARENA_BYTES = 64 << 20
+# I/Os a job with flow control runs between two looks at its share (fio looks before
+# every I/O; one I/O per batch costs the interpreter's turn per I/O, and jobs that wait
+# for each other in turn would run at a fraction of their speed)
+FLOW_BATCH = 64
 MAX_REPORTED_VERIFY_ERRORS = 10
 NEVER = 2**62
 
@@ -280,8 +284,8 @@ class Worker:
             slots = qd
             most = min(CHUNK_IOS, CHUNK_IOS_PER_DEPTH * qd)
             self.chunk_ios = max(qd, most - most % qd)
-        if job["flow"]:  # flow control weighs the jobs' counts batch by batch: batches of iodepth
-            self.chunk_ios = min(self.chunk_ios, qd)
+        if job["flow"]:  # flow control weighs the jobs' counts batch by batch
+            self.chunk_ios = min(self.chunk_ios, max(qd, FLOW_BATCH))
         self.flow = None  # its FlowTicket, where the job sets flow (run_jobs hands them out)
         self.arena = IoArena(slots, self.gen.max_bs, seed)
         self.verify_arena: IoArena | None = None
