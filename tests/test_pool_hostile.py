@@ -599,9 +599,10 @@ def test_a_host_scribbling_on_its_hit_log_reports_only_its_own_blocks(service):
         ring[:] = rng.integers(0, 2**63, ring.shape[0], dtype=np.uint64)
         header[hitlog.TAIL] = tail
         service.report_hits()
+    a.tenant("t").write_from(BLOCK, np.ones(2 * BLOCK, np.uint8))  # blocks 1 and 2 are in its mirror now
     service.report_hits()
     before = service.counts["hit_blocks_reported"]
-    a.hits.record(0, 1, 2)  # and one honest report: two blocks of its own partition
+    a.hits.record(0, 1, 2)  # and one honest report: two blocks of its own partition, mirrored
     service.report_hits()
     assert wait_until(lambda: service.counts["hit_blocks_reported"] == before + 2)
     time.sleep(0.05)
@@ -701,3 +702,127 @@ def test_the_socket_is_this_users_or_its_groups_never_everyones(tmp_path):
     svc.close()
     with pytest.raises(LayoutError, match="socket_mode 666"):
         in_process_service(tmp_path, socket_mode=0o666)
+
+
+# ---------------------------------------------------------------- a co-tenant holding a valid key for its own tenant
+def test_a_handshake_dripped_a_byte_at_a_time_is_cut_at_the_deadline(tmp_path):
+    """The deadline covers the whole handshake, not each read: connections that send one
+    byte just inside it, again and again, cannot hold every handshake slot."""
+    svc = in_process_service(tmp_path, auth_deadline_s=0.5, max_pending=2)
+    sloths = []
+    try:
+        for _ in range(2):
+            s = raw_connect(svc)
+            wire.recv(s, 4096)
+            s.sendall(wire.FRAME.pack(60000))  # announces a big attach request, then drips it
+            sloths.append(s)
+        attached, deadline = None, time.monotonic() + 10
+        while attached is None and time.monotonic() < deadline:
+            for s in sloths:
+                try:
+                    s.sendall(b" ")
+                except OSError:
+                    pass  # hung up on: what should happen
+            try:
+                attached = attach(svc, "a", ["t"])
+            except AttachRefused as exc:
+                assert "attaches in progress" in str(exc)
+                time.sleep(0.2)
+        assert attached is not None, "two dripping handshakes kept every other host out"
+        attached.close()
+    finally:
+        for s in sloths:
+            s.close()
+        svc.close()
+
+
+def test_one_host_name_cannot_take_every_host_slot(tmp_path):
+    svc = in_process_service(tmp_path, max_hosts=4, max_sessions_per_host=2,
+                             grants={"greedy": ["t1"], "other": ["t2"]})
+    try:
+        greedy = [attach(svc, "greedy", ["t1"]) for _ in range(2)]
+        with pytest.raises(AttachRefused, match="'greedy' has 2 attachments"):
+            attach(svc, "greedy", ["t1"])
+        other = attach(svc, "other", ["t2"])  # room is left for the other names
+        other.tenant("t2").store(0, b"ok")
+        for h in greedy + [other]:
+            h.close()
+    finally:
+        svc.close()
+
+
+def test_a_host_jamming_its_eventfds_or_completion_tail_stops_only_itself(tmp_path):
+    """A host may write anything to the descriptors and words it was handed: an eventfd
+    counter pushed to its maximum (where a blocking write waits forever), a completion
+    tail at 2**64 - 1. The service's ring thread must neither hang nor die, and a
+    closing service must not wait on it."""
+    import threading
+    from cxlhm.pool import rings as R
+
+    def submit_raw(h, op, length):
+        tail = int(h.rings.header[R.SQ_TAIL])
+        h.rings.sq[tail % R.DEPTH] = (int(op), 0, length, 0)
+        h.rings.header[R.SQ_TAIL] = tail + 1
+        os.eventfd_write(h.rings.submitted, 1)
+
+    svc = in_process_service(tmp_path)
+    try:
+        for _ in range(3):  # jam the completion eventfd, submit, hang up; again
+            a = attach(svc, "jammer", ["t"])
+            os.eventfd_write(a.rings.completed, 0xFFFFFFFFFFFFFFFE)
+            submit_raw(a, P.Op.WRITE, 1)
+            assert wait_until(lambda: a.stats()["ops"]["write"] == 1)  # the entry was served
+            try:  # and the submission eventfd, which the service writes to stop the ring thread
+                os.eventfd_write(a.rings.submitted, 0xFFFFFFFFFFFFFFFE)
+            except BlockingIOError:
+                pass
+            a.close()
+        assert wait_until(lambda: not any(t.name == "cxlhm-pool-rings" for t in threading.enumerate())), \
+            "ring threads of hosts that hung up are still there"
+        a = attach(svc, "tail", ["t"])
+        a.rings.header[R.CQ_TAIL] = 2**64 - 1
+        submit_raw(a, P.Op.WRITE, 1)
+        assert wait_until(lambda: a.stats()["ops"]["write"] == 1)
+        done = []
+        worker = threading.Thread(target=lambda: done.append(a.tenant("t").store(0, b"own")), daemon=True)
+        worker.start()
+        worker.join(10)
+        assert done, "the service's ring thread died of a completion tail the host wrote"
+        b = attach(svc, "b", ["t"])
+        b.tenant("t").store(0, b"fine")
+        assert b.tenant("t").load(0, 4) == b"fine"
+        a.close(), b.close()
+    finally:
+        started = time.monotonic()
+        svc.close()
+        assert time.monotonic() - started < 5
+
+
+def test_a_forged_hit_log_costs_the_service_no_more_than_the_hosts_mirrored_blocks(service):
+    """Hits the host did not have (blocks its tenant's mirror does not hold) are not
+    replayed, and one pass replays at most as many blocks as the host's mirrors hold:
+    a host appending whole-partition reports in a loop cannot make the service read its
+    partition over and over (two stores for the host, megabytes of device reads for the
+    service)."""
+    from cxlhm.pool import hitlog
+    a = attach(service, "a", ["t"])
+    t = a.tenant("t")
+    t.write_from(0, np.ones(2 * BLOCK, np.uint8))  # blocks 0 and 1 are mirrored, the rest are not
+    service.report_hits()
+    before_hits, before = service.handle.stats()["hits"], service.counts["hit_blocks_reported"]
+    for _ in range(3):
+        for _ in range(hitlog.ENTRIES):
+            a.hits.record(0, 0, PARTITION // BLOCK)  # "the whole partition, again"
+        service.report_hits()
+    reported = service.counts["hit_blocks_reported"] - before
+    assert 0 < reported <= 3 * service.mirror_entries, reported
+    a.hits.record(0, 5, 3)  # blocks never mirrored: no hit to replay
+    service.report_hits()
+    assert service.counts["hit_blocks_reported"] - before == reported
+    assert service.handle.stats()["hits"] - before_hits <= reported
+    buf = np.empty(2 * BLOCK, np.uint8)
+    for _ in range(5):  # honest hits are still reported, each one
+        assert t.read_into(0, buf) and t.direct_hits
+    service.report_hits()
+    assert service.counts["hit_blocks_reported"] - before == reported + 10
+    a.close()

@@ -15,6 +15,13 @@ the partition. The service keeps its own count of what it consumed, so nothing a
 writes there can make the service read outside the ring, report blocks outside the
 host's own partitions, or spend more than ENTRIES reports per pass; a host that
 appends faster than the service drains loses its oldest reports (advisory data).
+
+Reports cost the host two stores and the service a device read each, so the service
+also bounds what one pass replays: at most `budget` blocks (the blocks the host's
+tenants' mirrors hold: a host cannot have hit more distinct blocks than that since the
+last pass without a round trip in between, and repeats within 10 ms add no recency),
+and of those only blocks the tenant's mirror holds at the time (a block the mirror
+does not hold was not a hit). The rest is dropped and counted.
 """
 from __future__ import annotations
 
@@ -56,9 +63,10 @@ class HitLog:
         self.dropped = 0      # reports overwritten before they were drained, or malformed
         self._lock = threading.Lock()
 
-    def drain(self, partitions: list, block_size: int, partition_blocks: int) -> tuple[np.ndarray, np.ndarray]:
-        """(device addresses, lengths) of the hits appended since the last drain, each
-        checked against the host's own partitions (in grant order)."""
+    def drain(self, n_tenants: int, partition_blocks: int, budget: int) -> tuple[np.ndarray, np.ndarray]:
+        """(tenant index, partition block) of each block hit since the last drain,
+        entries checked against the host's own partitions (in grant order), at most
+        `budget` blocks (the first ones; the rest dropped, counted)."""
         with self._lock:
             if self._ring is None:
                 return np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -75,12 +83,21 @@ class HitLog:
         tenant = (entries >> np.uint64(56)).astype(np.int64)
         count = ((entries >> np.uint64(40)) & np.uint64(MAX_BLOCKS)).astype(np.int64)
         first = (entries & np.uint64((1 << 40) - 1)).astype(np.int64)
-        ok = (tenant < len(partitions)) & (count > 0) & (first + count <= partition_blocks)
+        ok = (tenant < n_tenants) & (count > 0) & (first + count <= partition_blocks)
         self.dropped += int(n - np.count_nonzero(ok))
-        bases = np.array([p.base for p in partitions], np.int64)
         tenant, count, first = tenant[ok], count[ok], first[ok]
-        self.reported_blocks += int(count.sum())
-        return bases[tenant] + first * block_size, count * block_size
+        ends = np.cumsum(count)
+        if ends.shape[0] and ends[-1] > budget:  # cut to the budget before expanding to blocks
+            keep = int(np.searchsorted(ends, budget, side="left")) + 1
+            tenant, count, first = tenant[:keep], count[:keep].copy(), first[:keep]
+            over = int(ends[keep - 1]) - budget
+            count[-1] -= over
+            self.dropped += int(ends[-1]) - budget
+        total = int(count.sum())
+        starts = np.repeat(np.cumsum(count) - count, count)
+        blocks = np.repeat(first, count) + (np.arange(total, dtype=np.int64) - starts)
+        self.reported_blocks += total
+        return np.repeat(tenant, count), blocks
 
     def close(self) -> None:
         with self._lock:

@@ -14,7 +14,10 @@ it read-write):
                     or PUT's are taken from there; an error's message is put there
                     (v1 = its length)
 
-The service trusts nothing in the segment: it keeps its own count of consumed entries,
+The service trusts nothing in the segment or the eventfds: it keeps its own counts of
+consumed and completed entries (the host may rewrite both tails), its eventfds are
+non-blocking (a host that pushes a counter to its maximum, where a write would block,
+costs itself its wake-ups, never the service a thread),
 copies each entry out before checking it, checks the op, the tenant index against the
 host's own tenants, the length and buffer offset against the buffer and the offset
 against the partition, copies a WRITE's bytes out before the device and the mirror see
@@ -43,6 +46,22 @@ CQ_AT = SQ_AT + DEPTH * ENTRY_WORDS * 8
 PAYLOAD_AT = CQ_AT + DEPTH * ENTRY_WORDS * 8
 BYTES = PAYLOAD_AT + PAYLOAD
 SPIN_S = 0.00005  # a host waits this long spinning on the completion before it sleeps on the eventfd
+
+
+def _ring(fd: int) -> None:
+    """Add 1 to an eventfd; a counter at its maximum (only a host writing huge values
+    gets it there) already wakes its reader, so the 1 is not needed."""
+    try:
+        os.eventfd_write(fd, 1)
+    except BlockingIOError:
+        pass
+
+
+def _drain(fd: int) -> None:
+    try:
+        os.eventfd_read(fd)
+    except BlockingIOError:
+        pass  # (woken, then the counter was read meanwhile)
 
 
 class _Segment:
@@ -75,9 +94,12 @@ class ServiceRings(_Segment):
         except BaseException:
             os.close(self.fd)
             raise
-        self.submitted = os.eventfd(0, os.EFD_CLOEXEC)   # the host rings it after submitting
-        self.completed = os.eventfd(0, os.EFD_CLOEXEC)   # the service rings it after completing
+        self.submitted = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)   # the host rings it after submitting
+        self.completed = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)   # the service rings it after completing
+        self._poll = select.poll()
+        self._poll.register(self.submitted, select.POLLIN)
         self.consumed = 0
+        self.completions = 0  # the service's own count (CQ_TAIL in the segment is the host's to read, and write)
         self.malformed = 0
         self.stopping = False
         self._closing = threading.Lock()  # wake() and close() from different threads: never a reused fd
@@ -87,14 +109,15 @@ class ServiceRings(_Segment):
         return [os.dup(self.fd), os.dup(self.submitted), os.dup(self.completed)]
 
     def wait(self) -> None:
-        os.eventfd_read(self.submitted)
+        self._poll.poll()
+        _drain(self.submitted)
 
     def wake(self) -> None:
         """Wake the service's ring thread (to stop it)."""
         self.stopping = True
         with self._closing:
             if self.submitted >= 0:
-                os.eventfd_write(self.submitted, 1)
+                _ring(self.submitted)
 
     def pending(self) -> list[np.ndarray]:
         """Entries submitted since the last call, each a private copy; a tail that
@@ -109,10 +132,11 @@ class ServiceRings(_Segment):
         return out
 
     def complete(self, tag: int, status: int, v1: int = 0, v2: int = 0) -> None:
-        at = int(self.header[CQ_TAIL])
+        at = self.completions
         self.cq[at % DEPTH] = (tag, status, v1, v2)
-        self.header[CQ_TAIL] = at + 1
-        os.eventfd_write(self.completed, 1)
+        self.completions = at + 1
+        self.header[CQ_TAIL] = self.completions
+        _ring(self.completed)
 
     def close(self) -> None:
         with self._closing:
@@ -154,7 +178,7 @@ class HostRings(_Segment):
         tag = tail & 0xFFFFFFFF
         self.sq[tail % DEPTH] = (op | tenant_index << 8 | tag << 32, offset, length, 0)
         self.header[SQ_TAIL] = tail + 1
-        os.eventfd_write(self.submitted, 1)
+        _ring(self.submitted)
         spin_until = time.perf_counter() + SPIN_S
         while int(self.header[CQ_TAIL]) < want:
             if time.perf_counter() < spin_until:
@@ -162,7 +186,7 @@ class HostRings(_Segment):
             events = self._poll.poll(1000)
             for fd, _ in events:
                 if fd == self.completed:
-                    os.eventfd_read(self.completed)
+                    _drain(self.completed)
                 else:
                     raise ConnectionError("the service closed this host's connection")
             if not events and not alive():

@@ -15,8 +15,9 @@ Everything else - misses, writes, chunk allocation, flush - is a request on the 
 checked against the host's grants and the partition bounds on every call.
 
 What no host can do to the others: stop the accept loop (each connection is served by a
-thread of its own, the handshake has a deadline, a listen backlog of 128, at most
-`max_pending` handshakes and `max_hosts` hosts at once), hold more than the bytes it has
+thread of its own, the whole handshake has one deadline, a listen backlog of 128, at most
+`max_pending` handshakes and `max_hosts` hosts at once, of which one host name holds at
+most `max_sessions_per_host`), hold more than the bytes it has
 actually sent (messages are read in pieces as they arrive, at most MAX_MESSAGE each),
 see another host's counters (STATS answers with the asking host's own and its tenants'),
 or make the device flush in a loop (FLUSH does nothing while the host's tenants hold no
@@ -49,7 +50,7 @@ from cxlhm.pool import statefiles, wire
 from cxlhm.pool.hitlog import REPORT_INTERVAL_S, HitLog
 from cxlhm.pool.identity import Identities, IdentityError, check_name
 from cxlhm.pool.layout import Layout, LayoutError
-from cxlhm.pool.mirror import HEADER, MirrorWriter, ServiceLife, read_only_fd
+from cxlhm.pool.mirror import HEADER, TAG, MirrorWriter, ServiceLife, read_only_fd
 from cxlhm.pool.port import HostPort, PinBudget
 from cxlhm.pool.rings import PAYLOAD, ServiceRings
 
@@ -118,7 +119,8 @@ class PoolService:
     def __init__(self, handle, socket_path: str | os.PathLike, *, state_dir: str | os.PathLike | None = None,
                  partition_bytes: int | None = None, mirror_bytes: int = 16 << 20,
                  grants: dict[str, list[str]] | None = None, authkey: bytes | None = None,
-                 max_hosts: int = 32, max_pending: int = 16, auth_deadline_s: float = 5.0,
+                 max_hosts: int = 32, max_sessions_per_host: int | None = None, max_pending: int = 16,
+                 auth_deadline_s: float = 5.0,
                  flush_interval_s: float = 0.5, pin_fraction: float = 0.25, socket_mode: int = 0o600):
         self.handle = handle
         self.device = handle.device
@@ -156,6 +158,10 @@ class PoolService:
                               "expected; the key proof, not the mode, decides who attaches")
         self.socket_mode = socket_mode
         self.max_hosts, self.max_pending = max_hosts, max_pending
+        # one name's attachments at once (its processes): a quarter of the slots by default, so one key
+        # holder attaching in a loop cannot take every slot from the other names
+        self.max_sessions_per_host = max(1, min(max_hosts, max_sessions_per_host if max_sessions_per_host
+                                                else max_hosts // 4))
         self.auth_deadline_s, self.flush_interval_s = auth_deadline_s, flush_interval_s
         self._tenants: dict[str, _Tenant] = {}
         self._hosts: dict[int, _HostSession] = {}
@@ -337,9 +343,11 @@ class PoolService:
         def refuse(message: str) -> None:
             wire.send(conn, json.dumps({"error": message}).encode())
 
+        deadline = time.monotonic() + self.auth_deadline_s  # for the whole handshake, not each read
         challenge = secrets.token_bytes(32)
         wire.send(conn, json.dumps({"challenge": challenge.hex(), "life": self.life.value}).encode())
-        raw = wire.recv(conn, ATTACH_MAX)
+        raw = wire.recv(conn, ATTACH_MAX, deadline)
+        conn.settimeout(self.auth_deadline_s)  # (the reply's send: the read left the time that remained)
         try:
             req = json.loads(raw)
             name, tenants, answer = req["host"], req["tenants"], bytes.fromhex(req["proof"])
@@ -360,6 +368,10 @@ class PoolService:
             if len(self._hosts) >= self.max_hosts:
                 self.counts["refused_busy"] += 1
                 return refuse(f"the service serves at most {self.max_hosts} hosts at once; all attached")
+            if sum(h.name == name for h in self._hosts.values()) >= self.max_sessions_per_host:
+                self.counts["refused_busy"] += 1
+                return refuse(f"host {name!r} has {self.max_sessions_per_host} attachments already, the most "
+                              "one host name may hold at once; close one first")
             try:
                 host_id = self.layout.host_id(name)
                 ts = [self._tenant(t) for t in tenants]
@@ -416,22 +428,35 @@ class PoolService:
 
     def _report(self, host: _HostSession) -> int:
         bs = self.block_size
-        hpa, length = host.hits.drain([t.partition for t in host.tenants], bs, self.layout.partition_bytes // bs)
-        if not hpa.shape[0]:
+        tenant, block = host.hits.drain(len(host.tenants), self.layout.partition_bytes // bs,
+                                        self.mirror_entries * len(host.tenants))
+        if not block.shape[0]:
             return 0
-        scratch = self._report_scratch
-        length = np.minimum(length, scratch.shape[0])
+        held = np.zeros(block.shape[0], np.bool_)  # only blocks the tenant's mirror holds were hits
+        for k, t in enumerate(host.tenants):
+            mine = np.flatnonzero(tenant == k)
+            if mine.shape[0]:
+                with t.lock:
+                    headers = t.mirror.headers
+                    if headers is not None:
+                        b = block[mine]
+                        held[mine] = headers[b % t.mirror.entries, TAG] == (b + 1).astype(np.uint64)
+        host.hits.dropped += int(block.shape[0] - np.count_nonzero(held))
+        tenant, block = tenant[held], block[held]
+        if not block.shape[0]:
+            return 0
+        bases = np.array([t.partition.base for t in host.tenants], np.int64)
+        hpa = bases[tenant] + block * bs
+        length = np.full(hpa.shape[0], bs, np.int64)
+        per_call = self._report_scratch.shape[0] // bs
         with self._report_lock:  # one scratch buffer: the bytes are not wanted, only the access
-            start = 0
-            while start < hpa.shape[0]:
-                ends = np.cumsum(length[start:])
-                stop = start + max(1, int(np.searchsorted(ends, scratch.shape[0], side="right")))
+            for start in range(0, hpa.shape[0], per_call):
                 try:
-                    self.device.access(hpa[start:stop], length[start:stop], scratch.ctypes.data, False)
+                    self.device.access(hpa[start:start + per_call], length[start:start + per_call],
+                                       self._report_scratch.ctypes.data, False)
                 except OSError:
                     pass  # a poisoned block: the host's own read saw the mirror's bytes; nothing to report
-                start = stop
-        blocks = int(length.sum()) // bs
+        blocks = int(hpa.shape[0])
         self.counts["hit_blocks_reported"] += blocks
         return blocks
 

@@ -3,13 +3,16 @@ descriptors ride on a message's first byte (SCM_RIGHTS).
 
 A receiver names the largest message it accepts and reads a body in pieces as it
 arrives, so a peer that announces a large message and stalls holds only the bytes it
-actually sent; a socket timeout (set by the caller) bounds every wait.
+actually sent; a socket timeout (set by the caller) bounds every wait, and a `deadline`
+(time.monotonic()) bounds the whole message: a peer dripping one byte just inside each
+wait is cut off there too.
 """
 from __future__ import annotations
 
 import os
 import socket
 import struct
+import time
 
 FRAME = struct.Struct("<I")
 PIECE = 1 << 20
@@ -30,9 +33,14 @@ def send(sock: socket.socket, data: bytes | memoryview, fds: list[int] = ()) -> 
             sock.sendall(data)
 
 
-def _exactly(sock: socket.socket, n: int, what: str) -> bytearray:
+def _exactly(sock: socket.socket, n: int, what: str, deadline: float | None = None) -> bytearray:
     out = bytearray()
     while len(out) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WireError(f"the peer did not finish {what} by its deadline")
+            sock.settimeout(left)
         try:
             got = sock.recv(min(PIECE, n - len(out)))
         except socket.timeout:
@@ -45,11 +53,13 @@ def _exactly(sock: socket.socket, n: int, what: str) -> bytearray:
     return out
 
 
-def recv(sock: socket.socket, max_bytes: int) -> bytearray:
-    (n,) = FRAME.unpack(_exactly(sock, FRAME.size, "a message's length"))
+def recv(sock: socket.socket, max_bytes: int, deadline: float | None = None) -> bytearray:
+    """One message; with `deadline`, the socket's timeout is set to the time left
+    before each read (the caller restores it if it wants another)."""
+    (n,) = FRAME.unpack(_exactly(sock, FRAME.size, "a message's length", deadline))
     if n > max_bytes:
         raise WireError(f"a {n}-byte message; at most {max_bytes} accepted")
-    return _exactly(sock, n, f"a {n}-byte message")
+    return _exactly(sock, n, f"a {n}-byte message", deadline)
 
 
 def recv_with_fds(sock: socket.socket, max_bytes: int, max_fds: int) -> tuple[bytearray, list[int]]:

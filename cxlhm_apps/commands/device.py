@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="allow HOST to attach these tenants (repeatable; without any --grant every "
                             "authenticated host may attach any tenant)")
     serve.add_argument("--max-hosts", type=int, default=32, metavar="N", help="hosts attached at once (default 32)")
+    serve.add_argument("--max-per-host", type=int, default=None, metavar="N",
+                       help="attachments one host name may hold at once (default: a quarter of --max-hosts)")
     serve.add_argument("--socket-mode", default="600", choices=["600", "660"],
                        help="who may connect: this user's processes (600, default) or its group's too (660); "
                             "each host still proves its own key")
@@ -113,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if args.max_hosts < 1:
         return _fail(f"--max-hosts must be at least 1, got {args.max_hosts}")
+    if args.max_per_host is not None and not 1 <= args.max_per_host <= args.max_hosts:
+        return _fail(f"--max-per-host must be 1..--max-hosts ({args.max_hosts}), got {args.max_per_host}")
     try:
         statefiles.make_folder(state)
         key = authkey(state)
@@ -139,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         service = PoolService(handle, args.socket, state_dir=state, partition_bytes=partition, mirror_bytes=mirror,
                               grants=grants, authkey=key, max_hosts=args.max_hosts,
+                              max_sessions_per_host=args.max_per_host,
                               socket_mode=int(args.socket_mode, 8)).start()
     except (LayoutError, IdentityError, OSError) as exc:
         handle.close()
