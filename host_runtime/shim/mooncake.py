@@ -396,8 +396,12 @@ def pointer_kind(ptr: int) -> str:
 
 
 class _CudaPointerAttributes(ctypes.Structure):
+    # cudaPointerAttributes; newer runtimes append fields (CUDA 13: reserved words), so room
+    # is left after the four this reads - the runtime writing past a short struct crashes
+    # the process later
     _fields_ = [("type", ctypes.c_int), ("device", ctypes.c_int),
-                ("devicePointer", ctypes.c_void_p), ("hostPointer", ctypes.c_void_p)]
+                ("devicePointer", ctypes.c_void_p), ("hostPointer", ctypes.c_void_p),
+                ("room", ctypes.c_uint64 * 32)]
 
 
 _CUDA_MEMORY_TYPE_DEVICE = 2  # cudaMemoryTypeDevice (cudaMemoryTypeHost 1, Managed 3, Unregistered 0)
@@ -405,12 +409,14 @@ _CUDA_MEMORY_TYPE_DEVICE = 2  # cudaMemoryTypeDevice (cudaMemoryTypeHost 1, Mana
 
 @functools.lru_cache(maxsize=1)
 def _cudart() -> ctypes.CDLL:
-    """The CUDA runtime library torch uses (its wheel's nvidia/cuda_runtime copy, else the system's)."""
-    import glob
-    import site
+    """The CUDA runtime library this process already runs (torch's), else the system's: a
+    second copy of the runtime in one process crashes it at exit."""
     candidates = []
-    for root in [*site.getsitepackages(), site.getusersitepackages()]:
-        candidates += sorted(glob.glob(os.path.join(root, "nvidia", "cuda_runtime", "lib", "libcudart.so*")))
+    try:
+        with open("/proc/self/maps") as maps:
+            candidates += sorted({line.split()[-1] for line in maps if "/libcudart.so" in line})
+    except OSError:
+        pass
     candidates += ["libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"]
     errors = []
     for name in candidates:
