@@ -111,3 +111,11 @@ def test_a_run_past_its_time_leaves_no_process_behind(tmp_path, monkeypatch):
     assert time.monotonic() - started < 30
     left = subprocess.run(["pgrep", "-f", job], capture_output=True, text=True).stdout.split()
     assert [pid for pid in left if int(pid) != os.getpid()] == []
+
+
+@needs_fio
+def test_fios_example_runs_on_the_device_with_ioengine_cxlhm_swapped_in(tmp_path):
+    folder = _corpus()
+    row = compat.run_example(folder / "fio-rand-RW.fio", shutil.which("fio"), size_cap=1 << 20, runtime_cap_s=1,
+                             keep=tmp_path, engine="cxlhm")
+    assert row.status == "agrees", row.detail
