@@ -439,7 +439,7 @@ def _hipri(text: str, kb_base: int) -> bool:
 
 
 _HIPRI = O.Option("hipri", "bool", _hipri, False,
-                  "polled completion (RWF_HIPRI / IORING_SETUP_IOPOLL); needs a device that polls: a plain file "
+                  "ioengine=pvsync2: polled completion (RWF_HIPRI); needs a device that polls: a plain file "
                   "system refuses it, as under fio", flag=True, group="engine")
 
 ENGINE_OPS: dict[str, RawEngineOps] = {
