@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from host_runtime.directory import sigbus_guard
 from host_runtime.directory import DirectoryUnavailable, SharedMemoryDirectory
 from host_runtime.directory import shm_table as T
 from host_runtime.directory.location import key_array
@@ -73,6 +74,43 @@ def test_a_truncated_table_reads_as_misses_not_sigbus(tmp_path):
     before, after, truncated, published = q.get(timeout=5)
     assert (before, after, truncated) == (100, 0, 1) and "was truncated" in published
     assert d.lookup_sparse([fp(i) for i in range(100)]).n_hits == 0  # this process too
+    d.close()
+
+
+def _look_up_while_truncated(path: str, q, ready) -> None:
+    d = SharedMemoryDirectory.attach(path)
+    keys = [fp(i) for i in range(2000)]
+    assert d.lookup_sparse(keys).n_hits == 2000
+    ready.set()
+    batches = 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not sigbus_guard.faulted(d._guard):
+        d.lookup_sparse(keys)  # each batch's size check passes while the file is whole...
+        batches += 1
+    q.put((batches, sigbus_guard.faulted(d._guard), d.lookup_sparse(keys).n_hits))
+
+
+def test_a_truncation_racing_a_lookup_is_misses_not_sigbus(tmp_path):
+    """The size check before a batch cannot see a truncation that lands during the
+    batch: the file is cut and grown back in a loop, so checks pass and accesses fault.
+    The reader must live (its table reads as zeros from then on) and say so."""
+    d = SharedMemoryDirectory.create(tmp_path / "dir.shm", entries=50_000)
+    d.publish_many([fp(i) for i in range(2000)], [loc(i) for i in range(2000)])
+    q, ready = CTX.Queue(), CTX.Event()
+    p = CTX.Process(target=_look_up_while_truncated, args=(d.path, q, ready))  # a child: SIGBUS kills only it
+    p.start()
+    assert ready.wait(120)
+    size = d.size
+    deadline = time.monotonic() + 60
+    while p.is_alive() and time.monotonic() < deadline:
+        os.truncate(d.path, 0)
+        time.sleep(0.0005)
+        os.truncate(d.path, size)  # ...and the pages it then touches are gone
+        time.sleep(0.002)
+    p.join(60)
+    assert p.exitcode == 0, f"the reader died (exit {p.exitcode}; -7 is SIGBUS)"
+    batches, faulted, hits_after = q.get(timeout=5)
+    assert faulted and hits_after == 0, (batches, faulted, hits_after)
     d.close()
 
 

@@ -14,9 +14,10 @@ Every open directory holds an OFD read lock on the file's first byte, so `create
 can tell a live table (refused) from a stale file (replaced by a new file renamed
 over it, never truncated in place under a reader). Each batch first checks the file
 still holds the whole table (fstat): a table someone truncated reads as misses and
-refuses writes with an error instead of faulting (SIGBUS) on the missing pages; a
-truncation racing a batch between that check and its access can still fault (a limit
-of mapping a file others may write).
+refuses writes with an error. A truncation racing a batch, between that check and its
+access, would fault (SIGBUS) on the missing pages: the mapping is registered with
+sigbus_guard, whose handler maps zeros over the whole table and marks it, so the batch
+in flight misses (or writes into memory nobody reads) and the next one sees the mark.
 
 Capacity is fixed at creation (a power of two of slots, 48 bytes each); publishes that
 find no room within the probe window are dropped and counted.
@@ -39,6 +40,7 @@ import numpy as np
 
 from cxlhm.sharedfile import attach_shared
 from host_runtime.directory import shm_table as T
+from host_runtime.directory import sigbus_guard
 from host_runtime.directory.base import ContentDirectory, DirectoryUnavailable
 from host_runtime.directory.location import SparseHits
 
@@ -113,6 +115,7 @@ class SharedMemoryDirectory(ContentDirectory):
         self.truncated_batches = 0  # batches refused because the file no longer held the table
         self.repairs = 0         # times this client repaired after a killed writer
         _ofd_lock(fd, fcntl.F_RDLCK)  # in use (create() refuses to replace a table in use)
+        self._guard = sigbus_guard.register(mm)  # a truncation racing an access: zeros, not SIGBUS
 
     # ------------------------------------------------------------ lifetime
     @classmethod
@@ -179,6 +182,7 @@ class SharedMemoryDirectory(ContentDirectory):
         if self._mm is None:
             return
         self._table = self._counts = None
+        sigbus_guard.unregister(self._guard)
         try:
             self._mm.close()
         except BufferError:  # a caller still holds a view
@@ -241,12 +245,12 @@ class SharedMemoryDirectory(ContentDirectory):
             "%s: a writer was killed inside a batch; %d half-written slot(s) dropped", self.path, repaired)
 
     def _whole(self) -> bool:
-        return os.fstat(self._fd).st_size >= self.size
+        return not sigbus_guard.faulted(self._guard) and os.fstat(self._fd).st_size >= self.size
 
     def _check_whole(self) -> None:
         if not self._whole():
-            raise DirectoryUnavailable(f"{self.path}: the file was truncated to {os.fstat(self._fd).st_size} bytes "
-                                     f"under this directory ({self.size} expected); create a new one")
+            raise DirectoryUnavailable(f"{self.path}: the file was truncated (now {os.fstat(self._fd).st_size} "
+                                       f"bytes) under this directory ({self.size} expected); create a new one")
 
     def _check_open(self) -> None:
         if self._mm is None:
