@@ -137,3 +137,38 @@ def test_serialize_overlap_lands_overlapping_writes_in_issue_order(tmp_path, dep
     finally:
         arena.close()
         ssd.close()
+
+
+@pytest.mark.parametrize("kind", [5, 15, 2])  # crc32c, xxhash, md5
+def test_batch_stamp_and_check_agree_with_the_block_at_a_time_ones(kind):
+    rng = np.random.default_rng(kind)
+    n, bs = 24, 4096
+    data = rng.integers(0, 256, n * bs, dtype=np.uint8)
+    one_by_one = data.copy()
+    starts = np.arange(n, dtype=np.int64) * bs
+    sizes = np.full(n, bs, np.int64)
+    sizes[3] = 1000  # a short block (its payload's length not a multiple of 8 or 16)
+    offsets = rng.integers(0, 1 << 30, n) * bs
+    seeds = VF.seeds_of(11, np.arange(n))
+    assert [int(s) for s in seeds] == [VF.seed_of(11, i) for i in range(n)]
+    VF.stamp_many(data, starts, sizes, kind, offsets, seeds, np.arange(n))
+    for b in range(n):
+        VF.stamp(one_by_one[b * bs:b * bs + int(sizes[b])], kind, int(offsets[b]), int(seeds[b]), b)
+    assert (data == one_by_one).all()
+    assert VF.check_many(data, starts, sizes, kind, offsets, seeds, np.arange(n)) == []
+    data[5 * bs + 700] ^= 0x10  # a payload bit, and another block's header offset
+    data[9 * bs + 16] ^= 0x01
+    found = VF.check_many(data, starts, sizes, kind, offsets, seeds, np.arange(n))
+    assert [b for b, _ in found] == [5, 9]
+    assert found[0][1].what == VF.check(data[5 * bs:6 * bs], kind, int(offsets[5]), int(seeds[5]), 5).what
+    assert "verify failed" in found[0][1].what and found[1][1].what.startswith("bad header offset")
+    wrong_seeds = seeds.copy()
+    wrong_seeds[0] += np.uint64(1)
+    assert [b for b, _ in VF.check_many(data, starts, sizes, kind, offsets, wrong_seeds)][:1] == [0]
+
+
+def test_crc32c_on_the_cpu_instruction_matches_the_table():
+    data = np.frombuffer(np.random.default_rng(0).bytes(10_000), np.uint8)
+    assert VF.crc32c(b"123456789") == 0xE3069283  # the check value of CRC-32C
+    for start, end in [(0, 10_000), (3, 9_997), (44, 4096), (0, 63)]:
+        assert VF.crc32c(data[start:end]) == int(VF._crc32c(data[start:end].copy(), VF._CRC32C_TABLE))
