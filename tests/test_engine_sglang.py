@@ -282,9 +282,12 @@ def test_get_stats_is_storage_metrics_with_metrics_on_and_none_off(backend):
 
 # ------------------------------------------------------------------ topology
 def run_tp_ranks(tmp_path, replicas, world=2):
-    """An MLA model's TP ranks, each its own process (forked: the engines are imported
-    already) with its own controller, joined by gloo; see sglang_engine.mla_rank."""
-    ctx = multiprocessing.get_context("fork")
+    """An MLA model's TP ranks, each its own process with its own controller, joined by
+    gloo; see sglang_engine.mla_rank. Forked from a fork server that imported the
+    engines once: forking this process instead could copy a lock some earlier test's
+    thread holds."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["sglang_engine"])
     results = ctx.Queue()
     image = str(tmp_path / "mla-{rank}.img")
     procs = [ctx.Process(target=mla_rank, args=(rank, world, str(tmp_path / "rendezvous"), image, replicas, results))

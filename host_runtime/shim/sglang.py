@@ -308,7 +308,7 @@ class CxlhmHiCacheStorage(_Base):
         copy, zero_copy = self._page_view(pool, zero_copy=False), self._page_view(pool, zero_copy=True)
         hits = copy.exists(keys)
         missing = [i for i, hit in enumerate(hits) if not hit]
-        if missing and zero_copy.fmt != copy.fmt:
+        if missing and zero_copy.fmt != copy.fmt and zero_copy.fmt not in copy.others:  # else probed already
             for i, hit in zip(missing, zero_copy.exists([keys[i] for i in missing])):
                 hits[i] = hit
         return hits
