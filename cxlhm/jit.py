@@ -10,7 +10,8 @@ functions may call (and of numba's version), and a change to any of them starts 
 folder.
 
 A policy's hooks reach the firmware kernels as module globals of a module generated per
-policy (`generated_module`), not as closure cells: numba's cache keys a closure by its
+policy (`generated_module`, called by the one generator of per-policy glue,
+cxlhm/policy_glue.py), not as closure cells: numba's cache keys a closure by its
 pickled cells, and a pickled dispatcher carries a random id, so a closure is never found
 again in another process. For the same reason compiled code calls C functions by symbol
 name (`c_function`), not through ctypes: numba does not cache code that holds a ctypes
