@@ -12,6 +12,11 @@ tokens, the byte order, and per part its name, dtype and axes in memory order::
     view.put(key, buffers)            # stored under view.key(key): key + b"#" + fmt.digest
     view.lookup_prefix(keys)          # leading keys readable in fmt or any convertible format
     view.get_into(key, buffers)       # True: buffers hold the value in fmt's layout
+    raw_format("engine-value", nbytes)        # an opaque value, read back only as written
+    geometry_format(kvgeometry, "family")     # a KVGeometry chunk (layer_first / chunk_first)
+    base_key(stored_key)                      # the engine's key of a stored key (eviction events)
+
+Tenant names of adapters using formats end in ``FORMAT_SCHEME`` (":kvfmt1").
 
 Where the description lives. It is bound into the key (``key#<16 hex digits of the
 format's hash>``), not written as a header inside the value:
