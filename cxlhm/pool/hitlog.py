@@ -17,11 +17,11 @@ host's own partitions, or spend more than ENTRIES reports per pass; a host that
 appends faster than the service drains loses its oldest reports (advisory data).
 
 Reports cost the host two stores and the service a device read each, so the service
-also bounds what one pass replays: at most `budget` blocks (the blocks the host's
-tenants' mirrors hold: a host cannot have hit more distinct blocks than that since the
-last pass without a round trip in between, and repeats within 10 ms add no recency),
-and of those only blocks the tenant's mirror holds at the time (a block the mirror
-does not hold was not a hit). The rest is dropped and counted.
+also bounds what one pass replays: at most `budget` blocks (the service gives the
+blocks of the host's tenants' mirrors plus ENTRIES: what a host really hitting that
+much in one pass would cost it), and of those only blocks the tenant's mirror holds at
+the time (a block the mirror does not hold was not a hit). The rest is dropped and
+counted.
 """
 from __future__ import annotations
 

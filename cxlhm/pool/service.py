@@ -47,7 +47,7 @@ import numpy as np
 from cxlhm.mailbox import Mailbox
 from cxlhm.pool import protocol as P
 from cxlhm.pool import statefiles, wire
-from cxlhm.pool.hitlog import REPORT_INTERVAL_S, HitLog
+from cxlhm.pool.hitlog import ENTRIES as HIT_LOG_ENTRIES, REPORT_INTERVAL_S, HitLog
 from cxlhm.pool.identity import Identities, IdentityError, check_name
 from cxlhm.pool.layout import Layout, LayoutError
 from cxlhm.pool.mirror import HEADER, TAG, MirrorWriter, ServiceLife, read_only_fd
@@ -426,10 +426,16 @@ class PoolService:
             hosts = list(self._hosts.values())
         return sum(self._report(h) for h in hosts)
 
+    def hit_budget(self, host: _HostSession) -> int:
+        """The most blocks one pass replays for `host`: its mirrors' blocks once, plus a
+        hit-log's worth of repeats (a forged log costs the service no more than a host
+        hitting that much in 10 ms would)."""
+        return self.mirror_entries * len(host.tenants) + HIT_LOG_ENTRIES
+
     def _report(self, host: _HostSession) -> int:
         bs = self.block_size
         tenant, block = host.hits.drain(len(host.tenants), self.layout.partition_bytes // bs,
-                                        self.mirror_entries * len(host.tenants))
+                                        self.hit_budget(host))
         if not block.shape[0]:
             return 0
         held = np.zeros(block.shape[0], np.bool_)  # only blocks the tenant's mirror holds were hits
