@@ -828,3 +828,29 @@ def test_a_forged_hit_log_replays_only_mirrored_blocks_within_a_budget(service):
     service.report_hits()
     assert service.counts["hit_blocks_reported"] - before == reported + 10
     a.close()
+
+
+def test_a_host_whose_rings_failed_is_told_not_left_waiting(service, monkeypatch):
+    import threading
+    a = attach(service, "a", ["t"])
+    a.tenant("t").store(0, b"before")
+
+    def broken(*_):
+        raise RuntimeError("a fault in the service's ring code")
+    monkeypatch.setattr(service, "_ring_entry", broken)
+    outcome = []
+
+    def call():
+        try:
+            a.tenant("t").store(0, b"after")
+            outcome.append("answered")
+        except PoolError as exc:
+            outcome.append(exc.status)
+    worker = threading.Thread(target=call, daemon=True)
+    worker.start()
+    worker.join(10)
+    assert outcome == [P.Status.SERVICE_GONE], outcome
+    monkeypatch.undo()
+    b = attach(service, "b", ["t"])  # the service goes on
+    assert b.tenant("t").load(0, 6) == b"before"
+    a.close(), b.close()

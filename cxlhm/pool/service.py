@@ -108,6 +108,7 @@ class _HostSession:
         self.ops = {op.name.lower(): 0 for op in P.Op}
         self.bytes_read = self.bytes_written = 0
         self.last_flush = 0.0
+        self.conn: socket.socket | None = None  # its socket: hung up on if its rings fail, so it is told
 
 
 class PoolService:
@@ -385,6 +386,7 @@ class PoolService:
             hits, rings = HitLog(name), ServiceRings(name)
             mailbox = Mailbox(port, idle_poll_s=HOST_IDLE_POLL_S).start()
             session = _HostSession(name, host_id, ts, mailbox, port, hits, rings)
+            session.conn = conn
             self._hosts[id(session)] = session
         fds = [read_only_fd(self.life.fd), os.dup(hits.fd), *rings.fds()] + [read_only_fd(t.mirror.fd) for t in ts]
         try:
@@ -568,6 +570,10 @@ class PoolService:
                     self._ring_entry(s, entry)
         except Exception:
             log.exception("pool: host %r's rings failed", s.name)
+            try:  # its requests would wait forever: hang up, the host's next wait ends with SERVICE_GONE
+                s.conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         finally:
             r.close()
 
