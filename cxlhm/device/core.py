@@ -16,12 +16,12 @@ Host threads may use one device at once. One lock guards the firmware state; on 
 wall clock an access plans under it, runs its fill reads and its copy without it (its
 slots BUSY meanwhile), and settles under it again - so several threads keep I/O in
 flight together. A stream (read_stream) holds it for a time slice; while several threads
-stream at once, none waits at the SSD with it held (stream.py, _reap_unlocked). The model clock keeps every access under the lock, in issue order.
+stream at once, none waits at the SSD with it held (stream.py, _reap_unlocked). The model
+clock keeps every access under the lock, in issue order.
 """
 from __future__ import annotations
 
 import inspect
-import threading
 import time
 import weakref
 
@@ -44,6 +44,7 @@ from cxlhm.device.interface import DeviceCaps
 from cxlhm.device.lock import DeviceLock
 from cxlhm.device.media import MediaPath
 from cxlhm.device.power import PowerLoss
+from cxlhm.device.scratch import Scratch, ThreadState
 from cxlhm.device.sidecar import Sidecars, open_state
 from cxlhm.device.stream import StreamReads
 from cxlhm.device.waves import WriteWaves
@@ -57,28 +58,6 @@ from cxlhm.timing import LatencyRecorder, TimingModel, charge_flush
 from cxlhm.timing.recorder import record as record_latency
 
 MAX_BATCH_BLOCKS = 4096  # blocks planned per firmware pass (bounds the scratch arrays)
-
-
-class _ThreadState(threading.local):
-    """What each host thread keeps of its own: planner scratch and streamed-read state."""
-
-    def __init__(self):
-        self.scratch: _Scratch | None = None
-        self.stream = None
-
-
-class _Scratch:
-    """One host thread's planner scratch: the slots and I/O rows of its pass in flight."""
-    __slots__ = ("slots_out", "installed", "writebacks", "fills", "one_hpa", "one_len", "hits", "misses")
-
-    def __init__(self, batch: int):
-        self.slots_out = np.zeros(batch, np.int64)
-        self.installed = np.zeros(batch, np.uint8)
-        self.writebacks = fw.new_io_rows(batch)
-        self.fills = fw.new_io_rows(batch)
-        self.one_hpa = np.zeros(1, np.int64)  # access_one's extent as arrays
-        self.one_len = np.zeros(1, np.int64)
-        self.hits = self.misses = 0  # device-block hits and misses of this thread's accesses
 
 
 class Device(StreamReads, WriteWaves, WriteBehind, BackgroundWork, PowerLoss):
@@ -113,7 +92,7 @@ class Device(StreamReads, WriteWaves, WriteBehind, BackgroundWork, PowerLoss):
         self._batch = min(self.n_slots, MAX_BATCH_BLOCKS)
         # Planner scratch is per host thread: another thread plans while this one
         # waits for its fills with the lock released (see _fill_and_copy).
-        self._local = _ThreadState()
+        self._local = ThreadState()
         # One lock over the block table, policy state, counters, poison and checksum
         # tables; not re-entrant, so releasing it around I/O means what it says (public
         # methods take it, their _locked variants expect it held). `_idle` is notified by
@@ -310,10 +289,10 @@ class Device(StreamReads, WriteWaves, WriteBehind, BackgroundWork, PowerLoss):
         s = self._scratch()
         return s.hits, s.misses
 
-    def _scratch(self) -> _Scratch:
+    def _scratch(self) -> Scratch:
         s = self._local.scratch
         if s is None:
-            s = self._local.scratch = _Scratch(self._batch)
+            s = self._local.scratch = Scratch(self._batch)
         return s
 
     def _batch_limit(self) -> int:
@@ -340,7 +319,7 @@ class Device(StreamReads, WriteWaves, WriteBehind, BackgroundWork, PowerLoss):
             if self.closed:
                 raise DeviceClosed("the device is closed")
 
-    def _access_batch(self, hpas, lens, user_addr, is_write, owner, t: float, s: _Scratch) -> float:
+    def _access_batch(self, hpas, lens, user_addr, is_write, owner, t: float, s: Scratch) -> float:
         """One firmware pass; returns its completion on the model clock (else `t`).
         Called with the lock held and returns with it held; on the wall clock it is
         released while the pass's fill reads and copy run (_fill_and_copy)."""
@@ -425,7 +404,7 @@ class Device(StreamReads, WriteWaves, WriteBehind, BackgroundWork, PowerLoss):
             self._written(hpas, lens, slots, k, dirty_logged=True)
         return t
 
-    def _fill_and_copy(self, s: _Scratch, n_fill: int, hpas, lens, user_addr, is_write, copy: bool,
+    def _fill_and_copy(self, s: Scratch, n_fill: int, hpas, lens, user_addr, is_write, copy: bool,
                        release: bool) -> tuple[np.ndarray, bool]:
         """The pass's fill reads, then - if `copy` and every fill read right - the copy
         between the slots and the host buffer. Returns (mask of fills that failed,
@@ -451,7 +430,7 @@ class Device(StreamReads, WriteWaves, WriteBehind, BackgroundWork, PowerLoss):
                 self._lock.acquire()
         return self.media.settle_reads(rows, res, retries, mismatch), copied
 
-    def _invalidate_installed(self, s: _Scratch, k: int) -> None:
+    def _invalidate_installed(self, s: Scratch, k: int) -> None:
         now = int(self.clock[0])
         for slot in s.slots_out[:k][s.installed[:k].astype(bool)]:
             if self.bt.block[slot] >= 0:
