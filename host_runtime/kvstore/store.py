@@ -12,8 +12,9 @@ import threading
 import numpy as np
 
 from host_runtime import kvkeys
-from host_runtime.allocator import AllocatorError, ExtentAllocator
-from host_runtime.kvstore.entries import Entry, IndexCorrupt, PutStatus
+from host_runtime.allocator import ExtentAllocator
+from host_runtime.kvstore import audit
+from host_runtime.kvstore.entries import Entry, PutStatus
 from host_runtime.kvstore.eviction import EvictionMixin
 from host_runtime.kvstore.hints import HintSink, coalesce, hints_for
 from host_runtime.kvstore.journal import Journal, del_record, put_record, tenant_record
@@ -565,47 +566,10 @@ class KVStore(EvictionMixin, PersistenceMixin):
 
     # ------------------------------------------------------------ consistency
     def check(self) -> dict:
-        """Check that the index and the allocator agree: the allocator's live extents are
-        exactly those of the stored chunks, the reservations in progress and the chunks
-        removed while being read (no leak, no overlap), and each tenant's used bytes add
-        up. Raises IndexCorrupt naming the first disagreement; returns counts."""
+        """Check that the index and the allocator agree (host_runtime/kvstore/audit.py);
+        raises IndexCorrupt naming the first disagreement, returns counts."""
         with self._lock:
-            try:
-                self.alloc.check()
-            except AllocatorError as exc:
-                raise IndexCorrupt(f"allocator: {exc}") from None
-            expected: dict[int, int] = {}
-            per_tenant: dict[int, int] = {}
-
-            def claim(hpa: int, nbytes: int, t: Tenant, what: str) -> None:
-                size = self.alloc.grains_for(nbytes) * self.grain
-                if hpa in expected:
-                    raise IndexCorrupt(f"{what} at {hpa:#x} is claimed twice")
-                expected[hpa] = size
-                per_tenant[t.id] = per_tenant.get(t.id, 0) + size
-
-            for t in self._tenant_ids.values():
-                for entry in t._index.values():
-                    claim(entry.hpa, entry.nbytes, t, f"chunk {entry.key.hex()[:16]} of {t.name!r}")
-                for res in t._pending.values():
-                    claim(res.hpa, res.nbytes, t, f"reservation {res.key.hex()[:16]} of {t.name!r}")
-            for entry in self._doomed.values():
-                claim(entry.hpa, entry.nbytes, entry.tenant, "a removed chunk still being read")
-            live = dict(self.alloc.extents())
-            if live != expected:
-                leaked = sorted(set(live) - set(expected))
-                missing = sorted(set(expected) - set(live))
-                wrong = sorted(h for h in set(live) & set(expected) if live[h] != expected[h])
-                raise IndexCorrupt(f"allocator and index disagree: {len(leaked)} extent(s) allocated but not indexed "
-                                   f"{[hex(h) for h in leaked[:4]]}, {len(missing)} indexed but not allocated "
-                                   f"{[hex(h) for h in missing[:4]]}, {len(wrong)} of another size")
-            for t in self._tenant_ids.values():
-                if t.used_bytes != per_tenant.get(t.id, 0):
-                    raise IndexCorrupt(f"tenant {t.name!r} counts {t.used_bytes} used bytes, its chunks hold "
-                                       f"{per_tenant.get(t.id, 0)}")
-            return {"extents": len(live), "entries": sum(len(t._index) for t in self._tenant_ids.values()),
-                    "reservations": sum(len(t._pending) for t in self._tenant_ids.values()),
-                    "used_bytes": self.alloc.used_bytes}
+            return audit.check_store(self)
 
     # ------------------------------------------------------------ stats
     def stats(self) -> dict:
