@@ -78,7 +78,10 @@ EXAMPLES = {
     "numa_mem_policy": ("local", "local"), "wait_for": ("w", "w"), "exitall": ("1", True),
     "exit_what": ("stonewall", "stonewall"), "write_lat_log": ("lat", "lat"), "write_bw_log": ("bw", "bw"),
     "write_iops_log": ("io", "io"), "log_avg_msec": ("500", 500), "flow": ("-8", -8), "flow_id": ("2", 2),
-    "flow_sleep": ("1000", 1000),
+    "flow_sleep": ("1000", 1000), "thinktime": ("2000", 2 * 10**6), "thinktime_spin": ("1ms", 10**6),
+    "thinktime_blocks": ("8", 8), "thinktime_blocks_type": ("issue", "issue"), "thinktime_iotime": ("2", 2 * 10**9),
+    "rate": ("1m,500k", (1 << 20, 500 << 10)), "rate_iops": ("100,", (100, None)),
+    "rate_process": ("poisson", "poisson"),
 }
 NEEDS = {"time_based": "runtime=1\n", "verify_backlog": "verify=crc32c\n"}
 
@@ -214,17 +217,17 @@ def test_every_refused_option_of_a_file_is_listed_in_one_error(tmp_path):
     inc = tmp_path / "inc.fio"
     inc.write_text("zonesize=4m\n")
     path = tmp_path / "many.fio"
-    path.write_text("[global]\nrate=1m\nbs=12 parsecs\n[a]\ninclude inc.fio\nbogus=1\n[b]\nrw=sideways\n"
+    path.write_text("[global]\nrate_min=1m\nbs=12 parsecs\n[a]\ninclude inc.fio\nbogus=1\n[b]\nrw=sideways\n"
                     "iodepth=0\n[c]\ntime_based\n")
     with pytest.raises(JobFileError) as info:
         load_jobs([str(path)])
     err = info.value
     found = [(os.path.basename(e.path), e.line, e.option) for e in err.errors]
-    assert found == [("many.fio", 2, "rate"), ("inc.fio", 1, "zonesize"), ("many.fio", 6, "bogus"),
+    assert found == [("many.fio", 2, "rate_min"), ("inc.fio", 1, "zonesize"), ("many.fio", 6, "bogus"),
                      ("many.fio", 3, "bs"), ("many.fio", 8, "rw"), ("many.fio", 9, "iodepth"),
                      ("many.fio", 11, "time_based")]
     text = str(err)
-    assert text.startswith(f"{path}:2: option 'rate'") and "7 problems" in text
+    assert text.startswith(f"{path}:2: option 'rate_min'") and "7 problems" in text
     assert text.count("bs=") == 0 and text.count("option 'bs'") == 1  # a bad global is said once, not per job
 
 

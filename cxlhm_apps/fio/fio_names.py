@@ -29,9 +29,10 @@ NOT_MODELLED_WHY: dict[str, str] = {
         "donorname", "inplace", "std_redirect", "uri", "busy_poll", "verb", "sqthread_poll",
         "sqthread_poll_cpu", "registerfiles", "fixedbufs", "nonvectored", "userspace_reap")},
     # workload features not modelled
-    "rate": "rate limiting is not modelled", "rate_iops": "rate limiting is not modelled",
-    "ratemin": "rate limiting is not modelled", "rate_process": "rate limiting is not modelled",
-    "thinktime": "think time between I/Os is not modelled",
+    **{name: "a minimum rate (the job failing below it) is not modelled; rate and rate_iops are" for name in (
+        "rate_min", "ratemin", "rate_iops_min", "rate_cycle", "ratecycle")},
+    "rate_ignore_thinktime": "rate_ignore_thinktime is not modelled (think time counts against the rate)",
+    "thinkcycles": "thinkcycles is not modelled (thinktime is)",
     "steadystate": "steady-state detection is not modelled", "ss": "steady-state detection is not modelled",
     "ss_dur": "steady-state detection is not modelled", "ss_ramp": "steady-state detection is not modelled",
     "steadystate_duration": "steady-state detection is not modelled",

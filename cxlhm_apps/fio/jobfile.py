@@ -345,6 +345,24 @@ def _check_job(job: JobSpec):
         unavailable = clocks.model_clock_unavailable()
         if v["cxlhm_clock"] == "model" and unavailable:
             yield job.error("cxlhm_clock", unavailable)
+    rated = any(v["rate"]) or any(v["rate_iops"])
+    if (rated or v["thinktime"]) and v["ioengine"] == "cxlhm" and v["cxlhm_clock"] == "model":
+        name = "thinktime" if v["thinktime"] else ("rate" if any(v["rate"]) else "rate_iops")
+        yield job.error(name, "needs wall time (the model clock never sleeps); use cxlhm_clock=wall")
+    if rated and v["rw"].reads and v["rw"].writes and v["verify"] not in ("0", "null"):
+        name = "rate" if any(v["rate"]) else "rate_iops"
+        yield job.error(name, "on a mixed job with verify is not modelled (fio's rate turns an I/O's "
+                              "direction, which verify's stamped writes cannot follow)")
+    elif rated and v["rw"].reads and v["rw"].writes:
+        from cxlhm_apps.fio.pattern import size_choices  # (pattern imports the options table)
+        try:
+            read_sizes, write_sizes = size_choices(v)
+        except ValueError:
+            read_sizes = write_sizes = None  # (the block-size options report their own problem)
+        if read_sizes != write_sizes:
+            name = "rate" if any(v["rate"]) else "rate_iops"
+            yield job.error(name, "on a mixed job whose reads and writes have different block sizes is not "
+                                  "modelled (fio's rate turns an I/O's direction and draws its size again)")
     if v["verify_backlog"] and v["verify"] in ("0", "null"):
         yield job.error("verify_backlog", "needs verify=crc32c|md5|xxhash")
     for name in ("bs", "bsrange", "bssplit"):

@@ -215,6 +215,35 @@ def _text(text: str, kb_base: int) -> str:
     return text
 
 
+def _rate(text: str, kb_base: int) -> tuple[int | None, int | None]:
+    """Per-direction bytes per second (read, write; a trim value is accepted and unused)."""
+    out = []
+    for part in V.split_directions(text)[:2]:
+        n = None if part is None else V.parse_size(part, kb_base=kb_base)
+        if n is not None and n < 0:
+            raise ValueError(f"a rate must not be negative, got {part!r}")
+        out.append(n)
+    return out[0], out[1]
+
+
+def _rate_iops(text: str, kb_base: int) -> tuple[int | None, int | None]:
+    """Per-direction I/Os per second (read, write; a trim value is accepted and unused)."""
+    out = []
+    for part in V.split_directions(text)[:2]:
+        n = None if part is None else V.parse_int(part)
+        if n is not None and n < 0:
+            raise ValueError(f"a rate must not be negative, got {part!r}")
+        out.append(n)
+    return out[0], out[1]
+
+
+def _time_us(text: str, kb_base: int) -> int:
+    """A time whose bare number is microseconds (fio's thinktime)."""
+    if text.strip().startswith("-"):
+        raise ValueError(f"must not be negative, got {text!r}")
+    return V.parse_time_ns(text, default_unit="us")
+
+
 def _kb_base(text: str, kb_base: int) -> int:
     n = V.parse_int(text)
     if n not in (1000, 1024):
@@ -320,6 +349,25 @@ OPTIONS: tuple[Option, ...] = (
     Option("flow_id", "int", _int_at_least(0), 0, "the flow control group of the job", group="timing"),
     Option("flow_sleep", "int", _int_at_least(0), 0, "microseconds a job ahead of its flow share waits",
            group="timing"),
+    Option("thinktime", "time", _time_us, 0,
+           "pause this long (bare number: microseconds) after every thinktime_blocks I/Os, with the I/O in "
+           "flight completed first", group="timing"),
+    Option("thinktime_spin", "time", _time_us, 0, "spin (busy) this part of thinktime, sleep the rest",
+           group="timing"),
+    Option("thinktime_blocks", "int", _int_at_least(1), 1, "I/Os between two think times", group="timing"),
+    Option("thinktime_blocks_type", "str", _choice("complete", "issue"), "complete",
+           "what thinktime_blocks counts: I/Os completed or issued (batches here complete before the next, "
+           "so both count the same)", group="timing"),
+    Option("thinktime_iotime", "time", _time, 0,
+           "also think after this much I/O time (bare number: seconds); thinktime_blocks then counts only "
+           "where given", group="timing"),
+    Option("rate", "int[,int]", _rate, (None, None),
+           "bandwidth cap per direction in bytes/s (rate=READ,WRITE): an I/O waits until it is due",
+           group="timing"),
+    Option("rate_iops", "int[,int]", _rate_iops, (None, None), "IOPS cap per direction (rate_iops=READ,WRITE)",
+           group="timing"),
+    Option("rate_process", "str", _choice("linear", "poisson"), "linear",
+           "linear: I/Os due at even intervals; poisson: exponential gaps of the same mean", group="timing"),
     Option("wait_for", "str", _text, None, "start once every clone of the named (earlier) job has finished",
            group="timing"),
     Option("exitall", "bool", _bool, False, "when this job finishes, end the others (exit_what says which)",

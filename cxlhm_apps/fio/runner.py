@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from cxlhm.config import ConfigError, load_config
-from cxlhm_apps.fio import clocks, files, flow, schedule
+from cxlhm_apps.fio import clocks, files, flow, pacing, schedule
 from cxlhm_apps.fio import verify as VF
 from cxlhm_apps.fio.engines import DeviceShare, EngineError, IoArena, engine_of, warm_stream
 from cxlhm_apps.fio.jobfile import JobSpec
@@ -307,6 +307,10 @@ class Worker:
         self._wall_start = 0
         self._budget_total = budget
         self._stop = threading.Event()
+        # fio's thinktime and rate: which of a chunk's I/Os go when (None: all, at once)
+        same_sizes = sizes[READ] == sizes[WRITE] and not self.verify_kind
+        pacer = pacing.Pacer(job, (sizes[READ].min, sizes[WRITE].min), same_sizes, seed, self._stop)
+        self.pacer = pacer if pacer.paced else None
         self.logs = JobLogs()  # none; run_jobs gives the clone its own (numbered) where the job asks
         self._side = SideWork(f"cxlhm-fio-{job.name}.{plan.clone}-side")
         self._ahead_bytes = 0  # bytes of the chunk made ahead and not taken yet
@@ -391,6 +395,12 @@ class Worker:
         self.logs.start(t0)
         if self.flow is not None:
             self.flow.join()
+        pacer = self.pacer
+        if pacer is not None:
+            if isinstance(getattr(engine, "clock", None), clocks.ModelClock):
+                raise EngineError("thinktime and rate need wall time (the model clock never sleeps); "
+                                  "use cxlhm_clock=wall")
+            pacer.restart(t0)
         ramp_end = t0 + job["ramp_time"]
         job_end = ramp_end + job["runtime"] if job["runtime"] else NEVER
         measuring = job["ramp_time"] == 0
@@ -412,15 +422,26 @@ class Worker:
             deadline = min(job_end, self._window[0] + SAMPLE_WINDOW_NS, NEVER if measuring else ramp_end)
             if self.flow is not None:
                 self.flow.wait_turn(job_end)
-            done = engine.execute(pending, self.arena, deadline, keep_read_data=bool(self.verify_kind))
+            batch = pending
+            if pacer is not None:
+                admitted = pacer.admit(pending, engine.now_ns, job_end)
+                if admitted == 0:
+                    break
+                batch = pending.take(0, admitted)
+                deadline = min(deadline, pacer.deadline())
+            done = engine.execute(batch, self.arena, deadline, keep_read_data=bool(self.verify_kind))
             if self.flow is not None:
                 self.flow.did(done.count)
             executed, pending = pending.take(0, done.count), pending.take(done.count)
+            if pacer is not None:
+                pacer.did(executed)
             now = done.end_ns
             self._account(executed, done, measuring)
             if not measuring and now >= ramp_end:
                 measuring = True
                 self._reset_stats(now)
+                if pacer is not None:  # (fio's counters start again with the measured part)
+                    pacer.restart(now)
             self._sample(now)
             if self.verify_kind and job["verify_backlog"] and self.backlog_due >= job["verify_backlog"]:
                 self._side.settle()  # (the pass records into the same statistics)
