@@ -20,7 +20,7 @@ import re
 import sys
 from dataclasses import dataclass
 
-HOOKS = ("on_hit", "on_insert", "victim", "on_evict", "on_hint", "background")
+HOOKS = ("on_hit", "on_insert", "victim", "on_evict", "on_hint", "background", "upcoming")
 
 # numba names a source location either way: 'File "path", line 28:' or 'at /abs/path (28)'
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')

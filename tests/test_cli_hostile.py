@@ -202,6 +202,17 @@ TRACE = [
     ("no action", ["trace"]),
 ]
 
+DOCTOR = [
+    ("missing config", ["doctor", "--engine", "lmcache", "/nonexistent/lmcache.yaml"]),
+    ("config is a folder", ["doctor", "--engine", "lmcache", H]),
+    ("config /dev/zero", ["doctor", "--engine", "lmcache", "/dev/zero"]),
+    ("config not yaml", ["doctor", "--engine", "lmcache", f"{H}/not_yaml.yaml"]),
+    ("config binary", ["doctor", "--engine", "lmcache", f"{H}/binary.yaml"]),
+    ("config deep", ["doctor", "--engine", "lmcache", f"{H}/deep.yaml"]),
+    ("unknown engine", ["doctor", "--engine", "warp", f"{H}/list.yaml"]),
+    ("no engine", ["doctor", f"{H}/list.yaml"]),
+]
+
 CLI = [
     ("unknown command", ["warp"]),
     ("no command", []),
@@ -215,7 +226,7 @@ DEVICE += [
     ("state not creatable", _SERVE + [f"{H}/tiny.jsonl/state"]),
 ]
 CASES = [(f"{args[0] if args else 'cxlhm'}: {name}", args) for group in (RUN, MRC, MAILBOX, DEVICE, CALIBRATE,
-                                                                                   POLICIES, TRACE, CLI)
+                                                                                   POLICIES, TRACE, DOCTOR, CLI)
          for name, args in group]
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 import traceback
 from pathlib import Path
 
@@ -48,6 +49,8 @@ def run(args) -> int:
         for line in lines:
             print(f"ok    {line}")
         print(f"FAIL  {exc}")
+        # the verdict also on stderr, as every command's error, for whoever reads only that
+        print(f"cxlhm doctor: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     for line in lines:
         print(f"ok    {line}")
@@ -59,8 +62,12 @@ def check_lmcache(config_path: str, *, open_device: bool = True, report=print) -
     """Check an LMCache config the way LMCache loads it; raises DoctorFailed at the first
     problem. Returns the cxlhm connector classes the config loads."""
     path = Path(config_path)
-    if not path.is_file():
+    if path.is_dir():
+        raise DoctorFailed(f"{config_path}: is a folder, not a config file")
+    if not path.exists():
         raise DoctorFailed(f"{config_path}: no such file")
+    if not path.is_file():
+        raise DoctorFailed(f"{config_path}: not a regular file (an engine reads its config from a YAML file)")
     try:
         from lmcache.v1.config import LMCacheEngineConfig
         from lmcache.v1.storage_backend.connector import parse_remote_url
