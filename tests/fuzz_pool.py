@@ -102,7 +102,7 @@ class PoolFuzz:
         self.tag = tag = (self.tag + 1) % (1 << 32) or 1
         r.cq[:] = 0
         r.sq[tail % R.DEPTH] = (op | index << 8 | tag << 32, offset, n, buf)
-        r.header[R.SQ_TAIL] = tail + 1
+        r.header[R.SQ_TAIL] = (tail + 1) % (1 << 64)  # (a scribble may have left the tail at 2**64 - 1)
         os.eventfd_write(r.submitted, 1)
         deadline = time.monotonic() + 20
         while True:

@@ -854,3 +854,18 @@ def test_a_host_whose_rings_failed_is_told_not_left_waiting(service, monkeypatch
     b = attach(service, "b", ["t"])  # the service goes on
     assert b.tenant("t").load(0, 6) == b"before"
     a.close(), b.close()
+
+
+def test_ring_tails_wrap_at_two_to_the_64(service):
+    """A host that left its submission tail at 2**64 - 1 (the service skips the leap)
+    submits on: the tail wraps to 0, as a u64 counter does, and the entry is served."""
+    from cxlhm.pool import rings as R
+    a = attach(service, "a", ["t"])
+    a.rings.header[R.SQ_TAIL] = 2**64 - 1
+    os.eventfd_write(a.rings.submitted, 1)
+    ring = next(h for h in service._hosts.values() if h.name == "a").rings
+    assert wait_until(lambda: ring.consumed == 2**64 - 1)
+    a.tenant("t").store(0, b"wrapped")
+    assert int(a.rings.header[R.SQ_TAIL]) == 0 and ring.consumed == 0
+    assert a.tenant("t").load(0, 7) == b"wrapped"
+    a.close()

@@ -121,13 +121,15 @@ class ServiceRings(_Segment):
 
     def pending(self) -> list[np.ndarray]:
         """Entries submitted since the last call, each a private copy; a tail that
-        rewound or leapt more than the ring is malformed: skipped, counted."""
+        rewound or leapt more than the ring is malformed: skipped, counted. The tail is
+        a u64 that wraps (2**64 is a multiple of DEPTH, so slots stay in step)."""
         tail = int(self.header[SQ_TAIL])
-        if tail < self.consumed or tail - self.consumed > DEPTH:
+        n = (tail - self.consumed) % (1 << 64)
+        if n > DEPTH:
             self.malformed += 1
             self.consumed = tail
             return []
-        out = [self.sq[i % DEPTH].copy() for i in range(self.consumed, tail)]
+        out = [self.sq[(self.consumed + k) % DEPTH].copy() for k in range(n)]
         self.consumed = tail
         return out
 
@@ -177,7 +179,7 @@ class HostRings(_Segment):
         want = int(self.header[CQ_TAIL]) + 1
         tag = tail & 0xFFFFFFFF
         self.sq[tail % DEPTH] = (op | tenant_index << 8 | tag << 32, offset, length, 0)
-        self.header[SQ_TAIL] = tail + 1
+        self.header[SQ_TAIL] = (tail + 1) % (1 << 64)
         _ring(self.submitted)
         spin_until = time.perf_counter() + SPIN_S
         while int(self.header[CQ_TAIL]) < want:
