@@ -869,3 +869,18 @@ def test_ring_tails_wrap_at_two_to_the_64(service):
     assert int(a.rings.header[R.SQ_TAIL]) == 0 and ring.consumed == 0
     assert a.tenant("t").load(0, 7) == b"wrapped"
     a.close()
+
+
+def test_a_layout_with_every_host_id_taken_still_loads(tmp_path):
+    """In an open pool any key holder names itself: attaching under new names until the
+    65535 host ids are taken makes pool.json several MiB, and a restart must still read it."""
+    from cxlhm.pool.layout import Layout
+    path = tmp_path / "pool.json"
+    layout = Layout(1 << 21, BLOCK, PARTITION, path)
+    layout.hosts = {f"{i:064d}": i + 1 for i in range(0xFFFF)}
+    layout.save()
+    assert path.stat().st_size > 4 << 20
+    again = Layout(1 << 21, BLOCK, PARTITION, path)
+    assert len(again.hosts) == 0xFFFF
+    with pytest.raises(LayoutError, match="65535 hosts"):
+        again.host_id("one-more")

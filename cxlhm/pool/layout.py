@@ -17,6 +17,10 @@ from pathlib import Path
 from cxlhm.pool import statefiles
 
 
+# 65535 host names of up to 64 characters, and the tenants: what the layout can hold
+MAX_LAYOUT_BYTES = 16 << 20
+
+
 class LayoutError(ValueError):
     pass
 
@@ -59,7 +63,7 @@ class Layout:
 
     def _load(self) -> None:
         try:
-            state = json.loads(statefiles.read_file(self.path))
+            state = json.loads(statefiles.read_file(self.path, MAX_LAYOUT_BYTES))
             if state["partition_bytes"] != self.partition_bytes or state["block_size"] != self.block_size:
                 raise LayoutError(f"{self.path}: saved with partition_bytes={state['partition_bytes']}, "
                                   f"block_size={state['block_size']}; this service has {self.partition_bytes}, "
