@@ -38,7 +38,10 @@ def test_every_file_engine_runs_several_jobs_and_clones_on_one_file(tmp_path, en
     assert per_job[:3] == [("w", 0, 256 << 10), ("w", 0, 256 << 10), ("r", 256 << 10, 0)]
     assert per_job[3][0] == "m" and per_job[3][1] + per_job[3][2] == 256 << 10
     depth = out["jobs"][2]["iodepth_level"]
-    assert depth["1"] == 100.0 if ENGINE_OPS[engine].sync else depth["4"] == 100.0  # fio caps sync engines at 1
+    if ENGINE_OPS[engine].sync:
+        assert depth["1"] == 100.0  # fio caps sync engines at 1
+    else:  # fio 3.33's row for these 64 I/Os at depth 4: in flight at each submission, 1, 2, 3, then 4
+        assert (depth["1"], depth["2"], depth["4"]) == (1.5625, 3.125, 95.3125)
 
 
 def test_a_synchronous_engine_with_a_queue_says_it_is_capped_at_one(tmp_path):
@@ -202,3 +205,24 @@ def test_a_bare_log_option_names_the_log_after_the_job(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run(f"[myjob]\nfilename={tmp_path / 'f'}\nsize=64k\nrw=write\nwrite_bw_log\n")
     assert len((tmp_path / "myjob_bw.1.log").read_text().splitlines()) == 16
+
+
+@pytest.mark.parametrize("iodepth, fios_row", [
+    # fio 3.33, libaio, direct, 1024 random 4 KiB reads: IO depths counts as it reports them
+    (3, [1, 1023, 0, 0, 0, 0, 0]),
+    (48, [1, 2, 4, 8, 16, 993, 0]),
+    (1, [1024, 0, 0, 0, 0, 0, 0]),
+    (300, [1, 2, 4, 8, 16, 32, 961]),
+])
+def test_io_depths_count_what_was_in_flight_at_each_submission_in_fios_buckets(iodepth, fios_row):
+    from cxlhm_apps.fio.stats import depth_counts
+    assert depth_counts(1024, iodepth).tolist() == fios_row
+
+
+def test_a_paced_batch_of_two_ios_reports_depths_one_and_two(tmp_path):
+    if libaio_unavailable():
+        pytest.skip(libaio_unavailable())
+    # rate=300 B/s per direction: one read and one write go at once, then the runtime ends
+    _, out, _ = run(f"[r]\nfilename={tmp_path / 'f'}\nsize=1m\nrw=randrw\nioengine=libaio\niodepth=32\n"
+                    "rate=300,300\nruntime=200ms\n")
+    assert out["jobs"][0]["iodepth_level"]["1"] == 50.0 and out["jobs"][0]["iodepth_level"]["2"] == 50.0

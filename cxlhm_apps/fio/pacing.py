@@ -151,7 +151,10 @@ class Pacer:
         for i in range(n):
             d = int(chunk.direction[i])
             if i and self.next_due[d] > now:
-                break
+                if not (self.switch_to[d] and self.next_due[1 - d] <= now):
+                    break
+                d = 1 - d  # the other direction is due: it goes instead, as for the first I/O
+                chunk.direction[i] = d
             self.next_due[d] = self._due_after(d, int(chunk.size[i]))
             self._after.append((list(self.next_due), list(self.issued_bytes), list(self.last_gap_sum)))
         self.next_due, self.issued_bytes, self.last_gap_sum = saved

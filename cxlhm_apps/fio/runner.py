@@ -520,10 +520,11 @@ class Worker:
             self._window[2][d] += nios
             if measuring:
                 slat = done.slat[mask] if done.slat is not None else None  # (copies: the side thread's own)
-                self._side.submit(stats.record, d, nbytes, nios, slat, done.clat[mask], done.depth)
+                self._side.submit(stats.record, d, nbytes, nios, slat, done.clat[mask], None)
                 stats.dirs[d].cache_hits += int(done.cache[d][0])
                 stats.dirs[d].cache_misses += int(done.cache[d][1])
         if measuring:
+            self._side.submit(stats.mark_depth, done.count, done.depth)
             stats.submit_map += done.submits
             stats.complete_map += done.submits
         if self.verify_kind:

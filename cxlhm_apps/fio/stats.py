@@ -151,12 +151,31 @@ def _bucket_counts(values_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nd
     return n_counts[:10], u_counts[:10], m_counts[:12]
 
 
+DEPTH_BOUNDS = (1, 2, 4, 8, 16, 32, 64)  # the first depth of each of fio's IO depths buckets
+
+
 def depth_bucket(depth: int) -> int:
-    """fio's IO depths row: 1, 2, 3-4 -> '4', 5-8 -> '8', ... >= 64."""
-    for i, bound in enumerate((1, 2, 4, 8, 16, 32)):
-        if depth <= bound:
+    """fio's IO depths row (io_u_mark_depth): a bucket holds the depths from its label up
+    to the next one's: 1, 2-3 -> '2', 4-7 -> '4', ..., 32-63 -> '32', >= 64."""
+    for i in range(6, 0, -1):
+        if depth >= DEPTH_BOUNDS[i]:
             return i
-    return 6
+    return 0
+
+
+def depth_counts(ios: int, depth: int) -> np.ndarray:
+    """fio's IO depths row for a batch of `ios` I/Os that an engine ran from empty with
+    at most `depth` in flight: what was in flight at each submission, counting the one
+    submitted (1, 2, ... up to depth while it fills, then depth)."""
+    out = np.zeros(7, np.int64)
+    filling = min(ios, depth)
+    for i in range(7):  # submissions 1..filling fall into the buckets by their depth
+        lo = DEPTH_BOUNDS[i]
+        hi = DEPTH_BOUNDS[i + 1] - 1 if i < 6 else filling
+        if lo <= filling:
+            out[i] += min(hi, filling) - lo + 1
+    out[depth_bucket(depth)] += ios - filling
+    return out
 
 
 def submit_bucket(n: int) -> int:
@@ -232,7 +251,7 @@ class JobStats:
     cpu_wall_s: float = 0.0  # wall seconds the CPU figures are shares of (0: run_ms)
     iodepth: int = 1
 
-    def record(self, direction: int, nbytes: int, ios: int, slat_ns, clat_ns, depth: int) -> None:
+    def record(self, direction: int, nbytes: int, ios: int, slat_ns, clat_ns, depth: int | None) -> None:
         """Account `ios` completed I/Os of one direction (vectorised latencies)."""
         d = self.dirs[direction]
         d.ios += ios
@@ -249,7 +268,12 @@ class JobStats:
         self.lat_n += n
         self.lat_u += u
         self.lat_m += m
-        self.depth_map[depth_bucket(depth)] += ios
+        if depth is not None:  # (None: the caller marks the batch's depths with mark_depth)
+            self.depth_map[depth_bucket(depth)] += ios
+
+    def mark_depth(self, ios: int, depth: int) -> None:
+        """The IO depths of a batch the engine ran from empty (see depth_counts)."""
+        self.depth_map += depth_counts(ios, depth)
 
     def merge(self, other: "JobStats") -> None:
         self.members += other.members
