@@ -226,3 +226,10 @@ def test_a_paced_batch_of_two_ios_reports_depths_one_and_two(tmp_path):
     _, out, _ = run(f"[r]\nfilename={tmp_path / 'f'}\nsize=1m\nrw=randrw\nioengine=libaio\niodepth=32\n"
                     "rate=300,300\nruntime=200ms\n")
     assert out["jobs"][0]["iodepth_level"]["1"] == 50.0 and out["jobs"][0]["iodepth_level"]["2"] == 50.0
+
+
+def test_a_reported_group_shows_its_last_jobs_options_as_fio_does(tmp_path):
+    _, out, _ = run(f"[global]\nfilename={tmp_path / 'f'}\nsize=64k\ngroup_reporting\n"
+                    "[first]\nrw=read\nbs=8k\n[second]\nrw=write\nbs=16k\n")
+    (group,) = out["jobs"]
+    assert group["jobname"] == "first" and group["job options"] == {"rw": "write", "bs": "16k"}

@@ -141,8 +141,10 @@ def _empty_dir_json() -> dict:
 def job_options(unit: Unit) -> dict[str, str]:
     """fio's "job options": the options the job's own section gives a value, as written
     (fio lists no bare flag such as `stonewall`, and leaves the key out when nothing is
-    left)."""
-    return {_fio_name(raw): raw.text for raw in unit.job.job_options if raw.text is not None}
+    left). A group under group_reporting shows its last job's, as fio does (each member
+    it adds replaces the list)."""
+    last = unit.clones[-1].plan.job
+    return {_fio_name(raw): raw.text for raw in last.job_options if raw.text is not None}
 
 
 def _fio_name(raw) -> str:
