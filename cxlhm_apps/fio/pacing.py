@@ -17,8 +17,8 @@ fio's rules, kept here:
 - At the end of ramp_time both start again from the measuring start (fio resets its
   counters there).
 - Where fio changed these rules after 3.33 the current ones are kept: rate_iops with
-  bssplit spaces I/Os by count (3.33: by bytes), thinktime_iotime counts from the last
-  pause's end (3.33: its start), and a pause never runs past the runtime.
+  bssplit spaces I/Os by count (3.33: by bytes), and a pause never runs past the runtime
+  (3.33 sleeps the whole thinktime).
 
 How it differs: the runner issues a batch of the I/Os that are due, and that batch
 completes before the next one is admitted. fio admits each I/O while the others are in
