@@ -108,9 +108,11 @@ class ServiceRings(_Segment):
         """Descriptors for the host: the segment, then the two eventfds (dup'd)."""
         return [os.dup(self.fd), os.dup(self.submitted), os.dup(self.completed)]
 
-    def wait(self) -> None:
-        self._poll.poll()
-        _drain(self.submitted)
+    def wait(self, timeout_ms: int = 200) -> None:
+        """Until the host rings, or `timeout_ms` passed (the service's ring thread looks
+        at whether the service is stopping between waits, so close() never waits on it)."""
+        if self._poll.poll(timeout_ms):
+            _drain(self.submitted)
 
     def wake(self) -> None:
         """Wake the service's ring thread (to stop it)."""

@@ -1,5 +1,9 @@
 """The pooled device service: one emulated CXL-HM device that several host processes
-attach to at once.
+attach to at once. It is one file because its request paths - the socket's and the
+rings' - share its lock, its tenants and hosts tables, and the order of mirror updates
+against device changes; apart, each would borrow that state from the others. What stands
+alone lives beside it: identity.py, statefiles.py, layout.py, mirror.py, rings.py,
+hitlog.py, hitreplay.py, wire.py.
 
 It owns the device (firmware, SSD back end, device DRAM) and listens on a Unix socket.
 A host proves who it is (cxlhm/pool/identity.py: a challenge answered with its own key)
@@ -37,7 +41,6 @@ import logging
 import os
 import secrets
 import socket
-import stat
 import threading
 import time
 from pathlib import Path
@@ -47,46 +50,18 @@ import numpy as np
 from cxlhm.mailbox import Mailbox
 from cxlhm.pool import protocol as P
 from cxlhm.pool import statefiles, wire
-from cxlhm.pool.hitlog import ENTRIES as HIT_LOG_ENTRIES, REPORT_INTERVAL_S, HitLog
+from cxlhm.pool.statefiles import claim_socket, machine_memory
+from cxlhm.pool.hitlog import REPORT_INTERVAL_S, HitLog
+from cxlhm.pool.hitreplay import HitReplay
 from cxlhm.pool.identity import Identities, IdentityError, check_name
 from cxlhm.pool.layout import Layout, LayoutError
-from cxlhm.pool.mirror import HEADER, TAG, MirrorWriter, ServiceLife, read_only_fd
+from cxlhm.pool.mirror import HEADER, MirrorWriter, ServiceLife, read_only_fd
 from cxlhm.pool.port import HostPort, PinBudget
 from cxlhm.pool.rings import PAYLOAD, ServiceRings
 
 log = logging.getLogger("cxlhm.pool")
 ATTACH_MAX = 64 << 10
 HOST_IDLE_POLL_S = 0.05  # a host's mailbox thread, idle: 20 polls a second (not 200), many hosts stay cheap
-
-
-def machine_memory() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def claim_socket(path: str) -> None:
-    """Make room for our socket at `path`: nothing there, or a stale socket of this user
-    (nobody answers on it), which is removed. Anything else is refused, never deleted."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise statefiles.StateError(errno.EEXIST, f"--socket {path} exists and is not a socket; "
-                                                  "refusing to replace it: give a free path")
-    if st.st_uid != os.geteuid():
-        raise statefiles.StateError(errno.EPERM, f"--socket {path} is another user's socket (uid {st.st_uid}); "
-                                                 "refusing to replace it")
-    with socket.socket(socket.AF_UNIX) as probe:
-        probe.settimeout(1.0)
-        try:
-            probe.connect(path)
-        except (ConnectionRefusedError, FileNotFoundError):
-            os.unlink(path)  # a socket nobody listens on: left by a killed service
-            return
-        except OSError as exc:
-            raise statefiles.StateError(exc.errno or errno.EBUSY, f"--socket {path}: {exc}") from None
-    raise statefiles.StateError(errno.EADDRINUSE, f"--socket {path}: another service is serving on it; "
-                                                  "stop it first or give another path")
 
 
 class _Tenant:
@@ -175,10 +150,10 @@ class PoolService:
         self._threads: list[threading.Thread] = []
         self._conns: set[socket.socket] = set()
         self._pending = 0
-        self._report_scratch = np.empty(1 << 20, np.uint8)
-        self._report_lock = threading.Lock()
         self.counts = {"hit_blocks_reported": 0, "refused_busy": 0, "refused_auth": 0, "handshake_failures": 0, "device_flushes": 0,
                        "flushes_skipped": 0, "layout_save_errors": 0}
+        self._hit_replay = HitReplay(self.device, self.block_size, self.layout.partition_bytes,
+                                     self.mirror_entries, self.counts)
 
     def host_key(self, host: str) -> bytes:
         """The key host `host` proves (its own where granted, else the pool's)."""
@@ -246,7 +221,7 @@ class PoolService:
             hosts = list(self._hosts.values())
             self._hosts.clear()
         for host in hosts:
-            self._report(host)
+            self._hit_replay.replay(host.hits, host.tenants)
             host.mailbox.close()
             host.hits.close()
             host.rings.wake()
@@ -411,7 +386,7 @@ class PoolService:
         with self._lock:
             gone = self._hosts.pop(id(session), None) is not None
         if gone:
-            self._report(session)
+            self._hit_replay.replay(session.hits, session.tenants)
             session.mailbox.close()
             session.hits.close()
             session.rings.wake()  # its ring thread ends and closes the rings
@@ -426,47 +401,7 @@ class PoolService:
         firmware counts and ranks them as any read); returns the blocks reported."""
         with self._lock:
             hosts = list(self._hosts.values())
-        return sum(self._report(h) for h in hosts)
-
-    def hit_budget(self, host: _HostSession) -> int:
-        """The most blocks one pass replays for `host`: its mirrors' blocks once, plus a
-        hit-log's worth of repeats (a forged log costs the service no more than a host
-        hitting that much in 10 ms would)."""
-        return self.mirror_entries * len(host.tenants) + HIT_LOG_ENTRIES
-
-    def _report(self, host: _HostSession) -> int:
-        bs = self.block_size
-        tenant, block = host.hits.drain(len(host.tenants), self.layout.partition_bytes // bs,
-                                        self.hit_budget(host))
-        if not block.shape[0]:
-            return 0
-        held = np.zeros(block.shape[0], np.bool_)  # only blocks the tenant's mirror holds were hits
-        for k, t in enumerate(host.tenants):
-            mine = np.flatnonzero(tenant == k)
-            if mine.shape[0]:
-                with t.lock:
-                    headers = t.mirror.headers
-                    if headers is not None:
-                        b = block[mine]
-                        held[mine] = headers[b % t.mirror.entries, TAG] == (b + 1).astype(np.uint64)
-        host.hits.dropped += int(block.shape[0] - np.count_nonzero(held))
-        tenant, block = tenant[held], block[held]
-        if not block.shape[0]:
-            return 0
-        bases = np.array([t.partition.base for t in host.tenants], np.int64)
-        hpa = bases[tenant] + block * bs
-        length = np.full(hpa.shape[0], bs, np.int64)
-        per_call = self._report_scratch.shape[0] // bs
-        with self._report_lock:  # one scratch buffer: the bytes are not wanted, only the access
-            for start in range(0, hpa.shape[0], per_call):
-                try:
-                    self.device.access(hpa[start:start + per_call], length[start:start + per_call],
-                                       self._report_scratch.ctypes.data, False)
-                except OSError:
-                    pass  # a poisoned block: the host's own read saw the mirror's bytes; nothing to report
-        blocks = int(hpa.shape[0])
-        self.counts["hit_blocks_reported"] += blocks
-        return blocks
+        return sum(self._hit_replay.replay(h.hits, h.tenants) for h in hosts)
 
     def _serve_host(self, conn: socket.socket) -> None:
         session = None

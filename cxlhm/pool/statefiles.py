@@ -10,12 +10,14 @@ written.
   write_atomic    a new file beside the old one, opened O_CREAT|O_EXCL|O_NOFOLLOW (a
                   planted symlink is never followed), written, fsynced, renamed over
   read_file       O_NOFOLLOW, a regular file of this user, at most `limit` bytes
+  claim_socket    room for the service's socket: nothing there, or a stale socket of ours
 """
 from __future__ import annotations
 
 import errno
 import fcntl
 import os
+import socket
 import stat
 from pathlib import Path
 
@@ -113,3 +115,33 @@ def read_file(path: Path, limit: int = 1 << 20) -> bytes:
         return os.read(fd, limit + 1)
     finally:
         os.close(fd)
+
+
+def machine_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def claim_socket(path: str) -> None:
+    """Make room for our socket at `path`: nothing there, or a stale socket of this user
+    (nobody answers on it), which is removed. Anything else is refused, never deleted."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise StateError(errno.EEXIST, f"--socket {path} exists and is not a socket; "
+                                                  "refusing to replace it: give a free path")
+    if st.st_uid != os.geteuid():
+        raise StateError(errno.EPERM, f"--socket {path} is another user's socket (uid {st.st_uid}); "
+                                                 "refusing to replace it")
+    with socket.socket(socket.AF_UNIX) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            os.unlink(path)  # a socket nobody listens on: left by a killed service
+            return
+        except OSError as exc:
+            raise StateError(exc.errno or errno.EBUSY, f"--socket {path}: {exc}") from None
+    raise StateError(errno.EADDRINUSE, f"--socket {path}: another service is serving on it; "
+                                                  "stop it first or give another path")

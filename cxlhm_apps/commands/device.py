@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         args.overrides.append(f"backend.path={state / 'device.img'}")
         cfg = config_from_args(args)
     try:
-        from cxlhm.pool.service import claim_socket
+        from cxlhm.pool.statefiles import claim_socket
         claim_socket(args.socket)  # before the device opens: a refused path costs nothing
         holder = statefiles.hold_folder(state)  # before the device: a second service is refused, not left to race
         os.close(holder)

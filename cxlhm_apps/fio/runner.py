@@ -6,8 +6,9 @@ of a never-written, sparse region would never reach the disk); jobs run in phase
 ramp_time unrecorded, then until its runtime, byte or I/O budget ends; a writing job
 with verify then reads back and checks what it wrote.
 
-Devices (ioengine=cxlhm) are shared by every clone whose filename is the same backing
-file, opened before the first phase and closed (dirty DRAM flushed) after the last.
+Devices (ioengine=cxlhm, cxlhm_apps/fio/devices.py) are shared by every clone whose
+filename is the same backing file, opened before the first phase and closed (dirty DRAM
+flushed) after the last.
 """
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ import time
 
 import numpy as np
 
-from cxlhm.config import ConfigError, load_config
 from cxlhm_apps.fio import clocks, files, flow, pacing, schedule
 from cxlhm_apps.fio import verify as VF
-from cxlhm_apps.fio.engines import DeviceShare, EngineError, IoArena, engine_of, warm_stream
+from cxlhm_apps.fio.devices import check_images_stay_the_devices, describe_device, open_devices
+from cxlhm_apps.fio.notes import notes
+from cxlhm_apps.fio.engines import DeviceShare, EngineError, IoArena, engine_of
 from cxlhm_apps.fio.jobfile import JobSpec
 from cxlhm_apps.fio.logs import JobLogs
 from cxlhm_apps.fio.options import READ, WRITE
@@ -33,7 +35,6 @@ from cxlhm_apps.fio.progress import Progress
 from cxlhm_apps.fio.sidework import SideWork
 from cxlhm_apps.fio.stats import SAMPLE_WINDOW_NS, JobStats
 from cxlhm_apps.fio.values import Percent
-from firmware_policies.base import PolicyParamError
 
 # I/Os generated per chunk (bounded by memory when verifying). A chunk's reads are one
 # stream that drains at its end (~1.4 ms with no read in flight while the next chunk is
@@ -124,124 +125,8 @@ def plan_clones(jobs: list[JobSpec]) -> list[ClonePlan]:
                 raise job.error("size", f"the region ({size} bytes) is smaller than the block size ({max_bs} bytes)")
             end = max(offset + size, job["filesize"] or 0)
             plans.append(ClonePlan(job, clone, groupid, phase, filename, offset, size, end))
-    _check_images_stay_the_devices(plans)
+    check_images_stay_the_devices(plans)
     return plans
-
-
-def _check_images_stay_the_devices(plans: list[ClonePlan]) -> None:
-    """A file that a job uses as a device's image is the device's alone: a job of fio's
-    own engines writing it (or reading it half-written) would go behind the device's back."""
-    images = {os.path.realpath(p.filename): p.job for p in plans if engine_of(p.job).uses_device}
-    for plan in plans:
-        device_job = images.get(os.path.realpath(plan.filename))
-        if device_job is not None and not engine_of(plan.job).uses_device:
-            raise plan.job.error("filename", f"{plan.filename} is the image of the device job {device_job.name!r} "
-                                             f"uses; ioengine={plan.job['ioengine']} would change it behind the "
-                                             "device's back (give this job a file of its own, or ioengine=cxlhm)")
-
-
-# ---------------------------------------------------------------- devices
-
-_DEVICE_OPTION_FOR_KEY = {"dram_bytes": "cxlhm_dram", "block_size": "cxlhm_block_size",
-                          "firmware.policy": "cxlhm_policy", "firmware.params": "cxlhm_policy", "clock": "cxlhm_clock"}
-
-
-def _option_for_key(job: JobSpec, key: str) -> str | None:
-    """The job option a device configuration error is about (None: the device's
-    configuration as a whole, when no option of the job set it)."""
-    if key in _DEVICE_OPTION_FOR_KEY:
-        return _DEVICE_OPTION_FOR_KEY[key]
-    if key.startswith("backend."):
-        return "filename"
-    if key == "capacity":
-        return "size"
-    return "cxlhm_profile" if job["cxlhm_profile"] else None
-
-
-def _device_settings(job: JobSpec) -> tuple:
-    return tuple(job[name] for name in ("cxlhm_profile", "cxlhm_policy", "cxlhm_dram", "cxlhm_block_size", "cxlhm_clock"))
-
-
-def open_devices(plans: list[ClonePlan], log=None) -> dict[str, DeviceShare]:
-    """One device per backing file, sized for every clone that uses it. `log` hears of
-    each image the device had to grow past what the jobs use."""
-    from host_runtime.driver import open_device
-
-    by_path: dict[str, list[ClonePlan]] = {}
-    for plan in plans:
-        if engine_of(plan.job).uses_device:
-            by_path.setdefault(os.path.realpath(plan.filename), []).append(plan)
-    shares: dict[str, DeviceShare] = {}
-    try:
-        for path, users in by_path.items():
-            first = users[0].job
-            for other in users[1:]:
-                if _device_settings(other.job) != _device_settings(first):
-                    raise other.job.error("cxlhm_profile", f"uses the same device ({path}) as job {first.name!r} "
-                                          "with different cxlhm_* settings")
-            shares[path] = _open_device(first, path, max(p.file_end for p in users), open_device, log)
-    except BaseException:
-        for share in shares.values():
-            share.handle.close()
-        raise
-    return shares
-
-
-def _open_device(job: JobSpec, path: str, needed: int, open_device, log=None) -> DeviceShare:
-    overrides: dict = {"backend": {"path": path}}
-    if job["cxlhm_policy"]:
-        overrides["firmware"] = {"policy": job["cxlhm_policy"]}
-    if job["cxlhm_dram"]:
-        overrides["dram_bytes"] = job["cxlhm_dram"]
-    if job["cxlhm_block_size"]:
-        overrides["block_size"] = job["cxlhm_block_size"]
-    try:
-        cfg = load_config(job["cxlhm_profile"], overrides)
-        clock_name = job["cxlhm_clock"] or cfg.clock
-        if clock_name == "model" and clocks.model_clock_unavailable():
-            raise job.error("cxlhm_clock" if job["cxlhm_clock"] else "cxlhm_profile", clocks.model_clock_unavailable())
-        # The device is sized to the jobs' region (at least its DRAM), plus two scratch
-        # blocks past it that warm up the compiled access paths before any job starts.
-        block = cfg.block_size
-        capacity = -(-max(needed, cfg.dram_bytes) // block) * block + 2 * block
-        cfg = load_config(job["cxlhm_profile"], {**overrides, "capacity": capacity, "clock": clock_name})
-        before = os.path.getsize(path) if os.path.isfile(path) else 0
-        handle = open_device(cfg)
-    except ConfigError as exc:
-        raise job.error(_option_for_key(job, exc.key), str(exc)) from None
-    except PolicyParamError as exc:
-        raise job.error("cxlhm_policy", str(exc)) from None
-    except OSError as exc:
-        raise files.setup_error(job, path, exc, "cannot open the device's image") from None
-    scratch = np.zeros(block, np.uint8)
-    first = capacity - 2 * block
-    if clock_name == "wall":  # a dirty block would cost the model clock a write-back later in the job
-        handle.writev(np.array([first]), block, scratch)  # compile the write and read paths now
-    handle.readv(np.array([first]), block, scratch)
-    warm_stream(handle.device, capacity - block, scratch)
-    after = os.path.getsize(path) if os.path.isfile(path) else 0
-    if log is not None and after > max(before, needed):
-        log(_grown_notice(path, before, after, needed, cfg.dram_bytes, block))
-    return DeviceShare(handle, clocks.clock_for(clock_name, handle))
-
-
-def _grown_notice(path: str, before: int, after: int, needed: int, dram: int, block: int) -> str:
-    """What a user whose file the device grew past the jobs' region is told, and why."""
-    def size(n: int) -> str:
-        return f"{n} bytes ({n / 2**20:.1f} MiB)" if n >= 2**20 else f"{n} bytes"
-    why = [f"the jobs use {size(needed)}"]
-    if dram > needed:
-        why.append(f"a device's capacity is at least its DRAM, {size(dram)} (cxlhm_dram sets it)")
-    why.append(f"2 blocks of {block} bytes past them warm up the device's I/O paths")
-    return (f"cxlhm fio: {path}: the device grew its image from {size(before)} to {size(after)}: "
-            + "; ".join(why))
-
-
-def describe_device(share: DeviceShare) -> dict:
-    cfg = share.handle.config
-    return {"backing_file": cfg.backend.path, "profile": cfg.name, "policy": cfg.firmware.policy,
-            "dram_bytes": cfg.dram_bytes, "block_size": cfg.block_size, "capacity": cfg.capacity,
-            "clock": share.clock.name}
 
 
 # ---------------------------------------------------------------- one clone
@@ -632,23 +517,6 @@ def _blockalign(job: JobSpec) -> int | None:
     given = [job["blockalign"][d] for d in (READ, WRITE) if (job["rw"].reads, job["rw"].writes)[d]]
     given = [a for a in given if a]
     return min(given) if given else None
-
-
-def notes(jobs: list[JobSpec]) -> list[str]:
-    """What fio would say about the jobs before running them, and options accepted but
-    not applied here."""
-    from cxlhm_apps.fio.options import NOT_MODELLED
-    from cxlhm_apps.fio.raw_engines import ENGINE_OPS
-    out = []
-    if any(j["iodepth"] > 1 and j["ioengine"] in ENGINE_OPS and ENGINE_OPS[j["ioengine"]].sync for j in jobs):
-        out.append("note: both iodepth >= 1 and synchronous I/O engine are selected, queue depth will be capped at 1")
-    for job in jobs:
-        for name in NOT_MODELLED:
-            if name in job.given:
-                path, line = job.where(name)
-                out.append(f"note: {path}:{line}: job {job.name!r}: {name} is accepted but not modelled "
-                           "(placement only; the job runs where the OS puts it)")
-    return list(dict.fromkeys(out))
 
 
 # ---------------------------------------------------------------- the whole run

@@ -1,0 +1,22 @@
+"""What fio says about a run's jobs before it runs them: an iodepth a synchronous engine
+caps at 1, and options accepted but not applied here (placement only)."""
+from __future__ import annotations
+
+from cxlhm_apps.fio.jobfile import JobSpec
+
+
+def notes(jobs: list[JobSpec]) -> list[str]:
+    """What fio would say about the jobs before running them, and options accepted but
+    not applied here."""
+    from cxlhm_apps.fio.options import NOT_MODELLED
+    from cxlhm_apps.fio.raw_engines import ENGINE_OPS
+    out = []
+    if any(j["iodepth"] > 1 and j["ioengine"] in ENGINE_OPS and ENGINE_OPS[j["ioengine"]].sync for j in jobs):
+        out.append("note: both iodepth >= 1 and synchronous I/O engine are selected, queue depth will be capped at 1")
+    for job in jobs:
+        for name in NOT_MODELLED:
+            if name in job.given:
+                path, line = job.where(name)
+                out.append(f"note: {path}:{line}: job {job.name!r}: {name} is accepted but not modelled "
+                           "(placement only; the job runs where the OS puts it)")
+    return list(dict.fromkeys(out))
