@@ -32,6 +32,8 @@ import threading
 
 import numpy as np
 
+from cxlhm.pool.maps import unmap
+
 ENTRIES = 4096
 HEADER_WORDS = 8
 TAIL = 0
@@ -139,9 +141,5 @@ class HitRecorder:
     def close(self) -> None:
         with self._lock:
             self._header = self._ring = None
-            if self._mm is not None:
-                try:
-                    self._mm.close()
-                except BufferError:
-                    pass
-                self._mm = None
+            unmap(self._mm)
+            self._mm = None

@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from cxlhm.pool.maps import unmap
+
 HEADER = 64
 SEQ, TAG, SUM = 0, 1, 2
 F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)
@@ -95,12 +97,8 @@ class LifeReader:
 
     def close(self) -> None:
         self.word = None
-        if self._mm is not None:
-            try:
-                self._mm.close()
-            except BufferError:
-                pass
-            self._mm = None
+        unmap(self._mm)
+        self._mm = None
 
 
 def segment_bytes(entries: int, block_size: int) -> int:
@@ -121,12 +119,8 @@ class _Segment:
 
     def close(self) -> None:
         self.headers = self.blocks = None
-        if self._mm is not None:
-            try:
-                self._mm.close()
-            except BufferError:
-                pass
-            self._mm = None
+        unmap(self._mm)
+        self._mm = None
 
 
 class MirrorWriter(_Segment):

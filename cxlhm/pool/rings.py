@@ -36,6 +36,8 @@ import time
 
 import numpy as np
 
+from cxlhm.pool.maps import unmap
+
 DEPTH = 64
 HEADER = 4096
 SQ_TAIL, CQ_TAIL = 0, 8          # u64 word indices in the header (64 bytes apart)
@@ -74,12 +76,8 @@ class _Segment:
 
     def close(self) -> None:
         self.header = self.sq = self.cq = self.payload = None
-        if self._mm is not None:
-            try:
-                self._mm.close()
-            except BufferError:
-                pass
-            self._mm = None
+        unmap(self._mm)
+        self._mm = None
 
 
 class ServiceRings(_Segment):
