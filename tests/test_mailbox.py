@@ -13,7 +13,6 @@ import numba
 import numpy as np
 import pytest
 
-import firmware_policies
 from cxlhm import blocktable as btm
 from cxlhm.blocktable import evictable
 from cxlhm.mailbox import HintKind, Mailbox, Opcode, ReturnCode
@@ -246,8 +245,9 @@ def _recorder_policy() -> Policy:
 
 
 def test_every_hint_command_reaches_the_compiled_policy_hook(open_mailbox, monkeypatch):
-    recorder, real_get = _recorder_policy(), firmware_policies.get
-    monkeypatch.setattr(firmware_policies, "get", lambda name: recorder if name == "hint-recorder" else real_get(name))
+    from cxlhm import policies  # the registry the device looks policies up in
+    recorder, real_get = _recorder_policy(), policies.get
+    monkeypatch.setattr(policies, "get", lambda name: recorder if name == "hint-recorder" else real_get(name))
     dev, _, client = open_mailbox(firmware={"policy": "hint-recorder"})  # 1 MiB window, 4 KiB blocks
     hints = client.hints
     hints.session_resume(7, [(0, 1), (4095, 2)])       # block 0; blocks 0-1
