@@ -172,3 +172,12 @@ def test_crc32c_on_the_cpu_instruction_matches_the_table():
     assert VF.crc32c(b"123456789") == 0xE3069283  # the check value of CRC-32C
     for start, end in [(0, 10_000), (3, 9_997), (44, 4096), (0, 63)]:
         assert VF.crc32c(data[start:end]) == int(VF._crc32c(data[start:end].copy(), VF._CRC32C_TABLE))
+
+
+@pytest.mark.parametrize("kind", [5, 15], ids=["crc32c", "xxhash"])
+def test_warm_up_compiles_the_batch_kernels_before_any_job_runs(kind):
+    """A job's runtime must not be spent compiling verify's kernels (with a cold cache and a
+    1 s runtime, a verify job did no I/O at all): warm_up leaves both compiled."""
+    from cxlhm_apps.fio import verify as VF
+    VF.warm_up(kind)
+    assert VF._stamp_many.signatures and VF._check_many.signatures

@@ -541,6 +541,8 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None) -> RunRes
         else:
             files.extend(plan.job, plan.filename, plan.file_end)
     shares = open_devices(plans, log)
+    for kind in {VF.TYPES.get(plan.job["verify"], 0) for plan in plans}:
+        VF.warm_up(kind)  # compiled now, not inside a job's runtime (a cold cache takes seconds)
     workers: list[Worker] = []
     started = time.time()
     try:
