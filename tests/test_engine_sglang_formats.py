@@ -27,19 +27,26 @@ def engine(image, config, **kw):
     return Engine(image, layout=layout, v1=v1, page=PAGE, layers=LAYERS, heads=HEADS, dim=DIM, **kw)
 
 
-def page_meaning(pool, page):
-    """[kv, layer, token, head, dim] of one page, read from SGLang's host buffer by
-    naming each axis of its shape from its size."""
-    buf = pool.kv_buffer
-    names = {2: "kv", LAYERS: "layer", HEADS: "head", DIM: "dim", PAGE: "token", pool.size: "slot", pool.page_num: "page"}
-    assert len(names) == 7, f"axis sizes must be distinct to tell the axes apart: {names}"
-    axes = [names[n] for n in buf.shape]
+def _one_page(buf, axes, page):
+    """The tokens of `page` out of a host buffer whose axes are named `axes`: a slot axis
+    (pages laid end to end) is cut to the page's tokens, a page axis selected."""
+    axes = list(axes)
     if "slot" in axes:
         buf = buf.narrow(axes.index("slot"), page * PAGE, PAGE)
         axes[axes.index("slot")] = "token"
     if "page" in axes:
         buf = buf.select(axes.index("page"), page)
         axes.remove("page")
+    return buf, axes
+
+
+def page_meaning(pool, page):
+    """[kv, layer, token, head, dim] of one page, read from SGLang's host buffer by
+    naming each axis of its shape from its size."""
+    buf = pool.kv_buffer
+    names = {2: "kv", LAYERS: "layer", HEADS: "head", DIM: "dim", PAGE: "token", pool.size: "slot", pool.page_num: "page"}
+    assert len(names) == 7, f"axis sizes must be distinct to tell the axes apart: {names}"
+    buf, axes = _one_page(buf, [names[n] for n in buf.shape], page)
     meaning = buf.permute(*[axes.index(a) for a in ("kv", "layer", "token", "head", "dim")]).contiguous()
     return meaning.view(torch.int16)  # compared as bit patterns: random bytes hold NaNs
 
@@ -80,13 +87,7 @@ def mla_page_meaning(pool, page):
     buf = pool.kv_buffer
     names = {1: "one", LAYERS: "layer", MLA_DIM: "dim", PAGE: "token", pool.size: "slot", pool.page_num: "page"}
     assert len(names) == 6, f"axis sizes must be distinct to tell the axes apart: {names}"
-    axes = [names[n] for n in buf.shape]
-    if "slot" in axes:
-        buf = buf.narrow(axes.index("slot"), page * PAGE, PAGE)
-        axes[axes.index("slot")] = "token"
-    if "page" in axes:
-        buf = buf.select(axes.index("page"), page)
-        axes.remove("page")
+    buf, axes = _one_page(buf, [names[n] for n in buf.shape], page)
     buf = buf.select(axes.index("one"), 0)
     axes.remove("one")
     return buf.permute(*[axes.index(a) for a in ("layer", "token", "dim")]).contiguous().view(torch.int16)

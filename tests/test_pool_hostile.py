@@ -20,7 +20,7 @@ from cxlhm.pool.mirror import MirrorReader, ServiceLife, segment_bytes
 from cxlhm.pool.statefiles import StateError
 from host_runtime.driver import open_device
 from host_runtime.pool_client import AttachRefused, PoolError, handshake
-from pool_helpers import BLOCK, DEVICE, PARTITION, attach, block_record, in_process_service, read_record
+from pool_helpers import BLOCK, DEVICE, PARTITION, attach, block_record, in_process_service, read_record, wait_for
 
 
 @pytest.fixture
@@ -269,12 +269,7 @@ def test_hosts_and_pending_attaches_are_bounded(tmp_path):
 
 
 def wait_until(predicate, timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
+    return wait_for(predicate, timeout)
 
 
 # ---------------------------------------------------------------- the state folder and the socket
