@@ -21,17 +21,22 @@ from typing import Any
 import numpy as np
 
 from cxlhm.config import DeviceConfig, load_config
-from cxlhm.device import Device
+from cxlhm.device import Device, DeviceCaps, HostDevice
 from host_runtime.buffers import byte_view
 from host_runtime.mailbox import HintClient, MailboxClient
 
 
 class DeviceHandle:
-    """An open device as the host sees it. Use as a context manager, or call close()."""
+    """An open device as the host sees it. Use as a context manager, or call close().
 
-    def __init__(self, device: Device):
+    Besides the buffer-taking calls below it offers the declared device interface
+    (cxlhm.device.interface: HostDevice, and StreamDevice, ModelClockDevice or
+    IntegrityDevice where `caps` says so), so callers never reach for the device object."""
+
+    def __init__(self, device: HostDevice):
         self.device = device
         self.config: DeviceConfig = device.cfg
+        self.cfg = device.cfg
         self.capacity = device.capacity
         self.block_size = device.block_size
         self.window = getattr(device, "window", None)  # cxlhm.window.Window in mode: window, else None
@@ -96,6 +101,73 @@ class DeviceHandle:
     def hints(self) -> HintClient:
         """Request-lifecycle hints through the mailbox: session_resume(), next_prefix(), ..."""
         return self.mailbox.hints
+
+    # ---------------------------------------------------------------- the device interface
+    @property
+    def caps(self) -> DeviceCaps:
+        return self.device.caps
+
+    @property
+    def closed(self) -> bool:
+        return self.device.closed
+
+    @property
+    def image_path(self) -> str | None:
+        return self.device.image_path
+
+    @property
+    def unclean_shutdown_detected(self) -> bool:
+        return self.device.unclean_shutdown_detected
+
+    @property
+    def write_mode(self) -> str:
+        return self.device.write_mode
+
+    def check_extent(self, hpa: int, n: int) -> None:
+        self.device.check_extent(hpa, n)
+
+    def access(self, ext_hpa: np.ndarray, ext_len: np.ndarray, user_addr: int, is_write: bool, owner: int = 0,
+               issue_ns: float | None = None) -> float:
+        """Extents against a raw address (HostDevice.access); prefer readv/writev."""
+        return self.device.access(ext_hpa, ext_len, user_addr, is_write, owner, issue_ns)
+
+    def access_one(self, hpa: int, n: int, user_addr: int, is_write: bool, owner: int = 0,
+                   issue_ns: float | None = None) -> float:
+        return self.device.access_one(hpa, n, user_addr, is_write, owner, issue_ns)
+
+    def read_stream(self, ext_hpa, ext_len, addrs, depth: int, **options):
+        """StreamDevice.read_stream (only where caps.streams_reads)."""
+        if not self.device.caps.streams_reads:
+            raise ValueError("this device does not stream (caps.streams_reads is False): use access()")
+        return self.device.read_stream(ext_hpa, ext_len, addrs, depth, **options)
+
+    def thread_hits_misses(self) -> tuple[int, int]:
+        return self.device.thread_hits_misses()
+
+    def now_ns(self) -> float:
+        """ModelClockDevice.now_ns (only where caps.model_clock)."""
+        return self.device.now_ns()
+
+    def advance_to(self, t_ns: float) -> None:
+        """ModelClockDevice.advance_to (only where caps.model_clock)."""
+        self.device.advance_to(t_ns)
+
+    def prefetch(self, blocks, owners=None) -> int:
+        return self.device.prefetch(blocks, owners)
+
+    def run_background(self, budget: int = 32) -> int:
+        return self.device.run_background(budget)
+
+    def warm_up(self) -> None:
+        self.device.warm_up()
+
+    def block_checksums(self, first_block: int, n_blocks: int) -> list[int | None]:
+        """IntegrityDevice.block_checksums (only where caps.integrity)."""
+        return self.device.block_checksums(first_block, n_blocks)
+
+    def integrity_report(self) -> dict:
+        """IntegrityDevice.integrity_report (only where caps.integrity)."""
+        return self.device.integrity_report()
 
     # ---------------------------------------------------------------- control
     def flush(self) -> int:

@@ -289,6 +289,12 @@ class Device(StreamReads, WriteWaves, WriteBehind, BackgroundWork, PowerLoss):
         s = self._scratch()
         return s.hits, s.misses
 
+    def now_ns(self) -> float:
+        """Model clock only: its time (cxlhm.device.interface.ModelClockDevice)."""
+        if self.model is None:
+            raise ValueError("now_ns() needs clock: model (on the wall clock, read time.perf_counter_ns)")
+        return self.model.now_ns
+
     def _scratch(self) -> Scratch:
         s = self._local.scratch
         if s is None:

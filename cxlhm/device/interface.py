@@ -53,6 +53,8 @@ class MailboxTarget(Protocol):
 
 @runtime_checkable
 class HostDevice(MailboxTarget, Protocol):
+    write_mode: str  # what the firmware does with a write: "write-back", "write-through", ...
+
     @property
     def caps(self) -> DeviceCaps: ...
 
@@ -83,6 +85,10 @@ class HostDevice(MailboxTarget, Protocol):
     def stats(self) -> dict:
         """Counters (cxlhm.counters) and device figures."""
 
+    def thread_hits_misses(self) -> tuple[int, int]:
+        """Device-block hits and misses of the calling thread's accesses so far (a device
+        that cannot tell threads apart counts every thread's)."""
+
     def start_mailbox(self, **options):
         """The CXL mailbox over this device."""
 
@@ -99,6 +105,17 @@ class StreamDevice(HostDevice, Protocol):
         """Run extent i against the host buffer at addrs[i] (a read, or a write where
         writes[i]), in order, up to `depth` in flight; returns a result whose `count` says
         how many ran (it stops early at the deadline or before a poisoned block)."""
+
+
+@runtime_checkable
+class ModelClockDevice(HostDevice, Protocol):
+    """What a device with `caps.model_clock` offers beyond HostDevice."""
+
+    def now_ns(self) -> float:
+        """The model clock's time: when the last operation issued so far completes."""
+
+    def advance_to(self, t_ns: float) -> None:
+        """Let time pass until `t_ns` with the host idle (background work runs meanwhile)."""
 
 
 @runtime_checkable

@@ -29,6 +29,7 @@ class WindowDevice:
         self.cfg = cfg
         self.capacity, self.block_size, self.n_slots = cfg.capacity, cfg.block_size, cfg.dram_slots
         self.policy = self.window.policy
+        self.write_mode = cfg.firmware.write_mode or self.policy.write_mode  # write-through is refused
         self.mailbox = None
         self._mailbox_lock = threading.Lock()
         self._ffi, self._lib = self.window._ffi, self.window._lib
@@ -127,6 +128,11 @@ class WindowDevice:
 
     def stats(self) -> dict:
         return self.window.stats()
+
+    def thread_hits_misses(self) -> tuple[int, int]:
+        """Every thread's: the fault service, not the faulting thread, counts them."""
+        counters = self.window.stats()
+        return counters["hits"], counters["misses"]
 
     def close(self) -> None:
         if self.mailbox is not None:  # its thread may be delivering a hint
