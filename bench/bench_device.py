@@ -1,7 +1,7 @@
 """Device-core bench, measured in one run on one back-end file:
 
  (a) 4 KiB random reads that all miss device DRAM, 32 in flight (QD32), in a closed
-     loop as fio keeps them: the device's stream (Device.read_stream: each read planned,
+     loop as fio keeps them: the device's stream (Device.stream_io: each read planned,
      its fill queued, reaped and copied out as it lands, a new one issued as one
      completes) vs the native io_uring closed loop reading the same kind of offsets of
      the same file straight into host buffers.       Target: device >= 0.95 x raw.
@@ -72,7 +72,7 @@ def bench_random_miss(path: Path, seconds: float, trials: int) -> dict:
         return offsets[i:i + n]
 
     def device_stream():
-        dev.device.read_stream(next_reads("stream", LOOP), loop_lens, loop_addrs, QD)
+        dev.device.stream_io(next_reads("stream", LOOP), loop_lens, loop_addrs, QD)
 
     def device_batch():
         dev.readv(next_reads("device", QD), 4 * KIB, out)

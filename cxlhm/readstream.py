@@ -18,7 +18,7 @@ much as the SSD read itself at QD32. A stream runs the whole loop in one compile
              next reads' fills first: they are planned and queued before the reap is
              copied out, so the SSD's queue stays full through the copy
 
-and returns to the driver (Device.read_stream) for what compiled code cannot do:
+and returns to the driver (Device.stream_io) for what compiled code cannot do:
 dirty victims' checksums to record once they land (the loop logs them itself before
 their write-backs go on the ring: hashed, and written to the integrity log as one frame
 with one write(2), after DIRTY records of the blocks written since; the driver does

@@ -135,11 +135,11 @@ class DeviceHandle:
                    issue_ns: float | None = None) -> float:
         return self.device.access_one(hpa, n, user_addr, is_write, owner, issue_ns)
 
-    def read_stream(self, ext_hpa, ext_len, addrs, depth: int, **options):
-        """StreamDevice.read_stream (only where caps.streams_reads)."""
-        if not self.device.caps.streams_reads:
-            raise ValueError("this device does not stream (caps.streams_reads is False): use access()")
-        return self.device.read_stream(ext_hpa, ext_len, addrs, depth, **options)
+    def stream_io(self, ext_hpa, ext_len, addrs, depth: int, **options):
+        """StreamDevice.stream_io (only where caps.streams_io)."""
+        if not self.device.caps.streams_io:
+            raise ValueError("this device does not stream (caps.streams_io is False): use access()")
+        return self.device.stream_io(ext_hpa, ext_len, addrs, depth, **options)
 
     def thread_hits_misses(self) -> tuple[int, int]:
         return self.device.thread_hits_misses()

@@ -45,7 +45,7 @@ with open_device({"capacity": 1 << 24, "block_size": "4KiB", "dram_bytes": "64Ki
     n = 64
     hpas = np.arange(n, dtype=np.int64)[::-1] * 4096 * 3
     buf = np.zeros(n * 4096, np.uint8)
-    result = dev.device.read_stream(hpas, np.full(n, 4096, np.int64), buf.ctypes.data + np.arange(n) * 4096, 8)
+    result = dev.device.stream_io(hpas, np.full(n, 4096, np.int64), buf.ctypes.data + np.arange(n) * 4096, 8)
     assert result.count == n, result
     stats = {f.__name__: f.stats for f in rs.kernels_for(dev.device.policy)}
     print(json.dumps({name: [sum(s.cache_hits.values()), sum(s.cache_misses.values())] for name, s in stats.items()}))

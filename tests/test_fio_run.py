@@ -283,23 +283,23 @@ def test_two_jobs_share_a_model_clock_device_in_turn(tmp_path):
 
 # ---------------------------------------------------------------- the wall clock keeps iodepth in flight
 def _record_streams(monkeypatch):
-    """Record every streamed read run (Device.read_stream) the engine makes."""
+    """Record every streamed read run (Device.stream_io) the engine makes."""
     from cxlhm.device import Device
     runs = []
-    real = Device.read_stream
+    real = Device.stream_io
 
-    def read_stream(self, *args, **kwargs):
+    def stream_io(self, *args, **kwargs):
         result = real(self, *args, **kwargs)
         runs.append((result, self.ssd.queued()))
         return result
 
-    monkeypatch.setattr(Device, "read_stream", read_stream)
+    monkeypatch.setattr(Device, "stream_io", stream_io)
     return runs
 
 
 def test_cxlhm_engine_keeps_iodepth_reads_at_the_ssd(tmp_path, monkeypatch):
     """iodepth=8 on the wall clock: the engine's reads reach the SSD one by one as
-    others complete (Device.read_stream), up to 8 at once, and none is left behind."""
+    others complete (Device.stream_io), up to 8 at once, and none is left behind."""
     runs = _record_streams(monkeypatch)
     result, out = run(f"[r]\nfilename={tmp_path / 'f.img'}\nsize=1m\nbs=4k\nrw=randread\niodepth=8\n{DEVICE}")
     read = out["jobs"][0]["read"]

@@ -77,14 +77,14 @@ def test_chunks_made_ahead_keep_the_random_maps_passes(tmp_path, monkeypatch):
     a chunk skipped, repeated or run out of turn breaks that. All 2048 are recorded."""
     from cxlhm.device import Device
     issued = []
-    real = Device.read_stream
+    real = Device.stream_io
 
-    def read_stream(self, hpas, *args, **kwargs):
+    def stream_io(self, hpas, *args, **kwargs):
         result = real(self, hpas, *args, **kwargs)
         issued.extend(hpas[:result.count].tolist())
         return result
 
-    monkeypatch.setattr(Device, "read_stream", read_stream)
+    monkeypatch.setattr(Device, "stream_io", stream_io)
     result, out = _run(f"[r]\nfilename={tmp_path / 'f.img'}\nsize=4m\nbs=4k\nrw=randread\niodepth=1\n"
                        f"io_size=8m\n{DEVICE}")
     read = out["jobs"][0]["read"]

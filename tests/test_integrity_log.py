@@ -189,7 +189,7 @@ def test_a_write_stream_logs_its_victims_sums_ahead_and_a_power_loss_keeps_them(
         rewrites = []
         real_rewrite = dev.device.checksums.log.rewrite
         monkeypatch.setattr(dev.device.checksums.log, "rewrite", lambda p: rewrites.append(1) or real_rewrite(p))
-        result = dev.device.read_stream(order.astype(np.int64) * BLOCK, np.full(n_writes, BLOCK, np.int64),
+        result = dev.device.stream_io(order.astype(np.int64) * BLOCK, np.full(n_writes, BLOCK, np.int64),
                                         payload.ctypes.data + np.arange(n_writes, dtype=np.int64) * BLOCK, 8,
                                         writes=np.ones(n_writes, np.uint8))
         assert result.count == n_writes and dev.stats()["writebacks"] >= result.misses - dram > n_writes // 2
@@ -225,13 +225,13 @@ def test_a_frozen_log_takes_no_record_from_the_loop_and_the_stream_goes_on(tmp_p
     payload[:] = rng.integers(0, 256, payload.shape[0], dtype=np.uint8)
     addrs = payload.ctypes.data + np.arange(24, dtype=np.int64) * BLOCK
     with _device(path, blocks=24, dram_blocks=4) as dev:
-        dev.device.read_stream(np.arange(12, dtype=np.int64) * BLOCK, np.full(12, BLOCK, np.int64), addrs[:12], 4,
+        dev.device.stream_io(np.arange(12, dtype=np.int64) * BLOCK, np.full(12, BLOCK, np.int64), addrs[:12], 4,
                                writes=np.ones(12, np.uint8))
         log = Path(str(path) + ".cxlhm.ilog")
         size = log.stat().st_size
         assert size > 0
         dev.device.checksums.freeze()
-        result = dev.device.read_stream(np.arange(12, 24, dtype=np.int64) * BLOCK, np.full(12, BLOCK, np.int64),
+        result = dev.device.stream_io(np.arange(12, 24, dtype=np.int64) * BLOCK, np.full(12, BLOCK, np.int64),
                                         addrs[12:], 4, writes=np.ones(12, np.uint8))
         assert result.count == 12 and log.stat().st_size == size
         back = np.zeros(24 * BLOCK, np.uint8)

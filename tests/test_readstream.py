@@ -1,4 +1,4 @@
-"""Streamed reads (Device.read_stream, cxlhm/readstream.py): the compiled loop that keeps
+"""Streamed reads (Device.stream_io, cxlhm/readstream.py): the compiled loop that keeps
 many reads in flight must return exactly the bytes the device's other paths return,
 keep dirty victims, verify checksums, stop before poison, and share the device with
 other threads."""
@@ -37,7 +37,7 @@ def _buffers(n: int, size: int):
 
 def _stream(dev, offsets, sizes, depth, **kw):
     flat, addrs, step = _buffers(len(offsets), max(sizes) if len(sizes) else 1)
-    result = dev.device.read_stream(np.asarray(offsets, np.int64), np.asarray(sizes, np.int64), addrs, depth, **kw)
+    result = dev.device.stream_io(np.asarray(offsets, np.int64), np.asarray(sizes, np.int64), addrs, depth, **kw)
     views = [flat[i * step:i * step + size] for i, size in enumerate(sizes)]
     return result, views
 
@@ -205,8 +205,8 @@ def test_a_multi_block_read_into_is_one_streamed_pass_and_one_host_read(tmp_path
     cfg, data = _on_the_ssd(tmp_path / "m.img", 512, 300, BLOCK, 4)
     with open_device(cfg) as dev:
         calls = []
-        real = dev.device.read_stream
-        dev.device.read_stream = lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k)
+        real = dev.device.stream_io
+        dev.device.stream_io = lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k)
         out = np.empty(100 * BLOCK - 10, np.uint8)  # 100 blocks, cut in passes of 16 // STREAM_PASSES
         dev.read_into(5, out)
         assert (out == data[5:5 + out.shape[0]]).all()
@@ -221,8 +221,8 @@ def test_a_wide_read_sends_its_next_pass_before_copying_out_a_landed_one(tmp_pat
     cfg, data = _on_the_ssd(tmp_path / "w.img", 64, 48, block, 9)
     with open_device(cfg) as dev:
         results = []
-        real = dev.device.read_stream
-        dev.device.read_stream = lambda *a, **k: results.append(real(*a, **k)) or results[-1]
+        real = dev.device.stream_io
+        dev.device.stream_io = lambda *a, **k: results.append(real(*a, **k)) or results[-1]
         out = np.empty(40 * block, np.uint8)  # 20 passes of 16 // STREAM_PASSES = 2 blocks
         dev.read_into(3 * block, out)
         assert (out == data[3 * block:43 * block]).all()
@@ -246,7 +246,7 @@ def test_streamed_fills_leave_the_same_bytes_in_the_host_and_in_device_dram(tmp_
         dev.write_from(0, data)
     with open_device(cfg) as dev:  # reopened: every read misses, and every block has a checksum
         area, addrs, _ = _buffers(1, n + skew)
-        result = dev.device.read_stream(np.array([hpa], np.int64), np.array([n], np.int64), addrs + skew, 1)
+        result = dev.device.stream_io(np.array([hpa], np.int64), np.array([n], np.int64), addrs + skew, 1)
         assert result.count == 1 and result.misses == (hpa + n - 1) // block - hpa // block + 1
         assert (area[skew:skew + n] == data[hpa:hpa + n]).all()
         area[:] = 0  # the host reuses its buffer: device DRAM must hold its own copy
@@ -259,7 +259,7 @@ def test_streamed_fills_leave_the_same_bytes_in_the_host_and_in_device_dram(tmp_
 
 
 # ---------------------------------------------------------------- streams of reads and writes
-# (Device.read_stream with `writes`): every I/O keeps its issue order against earlier ones
+# (Device.stream_io with `writes`): every I/O keeps its issue order against earlier ones
 # that share a block, so the result is exactly that of running them one by one - checked
 # against a plain byte array - through hits, misses, partial-block writes (filled first),
 # dirty evictions, and a close and reopen (the write-backs' checksums and the integrity
@@ -296,7 +296,7 @@ def test_a_stream_of_reads_and_writes_is_its_issue_order(tmp_path_factory, ops, 
     with _rw_device(path, block=block) as dev:
         dev.write_from(0, image)
         dev.device.flush()
-        result = dev.device.read_stream(offsets, sizes, addrs, depth, writes=writes)
+        result = dev.device.stream_io(offsets, sizes, addrs, depth, writes=writes)
         assert result.count == len(ops)
         expected = image.copy()
         for i, (w, off, n) in enumerate(zip(writes.tolist(), offsets.tolist(), sizes.tolist())):
@@ -329,13 +329,13 @@ def test_a_write_stream_writes_its_dirty_victims_back_on_its_ring_and_loses_noth
     rng = np.random.default_rng(3)
     with _rw_device(path, dram_blocks=8) as dev:
         first = rng.integers(0, 256, 8 * BLOCK, dtype=np.uint8)
-        result = dev.device.read_stream(np.arange(8, dtype=np.int64) * BLOCK, np.full(8, BLOCK, np.int64),
+        result = dev.device.stream_io(np.arange(8, dtype=np.int64) * BLOCK, np.full(8, BLOCK, np.int64),
                                         first.ctypes.data + np.arange(8, dtype=np.int64) * BLOCK, 4,
                                         writes=np.ones(8, np.uint8))
         assert result.count == 8  # DRAM now full of dirty blocks
         data = rng.integers(0, 256, 32 * BLOCK, dtype=np.uint8)
         offsets = (8 + np.arange(32, dtype=np.int64)) * BLOCK
-        result = dev.device.read_stream(offsets, np.full(32, BLOCK, np.int64),
+        result = dev.device.stream_io(offsets, np.full(32, BLOCK, np.int64),
                                         data.ctypes.data + np.arange(32, dtype=np.int64) * BLOCK, 8,
                                         writes=np.ones(32, np.uint8))
         assert result.count == 32 and sync_calls == []
@@ -360,7 +360,7 @@ def test_a_stream_that_wrote_victims_back_leaves_its_rows_as_a_reset_would(tmp_p
         for round_ in range(4):
             blocks = rng.permutation(RW_BLOCKS)[:24].astype(np.int64)
             data = rng.integers(0, 256, 24 * BLOCK, dtype=np.uint8)
-            result = dev.device.read_stream(blocks * BLOCK, np.full(24, BLOCK, np.int64),
+            result = dev.device.stream_io(blocks * BLOCK, np.full(24, BLOCK, np.int64),
                                             data.ctypes.data + np.arange(24, dtype=np.int64) * BLOCK, 6,
                                             writes=np.ones(24, np.uint8))
             assert result.count == 24
@@ -424,7 +424,7 @@ def test_a_write_stream_leaves_the_checksums_and_dirty_set_its_log_replays_to(tm
         n = 40
         offsets = rng.permutation(RW_BLOCKS)[:n].astype(np.int64) * BLOCK
         data = rng.integers(0, 256, n * BLOCK, dtype=np.uint8)
-        result = dev.device.read_stream(offsets, np.full(n, BLOCK, np.int64),
+        result = dev.device.stream_io(offsets, np.full(n, BLOCK, np.int64),
                                         data.ctypes.data + np.arange(n, dtype=np.int64) * BLOCK, 8,
                                         writes=np.ones(n, np.uint8))
         assert result.count == n and dev.stats()["writebacks"] >= n - 8
@@ -454,11 +454,11 @@ def test_a_thread_waiting_for_the_device_gets_it_while_a_long_stream_runs(tmp_pa
         flat, addrs, _ = _buffers(64, BLOCK)
         addrs = addrs[np.arange(n) % 64]
         times = {}
-        dev.device.read_stream(offsets[:64], np.full(64, BLOCK, np.int64), addrs[:64], 16)  # compiled first
+        dev.device.stream_io(offsets[:64], np.full(64, BLOCK, np.int64), addrs[:64], 16)  # compiled first
 
         def stream():
             deadline = time.monotonic_ns() + 1_500_000_000
-            times["count"] = dev.device.read_stream(offsets, np.full(n, BLOCK, np.int64), addrs, 16,
+            times["count"] = dev.device.stream_io(offsets, np.full(n, BLOCK, np.int64), addrs, 16,
                                                     deadline_ns=deadline).count
             times["stream_end"] = time.monotonic()
 
@@ -593,7 +593,7 @@ def test_streams_of_several_threads_on_one_device_keep_every_byte(tmp_path):
             for i, off in enumerate(mine.tolist()):
                 flat[i * step:i * step + BLOCK] = (off // BLOCK) % 251
             barrier.wait()
-            ran = device.read_stream(mine, np.full(per, BLOCK), addrs, 8, writes=np.ones(per, np.uint8))
+            ran = device.stream_io(mine, np.full(per, BLOCK), addrs, 8, writes=np.ones(per, np.uint8))
             assert ran.count == per
             barrier.wait()  # every block written: now each thread reads the others' too
             theirs = rng.permutation(np.arange(per * threads_n))[:per] * BLOCK

@@ -15,7 +15,7 @@ is whichever `backend.kind` names (cxlhm/media/registry.py).
 Host threads may use one device at once. One lock guards the firmware state; on the
 wall clock an access plans under it, runs its fill reads and its copy without it (its
 slots BUSY meanwhile), and settles under it again - so several threads keep I/O in
-flight together. A stream (read_stream) holds it for a time slice; while several threads
+flight together. A stream (stream_io) holds it for a time slice; while several threads
 stream at once, none waits at the SSD with it held (stream.py, _reap_unlocked). The model
 clock keeps every access under the lock, in issue order.
 """
@@ -101,7 +101,7 @@ class Device(StreamReads, WriteWaves, WriteBehind, BackgroundWork, PowerLoss):
         self._idle = self._lock.idle
         self._inflight = 0  # accesses with BUSY slots and the lock released
         self._stream_states: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # per thread: its stream
-        # streams running (read_stream calls; changed under the lock): while more than one
+        # streams running (stream_io calls; changed under the lock): while more than one
         # runs, none waits at the SSD with the lock held (cxlhm/readstream_kernels.py, run)
         self._streams = np.zeros(1, np.int64)
         self._inflight_slots = 0  # slots they hold BUSY
@@ -165,13 +165,13 @@ class Device(StreamReads, WriteWaves, WriteBehind, BackgroundWork, PowerLoss):
 
     @property
     def caps(self) -> DeviceCaps:
-        return DeviceCaps(streams_reads=self.can_stream, model_clock=self.model is not None,
+        return DeviceCaps(streams_io=self.can_stream, model_clock=self.model is not None,
                           moves_data=self.moves_data, integrity=self.moves_data, power_loss=self.moves_data,
                           persistent=self.ssd is not None and not self.ssd.temporary)
 
     @property
     def can_stream(self) -> bool:
-        """Whether I/O may be streamed (read_stream): not on the model clock (it charges
+        """Whether I/O may be streamed (stream_io): not on the model clock (it charges
         each access whole, in issue order), nor without data, nor on a back end without
         asynchronous I/O (injected faults too)."""
         return self.model is None and self.moves_data and self.ssd.caps.async_io
@@ -224,7 +224,7 @@ class Device(StreamReads, WriteWaves, WriteBehind, BackgroundWork, PowerLoss):
                    issue_ns: float | None = None, *, stream: bool = True) -> float:
         """access() for a single extent, without the array set-up (the common host call).
         On the wall clock a read of several blocks some of which are on the SSD is
-        streamed (read_stream, one read per block): each block is copied out as soon as
+        streamed (stream_io, one read per block): each block is copied out as soon as
         it lands, while the next ones are still being read."""
         self.check_extent(hpa, n)
         bt = self.bt

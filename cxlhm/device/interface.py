@@ -16,7 +16,7 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class DeviceCaps:
-    streams_reads: bool = False  # read_stream keeps many reads and writes in flight (StreamDevice)
+    streams_io: bool = False  # stream_io keeps many reads and writes in flight (StreamDevice)
     model_clock: bool = False  # latencies are on the timing model's clock (advance_to works)
     moves_data: bool = True  # bytes are real (else timing only)
     integrity: bool = False  # checksums, poison, integrity log (block_checksums, integrity_report)
@@ -98,9 +98,9 @@ class HostDevice(MailboxTarget, Protocol):
 
 @runtime_checkable
 class StreamDevice(HostDevice, Protocol):
-    """What a device with `caps.streams_reads` offers beyond HostDevice."""
+    """What a device with `caps.streams_io` offers beyond HostDevice."""
 
-    def read_stream(self, ext_hpa, ext_len, addrs, depth: int, *, deadline_ns: int = 0, slat=None, clat=None,
+    def stream_io(self, ext_hpa, ext_len, addrs, depth: int, *, deadline_ns: int = 0, slat=None, clat=None,
                     owner: int = 0, writes=None):
         """Run extent i against the host buffer at addrs[i] (a read, or a write where
         writes[i]), in order, up to `depth` in flight; returns a result whose `count` says

@@ -31,7 +31,7 @@ _LOG_NONE, _LOG_IN_DRIVER = np.array([rs.LOG_NONE], np.int64), np.array([rs.LOG_
 
 
 class _StreamJob(NamedTuple):
-    """One read_stream call: its compiled kernels and state, its reads and their
+    """One stream_io call: its compiled kernels and state, its reads and their
     outputs, the thread's ring, and the owner its blocks are placed for."""
     run: Callable
     complete: Callable
@@ -50,7 +50,7 @@ class _StreamJob(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class StreamResult:
-    """What Device.read_stream ran: reads[:count] (complete), and their device-block
+    """What Device.stream_io ran: reads[:count] (complete), and their device-block
     hits and misses."""
     count: int
     hits: int
@@ -62,10 +62,10 @@ class StreamResult:
 
 
 class StreamReads:
-    """Device part: read_stream (mixed into Device, which it reads the state of)."""
+    """Device part: stream_io (mixed into Device, which it reads the state of)."""
 
     def _read_streamed(self, hpa: int, n: int, user_addr: int, owner: int) -> float:
-        """One multi-block read through read_stream, counted as one host read. Up to
+        """One multi-block read through stream_io, counted as one host read. Up to
         1/STREAM_PASSES of the SSD queue's depth in blocks it is one stream read:
         planned as one firmware pass, like access(), its blocks copied out as they
         land. A wider read is cut in such passes (like _access_split), STREAM_PASSES
@@ -84,7 +84,7 @@ class StreamReads:
         starts = np.array(cuts, np.int64)
         lens = np.array([end - start for start, end in zip(cuts, ends)], np.int64)
         addrs = starts + (user_addr - hpa)
-        ran = self.read_stream(starts, lens, addrs, 2 * STREAM_PASSES, owner=owner)
+        ran = self.stream_io(starts, lens, addrs, 2 * STREAM_PASSES, owner=owner)
         extra = ran.count - (ran.count == starts.shape[0])  # the pieces' host reads beyond this one
         if extra:
             with self._lock:
@@ -98,7 +98,7 @@ class StreamReads:
                 record_latency(self.latency.values, self.latency.meta, float(latency))
         return latency
 
-    def read_stream(self, ext_hpa, ext_len, addrs, depth: int, *, deadline_ns: int = 0, slat=None, clat=None,
+    def stream_io(self, ext_hpa, ext_len, addrs, depth: int, *, deadline_ns: int = 0, slat=None, clat=None,
                     owner: int = 0, writes=None) -> StreamResult:
         """Read extent i into the host buffer at addrs[i], in order, keeping up to `depth`
         of them in flight, the per-read work compiled (cxlhm/readstream.py). Stops early

@@ -1,7 +1,7 @@
 """I/O engines: carry out a chunk of I/Os with `iodepth` of them in flight.
 
 - CxlhmEngine (ioengine=cxlhm): the emulated device through the host driver.
-  Wall clock: the job's I/Os go to Device.read_stream, the device's compiled loop that
+  Wall clock: the job's I/Os go to Device.stream_io, the device's compiled loop that
   keeps N = iodepth of them in flight (reads and writes; dirty victims are written back
   on the same ring), so the SSD queue stays near N as in fio's io_uring loop. A device
   that cannot stream (injected faults) gets up to MAX_SUBMITTERS threads, each running
@@ -116,7 +116,7 @@ class CxlhmEngine:
         self.clock = share.clock
         self._loop = self.clock.open_loop(iodepth) if isinstance(self.clock, ModelClock) else None
         # A device that streams (wall clock, real data, no fault injector) keeps the I/Os
-        # in flight itself (read_stream); on one that does not, each submitter runs whole
+        # in flight itself (stream_io); on one that does not, each submitter runs whole
         # batches (readv / writev).
         self._stream = self._loop is None and streams(share.handle.device)
         most = 1 if self._loop is not None or self._stream else MAX_SUBMITTERS
@@ -214,7 +214,7 @@ class CxlhmEngine:
         tally.submits[submit_bucket(stop - start)] += 1
 
     def _stream_loop(self, tally, depth, staging, chunk, arena, deadline_ns, keep_read_data, slat, clat) -> None:
-        """The chunk goes to Device.read_stream (the compiled loop that keeps `depth` I/Os
+        """The chunk goes to Device.stream_io (the compiled loop that keeps `depth` I/Os
         in flight, reads and writes alike, each waiting only for an earlier one that
         holds one of its blocks); on a write-through device only runs of reads do, and
         writes run whole. What a stream leaves (it stops before a read of a poisoned
@@ -238,7 +238,7 @@ class CxlhmEngine:
                 self._run_whole(tally, (start, stop), staging, chunk, arena, keep_read_data, slat, clat,
                                 time.monotonic_ns())
                 continue
-            ran = device.read_stream(chunk.offset[start:stop], chunk.size[start:stop], addrs[start:stop], depth,
+            ran = device.stream_io(chunk.offset[start:stop], chunk.size[start:stop], addrs[start:stop], depth,
                                      deadline_ns=deadline_ns, slat=slat[start:stop], clat=clat[start:stop],
                                      writes=chunk.direction[start:stop] if streams_writes else None)
             tally.cache[0] += (ran.hits - ran.write_hits, ran.misses - ran.write_misses)
@@ -319,8 +319,8 @@ class CxlhmEngine:
 
 
 def streams(device) -> bool:
-    """Whether the device keeps I/Os in flight itself (Device.read_stream)."""
-    return device.caps.streams_reads and isinstance(device, StreamDevice)
+    """Whether the device keeps I/Os in flight itself (Device.stream_io)."""
+    return device.caps.streams_io and isinstance(device, StreamDevice)
 
 
 def warm_stream(device, hpa: int, buf: np.ndarray) -> None:
@@ -328,7 +328,7 @@ def warm_stream(device, hpa: int, buf: np.ndarray) -> None:
     clock runs."""
     if streams(device):
         extent = (np.array([hpa], np.int64), np.array([buf.shape[0]], np.int64), np.array([buf.ctypes.data], np.int64))
-        device.read_stream(*extent, 1)
+        device.stream_io(*extent, 1)
 
 
 def _same_direction(direction: np.ndarray, start: int, most: int) -> int:
