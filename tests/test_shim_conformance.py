@@ -1,8 +1,9 @@
-"""One conformance suite for every shim adapter, built from each engine's documented
-semantics (fakes, for speed; tests/test_engine_*.py run the adapters inside the real
-engines, and the vLLM tier is tested there only). `ShimConformance` states the behaviour in a shared vocabulary (put / get /
-exists / prefix); each subclass maps it onto one engine's interface and says what that
-engine returns for a miss, a duplicate put and a rejected size:
+"""The shipped adapter conformance suite (host_runtime.testing.shim.ShimConformance) run
+against every built-in adapter, built from each engine's documented semantics (fakes,
+for speed; tests/test_engine_*.py run the adapters inside the real engines, and the vLLM
+tier is tested there only). The suite states the behaviour in a shared vocabulary (put /
+get / exists / prefix); each subclass maps it onto one engine's interface and says what
+that engine returns for a miss, a duplicate put and a rejected size:
 
   engine     miss                      duplicate put             wrong size
   core API   get_into -> None          EXISTS                    ValueError
@@ -16,112 +17,11 @@ import threading
 import numpy as np
 import pytest
 
-from host_runtime.kvstore import KVStore, PutStatus
+from host_runtime.kvstore import PutStatus
 from host_runtime.shim import mooncake as mc
-from host_runtime.shim.api import KVShim
 from host_runtime.shim.lmcache import BytesMemoryObj, CxlhmRemoteConnector
 from host_runtime.shim.sglang import CxlhmHiCacheStorage
-
-SIZE = 8192
-MISSING = object()  # what a subclass's `get` returns for a miss, after checking the engine's value
-
-
-def data(i, size=SIZE):
-    return np.full(size, i % 251, np.uint8)
-
-
-@pytest.fixture
-def store(make_device):
-    s = KVStore(make_device(capacity=1 << 22, dram_bytes=8 * 4096), index_path=False)
-    yield s
-    s.close()
-
-
-class ShimConformance:
-    """Subclasses implement: make(shim), put(a, key, arr) -> ok?, get(a, key, size) -> arr
-    or MISSING (asserting the engine's own miss value), exists(a, keys) -> [bool],
-    prefix(a, keys) -> int, duplicate_put(a, key, arr) (asserting the engine's answer),
-    wrong_size_get(a, key, size) and wrong_size_put(a, key) (asserting rejection)."""
-
-    @pytest.fixture
-    def adapter(self, store):
-        return self.make(KVShim(store.tenant("engine")))
-
-    def test_miss_returns_the_engines_not_found_value(self, adapter):
-        assert self.get(adapter, b"nope", SIZE) is MISSING
-        assert self.exists(adapter, [b"nope"]) == [False]
-        assert self.prefix(adapter, [b"nope"]) == 0
-
-    def test_roundtrip(self, adapter):
-        assert self.put(adapter, b"k1", data(7))
-        got = self.get(adapter, b"k1", SIZE)
-        assert got is not MISSING and (got == 7).all()
-
-    def test_partial_prefix_hits(self, adapter):
-        keys = [b"p0", b"p1", b"p2", b"p3", b"p4"]
-        for i in (0, 1, 3):
-            assert self.put(adapter, keys[i], data(i))
-        assert self.prefix(adapter, keys) == 2
-        assert self.prefix(adapter, keys[:2]) == 2
-        assert self.prefix(adapter, keys[2:]) == 0
-
-    def test_batch_results_are_per_key(self, adapter):
-        keys = [b"b0", b"b1", b"b2", b"b3"]
-        for i in (1, 3):
-            self.put(adapter, keys[i], data(i))
-        assert self.exists(adapter, keys) == [False, True, False, True]
-        got = self.get_batch(adapter, keys, SIZE)
-        assert got[0] is MISSING and got[2] is MISSING
-        assert (got[1] == 1).all() and (got[3] == 3).all()
-
-    def test_duplicate_put_keeps_the_first_value(self, adapter):
-        assert self.put(adapter, b"dup", data(1))
-        self.duplicate_put(adapter, b"dup", data(2))
-        assert (self.get(adapter, b"dup", SIZE) == 1).all()
-
-    def test_concurrent_puts_of_one_key(self, adapter):
-        barrier = threading.Barrier(6)
-        errors = []
-
-        def worker():
-            barrier.wait()
-            try:
-                self.put_racing(adapter, b"race", data(5))
-            except Exception as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
-        threads = [threading.Thread(target=worker) for _ in range(6)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        assert not errors
-        assert (self.get(adapter, b"race", SIZE) == 5).all()
-        assert adapter_shim(adapter).stats()["entries"] == 1
-
-    def test_wrong_sizes_are_rejected(self, adapter):
-        self.put(adapter, b"sized", data(3))
-        self.wrong_size_get(adapter, b"sized", SIZE)
-        self.wrong_size_put(adapter, b"bad")
-        assert self.exists(adapter, [b"bad"]) == [False]
-        assert (self.get(adapter, b"sized", SIZE) == 3).all()  # nothing was damaged
-
-    def test_tenants_do_not_see_each_other(self, store):
-        a = self.make(KVShim(store.tenant("a")))
-        b = self.make(KVShim(store.tenant("b")))
-        self.put(a, b"shared-key", data(1))
-        assert self.get(b, b"shared-key", SIZE) is MISSING
-        assert self.exists(b, [b"shared-key"]) == [False] and self.prefix(b, [b"shared-key"]) == 0
-
-    # defaults a subclass may override
-    def get_batch(self, a, keys, size):
-        return [self.get(a, k, size) for k in keys]
-
-    def put_racing(self, a, key, arr):
-        self.put(a, key, arr)
-
-
-def adapter_shim(adapter) -> KVShim:
-    return adapter.shim if not isinstance(adapter, KVShim) else adapter
+from host_runtime.testing.shim import MISSING, SIZE, ShimConformance, data
 
 
 # ---------------------------------------------------------------- the engine-agnostic API
