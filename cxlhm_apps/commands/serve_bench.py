@@ -1,16 +1,18 @@
 """`cxlhm serve-bench`: the HyMCache serving comparison (docs/serving.md)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import sys
+import textwrap
 from pathlib import Path
 
 from cxlhm_apps.cliutil import hints_ignored, hints_ignored_warning
 from cxlhm_apps.serving.batching import PRESETS
 from cxlhm_apps.serving.comparison import parse_comparison
-from cxlhm_apps.serving.configs import DEVICE_PREFIX, HINTS_SUFFIX, all_names
-from cxlhm_apps.serving import workloads
+from cxlhm_apps.serving.configs import DEVICE_PREFIX, HINTS_SUFFIX, all_names, baselines
+from cxlhm_apps.serving import options, workloads
 from cxlhm_apps.serving.gpu import GPUS, MODELS
 from cxlhm_apps.serving.params import ServingParams
 from cxlhm.registry import UnknownName
@@ -21,18 +23,22 @@ from cxlhm.traces import TraceError
 from cxlhm.units import parse_size
 
 NAME = "serve-bench"
-HELP = "multi-turn serving replay: TTFT and throughput of recompute, LMCache, CXL-HM (LRU, hymcache), Mooncake"
-DESCRIPTION = """\
+HELP = "multi-turn serving replay: TTFT and throughput of KV-cache tiers (recompute, host DRAM, CXL-HM, a DRAM pool)"
+DESCRIPTION_HEAD = """\
 Replay multi-turn workloads through a serving model (by default an H200 running a
 Llama-3-8B-shaped model, calibrated engine-like in bench/data; --model/--gpu pick other
 shapes and GPUs, measured, derived or projected) with the KV cache in each configuration,
-at the same DRAM budget D: recompute, lmcache-local, cxlhm-lru, cxlhm-hymcache,
-mooncake-dram (16 x D), ideal - and cxlhm:<policy>[+hints] for any registered firmware
-policy, an outside package's too. Prints TTFT at a common load, the max QPS under the TTFT SLO (found by
-sweeping the replay speed) with ratios to lmcache-local and mooncake-dram, hit ratio per
-tier, prefetch figures and SSD write amplification; writes results.json, table.txt and
-PNG plots to --out. Everything runs on the model clock: figures do not depend on this
-machine.
+at the same DRAM budget D: {configs} - and cxlhm:<policy>[+hints] for any registered
+firmware policy, an outside package's too. Prints TTFT at a common load, the max QPS
+under the TTFT SLO (found by sweeping the replay speed) with ratios to {baselines}, hit
+ratio per tier, prefetch figures and SSD write amplification; writes results.json,
+table.txt and PNG plots to --out. Everything runs on the model clock: figures do not
+depend on this machine.
+
+Every registered workload, configuration and topology with a config dataclass has its
+own flags, --<name>.<field> VALUE (listed below, per implementation; an entry point's
+too), applied when it is selected: numbers and true/false as YAML scalars, a
+distribution as a number or {{dist: lognormal, median: 33, sigma: 0.6}}.
 
 examples:
   cxlhm serve-bench --quick
@@ -40,14 +46,31 @@ examples:
   cxlhm serve-bench --workload bench/serving/agent.yaml --configs lmcache-local,cxlhm-hymcache --dram 32GiB
   cxlhm serve-bench --workload agent --configs lmcache-local,cxlhm:sieve,cxlhm:s3fifo+hints
   cxlhm serve-bench --model qwen2.5-32b --gpu h200 --quick
+  cxlhm serve-bench --workload coding-agent --coding-agent.sessions 40 --coding-agent.turns 20 --quick
+  cxlhm serve-bench --workload qa --configs lmcache-local,ideal --lmcache-local.load_mode layerwise
   cxlhm serve-bench --workload agent --ray auto        # on an existing Ray cluster
 """
 
 
+def __getattr__(name):
+    # The description names the registered configurations; built on first use (cli.py
+    # reads it only for the command it runs).
+    if name == "DESCRIPTION":
+        text = DESCRIPTION_HEAD.format(configs=", ".join(all_names()),
+                                       baselines=" and ".join(baselines().values()) or "(no baseline registered)")
+        prose, _, examples = text.partition("examples:")
+        prose = "\n\n".join(textwrap.fill(" ".join(p.split()), 88, break_on_hyphens=False)
+                              for p in prose.strip().split("\n\n"))
+        return f"{prose}\n\nexamples:{examples}"
+    raise AttributeError(name)
+
+
 def add_arguments(parser):
-    parser.add_argument("--workload", default="mooncake,agent",
+    defaults = ",".join(workloads.default_names())
+    parser.usage = "cxlhm serve-bench [options] [--<name>.<field> VALUE ...]"
+    parser.add_argument("--workload", default=defaults,
                         help=f"comma-separated registered workloads ({', '.join(workloads.names())}; entry-point "
-                             "group cxlhm.serving_workloads) or workload YAML files (default mooncake,agent)")
+                             f"group cxlhm.serving_workloads) or workload YAML files (default {defaults})")
     parser.add_argument("--configs", default="all",
                         help=f"comma-separated configurations, or all ({', '.join(all_names())}); "
                              "cxlhm:<policy>[+hints] puts any registered firmware policy on the CXL-HM device "
@@ -73,11 +96,14 @@ def add_arguments(parser):
                         help="decode cost model: measured CUDA-graph steps (default) or the plain roofline")
     parser.add_argument("--prefill", default="measured", choices=("measured", "analytic"),
                         help="prefill cost model: the engine-like calibration (default) or the plain roofline")
-    parser.add_argument("--requests", type=int, default=None, help="Mooncake: replay the first N requests")
-    parser.add_argument("--sessions", type=int, default=None, help="agent: number of sessions")
+    parser.add_argument("--requests", type=int, default=None,
+                        help="--<name>.requests for every selected workload that has it (the traces: the first N)")
+    parser.add_argument("--sessions", type=int, default=None,
+                        help="--<name>.sessions for every selected workload that has it (the agents)")
     parser.add_argument("--workers", type=int, default=None, help="local worker processes (default: all cores)")
     parser.add_argument("--ray", default=None, metavar="auto|ADDRESS", help="run the grid on an existing Ray cluster")
     parser.add_argument("--out", default="out/serve-bench", help="folder for results.json, table.txt and plots")
+    options.add_option_flags(parser)
 
 
 def run(args) -> int:
@@ -91,15 +117,24 @@ def run(args) -> int:
             params = params.replace(slo_ttft_s=args.slo)
         budgets = ([] if args.quick else [16 << 30, 256 << 30]) if args.budgets is None else \
             [parse_size(b) for b in args.budgets.split(",") if b.strip()]
-        sizes = {}
-        if args.requests:
-            sizes["mooncake"] = {"requests": args.requests}
-        if args.sessions:
-            sizes["agent"] = {"sessions": args.sessions}
+        given = options.from_args(args)
+        params = params.replace(options=options.as_params_options(given))
         comparison = parse_comparison(args.workload, args.configs, params, budgets, args.topology, quick=args.quick,
-                                      search=not args.no_search, speed=args.speed, refine=2 if args.quick else 4,
-                                      sizes=sizes)
-        comparison.specs()  # validate workload files before starting workers
+                                      search=not args.no_search, speed=args.speed, refine=2 if args.quick else 4)
+        kinds = [spec.kind for spec, _ in comparison.specs()]  # validates workload files before starting workers
+        options.check_selected(given, {"workload": kinds, "system": comparison.configs,
+                                       "topology": comparison.topologies})
+        sizes = {name: values for (family, name), values in given.items() if family == "workload"}
+        for field in ("requests", "sessions"):
+            if getattr(args, field):
+                takers = [k for k in kinds if field in {f.name for f in dataclasses.fields(workloads.kind(k).config)}]
+                if not takers:
+                    raise ValueError(f"--{field}: none of the selected workloads ({', '.join(kinds)}) has a "
+                                     f"{field} field")
+                for k in takers:
+                    sizes.setdefault(k, {}).setdefault(field, getattr(args, field))
+        comparison.sizes = sizes
+        comparison.specs()
     except (SpecError, TraceError, UnknownName, ValueError) as exc:
         print(f"cxlhm serve-bench: error: {exc}", file=sys.stderr)
         return 2

@@ -36,18 +36,21 @@ class Comparison:
     refine: int = 4
     budget_refine: int | None = None  # bisection steps for the extra-budget cells (None: refine)
     budget_topologies: tuple = ("colocated",)  # the DRAM sweep runs in these topologies
-    sizes: dict | None = None        # workload config overrides, e.g. {"mooncake": {"requests": 2000}}
+    sizes: dict | None = None        # workload config overrides by registered kind: {kind: {field: value}}
     reuse_keep: float = 1.0          # share of sessions that keep their reuse (workloads.keep_reuse)
 
     def specs(self) -> list[tuple[WorkloadSpec, ServingParams]]:
         out = []
         for name in self.workloads:
-            kind_changes = {}
-            if self.quick:
-                kind_changes.update(quick_sizes().get(name, {}))
-            if self.sizes and name in self.sizes:
-                kind_changes.update(self.sizes[name])
-            spec = dataclasses.replace(resolve(name, **kind_changes), reuse_keep=self.reuse_keep)
+            spec = resolve(name)
+            changes = dict(quick_sizes().get(name, {})) if self.quick else {}
+            if self.sizes:  # by registered kind: a workload file of that kind takes them over its own values
+                changes.update(self.sizes.get(spec.kind, {}))
+                if name != spec.kind:
+                    changes.update(self.sizes.get(name, {}))
+            if changes:
+                spec = dataclasses.replace(spec, config=dataclasses.replace(spec.config, **changes))
+            spec = dataclasses.replace(spec, reuse_keep=self.reuse_keep)
             params = params_from(spec.serving, self.params) if spec.serving else self.params
             out.append((spec, params))
         return out

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 
 from cxlhm_apps.serving.params import ServingParams, device_timing
 from cxlhm.registry import Registry, RegistryError, UnknownName
@@ -110,14 +111,33 @@ def _pcie(ctx: TierContext):
 # use_layerwise is set (both default False in lmcache/v1/config.py). Mooncake's store and
 # the CXL-HM device are written and read asynchronously (the request waits, not the GPU).
 ASYNC, BLOCKING, LAYERWISE = "async", "blocking", "layerwise"
+LoadMode = typing.Literal["async", "blocking", "layerwise"]
+StoreMode = typing.Literal["async", "blocking"]
+
+
+def fixed(default):
+    """A field that is part of what a configuration is (its description, its metadata, the
+    policy a named device runs), not an option: no command-line flag is generated for it."""
+    return dataclasses.field(default=default, metadata={"cli": False})
+
+
+def load_mode_field(default: str):
+    return dataclasses.field(default=default, metadata={
+        "help": "async: the request waits, the GPU works on others; blocking: the iteration waits for the load; "
+                "layerwise: it waits per layer, load and prefill pipelined"})
+
+
+def store_mode_field(default: str):
+    return dataclasses.field(default=default, metadata={
+        "help": "async, or blocking: the iteration that finishes a prefill waits for the copy of its new KV"})
 
 
 @dataclasses.dataclass(frozen=True)
 class Recompute:
-    paper: str = "vLLM with its GPU prefix cache only"
-    load_mode: str = ASYNC
-    store_mode: str = ASYNC
-    meta: Meta = Meta(order=0, role="recompute", in_all=True, dram=False)
+    paper: str = fixed("vLLM with its GPU prefix cache only")
+    load_mode: str = fixed(ASYNC)   # no tier: nothing is loaded or stored
+    store_mode: str = fixed(ASYNC)
+    meta: Meta = fixed(Meta(order=0, role="recompute", in_all=True, dram=False))
 
     def make_tier(self, ctx: TierContext) -> Tier:
         return NoTier()
@@ -125,10 +145,10 @@ class Recompute:
 
 @dataclasses.dataclass(frozen=True)
 class LmcacheLocal:
-    paper: str = "LMCache, local CPU-DRAM backend (D of host DRAM, LRU)"
-    load_mode: str = BLOCKING
-    store_mode: str = BLOCKING
-    meta: Meta = Meta(order=10, role="store", baseline="lmc", in_all=True)
+    paper: str = fixed("LMCache, local CPU-DRAM backend (D of host DRAM, LRU)")
+    load_mode: LoadMode = load_mode_field(BLOCKING)
+    store_mode: StoreMode = store_mode_field(BLOCKING)
+    meta: Meta = fixed(Meta(order=10, role="store", baseline="lmc", in_all=True))
 
     def make_tier(self, ctx: TierContext) -> Tier:
         down, up = _pcie(ctx)
@@ -137,12 +157,12 @@ class LmcacheLocal:
 
 @dataclasses.dataclass(frozen=True)
 class CxlHm:
-    policy: str = "lru"
-    hints: bool = False
-    paper: str = ""
-    load_mode: str = ASYNC
-    store_mode: str = ASYNC
-    meta: Meta = Meta(order=30, role="device", slow=True)
+    policy: str = fixed("lru")
+    hints: bool = fixed(False)
+    paper: str = fixed("")
+    load_mode: LoadMode = load_mode_field(ASYNC)
+    store_mode: StoreMode = store_mode_field(ASYNC)
+    meta: Meta = fixed(Meta(order=30, role="device", slow=True))
 
     def make_tier(self, ctx: TierContext) -> Tier:
         p = ctx.params
@@ -157,10 +177,10 @@ class CxlHm:
 
 @dataclasses.dataclass(frozen=True)
 class MooncakeDram:
-    paper: str = "Mooncake Store: distributed DRAM pool (16 x D, the paper's 1 TB) over RDMA"
-    load_mode: str = ASYNC
-    store_mode: str = ASYNC
-    meta: Meta = Meta(order=40, role="pool", baseline="moon", in_all=True)
+    paper: str = fixed("Mooncake Store: distributed DRAM pool (16 x D, the paper's 1 TB) over RDMA")
+    load_mode: LoadMode = load_mode_field(ASYNC)
+    store_mode: StoreMode = store_mode_field(ASYNC)
+    meta: Meta = fixed(Meta(order=40, role="pool", baseline="moon", in_all=True))
 
     def make_tier(self, ctx: TierContext) -> Tier:
         p = ctx.params
@@ -171,10 +191,10 @@ class MooncakeDram:
 
 @dataclasses.dataclass(frozen=True)
 class Ideal:
-    paper: str = "upper bound: unbounded host DRAM, asynchronous loads and stores"
-    load_mode: str = ASYNC
-    store_mode: str = ASYNC
-    meta: Meta = Meta(order=90, role="bound", in_all=True, dram=False)
+    paper: str = fixed("upper bound: unbounded host DRAM, asynchronous loads and stores")
+    load_mode: LoadMode = load_mode_field(ASYNC)
+    store_mode: StoreMode = store_mode_field(ASYNC)
+    meta: Meta = fixed(Meta(order=90, role="bound", in_all=True, dram=False))
 
     def make_tier(self, ctx: TierContext) -> Tier:
         down, up = _pcie(ctx)
@@ -219,13 +239,18 @@ SYSTEMS.register("mooncake-dram", MooncakeDram)
 SYSTEMS.register("ideal", Ideal)
 
 
-def make_system(name: str):
+def make_system(name: str, params: ServingParams | None = None):
+    """The configuration registered as `name` (or a `cxlhm:<policy>[+hints]` device), with
+    the options params carries for it (its generated command-line flags) applied."""
     if name.startswith(DEVICE_PREFIX):
-        return device_system(name)
-    try:
-        return SYSTEMS.get(name)
-    except RegistryError as exc:
-        raise UnknownName(f"{exc}; or cxlhm:<policy>[+hints] for any firmware policy") from None
+        system = device_system(name)
+    else:
+        try:
+            system = SYSTEMS.get(name)
+        except RegistryError as exc:
+            raise UnknownName(f"{exc}; or cxlhm:<policy>[+hints] for any firmware policy") from None
+    changes = params.options_for("system", name) if params is not None else {}
+    return dataclasses.replace(system, **changes) if changes else system
 
 
 def parse_configs(text: str) -> list[str]:

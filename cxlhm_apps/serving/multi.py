@@ -23,7 +23,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from cxlhm_apps.serving.configs import SYSTEMS, Meta, TierContext, meta
+from cxlhm_apps.serving.configs import SYSTEMS, Meta, TierContext, fixed, meta
 from cxlhm_apps.serving.gpu import GpuModel
 from cxlhm_apps.serving.params import ServingParams
 from cxlhm_apps.serving.scheduler import Engine, GpuInstance, ReplayResult
@@ -125,9 +125,9 @@ class PerInstanceDramTier(Tier):
 
 @dataclasses.dataclass(frozen=True)
 class PerInstanceDram:
-    p2p: bool
-    paper: str = ""
-    meta: Meta = Meta(order=15, role="multi")
+    p2p: bool = fixed(False)
+    paper: str = fixed("")
+    meta: Meta = fixed(Meta(order=15, role="multi"))
 
     def make_tier(self, ctx: TierContext) -> Tier:
         return PerInstanceDramTier(ctx.n_gpus, ctx.params.dram_bytes / ctx.n_gpus, ctx, p2p=self.p2p)

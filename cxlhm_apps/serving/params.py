@@ -58,6 +58,9 @@ class ServingParams:
     # Hints: agent tool calls have an expected duration; the store announces the next
     # prefix this long before the tool is expected back (NEXT_PREFIX with a deadline).
     prefetch_lead_s: float = 1.0
+    # The generated command-line options of serving systems and topologies (options.py):
+    # ((family, name, ((field, value), ...)), ...); read with options_for. Not a YAML key.
+    options: tuple = ()
     # A chat with no new turn for this long is over: SESSION_END (assumed chat timeout).
     session_timeout_s: float = 600.0
     # Mooncake-store's pool is read over RDMA with GPUDirect: one 400 Gb/s ConnectX-7 per
@@ -97,6 +100,13 @@ class ServingParams:
     def batching_preset(self):
         from cxlhm_apps.serving.batching import preset
         return preset(self.batching)
+
+    def options_for(self, family: str, name: str) -> dict:
+        """{field: value} given for implementation `name` of `family` (system, topology)."""
+        for fam, impl, values in self.options:
+            if fam == family and impl == name:
+                return dict(values)
+        return {}
 
     @property
     def token_budget(self) -> int:
@@ -140,7 +150,7 @@ CHOICES = {"load_mode": ("", "async", "blocking", "layerwise"), "store_mode": ("
 def params_from(spec_items: tuple, base: ServingParams | None = None, spec: Spec | None = None) -> ServingParams:
     """Apply (key, value) pairs (from a workload file's `serving:` mapping)."""
     base = base or ServingParams()
-    fields = {f.name: f for f in dataclasses.fields(ServingParams)}
+    fields = {f.name: f for f in dataclasses.fields(ServingParams) if f.name != "options"}
     changes = {}
     for key, value in spec_items:
         if key not in fields:
@@ -181,4 +191,4 @@ def params_from(spec_items: tuple, base: ServingParams | None = None, spec: Spec
     return base.replace(**changes)
 
 
-SERVING_KEYS = tuple(f.name for f in dataclasses.fields(ServingParams))
+SERVING_KEYS = tuple(f.name for f in dataclasses.fields(ServingParams) if f.name != "options")

@@ -1,4 +1,4 @@
-"""The summary table (ratios to lmcache-local and mooncake-dram) and the PNG plots:
+"""The summary table (ratios to the baselines the registry marks) and the PNG plots:
 TTFT CDF per configuration, max QPS vs DRAM budget, hit ratio per tier."""
 from __future__ import annotations
 
@@ -82,17 +82,27 @@ def format_table(results: list[dict], dram_gib: float) -> str:
     return "\n".join(lines)
 
 
+def _ratio_words() -> str:
+    """'x lmc / x moon - maxQPS over lmcache-local's / mooncake-dram's', from the registry."""
+    bases = baselines()
+    if not bases:
+        return "(no ratio columns: no configuration is registered as a baseline)"
+    columns = " / ".join(f"x {b}" for b in bases)
+    owners = " / ".join(name + "'s" for name in bases.values())
+    return f"{columns} - maxQPS over {owners}"
+
+
 LEGEND = """\
 columns: TTFT mean/p50/p90/p99 - time to first token (s) at the reference speed, the same offered load for every
   configuration; TBT ms - mean time between output tokens; maxQPS - the highest request rate (req/s) whose p-th
   percentile TTFT and TBT meet the SLO, found by a search over replay speeds (the truth lies between maxQPS and the
-  next probe, maxQPS x step: see 'search step'); x lmc / x moon - maxQPS over lmcache-local's / mooncake-dram's in
+  next probe, maxQPS x step: see 'search step'); {ratios} in
   the same block ("-" where that baseline did not run or met the SLO at no speed); GPU / DRAM / SSD / miss - share
   of reusable context tokens (KV an earlier request computed) found in the GPU KV pool, in the tier's DRAM (host,
   device or pool), on the device's SSD, or recomputed; pf acc - prefetch accuracy (prefetched device blocks later
   read / prefetched); pf cov - prefetch coverage (reads served by a prefetch / (those + device DRAM misses)); pf
   late - share of useful prefetches that finished after the read asked for them; SSDw/reuse - bytes written to
-  the device SSD per byte of KV loaded back from the tier."""
+  the device SSD per byte of KV loaded back from the tier.""".format(ratios=_ratio_words())
 
 QUICK_CAVEAT = ("--quick: small workloads and a coarse max-QPS search (step ~19%): a smoke test of the pipeline, "
                 "not a result; run without --quick for the figures docs/serving.md quotes.")
@@ -150,20 +160,21 @@ def device_dram_notes(workload: str, topology: str, block: dict) -> list[str]:
 
 def format_budget_table(results: list[dict]) -> str:
     """Max QPS per DRAM budget D (the cells the sweep ran), with each configuration's ratio
-    to lmcache-local at the same D; recompute and ideal do not depend on D."""
+    to the first baseline (lmcache-local) at the same D; configurations whose metadata
+    says the budget does not matter to them (recompute, ideal) are one value."""
     lines = []
+    column, lmc = next(iter(baselines().items()), ("-", None))
     for workload, topology in dict.fromkeys((r["workload"], r["topology"]) for r in results):
         cells = [r for r in results if r["workload"] == workload and r["topology"] == topology]
         budgets = sorted({r["dram_gib"] for r in cells if not independent_of_dram(r["config"])})
         if len(budgets) < 2:
             continue
         at = {(r["config"], r["dram_gib"]): r.get("max_qps", float("nan")) for r in cells}
-        lines.append(f"== {workload}, {topology}: maxQPS (req/s) by DRAM budget D; (x lmc): ratio to lmcache-local "
+        lines.append(f"== {workload}, {topology}: maxQPS (req/s) by DRAM budget D; (x {column}): ratio to {lmc} "
                      f"at the same D")
         names = _order(dict.fromkeys(k[0] for k in at))
         width = max(15, *(len(c) for c in names))
         lines.append(f"{'config':<{width}}" + "".join(f"{f'{b:g} GiB':>17}" for b in budgets))
-        lmc = baselines().get("lmc")
         for config in names:
             row = f"{config:<{width}}"
             for b in budgets:

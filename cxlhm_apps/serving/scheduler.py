@@ -102,8 +102,12 @@ class ReplayResult:
 
 
 class Engine:
-    """The colocated topology; disagg.DisaggEngine overrides the hand-over points."""
+    """The colocated topology; disagg.DisaggEngine overrides the hand-over points.
+
+    A topology with options sets `Options` to a config dataclass: serve-bench generates
+    `--<topology>.<field>` flags from it and the engine reads the values as self.options."""
     topology = "colocated"
+    Options: type | None = None
     n_gpus = 1
 
     def __init__(self, workload: Workload, config: str, params: ServingParams = ServingParams(),
@@ -117,7 +121,11 @@ class Engine:
         n_chunks = workload.max_chunk_id + 1
         ctx = TierContext(params, n_chunks, workload.chunk_tokens * self.bpt, self.n_gpus,
                           self.gpu.h2d_bandwidth, self.gpu.h2d_latency_s * 1e9)
-        self.system = make_system(config)
+        self.system = make_system(config, params)
+        # this topology's generated options (Options: its config dataclass), None without one
+        opts = type(self).Options
+        self.options = dataclasses.replace(opts(), **params.options_for("topology", self.topology)) \
+            if opts is not None else None
         self.tier: Tier = self.system.make_tier(ctx)
         self.batching = params.batching_preset()
         self.budget = params.token_budget

@@ -29,7 +29,7 @@ from cxlhm_apps.serving.metrics import max_speed_under_slo, summarize
 from cxlhm_apps.serving.params import ServingParams
 from cxlhm_apps.serving.scheduler import SloMissed
 from cxlhm_apps.serving.topologies import replay
-from cxlhm_apps.serving.workloads import AgentConfig, WorkloadSpec, build, spec_at_speed
+from cxlhm_apps.serving.workloads import AgentConfig, WorkloadSpec, agent, build, spec_at_speed
 
 def _cost(config: str) -> int:
     """Cells of slow configurations (the registry's metadata: the emulated device) start first."""
@@ -153,7 +153,7 @@ def warm_up(configs) -> None:
     device = [c for c in sorted(configs) if isinstance(make_system(c), CxlHm)]
     if not device:
         return
-    w = build(WorkloadSpec("agent", AgentConfig(sessions=6, session_rate=1.0, max_context_tokens=12000)))
+    w = agent(AgentConfig(sessions=6, session_rate=1.0, max_context_tokens=12000))  # a few short sessions
     params = ServingParams(gpu_kv_bytes=2 << 30, dram_bytes=256 << 20)
     for config in device:
         replay(w, config, params, 1.0)

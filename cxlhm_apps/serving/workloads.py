@@ -138,31 +138,47 @@ def _parse_dist(spec: Spec, key: str, value) -> Dist:
     return Dist(kind, *args)
 
 
+def parse_value(spec: Spec, key: str, value, kind):
+    """`value` (as YAML gives it) checked against the field type `kind`; errors name the
+    key (and the line, for a file). The types a config field may have: int, float, str,
+    bool, Dist, int | None and typing.Literal[...] (its choices)."""
+    if kind is Dist:
+        return _parse_dist(spec, key, value)
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise spec.error(key, f"must be true or false, got {value!r}")
+        return value
+    if kind is int:
+        return number(spec, key, value, minimum=0, integer=True)
+    if kind is float:
+        return float(number(spec, key, value, minimum=0))
+    if kind is str:
+        if not isinstance(value, str):
+            raise spec.error(key, f"must be a string, got {value!r}")
+        return value
+    if kind == (int | None):
+        return None if value is None else number(spec, key, value, minimum=1, integer=True)
+    if typing.get_origin(kind) is typing.Literal:
+        choices = typing.get_args(kind)
+        if value not in choices:
+            raise spec.error(key, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
+        return value
+    raise TypeError(f"{key}: unsupported config field type {kind}")
+
+
+def supported(kind) -> bool:
+    """Whether parse_value takes a field of type `kind`."""
+    return kind in (Dist, bool, int, float, str) or kind == (int | None) or \
+        typing.get_origin(kind) is typing.Literal
+
+
 def parse_config(cls, spec: Spec, *, skip=()):
     """Fill dataclass `cls` from a YAML mapping, checking each value against the field's
     type; errors name the line and the key."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     spec.check_keys(set(fields) | set(skip), cls.__name__)
     hints = typing.get_type_hints(cls)
-    values = {}
-    for key, value in spec.data.items():
-        if key in skip:
-            continue
-        kind = hints[key]
-        if kind is Dist:
-            values[key] = _parse_dist(spec, key, value)
-        elif kind is int:
-            values[key] = number(spec, key, value, minimum=0, integer=True)
-        elif kind is float:
-            values[key] = float(number(spec, key, value, minimum=0))
-        elif kind is str:
-            if not isinstance(value, str):
-                raise spec.error(key, f"must be a string, got {value!r}")
-            values[key] = value
-        elif kind == (int | None):
-            values[key] = None if value is None else number(spec, key, value, minimum=1, integer=True)
-        else:  # pragma: no cover - a field type this parser does not know
-            raise TypeError(f"{cls.__name__}.{key}: unsupported field type {kind}")
+    values = {key: parse_value(spec, key, value, hints[key]) for key, value in spec.data.items() if key not in skip}
     try:
         return cls(**values)
     except ValueError as exc:
@@ -180,13 +196,15 @@ class WorkloadKind:
     scale_field      the config field a faster replay multiplies (an open stream of
                      closed-loop sessions: more sessions over the same window); "" for a
                      trace, which is the same requests at every speed
-    order            position in listings"""
+    order            position in listings
+    in_default       run when serve-bench is given no --workload"""
     build: typing.Callable
     config: type
     reference_speed: float = 1.0
     quick: tuple = ()
     scale_field: str = ""
     order: int = 50
+    in_default: bool = False
 
 
 def _as_kind(obj) -> WorkloadKind:
@@ -198,7 +216,7 @@ def _as_kind(obj) -> WorkloadKind:
     if not callable(obj) or not dataclasses.is_dataclass(config):
         raise TypeError(f"{obj!r} is neither a WorkloadKind nor a generator with a `config` dataclass attribute")
     return WorkloadKind(obj, config, float(getattr(obj, "reference_speed", 1.0)), tuple(getattr(obj, "quick", ())),
-                        str(getattr(obj, "scale_field", "")))
+                        str(getattr(obj, "scale_field", "")), int(getattr(obj, "order", 50)))
 
 
 # Built-ins below; an installed package adds one under the entry-point group
@@ -228,6 +246,12 @@ def names() -> list[str]:
     """Registered workloads, in their order."""
     loaded, _ = WORKLOADS.load_all()
     return sorted(loaded, key=lambda n: (loaded[n].order, n))
+
+
+def default_names() -> list[str]:
+    """What serve-bench runs without --workload: the registered workloads marked in_default."""
+    loaded, _ = WORKLOADS.load_all()
+    return [n for n in names() if loaded[n].in_default]
 
 
 def reference_speed(name: str) -> float:
@@ -272,7 +296,7 @@ class _ChunkIds:
 
 @dataclasses.dataclass(frozen=True)
 class MooncakeConfig:
-    trace: str = str(DEFAULT_TRACE)
+    trace: str = str(DEFAULT_TRACE)   # the trace file (Mooncake's JSONL, plain or .xz)
     requests: int | None = None       # the first N requests of the trace (None: all)
     # The published trace's timestamps are quantised to ~3 s (about ten requests share
     # each); replayed as they are, every group is a burst and TTFT measures the burst.
@@ -282,7 +306,7 @@ class MooncakeConfig:
 
 # At speed 1 the trace offers ~3.4 req/s, far beyond one H200 (the paper serves it with a
 # cluster); 0.15 is ~0.5 req/s.
-@workload("mooncake", MooncakeConfig, reference_speed=0.15, quick=(("requests", 400),), order=0)
+@workload("mooncake", MooncakeConfig, reference_speed=0.15, quick=(("requests", 400),), order=0, in_default=True)
 def mooncake(cfg: MooncakeConfig) -> Workload:
     reqs = read_requests(cfg.trace, limit=cfg.requests)
     turns = recover_sessions(reqs)
@@ -341,8 +365,8 @@ class AgentConfig:
     """Defaults sketch a coding/tool-using agent (SWE-agent-like trajectories: tens of
     model turns, tool outputs of ~1-2k tokens appended each turn, tools that take
     seconds to minutes). They are a priori choices, not fitted to any result."""
-    seed: int = 0
-    sessions: int = 300
+    seed: int = 0                           # the generator's random seed
+    sessions: int = 300                     # agent sessions (scaled by the replay speed)
     session_rate: float = 0.1               # new sessions per second at speed 1 (Poisson)
     system_prompt_tokens: int = 2048        # shared by every session
     tool_description_tokens: int = 4096     # shared by every session (tool schemas)
@@ -351,7 +375,7 @@ class AgentConfig:
     model_output_tokens: Dist = Dist("lognormal", 200, 0.6)  # reasoning + the tool call
     tool_output_tokens: Dist = Dist("lognormal", 1000, 1.0)  # appended to the context
     tool_pause_s: Dist = Dist("lognormal", 8.0, 1.0)         # tool latency between turns
-    max_context_tokens: int = 100_000
+    max_context_tokens: int = 100_000       # a session ends when its context reaches this
 
     def __post_init__(self):
         if self.sessions < 1:
@@ -360,7 +384,7 @@ class AgentConfig:
             raise ValueError("session_rate must be > 0")
 
 
-@workload("agent", AgentConfig, quick=(("sessions", 30),), scale_field="sessions", order=10)
+@workload("agent", AgentConfig, quick=(("sessions", 30),), scale_field="sessions", order=10, in_default=True)
 def agent(cfg: AgentConfig) -> Workload:
     rng = np.random.default_rng(cfg.seed)
     shared = cfg.system_prompt_tokens + cfg.tool_description_tokens
@@ -434,14 +458,14 @@ def coding_agent(cfg: CodingAgentConfig) -> Workload:
 @dataclasses.dataclass(frozen=True)
 class QaConfig:
     """Defaults after LMCache's benchmarks/multi-round-qa (its README's example run)."""
-    seed: int = 0
-    users: int = 40
-    rounds: int = 10
+    seed: int = 0                         # the generator's random seed
+    users: int = 40                       # concurrent users (LMCache's --num-users)
+    rounds: int = 10                      # questions per user (--num-rounds)
     qps: float = 0.5                      # requests released per second at speed 1
-    shared_prompt_tokens: int = 1000      # --shared-system-prompt
-    history_tokens: int = 20000           # --user-history-prompt: each user's own long context
-    question_tokens: Dist = Dist("lognormal", 60, 0.5)
-    answer_tokens: int = 100              # --answer-len
+    shared_prompt_tokens: int = 1000      # system prompt every user shares (--shared-system-prompt)
+    history_tokens: int = 20000           # each user's own long context (--user-history-prompt)
+    question_tokens: Dist = Dist("lognormal", 60, 0.5)  # tokens of each question
+    answer_tokens: int = 100              # tokens of each answer (--answer-len)
 
     def __post_init__(self):
         if self.users < 1 or self.rounds < 1:

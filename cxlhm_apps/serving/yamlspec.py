@@ -12,7 +12,7 @@ import yaml
 
 class SpecError(ValueError):
     def __init__(self, source: str, line: int, key: str, message: str):
-        self.source, self.line, self.key = source, line, key
+        self.source, self.line, self.key, self.message = source, line, key, message
         where = f"{source}:{line}" if line else source
         super().__init__(f"{where}: {key + ': ' if key else ''}{message}")
 

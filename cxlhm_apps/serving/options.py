@@ -1,0 +1,306 @@
+"""Command-line options of every registered serving implementation, generated from its
+config dataclass (as vidur generates its command line from its dataclasses).
+
+Each workload, serving system and topology in the registries - built-ins and entry
+points alike - gets one flag per option field of its config dataclass:
+
+    --<name>.<field> VALUE        e.g. --coding-agent.turns 40, --lmcache-local.load_mode layerwise
+
+`<field>` is the dataclass field, spelled as the YAML key of a workload file. Where two
+families register the same name, both qualify it: `--<family>:<name>.<field>` (family
+workload, system or topology). The config dataclass of each family:
+
+  workload  `WorkloadKind.config` (the YAML keys of `kind: <name>` files)
+  system    the registered object itself, when it is a dataclass instance; its values
+            are the flags' defaults
+  topology  the engine class's `Options` attribute, a dataclass (the engine reads the
+            configured instance as `self.options`)
+
+Option fields are those with a type `workloads.parse_value` takes (int, float, str, bool,
+Dist, int | None, Literal[...]), except names starting with "_" and fields with
+``metadata={"cli": False}``. A flag's help is the field's ``metadata["help"]``, else the
+comment on (or just above) its line in the class's source. Values are read as YAML
+scalars (`40`, `0.5`, `true`); a distribution as a number (constant) or a YAML mapping,
+``{dist: lognormal, median: 33, sigma: 0.6}``; text fields and choices take the text as
+it is. A flag applies only when its implementation is selected (`--workload`,
+`--configs`, `--topology`); an ill-typed value, a flag of an unselected implementation
+and an unknown `--<name>.<field>` are refused, naming the flag and what is accepted.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import io
+import tokenize
+import typing
+from collections.abc import Callable
+
+import yaml
+
+from cxlhm_apps.serving.workloads import Dist, parse_value, supported
+from cxlhm_apps.serving.yamlspec import Spec, SpecError
+
+_DEST = "_serving_options"   # the parser default holding the table of generated flags
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    key: str                                 # workload | system | topology
+    selector: str                            # the flag that selects implementations
+    registry: Callable[[], object]           # the family's Registry
+    config_of: Callable[[object], tuple]     # implementation -> (dataclass, defaults instance)
+
+
+def _workload_registry():
+    from cxlhm_apps.serving.workloads import WORKLOADS
+    return WORKLOADS
+
+
+def _system_registry():
+    from cxlhm_apps.serving import multi  # noqa: F401 - registers the multi-instance systems
+    from cxlhm_apps.serving.configs import SYSTEMS
+    return SYSTEMS
+
+
+def _topology_registry():
+    from cxlhm_apps.serving.topologies import TOPOLOGIES
+    return TOPOLOGIES
+
+
+def _workload_config(kind) -> tuple:
+    return kind.config, kind.config()
+
+
+def _system_config(obj) -> tuple:
+    return (type(obj), obj) if dataclasses.is_dataclass(obj) and not isinstance(obj, type) else (None, None)
+
+
+def _topology_config(engine) -> tuple:
+    cls = getattr(engine, "Options", None)
+    return (cls, cls()) if dataclasses.is_dataclass(cls) else (None, None)
+
+
+FAMILIES = (Family("workload", "--workload", _workload_registry, _workload_config),
+            Family("system", "--configs", _system_registry, _system_config),
+            Family("topology", "--topology", _topology_registry, _topology_config))
+
+
+@dataclasses.dataclass(frozen=True)
+class OptionFlag:
+    flag: str          # --coding-agent.turns
+    family: str
+    name: str          # the implementation
+    field: str
+    kind: object       # the field's type
+    default: object
+    help: str
+
+
+# ---------------------------------------------------------------- the fields
+def option_fields(cls) -> list[tuple[str, object, str]]:
+    """(field, type, help) of every option field of config dataclass `cls`."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # an annotation that does not resolve: no flags rather than no command line
+        return []
+    out = []
+    for f in dataclasses.fields(cls):
+        if not f.init or f.name.startswith("_") or f.metadata.get("cli", True) is False:
+            continue
+        kind = hints.get(f.name)
+        if kind is None or not supported(kind):
+            continue
+        out.append((f.name, kind, str(f.metadata.get("help") or field_comment(cls, f.name))))
+    return out
+
+
+def field_comment(cls, name: str) -> str:
+    """The comment on the line that defines field `name` in `cls` (or a base class), or
+    the comment lines just above it."""
+    for klass in cls.__mro__:
+        if name not in getattr(klass, "__annotations__", {}):
+            continue
+        comments = _comments(klass)
+        if name in comments:
+            return comments[name]
+    return ""
+
+
+def _comments(klass) -> dict[str, str]:
+    """field -> the comment on its line, else the comment lines just above it."""
+    try:
+        source = inspect.getsource(klass)
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (OSError, TypeError, tokenize.TokenError, SyntaxError):  # no source (exec'd code, the REPL)
+        return {}
+    lines = source.splitlines()
+    on_line = {tok.start[0]: tok.string.lstrip("#").strip() for tok in tokens if tok.type == tokenize.COMMENT}
+    starts = (tokenize.INDENT, tokenize.DEDENT, tokenize.NEWLINE, tokenize.NL)
+    out: dict[str, str] = {}
+    depth = 0
+    for i, tok in enumerate(tokens):
+        if tok.type == tokenize.OP and tok.string in "([{":
+            depth += 1
+        elif tok.type == tokenize.OP and tok.string in ")]}":
+            depth -= 1
+        elif (tok.type == tokenize.NAME and depth == 0 and i + 1 < len(tokens) and tokens[i + 1].string == ":"
+              and i > 0 and tokens[i - 1].type in starts and tok.string not in out):
+            row = tok.start[0]  # `name: type ...` at the start of a statement: a field
+            if row in on_line and lines[row - 1].lstrip()[:1] != "#":
+                out[tok.string] = on_line[row]
+                continue
+            above, r = [], row - 1
+            while r >= 1 and lines[r - 1].lstrip().startswith("#"):
+                above.insert(0, lines[r - 1].lstrip().lstrip("#").strip())
+                r -= 1
+            if above:
+                out[tok.string] = " ".join(above)
+    return out
+
+
+# ---------------------------------------------------------------- the flags
+def option_flags() -> list[OptionFlag]:
+    """Every generated flag, from every implementation that loads (a broken entry point
+    gets none here; selecting it names the error)."""
+    found: list[tuple[Family, str, type, object]] = []
+    for family in FAMILIES:
+        loaded, _ = family.registry().load_all()
+        for name, impl in loaded.items():
+            cls, defaults = family.config_of(impl)
+            if cls is not None:
+                found.append((family, name, cls, defaults))
+    families_of: dict[str, set] = {}
+    for family, name, _, _ in found:
+        families_of.setdefault(name, set()).add(family.key)
+    flags = []
+    for family, name, cls, defaults in found:
+        prefix = name if len(families_of[name]) == 1 else f"{family.key}:{name}"
+        for field, kind, help_text in option_fields(cls):
+            flags.append(OptionFlag(f"--{prefix}.{field}", family.key, name, field, kind,
+                                    getattr(defaults, field, None), help_text))
+    return flags
+
+
+def describe(kind) -> str:
+    """What a flag of type `kind` accepts, in words."""
+    if kind is Dist:
+        return ("a number (a constant) or a distribution: {dist: lognormal, median: M, sigma: S}, "
+                "{dist: uniform, low: L, high: H}, {dist: exponential, mean: M} or {dist: constant, value: V}")
+    if typing.get_origin(kind) is typing.Literal:
+        return f"one of {', '.join(map(str, typing.get_args(kind)))}"
+    return {bool: "true or false", int: "an integer >= 0", float: "a number >= 0", str: "text"}.get(
+        kind, "an integer >= 1 or null")
+
+
+def _metavar(kind) -> str:
+    if typing.get_origin(kind) is typing.Literal:
+        return "{" + ",".join(map(str, typing.get_args(kind))) + "}"
+    return {Dist: "DIST", bool: "{true,false}", int: "INT", float: "NUM", str: "TEXT"}.get(kind, "INT|null")
+
+
+def _show(value) -> str:
+    if isinstance(value, Dist):
+        return {"constant": f"{value.a:g}", "lognormal": f"lognormal median {value.a:g} sigma {value.b:g}",
+                "uniform": f"uniform {value.a:g}..{value.b:g}", "exponential": f"exponential mean {value.a:g}"}[value.kind]
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def add_option_flags(parser: argparse.ArgumentParser) -> list[OptionFlag]:
+    """One argument group per implementation with options, one flag per option field;
+    an unknown `--<name>.<field>` is refused naming what that implementation takes."""
+    flags = option_flags()
+    groups: dict[tuple, argparse._ArgumentGroup] = {}
+    for f in flags:
+        group = groups.get((f.family, f.name))
+        if group is None:
+            group = groups[(f.family, f.name)] = parser.add_argument_group(
+                f"{f.family} {f.name} options", f"apply when {f.name} is selected")
+        group.add_argument(f.flag, dest=f"{_DEST}:{f.flag}", default=argparse.SUPPRESS, metavar=_metavar(f.kind),
+                           help=f"{f.help + ' ' if f.help else ''}(default {_show(f.default)})".replace("%", "%%"))
+    parser.set_defaults(**{_DEST: {f.flag: f for f in flags}})
+    _refuse_unknown_options(parser, flags)
+    return flags
+
+
+def _refuse_unknown_options(parser: argparse.ArgumentParser, flags: list[OptionFlag]) -> None:
+    """argparse would say only "unrecognized arguments" (and from the top-level parser):
+    a `--<name>.<field>` it does not know is refused here, with what is accepted."""
+    by_prefix: dict[str, list[str]] = {}
+    for f in flags:
+        by_prefix.setdefault(f.flag.rpartition(".")[0], []).append(f.flag)
+    parse_known = parser.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        namespace, extras = parse_known(args, namespace)
+        for arg in extras:
+            word = arg.split("=", 1)[0]
+            if not word.startswith("--") or "." not in word:
+                continue
+            prefix = word.rpartition(".")[0]
+            if prefix in by_prefix:
+                parser.error(f"unknown option {word}; {prefix[2:]} takes {', '.join(sorted(by_prefix[prefix]))}")
+            parser.error(f"unknown option {word}: no registered workload, serving system or topology with options "
+                         f"is named {prefix[2:]!r}; those with options: "
+                         f"{', '.join(sorted(p[2:] for p in by_prefix)) or '(none)'}")
+        return namespace, extras
+
+    parser.parse_known_args = parse_known_args  # the subcommand's parser sees its own extras first
+
+
+# ---------------------------------------------------------------- the values
+def convert(flag: OptionFlag, text: str):
+    """The value of `flag` given as `text` (ValueError naming the flag and what it takes)."""
+    if flag.kind is str or typing.get_origin(flag.kind) is typing.Literal:
+        value = text
+    else:
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise ValueError(f"{flag.flag}: {text!r} is not a value; it takes {describe(flag.kind)}") from None
+    try:
+        return parse_value(Spec({flag.field: value}, {}, flag.flag), flag.field, value, flag.kind)
+    except SpecError as exc:
+        raise ValueError(f"{flag.flag}: {exc.message}; it takes {describe(flag.kind)}") from None
+
+
+def from_args(args: argparse.Namespace) -> dict[tuple[str, str], dict]:
+    """{(family, name): {field: value}} of the generated flags given on the command line,
+    each value checked against its field and each implementation's config built once
+    (its own checks, e.g. __post_init__, name the flags)."""
+    table: dict[str, OptionFlag] = getattr(args, _DEST, {}) or {}
+    out: dict[tuple[str, str], dict] = {}
+    given: dict[tuple[str, str], list[str]] = {}
+    for flag, f in table.items():
+        text = getattr(args, f"{_DEST}:{flag}", None)
+        if text is None:
+            continue
+        out.setdefault((f.family, f.name), {})[f.field] = convert(f, text)
+        given.setdefault((f.family, f.name), []).append(flag)
+    for (family_key, name), values in out.items():
+        family = next(fam for fam in FAMILIES if fam.key == family_key)
+        cls, defaults = family.config_of(family.registry().get(name))
+        try:
+            dataclasses.replace(defaults, **values)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{', '.join(given[(family_key, name)])}: {exc}") from None
+    return out
+
+
+def check_selected(options: dict[tuple[str, str], dict], selected: dict[str, list[str]]) -> None:
+    """Refuse a flag of an implementation that is not selected (`selected`: family ->
+    the names its selector chose), which would otherwise be silently ignored."""
+    for (family_key, name), values in options.items():
+        chosen = selected.get(family_key, [])
+        if name not in chosen:
+            family = next(fam for fam in FAMILIES if fam.key == family_key)
+            flags = ", ".join(f"--{name}.{field}" for field in values)
+            raise ValueError(f"{flags}: {family_key} {name} is not selected ({family.selector} "
+                             f"{','.join(chosen) or '(none)'}); add {name} to {family.selector}")
+
+
+def as_params_options(options: dict[tuple[str, str], dict], families=("system", "topology")) -> tuple:
+    """The options a replay reads from ServingParams.options: ((family, name, ((field,
+    value), ...)), ...), hashable and picklable, for the families given."""
+    return tuple(sorted((fam, name, tuple(sorted(values.items()))) for (fam, name), values in options.items()
+                        if fam in families))
