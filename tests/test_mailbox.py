@@ -29,15 +29,16 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
-def open_mailbox(make_device):
-    """(device handle, Mailbox, MailboxClient) factory; everything closed at teardown."""
+def open_mailbox(make_device_parts):
+    """(device handle, Mailbox, MailboxClient) factory; everything closed at teardown.
+    The mailbox serves the device itself (`mb.device`: white-box tests read it)."""
     opened = []
 
     def factory(spy=None, mailbox_options=None, **device_overrides):
-        dev = make_device(**device_overrides)
+        dev, device = make_device_parts(**device_overrides)
         if spy is not None:
-            route_hints_through(dev.device, spy)
-        mb = Mailbox(dev.device, **(mailbox_options or {})).start()
+            route_hints_through(device, spy)
+        mb = Mailbox(device, **(mailbox_options or {})).start()
         # generous: a device's first PIN may compile numba kernels (the "no hang" bound)
         client = MailboxClient(mb, timeout=30)
         opened.append((client, mb))
@@ -105,7 +106,7 @@ def test_another_process_maps_the_same_registers_and_sends_commands(open_mailbox
 
 def test_close_marks_the_mailbox_not_ready_and_removes_its_file(make_device):
     dev = make_device()
-    mb = Mailbox(dev.device).start()
+    mb = Mailbox(dev).start()  # the handle is a MailboxTarget
     client = MailboxClient(mb)
     client.identify()
     path = mb.path
@@ -125,7 +126,7 @@ def test_identify_reports_a_type3_component_with_a_stable_serial(open_mailbox, m
     assert ident["max_message_size"] == 2048
     mb.close()
     dev.close()
-    again = Mailbox(make_device().device).start()  # same image path: same device
+    again = Mailbox(make_device()).start()  # same image path: same device
     try:
         with MailboxClient(again) as c2:
             assert c2.identify()["serial"] == ident["serial"]
@@ -183,9 +184,9 @@ def test_poison_list_is_empty_and_range_checked(open_mailbox):
 
 
 def test_poison_seam_reports_what_the_device_records(open_mailbox):
-    dev, _, client = open_mailbox()
+    dev, mb, client = open_mailbox()
     records = (PoisonRecord(4096, 64, P.POISON_SOURCE_INTERNAL), PoisonRecord(8192, 128), PoisonRecord(1 << 19, 64))
-    dev.device.poison_records = lambda dpa, length, max_records: PoisonList(records, overflow_timestamp=123)
+    mb.device.poison_records = lambda dpa, length, max_records: PoisonList(records, overflow_timestamp=123)
     found = client.poison(0, 16 * KIB)  # the third record lies outside the asked range
     assert found["records"] == [{"dpa": 4096, "length": 64, "source": P.POISON_SOURCE_INTERNAL},
                                 {"dpa": 8192, "length": 128, "source": P.POISON_SOURCE_UNKNOWN}]
@@ -248,14 +249,14 @@ def test_every_hint_command_reaches_the_compiled_policy_hook(open_mailbox, monke
     from cxlhm import policies  # the registry the device looks policies up in
     recorder, real_get = _recorder_policy(), policies.get
     monkeypatch.setattr(policies, "get", lambda name: recorder if name == "hint-recorder" else real_get(name))
-    dev, _, client = open_mailbox(firmware={"policy": "hint-recorder"})  # 1 MiB window, 4 KiB blocks
+    dev, mb, client = open_mailbox(firmware={"policy": "hint-recorder"})  # 1 MiB window, 4 KiB blocks
     hints = client.hints
     hints.session_resume(7, [(0, 1), (4095, 2)])       # block 0; blocks 0-1
     hints.next_prefix(7, [(8 * KIB, 12 * KIB)], deadline_ns=10**6)  # blocks 2-4
     hints.append(7, [(MIB - 1, 1)])                    # last block
     hints.session_pause(7, expected_pause_ns=5 * 10**9)
     hints.session_end([7, 8])
-    log, count = dev.device.ps
+    log, count = mb.device.ps
     K = HintKind
     assert count[0] == 7
     assert log[:7].tolist() == [
@@ -265,8 +266,8 @@ def test_every_hint_command_reaches_the_compiled_policy_hook(open_mailbox, monke
 
 
 def test_pin_and_unpin_reach_the_device_and_report_declined_entries(open_mailbox):
-    dev, _, client = open_mailbox()  # 4 DRAM slots of 4 KiB
-    bt = dev.device.bt
+    dev, mb, client = open_mailbox()  # 4 DRAM slots of 4 KiB
+    bt = mb.device.bt
 
     def pinned_blocks():
         return sorted(int(b) for b, f in zip(bt.block, bt.flags) if b >= 0 and f & btm.PINNED)
@@ -358,7 +359,7 @@ def test_a_big_prefetch_runs_in_the_background_with_progress(open_mailbox):
     final = client.background_status()
     assert (final.opcode, final.percent, final.rc) == (Opcode.HINT_SESSION_RESUME, 100, ReturnCode.SUCCESS)
     assert any(0 < p < 100 for p in percents) and percents == sorted(percents)
-    assert len(spy.calls) == 60 and mb.engine.completed == 1
+    assert len(spy.calls) == 60 and mb.background.completed == 1
 
 
 def test_hint_helper_waits_out_a_running_background_command(open_mailbox):
@@ -384,7 +385,7 @@ def test_second_background_command_is_busy(open_mailbox):
 # ---------------------------------------------------------------- host protocol
 def test_host_refuses_to_ring_a_doorbell_that_is_still_set(make_device):
     dev = make_device()
-    mb = Mailbox(dev.device)  # firmware not started: nobody clears the doorbell
+    mb = Mailbox(dev)  # firmware not started: nobody clears the doorbell
     mb.regs.memdev_status = R.encode_memdev_status(media=R.MEDIA_READY, mailbox_ready=True)
     client = MailboxClient(mb, timeout=0.05)
     try:
@@ -401,7 +402,7 @@ def test_host_refuses_to_ring_a_doorbell_that_is_still_set(make_device):
 
 def test_host_waits_for_mailbox_ready(make_device):
     dev = make_device()
-    mb = Mailbox(dev.device)
+    mb = Mailbox(dev)
     client = MailboxClient(mb, ready_timeout=0.05)
     try:
         with pytest.raises(MailboxTimeout, match="not ready"):
@@ -555,7 +556,7 @@ def test_a_stale_register_file_is_refused_at_once_and_reclaimed_at_the_next_star
     with pytest.raises(R.StaleRegisterFile, match=f"process {pid} is gone"):
         MailboxClient(stale)
     assert time.monotonic() - started < 5  # refused at once, not after the ready timeout
-    mb = Mailbox(make_device().device).start()  # the next start reclaims it
+    mb = Mailbox(make_device()).start()  # the next start reclaims it
     assert not os.path.exists(stale)
     mb.close()
     assert not os.path.exists(mb.path)  # and removes its own at close

@@ -12,7 +12,7 @@ answered BUSY, as the spec requires.
 To make new long work a background command, implement `BackgroundOperation`
 (`opcode`, `step() -> percent`, raising CommandFailed to fail; an optional
 `ext_status` is reported with the final return code) and return
-`ctx.engine.start(op)` from the command's handler.
+`ctx.background.start(op)` from the command's handler.
 """
 from __future__ import annotations
 
@@ -41,9 +41,11 @@ class BackgroundStarted:
         self.operation = operation
 
 
-class BackgroundEngine:
-    """Owns the background command status register and the one running operation.
-    Only the firmware thread calls it, so it needs no lock."""
+class BackgroundRunner:
+    """Runs the background commands: the one running operation, a bounded step at a
+    time, and the background command status register that reports it. (A runner, not
+    an engine: nothing here moves data.) Only the firmware thread calls it, so it needs
+    no lock."""
 
     def __init__(self, regs: R.RegisterFile):
         self.regs = regs

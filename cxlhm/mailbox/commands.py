@@ -16,7 +16,7 @@ How to add a command (say, vendor "Get Device Stats", C101h):
      new one). It gets a private copy of the input payload and returns the output
      payload (at most ctx.payload_size bytes). To fail, raise
      ``CommandFailed(ReturnCode.X, "why")``; any other exception becomes
-     INTERNAL_ERROR. Long work: ``return ctx.engine.start(op)`` (background.py).
+     INTERNAL_ERROR. Long work: ``return ctx.background.start(op)`` (background.py).
      Treat every input byte as hostile: check lengths, ranges and reserved fields.
   4. Add a `Command` row to `COMMANDS` below: input size (or None), the command
      effects bits for the CEL, and whether it needs the media (open device).

@@ -6,14 +6,14 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from cxlhm.mailbox.background import BackgroundEngine
+from cxlhm.mailbox.background import BackgroundRunner
 
 
 @dataclasses.dataclass
 class CommandContext:
     device: Any  # a cxlhm.device.MailboxTarget
     payload_size: int
-    engine: BackgroundEngine
+    background: BackgroundRunner
     commands: Mapping[int, Any]          # the command table (for the Command Effects Log)
     background_min_blocks: int           # hint batches covering at least this many blocks run in the background
     background_step_blocks: int          # blocks delivered per background step (progress granularity)

@@ -64,7 +64,7 @@ class _Busy(Exception):
 
 
 class HintDeliveryOperation:
-    """A big hint batch delivered in steps by the background engine."""
+    """A big hint batch delivered in steps by the background runner."""
 
     def __init__(self, ctx, opcode: int, batch: HintBatch):
         self.ctx, self.opcode, self.batch = ctx, opcode, batch
@@ -138,10 +138,10 @@ def _run(ctx, opcode: int, batch: HintBatch, *, may_background: bool) -> bytes |
     """Deliver now (output: delivered, declined) or start a background delivery."""
     if not ctx.media_ready:
         raise CommandFailed(ReturnCode.MEDIA_DISABLED, "the device is closed")
-    if ctx.engine.running:
+    if ctx.background.running:
         raise CommandFailed(ReturnCode.BUSY, "a background hint command is still being delivered")
     if may_background and len(batch) and batch.total_weight >= ctx.background_min_blocks:
-        return ctx.engine.start(HintDeliveryOperation(ctx, opcode, batch))
+        return ctx.background.start(HintDeliveryOperation(ctx, opcode, batch))
     try:
         declined = batch.deliver(ctx, 0, len(batch))
     except _Busy:

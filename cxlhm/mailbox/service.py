@@ -28,7 +28,7 @@ import threading
 import weakref
 
 from cxlhm.mailbox import registers as R
-from cxlhm.mailbox.background import BackgroundEngine, BackgroundStarted
+from cxlhm.mailbox.background import BackgroundRunner, BackgroundStarted
 from cxlhm.mailbox.commands import COMMANDS
 from cxlhm.mailbox.context import CommandContext
 from cxlhm.mailbox.returncodes import CommandFailed, ReturnCode
@@ -66,9 +66,9 @@ class Mailbox:
         self.regs = R.RegisterFile.create(path, payload_size_log2)
         self.path = self.regs.path
         self.payload_size = self.regs.payload_size
-        self.engine = BackgroundEngine(self.regs)
+        self.background = BackgroundRunner(self.regs)
         self.context = CommandContext(
-            device=device, payload_size=self.payload_size, engine=self.engine,
+            device=device, payload_size=self.payload_size, background=self.background,
             commands=COMMANDS,
             background_min_blocks=max(0, background_min_blocks),
             background_step_blocks=max(1, background_step_blocks))
@@ -138,8 +138,8 @@ class Mailbox:
             if regs.doorbell:
                 self._service_one()
                 poll = ACTIVE_POLL_S
-            elif self.engine.running:
-                self.engine.step()
+            elif self.background.running:
+                self.background.step()
                 poll = ACTIVE_POLL_S
             else:
                 self._wake.wait(poll)
@@ -168,7 +168,7 @@ class Mailbox:
         if out:
             regs.write_payload(out)
         regs.command = R.encode_command(opcode, len(out))
-        regs.status = R.encode_status(rc, background=self.engine.running, ext=ext)
+        regs.status = R.encode_status(rc, background=self.background.running, ext=ext)
         # counted before the doorbell clears: a host that saw it clear finds the command
         # counted (it polls the doorbell; the count only paces its waits)
         with self._completed:
