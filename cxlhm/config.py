@@ -229,11 +229,6 @@ class DeviceConfig:
     def source_of(self, key: str) -> str:
         return self.provenance.get(key, "defaults")
 
-    def to_dict(self) -> dict:
-        out = dataclasses.asdict(self)
-        out.pop("provenance")
-        out["sources"] = list(self.sources)
-        return out
 
 
 # ---------------------------------------------------------------- layers

@@ -123,21 +123,6 @@ def format_table(curves: Curves, block_size: int) -> str:
     return _aligned([header] + rows)
 
 
-def format_timing_table(results: Results, block_size: int) -> str:
-    """Per size: each policy's miss ratio and its mean and p99 access latency (µs, model clock)."""
-    policies = list(results)
-    sizes = sorted({s for curve in results.values() for s in curve})
-    header = ["slots", "bytes"] + [f"{p}:{col}" for p in policies for col in ("miss", "mean_us", "p99_us")]
-    rows = []
-    for s in sizes:
-        row = [str(s), format_size(s * block_size)]
-        for p in policies:
-            r = results[p][s]
-            row += [f"{r.miss_ratio:.4f}", f"{r.timing['mean_ns'] / 1e3:.1f}", f"{r.timing['p99_ns'] / 1e3:.1f}"]
-        rows.append(row)
-    return _aligned([header] + rows)
-
-
 def plot_latency(results: Results, path: str, *, block_size: int, title: str) -> None:
     """Mean (solid) and p99 (dashed) access latency on the model clock vs DRAM size."""
     import matplotlib

@@ -88,9 +88,6 @@ class SimResult:
     def miss_ratio(self) -> float:
         return self.misses / self.accesses if self.accesses else 0.0
 
-    @property
-    def accesses_per_s(self) -> float:
-        return self.accesses / self.wall_s if self.wall_s > 0 else float("inf")
 
 
 def _scratch() -> tuple:

@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import stat
 import time
 from pathlib import Path
 
 from cxlhm.units import parse_size
-
-MAX_TEXT_INPUT = 1 << 20  # bytes: a config or profile is a few KiB; refuse before reading more
 
 
 class CommandError(ValueError):
@@ -69,19 +66,6 @@ def default_output_dir(kind: str) -> Path:
         n += 1
         path = base.with_name(f"{base.name}-{n}")
     return path
-
-
-def check_input_file(path: str, what: str, *, limit: int | None = MAX_TEXT_INPUT) -> None:
-    """Refuse what is not a regular file (/dev/zero, a FIFO, a folder) and, with `limit`,
-    a file larger than that, before anything reads it."""
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise CommandError(f"{what} {path}: {exc.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise CommandError(f"{what} {path}: not a regular file")
-    if limit is not None and st.st_size > limit:
-        raise CommandError(f"{what} {path}: {st.st_size} bytes; at most {limit} accepted")
 
 
 def hints_ignored(policy_name: str) -> bool:

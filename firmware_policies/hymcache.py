@@ -112,18 +112,6 @@ def _session_bucket(ps, session, insert):
 
 
 @njit
-def _session_state(ps, session):
-    i = _session_bucket(ps, session, False)
-    return ps.s_state[i] if i >= 0 else 0
-
-
-@njit
-def _session_gen(ps, session):
-    i = _session_bucket(ps, session, False)
-    return ps.s_gen[i] if i >= 0 else 0
-
-
-@njit
 def _set_state(ps, session, state):
     i = _session_bucket(ps, session, True)
     if i >= 0:

@@ -192,22 +192,3 @@ def params_array(p: TimingParams) -> np.ndarray:
     a[P_CH_NS_PER_BYTE] = 1e9 / p.nand_channel_rate
     a[P_WBUF_PAGES] = max(1, p.write_buffer_pages)
     return a
-
-
-def format_timing_yaml(p: TimingParams) -> dict:
-    """The parameters as the strings a profile would use (inverse of parse_timing)."""
-    def dur(ns: float) -> str:
-        return f"{round(ns)}ns"
-
-    def bw(bps: float) -> str:
-        return f"{bps / 1e6:.6g}MB/s"
-
-    out = {"link_latency": dur(p.link_latency), "link_bandwidth": bw(p.link_bandwidth),
-           "controller_latency": dur(p.controller_latency), "dram_latency": dur(p.dram_latency),
-           "dram_bandwidth": bw(p.dram_bandwidth), "backing": p.backing}
-    if p.backing == "nand":
-        out.update(ssd_command_latency=dur(p.ssd_command_latency), nand_channels=p.nand_channels,
-                   nand_dies_per_channel=p.nand_dies_per_channel, nand_page_size=p.nand_page_size,
-                   nand_read_latency=dur(p.nand_read_latency), nand_program_latency=dur(p.nand_program_latency),
-                   nand_channel_rate=bw(p.nand_channel_rate), write_buffer_bytes=p.write_buffer_bytes)
-    return out

@@ -337,9 +337,6 @@ class Window:
         if self.closed:
             raise DeviceClosed("the window is closed")
 
-    def live_views(self) -> int:
-        return len(self._views)
-
     def close(self) -> None:
         """Flush written bytes (like a CXL Global Persistent Flush), stop the fault
         service and give the range back. Arrays still alive over the window make the
