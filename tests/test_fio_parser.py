@@ -275,10 +275,10 @@ def test_random_job_files_never_crash(text):
 
 
 def test_an_engine_added_to_the_registry_can_be_named_in_a_job_file():
-    from cxlhm_apps.fio.engines import ENGINES, EngineKind
+    from cxlhm_apps.fio.ioengine import ENGINES, IOENGINE_VERSION, IOEngineOps
     with pytest.raises(JobFileError, match="ioengine.*must be one of cxlhm, io_uring"):
         one("[j]\nioengine=nullio\n")
-    ENGINES.add("nullio", EngineKind(uses_device=False, measures_slat=False, open=lambda worker: None))
+    ENGINES.add("nullio", IOEngineOps("nullio", IOENGINE_VERSION, open=lambda job: None))
     try:
         assert one("[j]\nioengine=nullio\n")["ioengine"] == "nullio"
     finally:

@@ -5,8 +5,10 @@ windows are measured in it); the engine measures each I/O's latency on it.
 
 - WallClock: CLOCK_MONOTONIC. An I/O's latency is the time from its device call to
   that call's return.
-- ModelClock (``cxlhm_clock=model``, the device opened with ``clock: model``): time is
-  the device's timing model. A job with iodepth N is an event loop over N outstanding
+- ModelTimeScheduler (``cxlhm_clock=model``, the device opened with ``clock: model``):
+  time is the device's timing model (the device's own model clock, read through the
+  handle's ModelClockDevice interface); this class only takes the jobs on one device in
+  turns. A job with iodepth N is an event loop over N outstanding
   I/Os (ModelLoop): each new I/O is issued at the completion time of the one it
   replaces, and its latency is what the timing model charged for it. Same job, seed
   and device config = bit-identical results, on any machine; the runner never sleeps.
@@ -31,8 +33,9 @@ class WallClock:
         return time.monotonic_ns()
 
 
-class ModelClock:
-    """The model time of one device, shared by every job (clone) that uses it.
+class ModelTimeScheduler:
+    """The model time of one device, shared by every job (clone) that uses it: the jobs'
+    clock, and the scheduler that takes their I/Os in issue-time order.
 
     The device needs its accesses in non-decreasing issue time. One job's loop issues
     in that order by construction; several jobs on one device take turns: the loop
@@ -40,18 +43,18 @@ class ModelClock:
     the interleaving - and every result - is the same on every run."""
     name = "model"
 
-    def __init__(self, device):
-        self.device = device
+    def __init__(self, handle):
+        self.handle = handle  # host_runtime.driver.DeviceHandle of a device with caps.model_clock
         self._turn = threading.Condition()
         self._next: dict[int, tuple[float, int]] = {}  # loop id -> (next issue time, id)
         self._ids = itertools.count()
 
     def now_ns(self) -> float:
-        return self.device.model.now_ns
+        return self.handle.now_ns()
 
     def open_loop(self, iodepth: int) -> "ModelLoop":
         with self._turn:
-            loop = ModelLoop(self, next(self._ids), iodepth, self.device.model.now_ns)
+            loop = ModelLoop(self, next(self._ids), iodepth, self.handle.now_ns())
             self._next[loop.id] = (loop.next_issue_ns(), loop.id)
             return loop
 
@@ -79,7 +82,7 @@ class ModelLoop:
     completion time of its latest I/O; the next I/O goes to the slot that frees first,
     at that time (so issue times never decrease)."""
 
-    def __init__(self, clock: ModelClock, loop_id: int, iodepth: int, start_ns: float):
+    def __init__(self, clock: ModelTimeScheduler, loop_id: int, iodepth: int, start_ns: float):
         self.clock, self.id = clock, loop_id
         self._free = [float(start_ns)] * max(1, iodepth)  # equal values: already a heap
         self._now = float(start_ns)
@@ -124,8 +127,7 @@ def clock_for(name: str, device_handle=None):
     if name == "wall":
         return WallClock()
     if name == "model":
-        device = None if device_handle is None else device_handle.device
-        if device is None or not device.caps.model_clock:
+        if device_handle is None or not device_handle.caps.model_clock:
             raise ClockUnavailable("cxlhm_clock=model needs a device opened with clock: model")
-        return ModelClock(device)
+        return ModelTimeScheduler(device_handle)
     raise ValueError(f"unknown clock {name!r}")

@@ -107,7 +107,7 @@ def _open_device(job: JobSpec, path: str, needed: int, open_device, log=None) ->
     if clock_name == "wall":  # a dirty block would cost the model clock a write-back later in the job
         handle.writev(np.array([first]), block, scratch)  # compile the write and read paths now
     handle.readv(np.array([first]), block, scratch)
-    warm_stream(handle.device, capacity - block, scratch)
+    warm_stream(handle, capacity - block, scratch)
     after = os.path.getsize(path) if os.path.isfile(path) else 0
     if log is not None and after > max(before, needed):
         log(_grown_notice(path, before, after, needed, cfg.dram_bytes, block))

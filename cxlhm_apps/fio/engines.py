@@ -10,28 +10,28 @@
   its completion is seen.
   Model clock: the job is an event loop over N outstanding I/Os (clocks.ModelLoop);
   each I/O is issued at the model time the one it replaces completes.
+  It is the IOEngineOps `CXLHM` (cxlhm_apps.fio.ioengine); it uses the device only
+  through the host driver's handle and its declared interface (stream_io,
+  thread_hits_misses, write_mode, access_one, now_ns).
 - fio's own engines on a plain file (psync, sync, pvsync, pvsync2, mmap, posixaio,
-  libaio, io_uring; buffered or direct) live in raw_engines and are registered here.
+  libaio, io_uring; buffered or direct) live in raw_engines; ioengine.ENGINES names them all.
 
 Buffers live in an IoArena: one page-aligned mmap cut in slots, filled once with
 random bytes (the payload of writes, as fio's default buffers are).
 """
 from __future__ import annotations
 
-import dataclasses
 import mmap
 import resource
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from cxlhm.device.interface import StreamDevice
-from cxlhm.registry import Registry
-from cxlhm_apps.fio import raw_engines
-from cxlhm_apps.fio.clocks import ModelClock
+from cxlhm_apps.fio.clocks import ModelTimeScheduler
+from cxlhm_apps.fio.ioengine import (ENGINES, IOENGINE_VERSION, Completed, EngineFlags, EngineJob, IOEngineOps,
+                                     engine_ops)
 from cxlhm_apps.fio.pattern import Chunk
 from cxlhm_apps.fio.stats import submit_bucket
 
@@ -75,27 +75,15 @@ class IoArena:
             pass
 
 
-@dataclasses.dataclass
-class Completed:
-    """The executed prefix of a chunk."""
-    count: int
-    slat: np.ndarray | None  # ns per I/O; None when the engine cannot measure it
-    clat: np.ndarray  # ns per I/O
-    end_ns: int
-    depth: int  # I/Os in flight while these ran
-    submits: np.ndarray  # fio's submit-size buckets (7 counts)
-    cache: np.ndarray  # [direction][hit, miss] device-block counts (zeros: no cache)
-
-
 class DeviceShare:
     """One open device used by every job clone that names its backing file."""
 
     def __init__(self, handle, clock):
-        self.handle, self.clock = handle, clock
+        self.handle, self.clock = handle, clock  # host_runtime.driver.DeviceHandle, the jobs' clock
 
     def hits_misses(self) -> tuple[int, int]:
         """Device-block hits and misses of the calling thread's accesses so far."""
-        return self.handle.device.thread_hits_misses()
+        return self.handle.thread_hits_misses()
 
 
 class _Tally:
@@ -114,11 +102,11 @@ class CxlhmEngine:
     def __init__(self, share: DeviceShare, iodepth: int, max_bs: int):
         self.share, self.iodepth = share, iodepth
         self.clock = share.clock
-        self._loop = self.clock.open_loop(iodepth) if isinstance(self.clock, ModelClock) else None
+        self._loop = self.clock.open_loop(iodepth) if isinstance(self.clock, ModelTimeScheduler) else None
         # A device that streams (wall clock, real data, no fault injector) keeps the I/Os
         # in flight itself (stream_io); on one that does not, each submitter runs whole
         # batches (readv / writev).
-        self._stream = self._loop is None and streams(share.handle.device)
+        self._stream = self._loop is None and streams(share.handle)
         most = 1 if self._loop is not None or self._stream else MAX_SUBMITTERS
         n = min(most, max(iodepth, 1))
         self._depths = [iodepth // n + (i < iodepth % n) for i in range(n)]  # iodepth shared out, first ones deeper
@@ -219,7 +207,7 @@ class CxlhmEngine:
         holds one of its blocks); on a write-through device only runs of reads do, and
         writes run whole. What a stream leaves (it stops before a read of a poisoned
         block) runs as whole device calls, which raise that read's error."""
-        device = self.share.handle.device
+        device = self.share.handle
         streams_writes = device.write_mode != "write-through"
         addrs = arena.base + chunk.slot * arena.slot_bytes
         while True:
@@ -290,7 +278,7 @@ class CxlhmEngine:
         n_total = len(chunk)
         clat = np.zeros(n_total, np.int64)
         cache = np.zeros((2, 2), np.int64)
-        loop, device = self._loop, self.share.handle.device
+        loop, device = self._loop, self.share.handle
         offsets, sizes, directions = chunk.offset.tolist(), chunk.size.tolist(), chunk.direction.tolist()
         addrs = (arena.base + chunk.slot * arena.slot_bytes).tolist()
         done = 0
@@ -318,14 +306,14 @@ class CxlhmEngine:
             self._loop.drain()
 
 
-def streams(device) -> bool:
-    """Whether the device keeps I/Os in flight itself (Device.stream_io)."""
-    return device.caps.streams_io and isinstance(device, StreamDevice)
+def streams(handle) -> bool:
+    """Whether the device keeps I/Os in flight itself (StreamDevice.stream_io)."""
+    return handle.caps.streams_io
 
 
 def warm_stream(device, hpa: int, buf: np.ndarray) -> None:
     """Compile the device's streamed path (a read of the block at `hpa`) before a job's
-    clock runs."""
+    clock runs; `device`: the host driver's handle."""
     if streams(device):
         extent = (np.array([hpa], np.int64), np.array([buf.shape[0]], np.int64), np.array([buf.ctypes.data], np.int64))
         device.stream_io(*extent, 1)
@@ -366,44 +354,29 @@ def _groups(direction: np.ndarray, offset: np.ndarray, size: np.ndarray):
         yield np.flatnonzero(keys == key)
 
 
-class IoUringEngine(raw_engines.IoUringRawEngine):
-    """Raw io_uring on a plain file (fio's io_uring engine; raw_engines has it and
-    fio's other file engines)."""
-    name = "io_uring"
+def _open_cxlhm(job: EngineJob) -> CxlhmEngine:
+    if job.device is None:
+        raise job.error("ioengine", "ioengine=cxlhm: the runner opened no device for this job")
+    return CxlhmEngine(job.device, job.iodepth, job.max_bs)
 
 
-@dataclasses.dataclass(frozen=True)
-class EngineKind:
-    """An ioengine as the runner sees it: whether its jobs run on a cxlhm device (one per
-    backing file, shared by the clones that name it), whether it measures submission
-    latency (fio's slat), and how a job opens it (`open(worker)`)."""
-    uses_device: bool
-    measures_slat: bool
-    open: Callable
+CXLHM = IOEngineOps(
+    "cxlhm", IOENGINE_VERSION, _open_cxlhm, EngineFlags.USES_DEVICE | EngineFlags.MEASURES_SLAT,
+    help="the emulated CXL-HM device through the host driver (its cxlhm_* options configure it)")
 
 
-def _open_cxlhm(worker) -> CxlhmEngine:
-    return CxlhmEngine(worker.share, worker.job["iodepth"], worker.arena.slot_bytes)
-
-
-def _raw_opener(name: str) -> Callable:
-    def open_(worker):
-        return raw_engines.open_raw(name, worker)
-    return open_
-
-
-def _as_engine(obj) -> EngineKind:
-    if not isinstance(obj, EngineKind):
-        raise TypeError(f"expected a cxlhm_apps.fio.engines.EngineKind, got {type(obj).__name__}")
-    return obj
-
-
-ENGINES: Registry[EngineKind] = Registry("fio ioengine", "cxlhm.fio_engines", check=_as_engine)
-ENGINES.add("cxlhm", EngineKind(uses_device=True, measures_slat=True, open=_open_cxlhm))
-for _name in raw_engines.ENGINE_OPS:  # fio's own engines on a plain file, shared by any number of clones
-    ENGINES.add(_name, EngineKind(uses_device=False, measures_slat=False, open=_raw_opener(_name)))
-
-
-def engine_of(job) -> EngineKind:
+def engine_of(job) -> IOEngineOps:
     """The registered ioengine a job names."""
-    return ENGINES.get(job["ioengine"])
+    return engine_ops(job["ioengine"])
+
+
+def open_engine(worker):
+    """The engine of a runner's worker (one job clone), opened by its ops."""
+    plan, job = worker.plan, worker.job
+    ctx = EngineJob(job.name, plan.clone, plan.filename, plan.file_end, job["iodepth"], bool(job["direct"]),
+                    job["rw"].writes, worker.arena.slot_bytes, job.values, worker.share, job)
+    return engine_of(job).open(ctx)
+
+
+__all__ = ["CXLHM", "ENGINES", "Completed", "CxlhmEngine", "DeviceShare", "EngineError", "IoArena", "engine_of",
+           "open_engine", "streams", "warm_stream"]

@@ -334,9 +334,8 @@ def _check_job(job: JobSpec):
         yield job.error("time_based", "time_based needs a runtime")
     if v["runtime"] is not None and v["runtime"] <= 0:
         yield job.error("runtime", "must be positive")
-    for name, (_, engine) in O.engine_options().items():
-        if name in given and v["ioengine"] != engine:
-            yield job.error(name, f"applies to ioengine={engine} only (this job uses ioengine={v['ioengine']})")
+    from cxlhm_apps.fio.ioengine import engine_problems  # (the engines import the option table)
+    yield from engine_problems(job)  # the engine's own options, by its declaration
     if v["ioengine"] != "cxlhm":
         for name in O.DEVICE_OPTIONS:
             if name in given:

@@ -163,10 +163,15 @@ def _choice(*choices: str) -> Callable[[str, int], str]:
 def _ioengine(text: str, kb_base: int) -> str:
     """A registered ioengine (built-in, or an outside package's through the
     cxlhm.fio_engines entry points)."""
-    from cxlhm_apps.fio.engines import ENGINES  # the engines import this table's types
+    from cxlhm_apps.fio.ioengine import ENGINES  # (the engines import this table's types)
+    from cxlhm.registry import RegistryError
     word = text.strip()
     if word not in ENGINES:
         raise ValueError(f"must be one of {', '.join(ENGINES.names())}; got {text!r}")
+    try:
+        ENGINES.get(word)  # an engine that does not load (or speaks another protocol version) says why here
+    except RegistryError as exc:
+        raise ValueError(str(exc)) from None
     return word
 
 
@@ -422,10 +427,11 @@ GROUP_TITLES = {"description": "Description", "target": "Target", "pattern": "I/
                 "device": "Emulated device (ioengine=cxlhm)"}
 
 
-def engine_options() -> dict[str, tuple[Option, str]]:
-    """Options that belong to one ioengine, declared beside it: name -> (option, engine)."""
-    from cxlhm_apps.fio.raw_engines import ENGINE_OPTIONS  # (the engines import this table's types)
-    return ENGINE_OPTIONS
+def engine_options() -> dict[str, tuple[Option, tuple[str, ...]]]:
+    """Options that belong to ioengines, each declared by its engine (IOEngineOps.options):
+    name -> (option, the engines that declare it)."""
+    from cxlhm_apps.fio.ioengine import engine_options  # (the engines import this table's types)
+    return engine_options()
 
 
 def all_options() -> tuple[Option, ...]:
@@ -445,6 +451,10 @@ def unknown_option_message(key: str) -> str:
     import difflib
 
     from cxlhm_apps.fio.fio_names import NOT_MODELLED_WHY
+    from cxlhm_apps.fio.ioengine import refused_engine_option
+    engine_why = refused_engine_option(key)  # fio's option of an engine, refused by the engine's own declaration
+    if engine_why:
+        return f"{engine_why}; remove it to run the job"
     why = NOT_MODELLED_WHY.get(key.lower())
     if why:
         return f"fio's option, not modelled here: {why}; remove it to run the job"

@@ -1,9 +1,10 @@
 """fio's own I/O engines on a plain file: psync, sync, pvsync, pvsync2, libaio,
 posixaio, mmap and io_uring, buffered or O_DIRECT (direct=1), as fio runs them.
 
-Each engine is one `RawEngineOps` (fio's `struct ioengine_ops`): its name, whether it
-is synchronous (fio caps a synchronous engine's queue depth at 1), the options it
-declares, and the class that does its I/O. Every clone opens the file itself, so any
+Each engine is one `IOEngineOps` (cxlhm_apps.fio.ioengine; fio's `struct ioengine_ops`):
+its name, flags (SYNC: fio caps a synchronous engine's queue depth at 1), the options it
+declares and those of fio's it refuses, and how a clone opens it. Every clone opens the
+file itself, so any
 number of jobs and clones share one file as they do under fio (no lock: that belongs to
 the emulated device, whose image must not change behind its back).
 
@@ -21,18 +22,17 @@ What differs from fio, and why:
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import errno
 import mmap
 import os
 import threading
 import time
-from collections.abc import Callable
 
 import numpy as np
 
 from cxlhm_apps.fio import options as O
 from cxlhm_apps.fio import values as V
+from cxlhm_apps.fio.ioengine import IOENGINE_VERSION, Completed, EngineFlags, EngineJob, IOEngineOps
 from cxlhm_apps.fio.stats import submit_bucket
 
 RWF_HIPRI = 0x1
@@ -40,28 +40,6 @@ RWF_HIPRI = 0x1
 
 class RawEngineError(OSError):
     """An I/O failed; errno and the offset say which."""
-
-
-@dataclasses.dataclass(frozen=True)
-class RawEngineOps:
-    """One of fio's engines: what fio's ioengine_ops says about it."""
-    name: str
-    sync: bool  # fio's FIO_SYNCIO: one I/O at a time, iodepth capped at 1
-    options: tuple[O.Option, ...]
-    make: Callable[..., "RawEngine"]
-    help: str
-
-
-@dataclasses.dataclass
-class Done:
-    """What execute() hands back (engines.Completed's fields)."""
-    count: int
-    slat: np.ndarray | None
-    clat: np.ndarray
-    end_ns: int
-    depth: int
-    submits: np.ndarray
-    cache: np.ndarray
 
 
 def open_flags(direct: bool, writes: bool) -> int:
@@ -88,8 +66,7 @@ class RawEngine:
     def drain(self) -> int:
         return time.monotonic_ns()
 
-    def execute(self, chunk, arena, deadline_ns: int, *, keep_read_data: bool):
-        from cxlhm_apps.fio.engines import Completed
+    def execute(self, chunk, arena, deadline_ns: int, *, keep_read_data: bool) -> Completed:
         count, clat, submits = self._run(chunk, arena, deadline_ns)
         return Completed(count, None, clat, time.monotonic_ns(), min(self.iodepth, max(count, 1)), submits,
                          np.zeros((2, 2), np.int64))
@@ -438,38 +415,62 @@ def _hipri(text: str, kb_base: int) -> bool:
     return V.parse_bool(text)
 
 
+def _opener(name: str, cls: type[RawEngine]):
+    """ops.open for one of these engines: the clone opens the file itself."""
+    def open_(job: EngineJob) -> RawEngine:
+        try:
+            return cls(job.filename, job.file_end, job.iodepth, direct=job.direct, writes=job.writes,
+                       values=job.options)
+        except OSError as exc:
+            option = "direct" if exc.errno == errno.EINVAL and job.direct else "filename"
+            hint = " (the file system does not support O_DIRECT; set direct=0 or use a disk-backed path)" \
+                if option == "direct" else ""
+            raise job.error(option, f"ioengine={name}: cannot open {job.filename}: {exc.strerror or exc}{hint}") \
+                from None
+    return open_
+
+
+def _ops(name: str, cls: type[RawEngine], help_: str, *, options=(), refused=None, unavailable=None) -> IOEngineOps:
+    flags = EngineFlags.SYNC if cls.sync else EngineFlags.NONE
+    return IOEngineOps(name, IOENGINE_VERSION, _opener(name, cls), flags, tuple(options), dict(refused or {}),
+                       help_, unavailable)
+
+
 _HIPRI = O.Option("hipri", "bool", _hipri, False,
                   "ioengine=pvsync2: polled completion (RWF_HIPRI); needs a device that polls: a plain file "
                   "system refuses it, as under fio", flag=True, group="engine")
-
-ENGINE_OPS: dict[str, RawEngineOps] = {
-    ops.name: ops for ops in (
-        RawEngineOps("psync", True, (), PsyncEngine, "pread(2)/pwrite(2), one I/O at a time (fio's default engine)"),
-        RawEngineOps("sync", True, (), SyncEngine, "read(2)/write(2) after lseek(2), one I/O at a time"),
-        RawEngineOps("pvsync", True, (), PvsyncEngine, "preadv(2)/pwritev(2), one I/O at a time"),
-        RawEngineOps("pvsync2", True, (_HIPRI,), Pvsync2Engine, "preadv2(2)/pwritev2(2), one I/O at a time"),
-        RawEngineOps("mmap", True, (), MmapEngine, "copies to and from the file mapped shared (buffered only)"),
-        RawEngineOps("posixaio", False, (), PosixaioEngine, "POSIX AIO: iodepth I/Os in flight on helper threads"),
-        RawEngineOps("libaio", False, (), LibaioEngine, "Linux native AIO (io_submit): iodepth I/Os in flight"),
-        RawEngineOps("io_uring", False, (), IoUringRawEngine, "io_uring: iodepth I/Os in flight (native loop)"),
-    )
+_NOT_ON_A_FILE = "needs a block device with polled queues (a plain file has none)"
+_PVSYNC2_REFUSED = {
+    "hipri_percentage": "a share of polled I/Os is not modelled (hipri=1 polls every I/O)",
+    "uncached": "RWF_UNCACHED is not modelled", "nowait": "RWF_NOWAIT is not modelled",
+}
+_IO_URING_REFUSED = {
+    "hipri": f"IORING_SETUP_IOPOLL {_NOT_ON_A_FILE}",
+    "sqthread_poll": "a kernel SQ polling thread is not modelled (the ring's issuer enters the kernel itself)",
+    "sqthread_poll_cpu": "a kernel SQ polling thread is not modelled",
+    "fixedbufs": "registered buffers are not modelled (each SQE names its buffer)",
+    "registerfiles": "registered files are not modelled (each SQE names the file descriptor)",
+    "nonvectored": "the closed loop always issues IORING_OP_READ/WRITE (non-vectored)",
+    "uncached": "RWF_UNCACHED is not modelled", "nowait": "RWF_NOWAIT is not modelled",
+    "force_async": "IOSQE_ASYNC is not modelled",
+}
+_LIBAIO_REFUSED = {
+    "userspace_reap": "completions are reaped with io_getevents(2), not from the ring in user space",
+    "nowait": "RWF_NOWAIT is not modelled",
 }
 
-ENGINE_OPTIONS: dict[str, tuple[O.Option, str]] = {
-    opt.name: (opt, ops.name) for ops in ENGINE_OPS.values() for opt in ops.options
-}
+PSYNC = _ops("psync", PsyncEngine, "pread(2)/pwrite(2), one I/O at a time (fio's default engine)")
+SYNC = _ops("sync", SyncEngine, "read(2)/write(2) after lseek(2), one I/O at a time")
+PVSYNC = _ops("pvsync", PvsyncEngine, "preadv(2)/pwritev(2), one I/O at a time")
+PVSYNC2 = _ops("pvsync2", Pvsync2Engine, "preadv2(2)/pwritev2(2), one I/O at a time", options=(_HIPRI,),
+               refused=_PVSYNC2_REFUSED)
+MMAP = _ops("mmap", MmapEngine, "copies to and from the file mapped shared (buffered only)")
+POSIXAIO = _ops("posixaio", PosixaioEngine, "POSIX AIO: iodepth I/Os in flight on helper threads")
+LIBAIO = _ops("libaio", LibaioEngine, "Linux native AIO (io_submit): iodepth I/Os in flight", refused=_LIBAIO_REFUSED,
+              unavailable=libaio_unavailable)
+IO_URING = _ops("io_uring", IoUringRawEngine, "io_uring: iodepth I/Os in flight (native loop)",
+                refused=_IO_URING_REFUSED)
 
-
-def open_raw(name: str, worker) -> RawEngine:
-    """The engine `name` for a runner's worker (one clone)."""
-    ops = ENGINE_OPS[name]
-    job = worker.job
-    try:
-        return ops.make(worker.plan.filename, worker.plan.file_end, job["iodepth"], direct=bool(job["direct"]),
-                        writes=job["rw"].writes, values=job.values)
-    except OSError as exc:
-        option = "direct" if exc.errno == errno.EINVAL and job["direct"] else "filename"
-        hint = " (the file system does not support O_DIRECT; set direct=0 or use a disk-backed path)" \
-            if option == "direct" else ""
-        raise job.error(option, f"ioengine={name}: cannot open {worker.plan.filename}: "
-                                f"{exc.strerror or exc}{hint}") from None
+# fio's own engines on a plain file, by name (each registered in ioengine.ENGINES)
+ENGINE_OPS: dict[str, IOEngineOps] = {ops.name: ops for ops in (PSYNC, SYNC, PVSYNC, PVSYNC2, MMAP, POSIXAIO, LIBAIO,
+                                                                IO_URING)}

@@ -26,7 +26,7 @@ from cxlhm_apps.fio import clocks, files, flow, pacing, schedule
 from cxlhm_apps.fio import verify as VF
 from cxlhm_apps.fio.devices import check_images_stay_the_devices, describe_device, open_devices
 from cxlhm_apps.fio.notes import notes
-from cxlhm_apps.fio.engines import DeviceShare, EngineError, IoArena, engine_of
+from cxlhm_apps.fio.engines import DeviceShare, EngineError, IoArena, engine_of, open_engine
 from cxlhm_apps.fio.jobfile import JobSpec
 from cxlhm_apps.fio.logs import JobLogs
 from cxlhm_apps.fio.options import READ, WRITE
@@ -236,7 +236,7 @@ class Worker:
 
     # -------------------------------------------------------- the run
     def open_engine(self) -> None:
-        self.engine = engine_of(self.job).open(self)
+        self.engine = open_engine(self)  # the job's ioengine, by its IOEngineOps
 
     def run(self) -> None:
         ru0 = resource.getrusage(resource.RUSAGE_THREAD)
@@ -282,7 +282,7 @@ class Worker:
             self.flow.join()
         pacer = self.pacer
         if pacer is not None:
-            if isinstance(getattr(engine, "clock", None), clocks.ModelClock):
+            if isinstance(getattr(engine, "clock", None), clocks.ModelTimeScheduler):
                 raise EngineError("thinktime and rate need wall time (the model clock never sleeps); "
                                   "use cxlhm_clock=wall")
             pacer.restart(t0)
