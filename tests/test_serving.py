@@ -13,30 +13,11 @@ from cxlhm_apps.serving.metrics import max_speed_under_slo, summarize
 from cxlhm_apps.serving.params import ServingParams
 from cxlhm_apps.serving.topologies import replay
 from cxlhm_apps.serving.sweep import Task, run_grid
+from cxlhm_apps.serving.testing import LinearGpu  # costs to work out by hand (its docstring)
 from cxlhm_apps.serving.yamlspec import SpecError
 from cxlhm.traces import TraceError
 
 MS = 1e6  # ns
-
-
-class LinearGpu:
-    """A GPU whose costs can be worked out by hand: a prefill iteration takes
-    10 ms + 0.1 ms per new token, a decode step 10 ms; KV is 1000 bytes per token and
-    the host link moves 1 GB/s (1 byte per ns) with no latency."""
-    kv_bytes_per_token = 1000
-    h2d_latency_s = 0.0
-
-    def __init__(self, bandwidth=1e9):
-        self.h2d_bandwidth = bandwidth
-
-    def prefill_s(self, news, cacheds):
-        return 0.010 + 1e-4 * float(np.sum(news))
-
-    def prefill_alone_s(self, news, cacheds):
-        return 0.010 + 1e-4 * np.asarray(news, np.float64)
-
-    def decode_steps_s(self, batch, context, steps):
-        return np.full(steps, 0.010)
 
 
 def _req(index, session, turn, ids, at_s, parent=-1):

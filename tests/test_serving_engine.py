@@ -12,31 +12,17 @@ from cxlhm_apps.serving import workloads as W
 from cxlhm_apps.serving.batching import PRESETS, plan_iteration, preset
 from cxlhm_apps.serving.gpu import GPUS, gpu_model
 from cxlhm_apps.serving.params import ServingParams, params_from
+from cxlhm_apps.serving.testing import LinearGpu
 from cxlhm_apps.serving.topologies import replay
 
 MS = 1e6
 
 
-class ChunkGpu:
-    """Costs to work out by hand: a prefill iteration 10 ms + 0.1 ms per new token; a
-    decode step 10 ms; a mixed iteration the prefill plus 2 ms per decode; KV 1000 B per
-    token; host link 1 byte/ns; 32 layers."""
-    kv_bytes_per_token = 1000
-    h2d_latency_s = 0.0
-    h2d_bandwidth = 1e9
-    layers = 32
-
-    def prefill_s(self, news, cacheds):
-        return 0.010 + 1e-4 * float(np.sum(news))
-
-    def prefill_alone_s(self, news, cacheds):
-        return 0.010 + 1e-4 * np.asarray(news, np.float64)
-
-    def decode_steps_s(self, batch, context, steps):
-        return np.full(steps, 0.010)
-
-    def iteration_s(self, news, cacheds, batch, context):
-        return self.prefill_s(news, cacheds) + 0.002 * batch
+def ChunkGpu() -> LinearGpu:
+    """LinearGpu's costs (a prefill iteration 10 ms + 0.1 ms per new token, a decode step
+    10 ms, 1000 B of KV per token, 1 byte/ns, 32 layers) with a mixed iteration costing the
+    prefill plus 2 ms per decode."""
+    return LinearGpu(mixed_decode_s=0.002)
 
 
 def _request(index, session, ids, tokens, output, at_s, parent=-1):

@@ -237,6 +237,9 @@ SYSTEMS.register("cxlhm-hymcache", lambda: CxlHm("hymcache", True, "HyMCache: CX
                                                  meta=Meta(order=25, role="device", in_all=True, slow=True)))
 SYSTEMS.register("mooncake-dram", MooncakeDram)
 SYSTEMS.register("ideal", Ideal)
+# the multi-instance rows' per-instance tiers (multi.py imports the scheduler: loaded on first use)
+SYSTEMS.register("lmcache-local-n", "cxlhm_apps.serving.multi:LMCACHE_LOCAL_N")
+SYSTEMS.register("lmcache-p2p", "cxlhm_apps.serving.multi:LMCACHE_P2P")
 
 
 def make_system(name: str, params: ServingParams | None = None):

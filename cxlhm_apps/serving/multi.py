@@ -133,8 +133,9 @@ class PerInstanceDram:
         return PerInstanceDramTier(ctx.n_gpus, ctx.params.dram_bytes / ctx.n_gpus, ctx, p2p=self.p2p)
 
 
-SYSTEMS.register("lmcache-local-n", lambda: PerInstanceDram(False, "LMCache local CPU backend per instance (D/N each)"))
-SYSTEMS.register("lmcache-p2p", lambda: PerInstanceDram(True, "LMCache per instance (D/N each) + P2P over RDMA"))
+# registered in configs.py (loaded from here on first use)
+LMCACHE_LOCAL_N = PerInstanceDram(False, "LMCache local CPU backend per instance (D/N each)")
+LMCACHE_P2P = PerInstanceDram(True, "LMCache per instance (D/N each) + P2P over RDMA")
 
 
 class MultiInstanceEngine(Engine):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import inspect
 import io
 import tokenize
@@ -58,7 +59,6 @@ def _workload_registry():
 
 
 def _system_registry():
-    from cxlhm_apps.serving import multi  # noqa: F401 - registers the multi-instance systems
     from cxlhm_apps.serving.configs import SYSTEMS
     return SYSTEMS
 
@@ -127,8 +127,10 @@ def field_comment(cls, name: str) -> str:
     return ""
 
 
+@functools.lru_cache(maxsize=None)
 def _comments(klass) -> dict[str, str]:
-    """field -> the comment on its line, else the comment lines just above it."""
+    """field -> the comment on its line, else the comment lines just above it (cached:
+    inspect parses the whole module to find a class)."""
     try:
         source = inspect.getsource(klass)
         tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
