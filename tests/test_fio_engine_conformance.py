@@ -18,6 +18,8 @@ BUILT_IN = ("cxlhm", "psync", "sync", "pvsync", "pvsync2", "mmap", "posixaio", "
 class TestCxlhmEngine(IOEngineConformance):
     engine = "cxlhm"
     job_lines = "cxlhm_dram=1m\ncxlhm_block_size=4k\n"
+    option_values = {"cxlhm_profile": "cmm-h", "cxlhm_policy": "lru", "cxlhm_dram": "1m", "cxlhm_block_size": "4k",
+                     "cxlhm_clock": "wall"}
 
 
 class TestPsyncEngine(IOEngineConformance):
@@ -95,6 +97,11 @@ def test_an_engine_may_not_take_a_shared_option_name():
 def test_engine_options_come_from_the_engines_declarations():
     options = engine_options()
     assert options["hipri"][1] == ("pvsync2",)
+    assert {name for name, (_opt, owners) in options.items() if owners == ("cxlhm",)} == {
+        "cxlhm_profile", "cxlhm_policy", "cxlhm_dram", "cxlhm_block_size", "cxlhm_clock"}
+    with pytest.raises(JobFileError, match=r"t.fio:3: option 'cxlhm_dram': applies to ioengine=cxlhm only \(this "
+                                           r"job uses ioengine=psync\)"):
+        parse("[j]\nioengine=psync\ncxlhm_dram=1m\n")
     assert parse("[j]\nioengine=pvsync2\nhipri\n")[0]["hipri"] is True
 
 

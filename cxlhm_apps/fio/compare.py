@@ -17,13 +17,14 @@ import subprocess
 import tempfile
 
 from cxlhm_apps.fio.jobfile import JobSpec
-from cxlhm_apps.fio.options import DEVICE_OPTIONS, READ, WRITE
+from cxlhm_apps.fio.engines import DEVICE_OPTIONS
+from cxlhm_apps.fio.options import READ, WRITE
 from cxlhm_apps.fio.stats import num2str
 
 INSTALL_HINT = ("real fio is not installed (no `fio` on PATH); install it with `apt-get install fio` "
                 "(Debian/Ubuntu), `dnf install fio` (Fedora) or `brew install fio`, then rerun with --compare-fio")
 # ours only, or meaningless for a raw file: never handed to fio
-_NOT_FOR_FIO = set(DEVICE_OPTIONS) | {"ioengine", "direct", "buffered", "verify", "do_verify", "verify_fatal", "verify_backlog",
+_NOT_FOR_FIO = {opt.name for opt in DEVICE_OPTIONS} | {"ioengine", "direct", "buffered", "verify", "do_verify", "verify_fatal", "verify_backlog",
                                       "filename", "lat_percentiles"}
 COMPARE_SUFFIX = ".fio-compare"
 FIO_TIMEOUT_S = 3600

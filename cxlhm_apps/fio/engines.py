@@ -29,6 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from cxlhm_apps.fio import options as O
+from cxlhm_apps.fio import values as V
 from cxlhm_apps.fio.clocks import ModelTimeScheduler
 from cxlhm_apps.fio.ioengine import (ENGINES, IOENGINE_VERSION, Completed, EngineFlags, EngineJob, IOEngineOps,
                                      engine_ops)
@@ -360,8 +362,40 @@ def _open_cxlhm(job: EngineJob) -> CxlhmEngine:
     return CxlhmEngine(job.device, job.iodepth, job.max_bs)
 
 
+def _text(text: str, kb_base: int) -> str:
+    return text
+
+
+def _positive_size(text: str, kb_base: int) -> int:
+    n = -1 if text.strip().startswith("-") else V.parse_size(text, kb_base=kb_base)
+    if n <= 0:
+        raise ValueError(f"must be a positive size, got {text!r}")
+    return n
+
+
+def _clock(text: str, kb_base: int) -> str:
+    word = text.strip()
+    if word not in ("wall", "model"):
+        raise ValueError(f"must be one of wall, model; got {text!r}")
+    return word
+
+
+# The device engine's own options: they configure the device a job's file is the image of
+# (devices.py opens it; a setting the device refuses is reported against the option).
+DEVICE_OPTIONS = (
+    O.Option("cxlhm_profile", "str", _text, None, "device profile name or YAML config (default: cmm-h)",
+             group="device"),
+    O.Option("cxlhm_policy", "str", _text, None, "firmware policy (`cxlhm policies` lists them)", group="device"),
+    O.Option("cxlhm_dram", "int", _positive_size, None, "device DRAM bytes (default: the profile's)", group="device"),
+    O.Option("cxlhm_block_size", "int", _positive_size, None,
+             "device block: caching and SSD I/O unit (default: the profile's)", group="device"),
+    O.Option("cxlhm_clock", "str", _clock, None,
+             "wall: measured time; model: the timing model (default: the profile's clock)", group="device"),
+)
+
 CXLHM = IOEngineOps(
     "cxlhm", IOENGINE_VERSION, _open_cxlhm, EngineFlags.USES_DEVICE | EngineFlags.MEASURES_SLAT,
+    options=DEVICE_OPTIONS,
     help="the emulated CXL-HM device through the host driver (its cxlhm_* options configure it)")
 
 
@@ -378,5 +412,5 @@ def open_engine(worker):
     return engine_of(job).open(ctx)
 
 
-__all__ = ["CXLHM", "ENGINES", "Completed", "CxlhmEngine", "DeviceShare", "EngineError", "IoArena", "engine_of",
+__all__ = ["CXLHM", "DEVICE_OPTIONS", "ENGINES", "Completed", "CxlhmEngine", "DeviceShare", "EngineError", "IoArena", "engine_of",
            "open_engine", "streams", "warm_stream"]

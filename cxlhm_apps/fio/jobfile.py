@@ -336,10 +336,6 @@ def _check_job(job: JobSpec):
         yield job.error("runtime", "must be positive")
     from cxlhm_apps.fio.ioengine import engine_problems  # (the engines import the option table)
     yield from engine_problems(job)  # the engine's own options, by its declaration
-    if v["ioengine"] != "cxlhm":
-        for name in O.DEVICE_OPTIONS:
-            if name in given:
-                yield job.error(name, f"applies to ioengine=cxlhm only (this job uses ioengine={v['ioengine']})")
     if v["ioengine"] == "cxlhm":
         unavailable = clocks.model_clock_unavailable()
         if v["cxlhm_clock"] == "model" and unavailable:

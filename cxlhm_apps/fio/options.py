@@ -401,14 +401,7 @@ OPTIONS: tuple[Option, ...] = (
            "average the logs over windows of this many ms (0: one line per I/O)", group="report"),
     Option("percentile_list", "float_list", parse_float_list, None, "percentiles to report, e.g. 50:99:99.9 (default: fio's 17)",
            group="report"),
-    # the emulated device (ioengine=cxlhm only)
-    Option("cxlhm_profile", "str", _text, None, "device profile name or YAML config (default: cmm-h)", group="device"),
-    Option("cxlhm_policy", "str", _text, None, "firmware policy (`cxlhm policies` lists them)", group="device"),
-    Option("cxlhm_dram", "int", _positive_size, None, "device DRAM bytes (default: the profile's)", group="device"),
-    Option("cxlhm_block_size", "int", _positive_size, None, "device block: caching and SSD I/O unit (default: the profile's)",
-           group="device"),
-    Option("cxlhm_clock", "str", _choice("wall", "model"), None,
-           "wall: measured time; model: the timing model (default: the profile's clock)", group="device"),
+    # the emulated device's options (ioengine=cxlhm only) are that engine's: engines.DEVICE_OPTIONS
 )
 
 BY_NAME: dict[str, Option] = {}
@@ -417,7 +410,6 @@ for _opt in OPTIONS:
     for _alias in _opt.aliases:
         BY_NAME[_alias] = _opt
 
-DEVICE_OPTIONS = tuple(o.name for o in OPTIONS if o.group == "device")
 NOT_MODELLED = ("numa_cpu_nodes", "numa_mem_policy")
 # fio's own name where this table's differs (fio reports an option by it in "job options")
 FIO_NAME = {"blockalign": "ba", "iodepth_batch_submit": "iodepth_batch"}  # accepted, said in the run's messages
