@@ -26,8 +26,9 @@ NOT_MODELLED_WHY: dict[str, str] = {
         "http_s3_storage_class", "http_s3_sse_customer_key", "http_s3_sse_customer_algorithm", "cpuload",
         "cpumode", "program", "arguments", "pool", "rbdname", "clientname", "gpu_dev_ids", "gpu_dev_id",
         "cuda_io", "rocm_io", "libblkio_path", "libblkio_driver", "nfs_url", "volume", "brick", "conf",
-        "donorname", "inplace", "std_redirect", "uri", "busy_poll", "verb", "sqthread_poll",
-        "sqthread_poll_cpu", "registerfiles", "fixedbufs", "nonvectored", "userspace_reap")},
+        "donorname", "inplace", "std_redirect", "uri", "busy_poll", "verb")},
+    # (the options of modelled engines that are refused - io_uring's sqthread_poll, libaio's
+    # userspace_reap, ... - are refused by their engine's declaration: IOEngineOps.refused)
     # workload features not modelled
     **{name: "a minimum rate (the job failing below it) is not modelled; rate and rate_iops are" for name in (
         "rate_min", "ratemin", "rate_iops_min", "rate_cycle", "ratecycle")},
