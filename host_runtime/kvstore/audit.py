@@ -13,31 +13,32 @@ if TYPE_CHECKING:
     from host_runtime.kvstore.tenant import Tenant
 
 
-def check_store(store) -> dict:
-    """Audit `store` (a KVStore, its lock held by the caller). Raises IndexCorrupt naming
-    the first disagreement; returns counts."""
+def check_store(alloc, grain: int, tenants: list[Tenant], doomed: list) -> dict:
+    """Audit a store (its lock held by the caller): its allocator `alloc` (allocation unit
+    `grain`), its tenants, and `doomed`, the entries removed while being read. Raises
+    IndexCorrupt naming the first disagreement; returns counts."""
     try:
-        store.alloc.check()
+        alloc.check()
     except AllocatorError as exc:
         raise IndexCorrupt(f"allocator: {exc}") from None
     expected: dict[int, int] = {}
     per_tenant: dict[int, int] = {}
 
     def claim(hpa: int, nbytes: int, t: Tenant, what: str) -> None:
-        size = store.alloc.grains_for(nbytes) * store.grain
+        size = alloc.grains_for(nbytes) * grain
         if hpa in expected:
             raise IndexCorrupt(f"{what} at {hpa:#x} is claimed twice")
         expected[hpa] = size
         per_tenant[t.id] = per_tenant.get(t.id, 0) + size
 
-    for t in store._tenant_ids.values():
-        for entry in t._index.values():
+    for t in tenants:
+        for entry in t.index.values():
             claim(entry.hpa, entry.nbytes, t, f"chunk {entry.key.hex()[:16]} of {t.name!r}")
-        for res in t._pending.values():
+        for res in t.pending.values():
             claim(res.hpa, res.nbytes, t, f"reservation {res.key.hex()[:16]} of {t.name!r}")
-    for entry in store._doomed.values():
+    for entry in doomed:
         claim(entry.hpa, entry.nbytes, entry.tenant, "a removed chunk still being read")
-    live = dict(store.alloc.extents())
+    live = dict(alloc.extents())
     if live != expected:
         leaked = sorted(set(live) - set(expected))
         missing = sorted(set(expected) - set(live))
@@ -45,10 +46,10 @@ def check_store(store) -> dict:
         raise IndexCorrupt(f"allocator and index disagree: {len(leaked)} extent(s) allocated but not indexed "
                            f"{[hex(h) for h in leaked[:4]]}, {len(missing)} indexed but not allocated "
                            f"{[hex(h) for h in missing[:4]]}, {len(wrong)} of another size")
-    for t in store._tenant_ids.values():
+    for t in tenants:
         if t.used_bytes != per_tenant.get(t.id, 0):
             raise IndexCorrupt(f"tenant {t.name!r} counts {t.used_bytes} used bytes, its chunks hold "
                                f"{per_tenant.get(t.id, 0)}")
-    return {"extents": len(live), "entries": sum(len(t._index) for t in store._tenant_ids.values()),
-            "reservations": sum(len(t._pending) for t in store._tenant_ids.values()),
-            "used_bytes": store.alloc.used_bytes}
+    return {"extents": len(live), "entries": sum(len(t.index) for t in tenants),
+            "reservations": sum(len(t.pending) for t in tenants),
+            "used_bytes": alloc.used_bytes}

@@ -44,7 +44,7 @@ class EvictionMixin:
         return None
 
     def _victim_of(self, t: Tenant) -> Entry | None:
-        for lru in t._lru:
+        for lru in t.lru:
             entry = self._oldest_unleased(lru)
             if entry is not None:
                 return entry
@@ -56,7 +56,7 @@ class EvictionMixin:
         for cls in (COLD, PAUSED, ACTIVE):
             best = None
             for t in self._tenants.values():
-                entry = self._oldest_unleased(t._lru[cls])
+                entry = self._oldest_unleased(t.lru[cls])
                 if entry is None or t.used_bytes - self._extent_bytes(entry) < t.reserved_bytes:
                     continue
                 if best is None or entry.stamp < best.stamp:
@@ -88,10 +88,10 @@ class EvictionMixin:
         if entry.pins:
             return
         entry.cls = entry.eviction_class()
-        entry.tenant._lru[entry.cls][entry.key] = entry
+        entry.tenant.lru[entry.cls][entry.key] = entry
 
     def _unplace(self, entry: Entry) -> None:
-        entry.tenant._lru[entry.cls].pop(entry.key, None)
+        entry.tenant.lru[entry.cls].pop(entry.key, None)
 
     def _reclass(self, entry: Entry) -> None:
         """Move an entry to the LRU list of its (new) eviction class after a session
@@ -99,14 +99,14 @@ class EvictionMixin:
         cls = entry.eviction_class()
         if cls == entry.cls:
             return
-        listed = not entry.pins and entry.tenant._index.get(entry.key) is entry
+        listed = not entry.pins and entry.tenant.index.get(entry.key) is entry
         if listed:
             self._unplace(entry)
         entry.cls = cls
         if listed:
-            entry.tenant._lru[cls][entry.key] = entry
+            entry.tenant.lru[cls][entry.key] = entry
 
     def _touch_entry(self, entry: Entry) -> None:
         self._stamp_entry(entry)
         if not entry.pins:
-            entry.tenant._lru[entry.cls].move_to_end(entry.key)
+            entry.tenant.lru[entry.cls].move_to_end(entry.key)

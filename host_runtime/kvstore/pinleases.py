@@ -49,7 +49,7 @@ class PinLease:
 
     def release(self) -> int:
         """Unpin now; returns how many chunks were still pinned by it (0 if already released)."""
-        return self.tenant.store._release_lease(self)
+        return self.tenant.store.release_lease(self)
 
     def __repr__(self) -> str:
         state = "released" if self.released else f"until {self.deadline:.3f}"

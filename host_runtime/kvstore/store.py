@@ -28,6 +28,10 @@ log = logging.getLogger("cxlhm.kvstore")
 class KVStore(EvictionMixin, PersistenceMixin):
     """KV chunks in the HDM window of an open device (`host_runtime.DeviceHandle`).
 
+    Applications reach it through `tenant(name)`; the Tenant calls back through the
+    methods of the TenantStore API (storeapi.py), which take the tenant (or one of its
+    sessions, reservations or leases) as the first argument.
+
     index_path: where the persistent index lives. Default: next to the device image
       (``<image>.kvindex``); None with a temporary image (nothing would survive anyway).
       Pass ``False`` to keep the index in memory only.
@@ -136,7 +140,8 @@ class KVStore(EvictionMixin, PersistenceMixin):
         return t
 
     # ------------------------------------------------------------ put path
-    def _reserve(self, t: Tenant, key: bytes, nbytes: int, session: Session | None) -> Reservation | PutStatus:
+    def reserve(self, t: Tenant, key: bytes, nbytes: int, session: Session | None) -> Reservation | PutStatus:
+        """Tenant.reserve's work (the TenantStore API, storeapi.py, documents each of these)."""
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
             raise ValueError(f"a chunk needs a positive byte count, got {nbytes!r}")
         if t.chunk_bytes is not None and nbytes != t.chunk_bytes:
@@ -146,9 +151,9 @@ class KVStore(EvictionMixin, PersistenceMixin):
             raise ValueError(f"a {nbytes}-byte chunk does not fit the {self.capacity}-byte store")
         self._reap_leases()  # expired pins first, so making room never evicts in their place
         with self._lock:
-            if key in t._index:
+            if key in t.index:
                 return PutStatus.EXISTS
-            if key in t._pending:
+            if key in t.pending:
                 return PutStatus.IN_FLIGHT
             evicted: list[bytes] = []  # this tenant's keys evicted for the room (never others')
             hpa = self._make_room(t, need, evicted)
@@ -156,19 +161,19 @@ class KVStore(EvictionMixin, PersistenceMixin):
                 return PutStatus.NO_SPACE
             t.used_bytes += need
             res = Reservation(t, key, hpa, nbytes, session, evicted)
-            t._pending[key] = res
+            t.pending[key] = res
         if session is not None:
             self._hint("append", session.id, [(hpa, nbytes)])
         return res
 
-    def _commit(self, res: Reservation) -> bool:
+    def commit(self, res: Reservation) -> bool:
         """Publish a reservation its owner has just finished (Reservation.commit)."""
         t = res.tenant
         with self._lock:
-            del t._pending[res.key]
+            del t.pending[res.key]
             entry = Entry(t, res.key, res.hpa, res.nbytes)
             self._log(put_record(t.id, res.key, res.hpa, res.nbytes))
-            t._index[res.key] = entry
+            t.index[res.key] = entry
             self._unflushed[(t.id, res.key)] = entry
             self._stamp_entry(entry)
             self._place(entry)
@@ -178,19 +183,20 @@ class KVStore(EvictionMixin, PersistenceMixin):
             self._maybe_compact()
         return True
 
-    def _abort(self, res: Reservation) -> None:
+    def abort(self, res: Reservation) -> None:
         """Free a reservation its owner has just finished (Reservation.abort)."""
         t = res.tenant
         with self._lock:
-            del t._pending[res.key]
+            del t.pending[res.key]
             t.used_bytes -= self.alloc.free(res.hpa)
 
     # ------------------------------------------------------------ get path
-    def _get_into(self, t: Tenant, key: bytes, views: list[np.ndarray], session: Session | None, exact: bool) -> int | None:
+    def read_into(self, t: Tenant, key: bytes, views: list[np.ndarray], session: Session | None, exact: bool) -> int | None:
+        """Tenant.get_into's work."""
         total = sum(v.shape[0] for v in views)
         self._reap_leases()
         with self._lock:
-            entry = t._index.get(key)
+            entry = t.index.get(key)
             if entry is None:
                 t.counters["misses"] += 1
                 return None
@@ -224,12 +230,13 @@ class KVStore(EvictionMixin, PersistenceMixin):
         if session is not None:
             self._ref(session, entry)
 
-    def _get_many(self, t: Tenant, keys: list[bytes], out: np.ndarray, session: Session | None) -> int:
+    def read_many(self, t: Tenant, keys: list[bytes], out: np.ndarray, session: Session | None) -> int:
+        """Tenant.get_many_into's work."""
         self._reap_leases()
         with self._lock:
             entries = []
             for key in keys:
-                entry = t._index.get(key)
+                entry = t.index.get(key)
                 if entry is None:
                     break
                 entries.append(entry)
@@ -255,10 +262,11 @@ class KVStore(EvictionMixin, PersistenceMixin):
             t.counters["hits"] += len(entries)
         return len(entries)
 
-    def _read_range(self, t: Tenant, key: bytes, offset: int, view: np.ndarray) -> bool:
+    def read_range(self, t: Tenant, key: bytes, offset: int, view: np.ndarray) -> bool:
+        """Tenant.read_range's work."""
         self._reap_leases()
         with self._lock:
-            entry = t._index.get(key)
+            entry = t.index.get(key)
             if entry is None:
                 return False
             if offset < 0 or offset + view.shape[0] > entry.nbytes:
@@ -273,6 +281,8 @@ class KVStore(EvictionMixin, PersistenceMixin):
             self._unlease(entry)
         return True
 
+    _read_range = read_range  # the earlier name, still called by host_runtime/shim/api.py
+
     def _read_failed(self, entries: list[Entry], exc: Exception) -> None:
         """A device read error (media error, poison): the chunks' bytes cannot be
         trusted, so they become misses (dropped); the engine recomputes the KV."""
@@ -281,36 +291,46 @@ class KVStore(EvictionMixin, PersistenceMixin):
             self.counters["media_errors"] += 1
             for entry in entries:
                 entry.leases -= 1
-                if entry.tenant._index.get(entry.key) is entry:
+                if entry.tenant.index.get(entry.key) is entry:
                     self._delete(entry)
                 elif entry.doomed and entry.leases == 0:
                     self._release_extent(entry)
 
-    def _touch(self, t: Tenant, keys: list[bytes]) -> None:
+    def touch(self, t: Tenant, keys: list[bytes]) -> None:
+        """Tenant.touch's work."""
         with self._lock:
             for key in keys:
-                entry = t._index.get(key)
+                entry = t.index.get(key)
                 if entry is not None:
                     self._touch_entry(entry)
 
     # ------------------------------------------------------------ remove / pin / prefetch
-    def _remove(self, t: Tenant, key: bytes) -> bool:
+    def remove(self, t: Tenant, key: bytes) -> bool:
+        """Tenant.remove's work."""
         self._reap_leases()
         with self._lock:
-            entry = t._index.get(key)
+            entry = t.index.get(key)
             if entry is None:
                 return False
             self._delete(entry)
             t.counters["removed"] += 1
             return True
 
-    def _pin(self, t: Tenant, keys: list[bytes], pin: bool) -> int:
+    def pin(self, t: Tenant, keys: list[bytes]) -> int:
+        """One more pin on each stored key of `t`, within its pin budget (Tenant.pin)."""
+        return self._pin_keys(t, keys, True)
+
+    def unpin(self, t: Tenant, keys: list[bytes]) -> int:
+        """One pin fewer on each key of `t` that holds one (Tenant.unpin)."""
+        return self._pin_keys(t, keys, False)
+
+    def _pin_keys(self, t: Tenant, keys: list[bytes], pin: bool) -> int:
         self._reap_leases()
         ranges = []  # extents whose device pin state changes (first pin / last unpin)
         done = 0
         with self._lock:
             for key in keys:
-                entry = t._index.get(key)
+                entry = t.index.get(key)
                 if entry is not None and (self._pin_entry(entry, ranges) if pin else self._unpin_entry(entry, ranges)):
                     done += 1
         if ranges:
@@ -332,7 +352,7 @@ class KVStore(EvictionMixin, PersistenceMixin):
 
     def _unpin_entry(self, entry: Entry, ranges: list) -> bool:
         """Under the lock: one pin fewer; False if the entry holds none (or is gone)."""
-        if not entry.pins or entry.tenant._index.get(entry.key) is not entry:
+        if not entry.pins or entry.tenant.index.get(entry.key) is not entry:
             return False
         entry.pins -= 1
         if entry.pins == 0:
@@ -342,7 +362,8 @@ class KVStore(EvictionMixin, PersistenceMixin):
         return True
 
     # ------------------------------------------------------------ pin leases (pinleases.py)
-    def _lease_pins(self, t: Tenant, keys: list[bytes], lease_s: float, lease_id) -> PinLease:
+    def lease_pins(self, t: Tenant, keys: list[bytes], lease_s: float, lease_id) -> PinLease:
+        """Tenant.lease_pins's work."""
         lease_s = self._leases.check_duration(lease_s)
         self._reap_leases()
         ranges, released = [], []
@@ -352,7 +373,7 @@ class KVStore(EvictionMixin, PersistenceMixin):
                 self._drop_lease(old, released)
             entries = []
             for key in keys:
-                entry = t._index.get(key)
+                entry = t.index.get(key)
                 if entry is not None and self._pin_entry(entry, ranges):
                     entries.append(entry)
             lease = PinLease(t, lease_id, entries, self._leases.clock() + lease_s)
@@ -367,7 +388,8 @@ class KVStore(EvictionMixin, PersistenceMixin):
             self._hint("pin", coalesce(ranges))
         return lease
 
-    def _release_lease(self, lease: PinLease) -> int:
+    def release_lease(self, lease: PinLease) -> int:
+        """PinLease.release's work."""
         ranges: list = []
         with self._lock:
             n = self._drop_lease(lease, ranges)
@@ -375,10 +397,11 @@ class KVStore(EvictionMixin, PersistenceMixin):
             self._hint("unpin", coalesce(ranges))
         return n
 
-    def _release_lease_id(self, t: Tenant, lease_id) -> int:
+    def release_lease_id(self, t: Tenant, lease_id) -> int:
+        """Tenant.release_pins's work."""
         with self._lock:
             lease = self._leases.get(t, lease_id)
-        return 0 if lease is None else self._release_lease(lease)
+        return 0 if lease is None else self.release_lease(lease)
 
     def _drop_lease(self, lease: PinLease, ranges: list) -> int:
         """Under the lock: release a lease's pins; returns how many it still held."""
@@ -410,11 +433,12 @@ class KVStore(EvictionMixin, PersistenceMixin):
         with self._lock:
             self._leases.arm(self._lease_timer)
 
-    def _prefetch(self, t: Tenant, keys: list[bytes], session: Session | None, deadline_ns: int) -> PrefetchTicket:
+    def prefetch(self, t: Tenant, keys: list[bytes], session: Session | None, deadline_ns: int) -> PrefetchTicket:
+        """Tenant.prefetch's work."""
         with self._lock:
             entries, protected, budget = [], [], t.max_pinned_bytes - t.pinned_bytes - t.protected_bytes
             for key in keys:
-                entry = t._index.get(key)
+                entry = t.index.get(key)
                 if entry is None:
                     break
                 entries.append(entry)
@@ -430,7 +454,8 @@ class KVStore(EvictionMixin, PersistenceMixin):
             self._hint("next_prefix", sid, coalesce((e.hpa, e.nbytes) for e in entries), deadline_ns)
         return PrefetchTicket(t, len(entries), protected, protected_bytes)
 
-    def _unprotect(self, t: Tenant, entries: list[Entry], nbytes: int) -> None:
+    def unprotect(self, t: Tenant, entries: list[Entry], nbytes: int) -> None:
+        """A prefetch ticket's release: its entries may be evicted again."""
         with self._lock:
             for entry in entries:
                 entry.protects -= 1
@@ -438,38 +463,40 @@ class KVStore(EvictionMixin, PersistenceMixin):
 
     def wait(self, ticket: PrefetchTicket) -> int:
         """End a prefetch's protection; returns how many leading keys it covered."""
-        ticket._release()
+        ticket.release()
         return ticket.ready
 
     # ------------------------------------------------------------ sessions
-    def _open_session(self, t: Tenant, name: str | None, prefix) -> Session:
+    def open_session(self, t: Tenant, name: str | None, prefix) -> Session:
+        """Tenant.open_session's work."""
         with self._lock:
             if name is None:
                 name = f"s{secrets.token_hex(6)}"
             if not isinstance(name, str) or not name:
                 raise ValueError(f"a session name is a non-empty string, got {name!r}")
-            old = t._sessions.get(name)
+            old = t.open_sessions.get(name)
             if old is not None:
                 raise ValueError(f"tenant {t.name!r} already has an open session {name!r}")
             session = Session(t, name, secrets.randbits(62) + 1)
-            t._sessions[name] = session
+            t.open_sessions[name] = session
         if prefix:
             session.resume(prefix)
         return session
 
-    def _session_resume(self, s: Session, keys: list[bytes]) -> int:
+    def resume_session(self, s: Session, keys: list[bytes]) -> int:
+        """Session.resume's work."""
         t = s.tenant
         with self._lock:
-            t._own(s)
+            t.own_session(s)
             if s.state == Session.PAUSED:
                 s.state = Session.ACTIVE
-                for entry in s._entries.values():
+                for entry in s.entries.values():
                     entry.paused -= 1
                     entry.active += 1
                     self._reclass(entry)
             hits = []
             for key in keys:
-                entry = t._index.get(key)
+                entry = t.index.get(key)
                 if entry is None:
                     break
                 self._ref(s, entry)
@@ -477,50 +504,53 @@ class KVStore(EvictionMixin, PersistenceMixin):
         self._hint("session_resume", s.id, coalesce((e.hpa, e.nbytes) for e in hits))
         return len(hits)
 
-    def _session_next_prefix(self, s: Session, keys: list[bytes], deadline_ns: int) -> int:
+    def session_next_prefix(self, s: Session, keys: list[bytes], deadline_ns: int) -> int:
+        """Session.next_prefix's work."""
         t = s.tenant
         with self._lock:
-            t._own(s)
-            hits = [t._index[k] for k in keys if k in t._index]
+            t.own_session(s)
+            hits = [t.index[k] for k in keys if k in t.index]
             for entry in hits:
                 self._ref(s, entry)
         if hits:
             self._hint("next_prefix", s.id, coalesce((e.hpa, e.nbytes) for e in hits), deadline_ns)
         return len(hits)
 
-    def _session_pause(self, s: Session, expected_pause_ns: int) -> None:
+    def pause_session(self, s: Session, expected_pause_ns: int) -> None:
+        """Session.pause's work."""
         with self._lock:
-            s.tenant._own(s)
+            s.tenant.own_session(s)
             if s.state == Session.PAUSED:
                 return
             s.state = Session.PAUSED
-            for entry in s._entries.values():
+            for entry in s.entries.values():
                 entry.active -= 1
                 entry.paused += 1
                 self._reclass(entry)
         self._hint("session_pause", [s.id], expected_pause_ns)
 
-    def _session_end(self, s: Session) -> None:
+    def end_session(self, s: Session) -> None:
+        """Session.end's work."""
         with self._lock:
             if s.state == Session.ENDED:
                 return
-            s.tenant._own(s)
-            for entry in s._entries.values():
+            s.tenant.own_session(s)
+            for entry in s.entries.values():
                 if s.state == Session.PAUSED:
                     entry.paused -= 1
                 else:
                     entry.active -= 1
                 self._reclass(entry)
-            s._entries.clear()
+            s.entries.clear()
             s.state = Session.ENDED
-            s.tenant._sessions.pop(s.name, None)
+            s.tenant.open_sessions.pop(s.name, None)
         self._hint("session_end", [s.id])
 
     def _ref(self, s: Session, entry: Entry) -> None:
         """Session s references entry (reads it or wrote it)."""
-        if s._entries.get(entry.key) is entry:
+        if s.entries.get(entry.key) is entry:
             return
-        s._entries[entry.key] = entry  # replaces a dead entry of a key stored again
+        s.entries[entry.key] = entry  # replaces a dead entry of a key stored again
         if s.state == Session.PAUSED:
             entry.paused += 1
         else:
@@ -537,7 +567,7 @@ class KVStore(EvictionMixin, PersistenceMixin):
         its last reader finishes."""
         t = entry.tenant
         self._log(del_record(t.id, entry.key))  # journaled before the extent can be reused
-        del t._index[entry.key]
+        del t.index[entry.key]
         self._unflushed.pop((t.id, entry.key), None)
         self._unplace(entry)
         if entry.pins:
@@ -569,13 +599,13 @@ class KVStore(EvictionMixin, PersistenceMixin):
         """Check that the index and the allocator agree (host_runtime/kvstore/audit.py);
         raises IndexCorrupt naming the first disagreement, returns counts."""
         with self._lock:
-            return audit.check_store(self)
+            return audit.check_store(self.alloc, self.grain, list(self._tenant_ids.values()), list(self._doomed.values()))
 
     # ------------------------------------------------------------ stats
     def stats(self) -> dict:
         with self._lock:
             return {"capacity": self.capacity, "used_bytes": self.alloc.used_bytes, "free_bytes": self.alloc.free_bytes,
-                    "entries": sum(len(t._index) for t in self._tenants.values()),
+                    "entries": sum(len(t.index) for t in self._tenants.values()),
                     "free_extents": self.alloc.free_extents, "largest_free": self.alloc.largest_free(),
                     "tenants": len(self._tenants), **self.counters}
 

@@ -16,7 +16,7 @@ from host_runtime.kvstore.entries import Entry, PutStatus
 
 if TYPE_CHECKING:
     from host_runtime.kvstore.pinleases import PinLease
-    from host_runtime.kvstore.store import KVStore
+    from host_runtime.kvstore.storeapi import TenantStore
 
 
 class Reservation:
@@ -108,11 +108,11 @@ class Reservation:
         """Publish the key (lookups see it now; it survives a crash once a later
         KVStore.flush() or close() returned). Bytes never written are zeros. False if
         already finished."""
-        return self._finish(fill_gaps=True) and self.tenant.store._commit(self)
+        return self._finish(fill_gaps=True) and self.tenant.store.commit(self)
 
     def abort(self) -> None:
         if self._finish(fill_gaps=False):
-            self.tenant.store._abort(self)
+            self.tenant.store.abort(self)
 
     def _session_id(self) -> int:
         return self.session.id if self.session is not None else 0
@@ -139,19 +139,19 @@ class Session:
     def __init__(self, tenant: "Tenant", name: str, sid: int):
         self.tenant, self.name, self.id = tenant, name, sid
         self.state = Session.ACTIVE
-        self._entries: dict[bytes, Entry] = {}  # chunks this session reads or wrote
+        self.entries: dict[bytes, Entry] = {}  # chunks this session reads or wrote
 
     # -------- lifecycle
     def resume(self, keys: Sequence[Any]) -> int:
         """The session is back and will re-read `keys` (its prefix, in order): emits
         SESSION_RESUME with the extents of the leading keys that are stored, and
         returns how many that is (the usable prefix)."""
-        return self.tenant.store._session_resume(self, [kvkeys.normalize_key(k) for k in keys])
+        return self.tenant.store.resume_session(self, [kvkeys.normalize_key(k) for k in keys])
 
     def next_prefix(self, keys: Sequence[Any], deadline_ns: int = 0) -> int:
         """The session will read `keys` soon (before `deadline_ns`, relative): NEXT_PREFIX
         for those stored. Returns how many are stored."""
-        return self.tenant.store._session_next_prefix(self, [kvkeys.normalize_key(k) for k in keys], deadline_ns)
+        return self.tenant.store.session_next_prefix(self, [kvkeys.normalize_key(k) for k in keys], deadline_ns)
 
     def append(self, key: Any, data: Any) -> PutStatus:
         """Store a new chunk of this session: APPEND hint for its extent, then the write."""
@@ -162,15 +162,15 @@ class Session:
 
     def pause(self, expected_pause_ns: int = 0) -> None:
         """The session stops for a while (a tool call, user think time): SESSION_PAUSE."""
-        self.tenant.store._session_pause(self, expected_pause_ns)
+        self.tenant.store.pause_session(self, expected_pause_ns)
 
     def end(self) -> None:
         """The session is over: SESSION_END; its chunks become first eviction candidates."""
-        self.tenant.store._session_end(self)
+        self.tenant.store.end_session(self)
 
     @property
     def keys(self) -> list[bytes]:
-        return list(self._entries)
+        return list(self.entries)
 
     def __enter__(self) -> "Session":
         return self
@@ -183,19 +183,29 @@ class Session:
 # ====================================================================== tenants
 class Tenant:
     """One tenant's view of the store. Everything a tenant can do goes through here,
-    and every call resolves keys and sessions in this tenant's namespace only."""
+    and every call resolves keys and sessions in this tenant's namespace only.
 
-    def __init__(self, store: "KVStore", tid: int, name: str, salt: bytes):
+    The Tenant reaches its store only through the declared `TenantStore` API
+    (storeapi.py). The store, in turn, keeps this tenant's bookkeeping here and changes
+    it only under its lock; to everyone else these are read-only:
+      index          key -> Entry of every committed chunk
+      pending        key -> Reservation being written
+      lru            per eviction class (entries.COLD / PAUSED / ACTIVE), key -> Entry,
+                     least recently used first (unpinned committed chunks only)
+      open_sessions  name -> Session not yet ended
+      used_bytes, pinned_bytes, protected_bytes, counters, evicted_keys (see below)."""
+
+    def __init__(self, store: "TenantStore", tid: int, name: str, salt: bytes):
         self.store, self.id, self.name, self.salt = store, tid, name, salt
         self.verifier = b""  # set for a secret-identified tenant (a keyed hash of its secret)
         self.quota_bytes = store.capacity
         self.reserved_bytes = 0
         self.max_pinned_bytes = store.capacity
         self.chunk_bytes: int | None = None  # if set, every chunk must be this size
-        self._index: dict[bytes, Entry] = {}
-        self._pending: dict[bytes, Reservation] = {}
-        self._lru = [OrderedDict(), OrderedDict(), OrderedDict()]  # per eviction class
-        self._sessions: dict[str, Session] = {}
+        self.index: dict[bytes, Entry] = {}
+        self.pending: dict[bytes, Reservation] = {}
+        self.lru = [OrderedDict(), OrderedDict(), OrderedDict()]  # per eviction class
+        self.open_sessions: dict[str, Session] = {}
         self.used_bytes = 0      # extent bytes of committed + reserved chunks
         self.pinned_bytes = 0
         self.protected_bytes = 0  # extent bytes protected by prefetches not yet waited for
@@ -214,11 +224,11 @@ class Tenant:
 
     # -------- lookups (probes never change recency)
     def contains(self, key: Any) -> bool:
-        return kvkeys.normalize_key(key) in self._index
+        return kvkeys.normalize_key(key) in self.index
 
     def lookup_prefix(self, keys: Sequence[Any]) -> int:
         """How many leading keys are stored (consecutive hits from the start)."""
-        index = self._index
+        index = self.index
         n = 0
         for key in keys:
             if (key if type(key) is bytes else kvkeys.normalize_key(key)) not in index:
@@ -228,27 +238,27 @@ class Tenant:
 
     def lookup_sparse(self, keys: Sequence[Any]) -> np.ndarray:
         """Hit bitmap: which of `keys` are stored, anywhere in the list."""
-        index = self._index
+        index = self.index
         return np.fromiter(((k if type(k) is bytes else kvkeys.normalize_key(k)) in index for k in keys),
                            dtype=bool, count=len(keys))
 
     def size_of(self, key: Any) -> int | None:
-        entry = self._index.get(kvkeys.normalize_key(key))
+        entry = self.index.get(kvkeys.normalize_key(key))
         return None if entry is None else entry.nbytes
 
     def extent_of(self, key: Any) -> tuple[int, int] | None:
         """(hpa, nbytes) of a stored key (for engines that move the bytes themselves)."""
-        entry = self._index.get(kvkeys.normalize_key(key))
+        entry = self.index.get(kvkeys.normalize_key(key))
         return None if entry is None else (entry.hpa, entry.nbytes)
 
     def keys(self) -> list[bytes]:
-        return list(self._index)
+        return list(self.index)
 
     # -------- data
     def reserve(self, key: Any, nbytes: int, *, session: Session | None = None) -> Reservation | PutStatus:
         """Reserve an extent for a new chunk (allocate + write in place + commit).
         Returns a Reservation, or EXISTS / IN_FLIGHT / NO_SPACE."""
-        return self.store._reserve(self, kvkeys.normalize_key(key), nbytes, self._own(session))
+        return self.store.reserve(self, kvkeys.normalize_key(key), nbytes, self.own_session(session))
 
     def put_from(self, key: Any, data: Any, *, session: Session | None = None) -> PutStatus:
         """Store `data` (a buffer, or a list of buffers laid end to end) under `key`."""
@@ -271,70 +281,82 @@ class Tenant:
         """Read the chunk into `buf` (a buffer, or a list of buffers filled in order).
         Returns the bytes read, or None on a miss. `exact`: the buffers must hold
         exactly the chunk (else ValueError); otherwise at least the chunk."""
-        return self.store._get_into(self, kvkeys.normalize_key(key), byte_views(buf, writable=True),
-                                    self._own(session), exact)
+        return self.store.read_into(self, kvkeys.normalize_key(key), byte_views(buf, writable=True),
+                                    self.own_session(session), exact)
+
+    def read_range(self, key: Any, offset: int, buf: Any) -> bool:
+        """Read part of a chunk (e.g. one layer of a layer-first chunk) into `buf`, from
+        byte `offset`. False on a miss; ValueError if the range leaves the chunk."""
+        return self.store.read_range(self, kvkeys.normalize_key(key), offset, byte_view(buf, writable=True))
 
     def get_many_into(self, keys: Sequence[Any], out: Any, *, session: Session | None = None) -> int:
         """Read equal-sized chunks, laid end to end in `out`, in one device pass (one
         SSD batch for all their misses). Reads the leading run of stored keys and
         returns its length (the rest of `out` is untouched)."""
-        return self.store._get_many(self, [kvkeys.normalize_key(k) for k in keys], byte_view(out, writable=True),
-                                    self._own(session))
+        return self.store.read_many(self, [kvkeys.normalize_key(k) for k in keys], byte_view(out, writable=True),
+                                    self.own_session(session))
 
     def touch(self, keys: Sequence[Any]) -> None:
         """Mark stored keys as recently used."""
-        self.store._touch(self, [kvkeys.normalize_key(k) for k in keys])
+        self.store.touch(self, [kvkeys.normalize_key(k) for k in keys])
 
     def remove(self, key: Any) -> bool:
         """Delete a key of this tenant. False if it is not stored."""
-        return self.store._remove(self, kvkeys.normalize_key(key))
+        return self.store.remove(self, kvkeys.normalize_key(key))
 
     # -------- pins, prefetch
     def pin(self, keys: Sequence[Any]) -> int:
         """Keep these chunks in the store (never evicted) and ask the device to keep
         them resident. Returns how many were pinned (stored ones, within the tenant's
         pin budget). Pins nest: unpin as many times."""
-        return self.store._pin(self, [kvkeys.normalize_key(k) for k in keys], True)
+        return self.store.pin(self, [kvkeys.normalize_key(k) for k in keys])
 
     def unpin(self, keys: Sequence[Any]) -> int:
-        return self.store._pin(self, [kvkeys.normalize_key(k) for k in keys], False)
+        return self.store.unpin(self, [kvkeys.normalize_key(k) for k in keys])
 
     def lease_pins(self, keys: Sequence[Any], lease_s: float, *, lease_id: Any = None) -> "PinLease":
         """Pin these chunks for at most `lease_s` seconds (pinleases.py): for engines that
         pin at lookup and may never unpin. Released by ``lease.release()``,
         ``release_pins(lease_id)``, a new lease under the same id, or its deadline;
         within the tenant's pin budget like any pin (``lease.pinned`` says how many)."""
-        return self.store._lease_pins(self, [kvkeys.normalize_key(k) for k in keys], lease_s, lease_id)
+        return self.store.lease_pins(self, [kvkeys.normalize_key(k) for k in keys], lease_s, lease_id)
 
     def release_pins(self, lease_id: Any) -> int:
         """Release the lease `lease_id`; returns how many chunks it still pinned (0 if none)."""
-        return self.store._release_lease_id(self, lease_id)
+        return self.store.release_lease_id(self, lease_id)
 
     def prefetch(self, keys: Sequence[Any], *, session: Session | None = None, deadline_ns: int = 0) -> "PrefetchTicket":
         """Hint (NEXT_PREFIX) that the leading stored keys will be read soon, and protect
         them from eviction within the tenant's pin budget (pinned plus protected bytes
         stay within max_pinned_bytes). `wait(ticket)` ends the protection."""
-        return self.store._prefetch(self, [kvkeys.normalize_key(k) for k in keys], self._own(session), deadline_ns)
+        return self.store.prefetch(self, [kvkeys.normalize_key(k) for k in keys], self.own_session(session), deadline_ns)
 
     # -------- sessions
     def open_session(self, name: str | None = None, *, prefix: Sequence[Any] | None = None) -> Session:
         """A new session (its device session id is random, so ids never collide across
         tenants or restarts). With `prefix`, it resumes on those keys at once."""
-        return self.store._open_session(self, name, prefix)
+        return self.store.open_session(self, name, prefix)
 
     def session(self, name: str) -> Session | None:
         """This tenant's session called `name` (None if it has none by that name)."""
-        return self._sessions.get(name)
+        return self.open_sessions.get(name)
 
     def sessions(self) -> list[Session]:
-        return list(self._sessions.values())
+        return list(self.open_sessions.values())
 
     def stats(self) -> dict:
-        return {"tenant": self.name, "entries": len(self._index), "used_bytes": self.used_bytes,
-                "pinned_bytes": self.pinned_bytes, "protected_bytes": self.protected_bytes, "sessions": len(self._sessions),
+        return {"tenant": self.name, "entries": len(self.index), "used_bytes": self.used_bytes,
+                "pinned_bytes": self.pinned_bytes, "protected_bytes": self.protected_bytes, "sessions": len(self.open_sessions),
                 "quota_bytes": self.quota_bytes, "reserved_bytes": self.reserved_bytes, **self.counters}
 
-    def _own(self, session: Session | None) -> Session | None:
+    @property
+    def _index(self) -> dict[bytes, Entry]:
+        # the earlier name of `index`, still read by the store's persistence module
+        return self.index
+
+    def own_session(self, session: Session | None) -> Session | None:
+        """`session` itself if it is this tenant's and has not ended (None stays None);
+        PermissionError for another tenant's session, ValueError for an ended one."""
         if session is not None and (not isinstance(session, Session) or session.tenant is not self):
             raise PermissionError("that session belongs to another tenant")
         if session is not None and session.state == Session.ENDED:
@@ -350,7 +372,11 @@ class PrefetchTicket:
     def __init__(self, tenant: Tenant, ready: int, protected: list[Entry], protected_bytes: int):
         self.tenant, self.ready = tenant, ready
         self.protected = len(protected)
-        self._release = weakref.finalize(self, tenant.store._unprotect, tenant, protected, protected_bytes)
+        self._release = weakref.finalize(self, tenant.store.unprotect, tenant, protected, protected_bytes)
+
+    def release(self) -> None:
+        """End the protection now (KVStore.wait); later calls do nothing."""
+        self._release()
 
     @property
     def done(self) -> bool:
