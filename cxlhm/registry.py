@@ -7,6 +7,12 @@ plus whatever installed packages publish under the family's entry-point group.
     POLICIES.names()          # built-ins and entry points, sorted
     POLICIES.get("lru")       # the implementation (loaded on first use, then cached)
     loaded, broken = POLICIES.load_all()   # every implementation that loads, and what did not
+    POLICIES.register("mru", "mypkg.mru")  # add one in-process (a test, a script): no package installed
+    POLICIES.unregister("mru")
+
+An installed package adds to a family through the entry-point group; a test or a script
+adds through `register` ("module:attr", imported on first use) or `add` (the object),
+and takes it out with `unregister` (docs/extending.md lists every family).
 
 Built-ins and entry points load lazily: a broken third-party package costs nothing until
 its name is asked for, and then it is reported as a `BrokenEntry` naming the entry point
