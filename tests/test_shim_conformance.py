@@ -17,9 +17,11 @@ import threading
 import numpy as np
 import pytest
 
+from cxlhm.registry import BrokenEntry
 from host_runtime.kvstore import PutStatus
 from host_runtime.shim import mooncake as mc
 from host_runtime.shim.lmcache import BytesMemoryObj, CxlhmRemoteConnector
+from host_runtime.shim.registry import ADAPTERS
 from host_runtime.shim.sglang import CxlhmHiCacheStorage
 from host_runtime.testing.shim import MISSING, SIZE, ShimConformance, data
 
@@ -283,6 +285,29 @@ class TestMooncake(ShimConformance):
 
 def test_adapters_import_without_their_engines():
     import importlib
-    for name in ("sglang", "lmcache", "vllm", "mooncake", "hf"):
+    loaded, broken = ADAPTERS.load_all(ADAPTERS.builtin_names())
+    assert not broken and set(loaded) >= {"sglang", "lmcache", "vllm", "mooncake", "hf"}
+    for name, adapter in loaded.items():
         module = importlib.import_module(f"host_runtime.shim.{name}")
-        assert module.__all__
+        assert module.__all__ and module.ADAPTER is adapter
+        assert callable(adapter.load_entry()) and adapter.engine and adapter.loading
+
+
+def test_every_adapter_module_is_registered():
+    """A module added to host_runtime/shim is an adapter (then it is registered) or one of
+    the shared helpers every adapter builds on."""
+    import pkgutil
+    import host_runtime.shim as package
+    helpers = {"api", "registry", "value_format"}
+    modules = {m.name for m in pkgutil.iter_modules(package.__path__)}
+    assert modules - helpers == set(ADAPTERS.builtin_names())
+
+
+def test_a_broken_adapter_entry_is_reported_with_its_source():
+    from host_runtime.shim.registry import EngineAdapter
+    ADAPTERS.add("broken-for-test", EngineAdapter("none", "host_runtime.shim.nowhere:Nothing", "never"))
+    try:
+        with pytest.raises(BrokenEntry, match="does not load"):
+            ADAPTERS.get("broken-for-test")
+    finally:
+        ADAPTERS.unregister("broken-for-test")

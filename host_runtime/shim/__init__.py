@@ -11,8 +11,13 @@ installed (subclassing the engine's real base class when it is importable):
   mooncake  MooncakeDistributedStore's API (setup / put_from / get_into / batch_*)
   hf        Hugging Face transformers DynamicCache save / restore
 
-docs/kvstore.md documents each, with the command line or config a user types.
+Each adapter module describes itself as ``ADAPTER`` (registry.EngineAdapter) and is
+listed in ``ADAPTERS`` (registry.py; outside packages publish under the entry-point
+group ``cxlhm.engine_adapters``). Every adapter passes the conformance suite
+host_runtime.testing.shim.ShimConformance. docs/kvstore.md documents each, with the
+command line or config a user types.
 """
 from host_runtime.shim.api import KVShim, RegisteredBuffers, byte_view
+from host_runtime.shim.registry import ADAPTERS, EngineAdapter
 
-__all__ = ["KVShim", "RegisteredBuffers", "byte_view"]
+__all__ = ["ADAPTERS", "EngineAdapter", "KVShim", "RegisteredBuffers", "byte_view"]

@@ -24,6 +24,7 @@ from typing import Any
 from host_runtime.kvgeometry import LAYOUTS, KVGeometry
 from host_runtime.kvstore import PutStatus, Session
 from host_runtime.shim.api import KVShim
+from host_runtime.shim.registry import EngineAdapter
 from host_runtime.shim.value_format import FormattedValues, geometry_format
 
 
@@ -151,5 +152,9 @@ class HFKVCache:
         if str(k.dtype).replace("torch.", "") != geo.dtype:
             raise ValueError(f"cache dtype {k.dtype} differs from the geometry's {geo.dtype}")
 
+
+ADAPTER = EngineAdapter(engine="Hugging Face transformers KV cache save / restore",
+                        entry="host_runtime.shim.hf:HFKVCache",
+                        loading="HFKVCache(shim, geometry).save(tokens, cache) / .restore(tokens) around model calls")
 
 __all__ = ["HFKVCache", "cache_kwarg", "cache_of", "layer_tensors"]

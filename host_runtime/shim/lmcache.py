@@ -63,6 +63,7 @@ import numpy as np
 
 from host_runtime import kvkeys
 from host_runtime.shim.api import KVShim, byte_view, device_settings
+from host_runtime.shim.registry import EngineAdapter
 
 log = logging.getLogger("cxlhm.shim.lmcache")
 
@@ -376,5 +377,9 @@ def _describe(obj: Any) -> tuple[tuple, str, int]:
         return obj.meta_shape, obj.meta_dtype, obj.meta_fmt
     return (), "uint8", 0
 
+
+ADAPTER = EngineAdapter(engine="LMCache remote connector (RemoteConnector)",
+                        entry="host_runtime.shim.lmcache:CxlhmRemoteConnector",
+                        loading="remote_storage_plugins: [cxlhm] with module_path host_runtime.shim.lmcache, class_name CxlhmRemoteConnector")
 
 __all__ = ["BytesMemoryObj", "CxlhmRemoteConnector", "plugin_settings", "remote_metadata_class"]

@@ -69,6 +69,7 @@ import numpy as np
 from host_runtime import kvkeys
 from host_runtime.kvstore import PutStatus
 from host_runtime.shim.api import KVShim, RegisteredBuffers
+from host_runtime.shim.registry import EngineAdapter
 
 log = logging.getLogger("cxlhm.shim.mooncake")
 
@@ -469,6 +470,10 @@ class _MemoryReplica:
 def _key(key: Any) -> bytes:
     return kvkeys.normalize_key(key)
 
+
+ADAPTER = EngineAdapter(engine="Mooncake store API (MooncakeDistributedStore)",
+                        entry="host_runtime.shim.mooncake:CxlhmMooncakeStore",
+                        loading="install_as_mooncake_store() before the engine imports mooncake.store")
 
 __all__ = ["BufferHandle", "CxlhmMooncakeStore", "NO_AVAILABLE_HANDLE", "ReplicateConfig", "install_as_mooncake_store",
            "pointer_kind", "INVALID_PARAMS", "OBJECT_ALREADY_EXISTS",

@@ -64,6 +64,7 @@ from typing import Any
 import numpy as np
 
 from host_runtime.shim.api import KVShim, RegisteredBuffers, device_settings
+from host_runtime.shim.registry import EngineAdapter
 from host_runtime.shim.value_format import FORMAT_SCHEME, FormattedValues, Part, ValueFormat, raw_format
 
 log = logging.getLogger("cxlhm.shim.sglang")
@@ -578,5 +579,9 @@ def _tenant_name(storage_config: Any) -> str:
         return f"sglang:{model}{shard}:{FORMAT_SCHEME}"
     return f"sglang:{model}:tp{r['tp_rank']}-{r['tp_size']}{shard}:{FORMAT_SCHEME}"
 
+
+ADAPTER = EngineAdapter(engine="SGLang HiCache storage backend (HiCacheStorage)",
+                        entry="host_runtime.shim.sglang:CxlhmHiCacheStorage",
+                        loading="--hicache-storage-backend dynamic with module_path host_runtime.shim.sglang, class_name CxlhmHiCacheStorage")
 
 __all__ = ["CxlhmHiCacheStorage", "hit_policy", "rank_fields"]

@@ -52,6 +52,7 @@ import numpy as np
 
 from host_runtime.kvkeys import normalize_key as _key
 from host_runtime.shim.api import KVShim, device_settings
+from host_runtime.shim.registry import EngineAdapter
 from host_runtime.shim.value_format import FORMAT_SCHEME, FormattedValues, ValueFormat, base_key, raw_format
 
 log = logging.getLogger("cxlhm.shim.vllm")
@@ -254,5 +255,9 @@ def _digest(text: str) -> str:
     import hashlib
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
+
+ADAPTER = EngineAdapter(engine="vLLM offloading secondary tier (SecondaryTierManager of TieringOffloadingSpec)",
+                        entry="host_runtime.shim.vllm:CxlhmTier",
+                        loading="--kv-transfer-config secondary_tiers: [{type: CxlhmTier, module_path: host_runtime.shim.vllm}]")
 
 __all__ = ["CxlhmTier", "chunk_format"]
