@@ -31,8 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (alternate_trials, bench_dir, command, lay_out, machine, paired_ratio, reach,  # noqa: E402
                      without_sidecars)
 
+from cxlhm.config import load_config  # noqa: E402
+from cxlhm.device import Device  # noqa: E402
 from cxlhm.media.dram import DeviceDram  # noqa: E402
-from host_runtime.driver import open_device  # noqa: E402
+from host_runtime.driver import DeviceHandle, open_device  # noqa: E402
 
 FILE_SIZE = 1 << 30
 FILE_DRAM = 1 << 20  # the all-miss device's DRAM
@@ -60,8 +62,11 @@ def bench_random_miss(path: Path, seconds: float, trials: int) -> dict:
     offsets = rng.integers(0, FILE_SIZE // (4 * KIB), 1 << 22) * 4 * KIB
     cursor = {"stream": 0, "closed": 0, "device": 0, "raw": 0}
 
-    dev = open_device({"capacity": FILE_SIZE, "block_size": "4KiB", "dram_bytes": FILE_DRAM,
-                       "backend": {"path": without_sidecars(path), "queue_depth": QD}})
+    # the Device itself (the raw side reads through its back end, into an arena of its DRAM
+    # size), and the host's handle on it for the device side
+    device = Device(load_config({"capacity": FILE_SIZE, "block_size": "4KiB", "dram_bytes": FILE_DRAM,
+                                 "backend": {"path": without_sidecars(path), "queue_depth": QD}}))
+    dev = DeviceHandle(device)
     out = np.frombuffer(mmap.mmap(-1, QD * 4 * KIB), np.uint8)
     # the closed loops: LOOP reads per call, each into one of QD buffers (fio's layout)
     loop_addrs = out.ctypes.data + (np.arange(LOOP) % QD) * 4 * KIB
@@ -72,7 +77,7 @@ def bench_random_miss(path: Path, seconds: float, trials: int) -> dict:
         return offsets[i:i + n]
 
     def device_stream():
-        dev.device.stream_io(next_reads("stream", LOOP), loop_lens, loop_addrs, QD)
+        dev.stream_io(next_reads("stream", LOOP), loop_lens, loop_addrs, QD)
 
     def device_batch():
         dev.readv(next_reads("device", QD), 4 * KIB, out)
@@ -81,7 +86,7 @@ def bench_random_miss(path: Path, seconds: float, trials: int) -> dict:
     # device's turns: one file for both (two files of one disk differ in speed by whatever
     # the host has cached of each - the native loop ran 24k IOPS on the image and 62k on a
     # twin of it in the same second, then both 137k once the host had read them).
-    raw = dev.device.ssd
+    raw = device.ssd
     buf = mmap.mmap(-1, QD * 4 * KIB)
     base = np.frombuffer(buf, np.uint8).ctypes.data
     ops = np.zeros((QD, 4), np.int64)
@@ -98,7 +103,7 @@ def bench_random_miss(path: Path, seconds: float, trials: int) -> dict:
 
     # the same loop into 4 KiB slots rotating over an arena as large as the device's DRAM,
     # in the order an all-miss LRU device reuses them: where the device's fills land
-    arena = DeviceDram(dev.device.n_slots, 4 * KIB)
+    arena = DeviceDram(device.n_slots, 4 * KIB)
     spread_ops = loop_ops.copy()
     turn = [0]
 

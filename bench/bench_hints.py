@@ -30,17 +30,16 @@ def filled_device(n_slots: int):
     """A hymcache device (timing only) whose DRAM slots all hold some session's blocks."""
     handle = open_device({"capacity": "1TiB", "block_size": BLOCK, "dram_bytes": n_slots * BLOCK, "data": "none",
                           "firmware": {"policy": "hymcache", "background": "manual"}})
-    dev = handle.device
     for first in range(0, n_slots, BLOCKS_PER_SESSION):
         hpas = np.arange(first, first + BLOCKS_PER_SESSION, dtype=np.int64) * BLOCK
-        dev.access(hpas, np.full(hpas.shape[0], BLOCK, np.int64), 0, True, 1 + first // BLOCKS_PER_SESSION)
+        handle.access(hpas, np.full(hpas.shape[0], BLOCK, np.int64), 0, True, 1 + first // BLOCKS_PER_SESSION)
     return handle
 
 
 def mailbox_us_per_hint(handle, n_slots: int, rounds: int) -> float:
     """APPEND hints for live sessions, BATCH per mailbox command (end to end: encode,
     doorbell, device delivery, completion)."""
-    hints = handle.hints
+    hints = handle.hint_sink("mailbox")
     sessions = n_slots // BLOCKS_PER_SESSION
     samples = []
     for r in range(rounds):
@@ -57,13 +56,12 @@ def firmware_us_per_hint(handle, n_slots: int, rounds: int) -> float:
     """The same APPEND batches delivered to the device directly (Device.hint_batch): the
     device's share of the mailbox figure; the rest is the mailbox (encode, doorbell,
     wake-up, decode, validation)."""
-    dev = handle.device
     samples = []
     for r in range(rounds):
         first = (np.arange(BATCH, dtype=np.int64) * 7 + r) % n_slots
         sessions = np.full(BATCH, 1 + r % (n_slots // BLOCKS_PER_SESSION), np.int64)
         start = time.perf_counter()
-        dev.hint_batch(int(HintKind.APPEND), sessions, first, np.ones(BATCH, np.int64), np.zeros(BATCH, np.int64))
+        handle.hint_batch(int(HintKind.APPEND), sessions, first, np.ones(BATCH, np.int64), np.zeros(BATCH, np.int64))
         samples.append((time.perf_counter() - start) / BATCH * 1e6)
     return statistics.median(samples)
 
@@ -71,12 +69,11 @@ def firmware_us_per_hint(handle, n_slots: int, rounds: int) -> float:
 def session_end_us(handle, n_slots: int, rounds: int) -> float:
     """SESSION_END of one live session (its BLOCKS_PER_SESSION blocks), delivered to the
     firmware directly: the work the hint does on the device."""
-    dev = handle.device
     samples = []
     for r in range(rounds):
         session = 1 + (r * 37) % (n_slots // BLOCKS_PER_SESSION)
         start = time.perf_counter()
-        dev.hint(HintKind.SESSION_END, session, 0, 0, 0)
+        handle.hint(HintKind.SESSION_END, session, 0, 0, 0)
         samples.append((time.perf_counter() - start) * 1e6)
     return statistics.median(samples)
 

@@ -76,7 +76,6 @@ def replay(requests, turns, config: str, lead_ms: float, block_size: int, dram_b
     dev = open_device({"capacity": capacity, "block_size": block_size, "dram_bytes": dram_blocks * block_size,
                        "clock": "model", "data": "none",
                        "firmware": {"background": "manual", **fw}})
-    d = dev.device
     stored = np.zeros(capacity // block_size, bool)
     # events: (time_ns, order, kind, request index); hints sort before accesses at equal times
     events = []
@@ -90,17 +89,17 @@ def replay(requests, turns, config: str, lead_ms: float, block_size: int, dram_b
         t, kind, i = heapq.heappop(events)
         req, turn = requests[i], turns[i]
         if kind == 0:  # the scheduler knows this request resumes its session
-            d.advance_to(t)
+            dev.advance_to(t)
             for first, n in runs_of(np.unique(req.hash_ids[: turn.reused_blocks])):
-                d.hint(HintKind.SESSION_RESUME, turn.session, first, n)
+                dev.hint(HintKind.SESSION_RESUME, turn.session, first, n)
             continue
         ids = np.unique(req.hash_ids)
         reuse, new = ids[stored[ids]], ids[~stored[ids]]
-        before = d.stats()
+        before = dev.stats()
         if reuse.size:
-            latency = d.access(reuse * block_size, np.full(reuse.size, block_size), 0, False, turn.session, issue_ns=t)
+            latency = dev.access(reuse * block_size, np.full(reuse.size, block_size), 0, False, turn.session, issue_ns=t)
             latencies.append(latency)
-        after = d.stats()
+        after = dev.stats()
         fg_hits += after["hits"] - before["hits"]
         fg_misses += after["misses"] - before["misses"]
         if turn.parent >= 0 and turn.reused_blocks:
@@ -111,10 +110,10 @@ def replay(requests, turns, config: str, lead_ms: float, block_size: int, dram_b
             hinted_hits += prefix.size - min(prefix.size, after["misses"] - before["misses"])
         if new.size:
             for first, n in runs_of(new):
-                d.hint(HintKind.APPEND, turn.session, first, n)
-            d.access(new * block_size, np.full(new.size, block_size), 0, True, turn.session, issue_ns=t)
+                dev.hint(HintKind.APPEND, turn.session, first, n)
+            dev.access(new * block_size, np.full(new.size, block_size), 0, True, turn.session, issue_ns=t)
             stored[new] = True
-        d.hint(HintKind.SESSION_PAUSE, turn.session, 0, 0)
+        dev.hint(HintKind.SESSION_PAUSE, turn.session, 0, 0)
     stats = dev.stats()
     dev.close()
     return Outcome(config, lead_ms, np.array(latencies), fg_hits, fg_misses, hinted, hinted_hits, stats)

@@ -43,7 +43,9 @@ from cxlhm.device import waves as device_waves  # noqa: E402
 from cxlhm.device.stream import STREAM_PASSES  # noqa: E402
 from cxlhm.media.ssd import SsdBackend  # noqa: E402
 from cxlhm.units import parse_size  # noqa: E402
-from host_runtime.driver import open_device  # noqa: E402
+from cxlhm.config import load_config  # noqa: E402
+from cxlhm.device import Device  # noqa: E402
+from host_runtime.driver import DeviceHandle  # noqa: E402
 from host_runtime.kvstore import KVStore, NullHints  # noqa: E402
 
 MIB = 1 << 20
@@ -76,10 +78,17 @@ def in_runs(seconds: float, nbytes: int, run: int, settle: dict, **fns) -> dict[
     return {name: nbytes / float(np.median(ts)) / 1e9 for name, ts in times.items()}
 
 
-def device(path: Path, dram: str, block: int, *, write_behind: bool = True):
-    return open_device({"capacity": FILE_SIZE, "block_size": block, "dram_bytes": dram,
-                        "firmware": {"write_behind": write_behind},
-                        "backend": {"path": without_sidecars(path), "queue_depth": QD}})
+def device(path: Path, dram: str, block: int, *, write_behind: bool = True) -> DeviceHandle:
+    return device_parts(path, dram, block, write_behind=write_behind)[0]
+
+
+def device_parts(path: Path, dram: str, block: int, *, write_behind: bool = True) -> tuple[DeviceHandle, Device]:
+    """The host's handle and the Device behind it (the SSD bench reads the device's own
+    back end and times its stream loop: it opens the Device itself)."""
+    dev = Device(load_config({"capacity": FILE_SIZE, "block_size": block, "dram_bytes": dram,
+                              "firmware": {"write_behind": write_behind},
+                              "backend": {"path": without_sidecars(path), "queue_depth": QD}}))
+    return DeviceHandle(dev), dev
 
 
 def bench_dram(path: Path, chunk: int, block: int, seconds: float, trials: int) -> dict:
@@ -121,7 +130,7 @@ def bench_dram(path: Path, chunk: int, block: int, seconds: float, trials: int) 
 def bench_ssd(path: Path, chunk: int, block: int, seconds: float, trials: int) -> dict:
     dram = 64 * MIB
     n = max(4, (4 * dram) // chunk)  # cycle through 4x DRAM: every read misses (LRU)
-    h = device(path, "64MiB", block)
+    h, dev = device_parts(path, "64MiB", block)
     store = KVStore(h, index_path=False, hints=NullHints())
     t = store.tenant("bench")
     data = resident_buffer(chunk)
@@ -135,13 +144,13 @@ def bench_ssd(path: Path, chunk: int, block: int, seconds: float, trials: int) -
     # The raw side reads the same extents of the device's own image through the device's
     # back end, between the store's turns: one file for both (two files of one disk differ
     # in speed by whatever the host has cached of each; see bench_device.py).
-    raw = h.device.ssd
+    raw = dev.ssd
     rows = np.zeros((chunk // block, 4), np.int64)
     rows[:, 0] = out.ctypes.data + np.arange(chunk // block) * block
     rows[:, 1] = block
     cur = {"get": 0, "raw": 0, "put": 0}
     before = h.stats()
-    in_loop = loop_timer(h.device)
+    in_loop = loop_timer(dev)
     outside: list[float] = []  # per get: s outside the stream's compiled loop
 
     def get(into=out):
@@ -187,7 +196,7 @@ def bench_ssd(path: Path, chunk: int, block: int, seconds: float, trials: int) -
         res = raw.submit(rows)
         assert (res == block).all()
 
-    w = in_runs(seconds * trials, chunk, puts_per_run(chunk), {"put": h.device.drain}, put=put, raw_write=raw_write)
+    w = in_runs(seconds * trials, chunk, puts_per_run(chunk), {"put": dev.drain}, put=put, raw_write=raw_write)
     put_us = put_side_costs_us(raw, rows, chunk, block, dram, raw_write)
     store.close()
     h.close()

@@ -35,7 +35,6 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from cxlhm.mailbox.hints import HintKind
 from cxlhm.traces.mooncake import Request
 from cxlhm.traces.sessions import Turn
 from host_runtime.kvstore import KVStore, NullHints, PutStatus, StoreFull
@@ -132,14 +131,13 @@ def replay_mission(handle, requests: Sequence[Request], turns: Sequence[Turn], *
     device `handle` (see the module doc). Returns the figures `cxlhm run` prints."""
     if chunk_bytes <= 0 or chunk_bytes % 8:
         raise ValueError(f"chunk_bytes must be a positive multiple of 8, got {chunk_bytes}")
-    dev = handle.device
     cfg = handle.config
     model = cfg.clock == "model"
     verify = cfg.data == "real"
     if hints:  # compile the hint path now: a first run would otherwise compile it under the mailbox's timeouts
-        dev.warm_up()
-        dev.hint(HintKind.SESSION_END, 0, 0, 0)  # session 0 is "no session": a no-op that compiles on_hint
-    sink = _MailboxHints(handle.hints) if hints else None
+        handle.warm_up()
+        handle.hint_sink("direct").session_end([0])  # session 0 is "no session": a no-op that compiles on_hint
+    sink = _MailboxHints(handle.hint_sink("mailbox")) if hints else None
     store = KVStore(handle, index_path=False, hints=sink or NullHints())
     tenant = store.tenant("trace", chunk_bytes=chunk_bytes)
     result = MissionResult(label or cfg.firmware.policy, cfg.firmware.policy, hints, cfg.clock, verify,
@@ -161,7 +159,7 @@ def replay_mission(handle, requests: Sequence[Request], turns: Sequence[Turn], *
         t, kind, i = heapq.heappop(events)
         req, turn = requests[i], turns[i]
         if model:
-            dev.advance_to(t)
+            handle.advance_to(t)
         if kind == IDLE:
             if turn.session in sessions and arrived[turn.session] == pending_idle.pop(i):
                 sessions.pop(turn.session).end()
@@ -184,7 +182,7 @@ def replay_mission(handle, requests: Sequence[Request], turns: Sequence[Turn], *
         if not model:
             _announce(session, ids, reuse, lead_ns)
         if reuse.size:
-            _load(handle, dev, tenant, session, reuse, chunk_bytes, verify, model, result, latencies)
+            _load(handle, tenant, session, reuse, chunk_bytes, verify, model, result, latencies)
         new = _unique_in_order(np.array([h for h in ids.tolist() if h not in stored], np.int64))
         if new.size:
             _store_new(tenant, session, sink, new, chunk_bytes, stored, result)
@@ -249,14 +247,14 @@ def _store_new(tenant, session, sink, new: np.ndarray, chunk_bytes: int, stored:
         result.chunks_written += 1
 
 
-def _load(handle, dev, tenant, session, reuse: np.ndarray, chunk_bytes: int, verify: bool, model: bool,
+def _load(handle, tenant, session, reuse: np.ndarray, chunk_bytes: int, verify: bool, model: bool,
           result: MissionResult, latencies: list[float]) -> None:
     out = np.empty((reuse.size, chunk_bytes), np.uint8)
-    before = dev.stats()
-    t0 = dev.model.now_ns if model else time.perf_counter_ns()
+    before = handle.stats()
+    t0 = handle.now_ns() if model else time.perf_counter_ns()
     got = tenant.get_many_into([_key(h) for h in reuse.tolist()], out, session=session)
-    t1 = dev.model.now_ns if model else time.perf_counter_ns()
-    after = dev.stats()
+    t1 = handle.now_ns() if model else time.perf_counter_ns()
+    after = handle.stats()
     latencies.append(t1 - t0)
     result.chunks_loaded += got
     result.load_hits += after["hits"] - before["hits"]

@@ -23,7 +23,12 @@ import numpy as np
 from cxlhm.config import DeviceConfig, load_config
 from cxlhm.device import Device, DeviceCaps, HostDevice
 from host_runtime.buffers import byte_view
-from host_runtime.mailbox import HintClient, MailboxClient
+from host_runtime.hintsinks import DeviceHints, HintSink, NullHints
+from host_runtime.mailbox import MailboxClient
+
+
+class DeviceCapabilityError(ValueError):
+    """A call the device's caps say it does not offer (a ValueError: a wrong request)."""
 
 
 class DeviceHandle:
@@ -31,10 +36,12 @@ class DeviceHandle:
 
     Besides the buffer-taking calls below it offers the declared device interface
     (cxlhm.device.interface: HostDevice, and StreamDevice, ModelClockDevice or
-    IntegrityDevice where `caps` says so), so callers never reach for the device object."""
+    IntegrityDevice where `caps` says so), so callers never reach for the device object:
+    the device itself is private (`_device`); tests/test_layers.py fails on a module
+    outside cxlhm/device/ that reads it."""
 
     def __init__(self, device: HostDevice):
-        self.device = device
+        self._device = device
         self.config: DeviceConfig = device.cfg
         self.cfg = device.cfg
         self.capacity = device.capacity
@@ -45,7 +52,7 @@ class DeviceHandle:
     def load(self, hpa: int, n: int, *, session: int = 0) -> bytes:
         """Read `n` bytes at `hpa`. `session` (optional, here and below) tags the
         access with the serving session it belongs to, for hint-aware firmware."""
-        self.device.check_extent(_integer(hpa, "hpa"), _integer(n, "n"))  # before allocating n bytes
+        self._device.check_extent(_integer(hpa, "hpa"), _integer(n, "n"))  # before allocating n bytes
         out = np.empty(n, np.uint8)
         self.read_into(hpa, out, session=session)
         return out.tobytes()
@@ -63,7 +70,7 @@ class DeviceHandle:
     def read_view(self, hpa: int, view: np.ndarray, session: int) -> None:
         """read_into() for a caller that already holds a flat, writable uint8 view and
         int arguments (the KV store): no conversion or checks of its own."""
-        self.device.access_one(hpa, view.shape[0], view.ctypes.data, False, session)
+        self._device.access_one(hpa, view.shape[0], view.ctypes.data, False, session)
 
     def write_from(self, hpa: int, buf: Any, *, session: int = 0) -> int:
         """Write the bytes of `buf` at `hpa`; returns the byte count."""
@@ -78,7 +85,7 @@ class DeviceHandle:
         view = byte_view(out, writable=True)
         if view.shape[0] != hpas.shape[0] * length:
             raise ValueError(f"out holds {view.shape[0]} bytes, expected {hpas.shape[0]} x {length}")
-        self.device.access(hpas, np.full(hpas.shape[0], length, np.int64), view.ctypes.data, False, session)
+        self._device.access(hpas, np.full(hpas.shape[0], length, np.int64), view.ctypes.data, False, session)
 
     def writev(self, hpas: Any, length: int, data: Any, *, session: int = 0) -> None:
         """Write `len(hpas)` extents of `length` bytes taken end to end from `data`."""
@@ -86,100 +93,133 @@ class DeviceHandle:
         view = byte_view(data, writable=False)
         if view.shape[0] != hpas.shape[0] * length:
             raise ValueError(f"data holds {view.shape[0]} bytes, expected {hpas.shape[0]} x {length}")
-        self.device.access(hpas, np.full(hpas.shape[0], length, np.int64), view.ctypes.data, True, session)
+        self._device.access(hpas, np.full(hpas.shape[0], length, np.int64), view.ctypes.data, True, session)
 
     def _access(self, hpa: int, view: np.ndarray, is_write: bool, session: int) -> None:
-        self.device.access_one(_integer(hpa, "hpa"), view.shape[0], view.ctypes.data, is_write, _integer(session, "session"))
+        self._device.access_one(_integer(hpa, "hpa"), view.shape[0], view.ctypes.data, is_write, _integer(session, "session"))
 
     # ---------------------------------------------------------------- mailbox
     @functools.cached_property
     def mailbox(self) -> MailboxClient:
         """The device's CXL mailbox (started on first use): identify(), health(), log(), poison()."""
-        return MailboxClient(self.device.start_mailbox())
+        return MailboxClient(self._device.start_mailbox())
 
-    @property
-    def hints(self) -> HintClient:
-        """Request-lifecycle hints through the mailbox: session_resume(), next_prefix(), ..."""
-        return self.mailbox.hints
+    def hint_sink(self, via: str = "mailbox") -> HintSink:
+        """Where request-lifecycle hints for this device go, chosen by the caller (asking
+        is the only thing that starts anything): "mailbox" - the CXL mailbox's hint client
+        (starts the mailbox and its firmware thread, the real path); "direct" - the
+        device's own hint() in process, no mailbox (benches, firmware tests); "none" -
+        dropped."""
+        if via == "mailbox":
+            return self.mailbox.hints
+        if via == "direct":
+            return DeviceHints(self._device)
+        if via == "none":
+            return NullHints()
+        raise ValueError(f"hint_sink: via must be 'mailbox', 'direct' or 'none', got {via!r}")
 
     # ---------------------------------------------------------------- the device interface
     @property
     def caps(self) -> DeviceCaps:
-        return self.device.caps
+        return self._device.caps
 
     @property
     def closed(self) -> bool:
-        return self.device.closed
+        return self._device.closed
 
     @property
     def image_path(self) -> str | None:
-        return self.device.image_path
+        return self._device.image_path
 
     @property
     def unclean_shutdown_detected(self) -> bool:
-        return self.device.unclean_shutdown_detected
+        return self._device.unclean_shutdown_detected
 
     @property
     def write_mode(self) -> str:
-        return self.device.write_mode
+        return self._device.write_mode
 
     def check_extent(self, hpa: int, n: int) -> None:
-        self.device.check_extent(hpa, n)
+        self._device.check_extent(hpa, n)
 
     def access(self, ext_hpa: np.ndarray, ext_len: np.ndarray, user_addr: int, is_write: bool, owner: int = 0,
                issue_ns: float | None = None) -> float:
         """Extents against a raw address (HostDevice.access); prefer readv/writev."""
-        return self.device.access(ext_hpa, ext_len, user_addr, is_write, owner, issue_ns)
+        return self._device.access(ext_hpa, ext_len, user_addr, is_write, owner, issue_ns)
 
     def access_one(self, hpa: int, n: int, user_addr: int, is_write: bool, owner: int = 0,
                    issue_ns: float | None = None) -> float:
-        return self.device.access_one(hpa, n, user_addr, is_write, owner, issue_ns)
+        return self._device.access_one(hpa, n, user_addr, is_write, owner, issue_ns)
 
     def stream_io(self, ext_hpa, ext_len, addrs, depth: int, **options):
         """StreamDevice.stream_io (only where caps.streams_io)."""
-        if not self.device.caps.streams_io:
-            raise ValueError("this device does not stream (caps.streams_io is False): use access()")
-        return self.device.stream_io(ext_hpa, ext_len, addrs, depth, **options)
+        self._require("streams_io", "stream_io", "use access()")
+        return self._device.stream_io(ext_hpa, ext_len, addrs, depth, **options)
 
     def thread_hits_misses(self) -> tuple[int, int]:
-        return self.device.thread_hits_misses()
+        return self._device.thread_hits_misses()
 
     def now_ns(self) -> float:
         """ModelClockDevice.now_ns (only where caps.model_clock)."""
-        return self.device.now_ns()
+        self._require("model_clock", "now_ns", "its latencies are measured on the wall clock")
+        return self._device.now_ns()
 
     def advance_to(self, t_ns: float) -> None:
         """ModelClockDevice.advance_to (only where caps.model_clock)."""
-        self.device.advance_to(t_ns)
+        self._require("model_clock", "advance_to", "its latencies are measured on the wall clock")
+        self._device.advance_to(t_ns)
+
+    def hint(self, kind: int, session: int, first_block: int, n_blocks: int, arg: int = 0, **options) -> bool:
+        """One hint straight to the firmware (MailboxTarget.hint; hosts use hint_sink()).
+        `options` go to the device as they are (Device.hint takes lock_timeout)."""
+        return self._device.hint(kind, session, first_block, n_blocks, arg, **options)
+
+    def hint_batch(self, kind: int, sessions: np.ndarray, first_blocks: np.ndarray, n_blocks: np.ndarray,
+                   args: np.ndarray, **options) -> int:
+        return self._device.hint_batch(kind, sessions, first_blocks, n_blocks, args, **options)
+
+    def poison_records(self, dpa: int, length: int, max_records: int):
+        return self._device.poison_records(dpa, length, max_records)
+
+    def start_mailbox(self, **options):
+        """The device's own mailbox (cxlhm.mailbox.Mailbox), started once; `mailbox` is a
+        client of it."""
+        return self._device.start_mailbox(**options)
 
     def prefetch(self, blocks, owners=None) -> int:
-        return self.device.prefetch(blocks, owners)
+        return self._device.prefetch(blocks, owners)
 
     def run_background(self, budget: int = 32) -> int:
-        return self.device.run_background(budget)
+        return self._device.run_background(budget)
 
     def warm_up(self) -> None:
-        self.device.warm_up()
+        self._device.warm_up()
 
     def block_checksums(self, first_block: int, n_blocks: int) -> list[int | None]:
         """IntegrityDevice.block_checksums (only where caps.integrity)."""
-        return self.device.block_checksums(first_block, n_blocks)
+        self._require("integrity", "block_checksums", "it keeps no checksums")
+        return self._device.block_checksums(first_block, n_blocks)
 
     def integrity_report(self) -> dict:
         """IntegrityDevice.integrity_report (only where caps.integrity)."""
-        return self.device.integrity_report()
+        self._require("integrity", "integrity_report", "it keeps no integrity log")
+        return self._device.integrity_report()
+
+    def _require(self, cap: str, call: str, instead: str) -> None:
+        if not getattr(self._device.caps, cap):
+            raise DeviceCapabilityError(f"{call}: this device does not offer it (caps.{cap} is False: {instead})")
 
     # ---------------------------------------------------------------- control
     def flush(self) -> int:
-        return self.device.flush()
+        return self._device.flush()
 
     def stats(self) -> dict:
-        return self.device.stats()
+        return self._device.stats()
 
     def close(self) -> None:
         if "mailbox" in self.__dict__:
             self.mailbox.close()
-        self.device.close()
+        self._device.close()
 
     def __enter__(self) -> "DeviceHandle":
         return self
@@ -198,7 +238,14 @@ def open_device(spec: str | Path | Mapping | DeviceConfig | None = None, **overr
     """Open a device from a profile name ("cmm-h"), a YAML path, a dict of overrides on
     the default profile, or a ready DeviceConfig; keyword overrides apply on top."""
     cfg = spec if isinstance(spec, DeviceConfig) else load_config(spec, overrides or None)
+    return DeviceHandle(device_for(cfg))
+
+
+def device_for(cfg: DeviceConfig) -> HostDevice:
+    """The device object a config describes, opened: a cxlhm.device.Device, or in mode:
+    window a cxlhm.window.WindowDevice. For tests and benches of the device itself (they
+    keep it and wrap it in a DeviceHandle for the byte calls); hosts use open_device()."""
     if cfg.mode == "window":
         from cxlhm.window import WindowDevice  # userfaultfd: imported only when asked for
-        return DeviceHandle(WindowDevice(cfg))
-    return DeviceHandle(Device(cfg))
+        return WindowDevice(cfg)
+    return Device(cfg)

@@ -22,12 +22,15 @@ from cxlhm import sim
 SCRIPT = """
 import json
 from cxlhm import firmware as fw
-from host_runtime.driver import open_device
-with open_device({"capacity": 1 << 22, "block_size": 4096, "dram_bytes": 8 * 4096, "firmware": {"policy": "lru"}}) as dev:
+from cxlhm.config import load_config
+from cxlhm.device import Device
+from host_runtime.driver import DeviceHandle
+device = Device(load_config({"capacity": 1 << 22, "block_size": 4096, "dram_bytes": 8 * 4096, "firmware": {"policy": "lru"}}))
+with DeviceHandle(device) as dev:
     for i in range(32):
         dev.store(i * 4096, bytes([i]) * 100)
     assert dev.load(5 * 4096, 100) == bytes([5]) * 100
-    k = dev.device.kernels
+    k = device.kernels
     stats = {name: getattr(k, name).stats for name in ("access",)}
     print(json.dumps({name: [sum(s.cache_hits.values()), sum(s.cache_misses.values())] for name, s in stats.items()}))
 """
@@ -39,15 +42,18 @@ import json, sys
 import numpy as np
 from cxlhm import readstream as rs
 from cxlhm import sim
-from host_runtime.driver import open_device
-with open_device({"capacity": 1 << 24, "block_size": "4KiB", "dram_bytes": "64KiB",
-                  "backend": {"path": sys.argv[1], "queue_depth": 8}}) as dev:
+from cxlhm.config import load_config
+from cxlhm.device import Device
+from host_runtime.driver import DeviceHandle
+device = Device(load_config({"capacity": 1 << 24, "block_size": "4KiB", "dram_bytes": "64KiB",
+                             "backend": {"path": sys.argv[1], "queue_depth": 8}}))
+with DeviceHandle(device) as dev:
     n = 64
     hpas = np.arange(n, dtype=np.int64)[::-1] * 4096 * 3
     buf = np.zeros(n * 4096, np.uint8)
-    result = dev.device.stream_io(hpas, np.full(n, 4096, np.int64), buf.ctypes.data + np.arange(n) * 4096, 8)
+    result = dev.stream_io(hpas, np.full(n, 4096, np.int64), buf.ctypes.data + np.arange(n) * 4096, 8)
     assert result.count == n, result
-    stats = {f.__name__: f.stats for f in rs.kernels_for(dev.device.policy)}
+    stats = {f.__name__: f.stats for f in rs.kernels_for(device.policy)}
     print(json.dumps({name: [sum(s.cache_hits.values()), sum(s.cache_misses.values())] for name, s in stats.items()}))
 """
 

@@ -9,10 +9,11 @@ import pytest
 
 from cxlhm import blocktable as btm
 from cxlhm.blocktable import new_block_table
-from cxlhm.config import ConfigError
+from cxlhm.config import ConfigError, load_config
+from cxlhm.device import Device
 from cxlhm.integrity import PoisonError
 from cxlhm.mailbox.hints import HintKind
-from host_runtime.driver import open_device
+from host_runtime.driver import DeviceHandle, open_device
 from threads import run_all
 
 BLOCK = 4096
@@ -26,7 +27,7 @@ def _compile_first(cfg: dict, path, nbytes: int) -> None:
         value = np.ones(nbytes, np.uint8)
         dev.write_from(100, value, session=1)
         dev.read_into(100, value, session=1)
-        dev.device.hint(HintKind.SESSION_RESUME, 1, 0, 3)
+        dev.hint(HintKind.SESSION_RESUME, 1, 0, 3)
 
 
 @pytest.mark.parametrize("policy", ["lru", "hymcache"])
@@ -48,7 +49,7 @@ def test_threads_writing_reading_and_hinting_lose_no_update(tmp_path, policy):
                     if not (got == value).all():
                         errors.append((tid, r))
                     if r % 10 == 0:
-                        dev.device.hint(HintKind.SESSION_RESUME, tid + 1, base // BLOCK, 3)
+                        dev.hint(HintKind.SESSION_RESUME, tid + 1, base // BLOCK, 3)
             except Exception as exc:  # surfaced below
                 errors.append(exc)
 
@@ -182,14 +183,16 @@ def test_overlapping_reads_and_writes_follow_a_per_block_version_model(tmp_path)
 
 # ---------------------------------------------------------------- fills of different threads overlap
 def _slow_device(tmp_path, spike_ns, clock="wall"):
+    """(handle, device): the Device opened itself, its back end probed below."""
     cfg = {"capacity": 1 << 22, "block_size": BLOCK, "dram_bytes": 16 * BLOCK, "clock": clock,
            "backend": {"path": str(tmp_path / f"slow-{clock}.img"), "faults": {"spike_rate": 1.0, "spike_ns": spike_ns}}}
-    return open_device(cfg)
+    device = Device(load_config(cfg))
+    return DeviceHandle(device), device
 
 
-def _probe_in_flight(dev):
+def _probe_in_flight(device):
     """Wrap the back end's submit to record the most I/O batches running at once."""
-    ssd = dev.device.ssd
+    ssd = device.ssd
     real = ssd.submit
     state = {"now": 0, "max": 0}
     lock = threading.Lock()
@@ -231,9 +234,10 @@ def _read_two_blocks_at_once(dev) -> list[float]:
 
 def test_two_threads_fills_overlap_on_the_wall_clock(tmp_path):
     spike = 0.3  # every back-end batch takes 300 ms longer: a slow SSD
-    with _slow_device(tmp_path, int(spike * 1e9)) as dev:
+    dev, device = _slow_device(tmp_path, int(spike * 1e9))
+    with dev:
         dev.load(0, 1)  # compile the access path (one slow fill)
-        in_flight = _probe_in_flight(dev)
+        in_flight = _probe_in_flight(device)
         took = _read_two_blocks_at_once(dev)
         assert in_flight["max"] == 2  # both fills were at the back end at once
         # each thread waited about one back-end latency, not two (serialised: 0.3 and 0.6 s)
@@ -244,9 +248,10 @@ def test_two_threads_fills_overlap_on_the_wall_clock(tmp_path):
 def test_the_model_clock_keeps_accesses_serialised(tmp_path):
     """On the model clock charges are made in issue order, so the lock is never
     released around I/O: two threads' fills never overlap."""
-    with _slow_device(tmp_path, int(0.05e9), clock="model") as dev:
+    dev, device = _slow_device(tmp_path, int(0.05e9), clock="model")
+    with dev:
         dev.load(0, 1)
-        in_flight = _probe_in_flight(dev)
+        in_flight = _probe_in_flight(device)
         took = _read_two_blocks_at_once(dev)
         assert in_flight["max"] == 1
         assert max(took) > 1.5 * 0.05  # one waited for the other (the barrier releases them about together)
@@ -264,7 +269,7 @@ def test_four_threads_and_pin_hints_on_a_four_slot_dram_never_fail(tmp_path, pol
     errors, rounds = [], 300
     with open_device(cfg) as dev:
         from host_runtime.mailbox import MailboxClient
-        client = MailboxClient(dev.device.start_mailbox(), ready_timeout=600)  # a loaded machine compiles slowly
+        client = MailboxClient(dev.start_mailbox(), ready_timeout=600)  # a loaded machine compiles slowly
         client.identify()  # the host waits for the mailbox to be ready, as cxl_pci does
 
         def worker(tid):

@@ -42,6 +42,7 @@ from cxlhm.device import behind as device_behind
 from cxlhm.device import waves as device_waves
 from cxlhm.device.media import MediaPath
 from cxlhm.integrity import PoisonError
+from device_parts import open_parts
 from host_runtime.driver import open_device
 from host_runtime.kvstore import KVStore, PutStatus
 from test_reliability import record_figure
@@ -59,25 +60,25 @@ def _pl_config(path, block=4 * PAGE, slots=4, **faults):
 def test_a_torn_write_back_is_caught_by_its_checksum(tmp_path):
     B = 4 * PAGE
     cfg = _pl_config(tmp_path / "t.img")
-    with open_device(cfg) as dev:
+    with open_parts(cfg) as (dev, device):
         for i in range(8):
             dev.store(i * B, bytes([1 + i]) * B)
         dev.flush()  # v1 of blocks 0-7 is durable
         for i in range(8):
             dev.store(i * B, bytes([100 + i]) * B)  # v2: blocks 0-3 written back (evicted), 4-7 dirty in DRAM
-        dev.device.arm_power_loss(pages=1, torn_bytes=1024)  # the next write: 1 page + 1 KiB of it land
+        device.arm_power_loss(pages=1, torn_bytes=1024)  # the next write: 1 page + 1 KiB of it land
         with pytest.raises(DeviceClosed):
             for i in range(8, 12):
                 dev.store(i * B, bytes([200 + i]) * B)  # evicts block 4: its write-back tears
-        assert dev.device.power_lost
-        offset, landed, length = dev.device.ssd.torn
+        assert device.power_lost
+        offset, landed, length = device.ssd.torn
         assert (offset, landed, length) == (4 * B, PAGE + 1024, B)
-        assert dev.device.ssd.injected["torn_write"] == 1
+        assert device.ssd.injected["torn_write"] == 1
     # what the SSD holds for block 4 now: v2 for 5 KiB, then v1 - a mixed block
     raw = (tmp_path / "t.img").read_bytes()[4 * B:5 * B]
     assert raw[:PAGE + 1024] == bytes([104]) * (PAGE + 1024) and raw[PAGE + 1024:] == bytes([5]) * (B - PAGE - 1024)
     with open_device(cfg) as dev:
-        report = dev.device.integrity_report()
+        report = dev.integrity_report()
         assert report["unclean_shutdown"] and report["lost_dirty_blocks"] == 3
         for i in range(4):
             assert dev.load(i * B, B) == bytes([100 + i]) * B  # written back whole before the cut
@@ -100,15 +101,15 @@ def test_power_loss_configured_by_the_fault_plan_is_deterministic(tmp_path):
         path = tmp_path / f"d{run}.img"
         cfg = _pl_config(path, power_loss_at_write=6)
         cfg["seed"] = 1234
-        with open_device(cfg) as dev:
+        with open_parts(cfg) as (dev, device):
             try:
                 for i in range(20):
                     dev.store(i * 4 * PAGE, bytes([i + 1]) * (4 * PAGE))
             except DeviceClosed:
                 pass
-            results.append((dev.device.ssd.torn, i))
+            results.append((device.ssd.torn, i))
         with open_device(_pl_config(path)) as dev:
-            assert dev.device.unclean_shutdown_detected
+            assert dev.unclean_shutdown_detected
     assert results[0] == results[1] and results[0][0] is not None
 
 
@@ -134,7 +135,7 @@ def test_after_any_power_loss_blocks_read_back_last_written_or_poison(tmp_path, 
     version: dict[int, int] = {}  # block -> last version whose write returned (absent: never written)
     durable: set[int] = set()      # blocks whose last write was covered by a flush that returned
     in_flight = None               # the blocks of a write that had not returned when the power went
-    with open_device(cfg) as dev:
+    with open_parts(cfg) as (dev, device):
         try:
             in_flight = set(range(blocks))
             dev.store(0, np.concatenate([_write_pattern(b, 0, B) for b in range(blocks)]))  # v0 everywhere
@@ -143,7 +144,7 @@ def test_after_any_power_loss_blocks_read_back_last_written_or_poison(tmp_path, 
             dev.flush()
             durable = set(range(blocks))
             if not via_config:
-                dev.device.arm_power_loss(cut, pages=pages, torn_bytes=torn)
+                device.arm_power_loss(cut, pages=pages, torn_bytes=torn)
             for i, (op, first, n) in enumerate(ops, start=1):
                 if op == "f":
                     dev.flush()
@@ -158,12 +159,12 @@ def test_after_any_power_loss_blocks_read_back_last_written_or_poison(tmp_path, 
                     version[first + j] = i
                 in_flight = None
                 if policy == "hymcache":
-                    dev.device.run_background(4)  # write buffering: background flushes
+                    dev.run_background(4)  # write buffering: background flushes
         except DeviceClosed:
             pass
-        if not dev.device.power_lost:
-            dev.device.simulate_power_loss()  # the power goes at the end instead
-        torn = getattr(dev.device.ssd, "injected", {}).get("torn_write", 0)
+        if not device.power_lost:
+            device.simulate_power_loss()  # the power goes at the end instead
+        torn = getattr(device.ssd, "injected", {}).get("torn_write", 0)
     exact = poisoned = 0
     with open_device(_pl_config(path)) as dev:
         for b in range(blocks):
@@ -195,15 +196,15 @@ def test_the_integrity_log_compacts_and_a_torn_tail_is_ignored(tmp_path, monkeyp
     monkeypatch.setattr(integrity, "COMPACT_MIN_RECORDS", 64)
     B = 4 * PAGE
     cfg = _pl_config(tmp_path / "c.img")
-    with open_device(cfg) as dev:
+    with open_parts(cfg) as (dev, device):
         for rnd in range(12):  # 16 blocks x 12 rounds through 4 slots: hundreds of SUM / DIRTY records
             for b in range(16):
                 dev.store(b * B, _write_pattern(b, rnd, B))
         dev.flush()
-        log = dev.device.checksums.log
+        log = device.checksums.log
         assert log.records <= 4 * 16 + 64 + 40  # compacted: bounded by the live blocks, not the history
         dev.store(0, _write_pattern(0, 99, B))  # dirty in DRAM only when the power goes
-        dev.device.simulate_power_loss()
+        device.simulate_power_loss()
     with open(str(tmp_path / "c.img") + ".cxlhm.ilog", "ab") as f:
         f.write(b"\x30\x00\x00\x00torn")  # a frame cut short by the crash
     with open_device(cfg) as dev:
@@ -211,10 +212,10 @@ def test_the_integrity_log_compacts_and_a_torn_tail_is_ignored(tmp_path, monkeyp
             dev.load(0, 8)
         for b in range(1, 16):
             assert np.array_equal(np.frombuffer(dev.load(b * B, B), np.uint8), _write_pattern(b, 11, B))
-        assert dev.device.integrity_report()["log_records_replayed"] > 0
-    with open_device(cfg) as dev:  # a clean close in between: the saved state is whole, the log starts empty
-        assert not dev.device.unclean_shutdown_detected
-        assert dev.device.checksums.log.records == 0
+        assert dev.integrity_report()["log_records_replayed"] > 0
+    with open_parts(cfg) as (dev, device):  # a clean close in between: the saved state is whole, the log starts empty
+        assert not dev.unclean_shutdown_detected
+        assert device.checksums.log.records == 0
         with pytest.raises(PoisonError):  # the poison itself survives
             dev.load(0, 8)
 
@@ -489,14 +490,14 @@ def test_a_lost_chunk_after_a_crash_is_a_miss_and_its_extent_is_reused_safely(tm
     flushed); the extent goes back to the allocator, and a new chunk written there is
     served with its own bytes."""
     image = tmp_path / "m.img"
-    h = open_device(_kv_config(image))
+    h, device = open_parts(_kv_config(image))
     s = KVStore(h)
     t = s.tenant("a")
     keep, lose = b"k1-8192", b"k2-8192"
     t.put_from(keep, chunk_bytes(keep))
     s.flush()
     t.put_from(lose, chunk_bytes(lose))
-    h.device.simulate_power_loss()  # DRAM gone, index journal as the kill left it
+    device.simulate_power_loss()  # DRAM gone, index journal as the kill left it
     s._journal.close()
     h2 = open_device(_kv_config(image))
     s2 = KVStore(h2)
@@ -519,7 +520,7 @@ def test_a_chunk_whose_blocks_were_reused_is_dropped_by_its_fingerprint(tmp_path
     journal's delete record) and the extent now holds another chunk's bytes, the
     fingerprint taken at flush no longer matches and the stale entry is dropped."""
     image = tmp_path / "f.img"
-    h = open_device(_kv_config(image))
+    h, device = open_parts(_kv_config(image))
     s = KVStore(h)
     t = s.tenant("a")
     old = b"k1-8192"
@@ -533,7 +534,7 @@ def test_a_chunk_whose_blocks_were_reused_is_dropped_by_its_fingerprint(tmp_path
     s.flush()
     s._journal.close()
     s._journal = None
-    h.device.simulate_power_loss()
+    device.simulate_power_loss()
     Path(str(image) + ".kvindex").write_bytes(index)  # the delete "never reached" the index
     h2 = open_device(_kv_config(image))
     s2 = KVStore(h2)

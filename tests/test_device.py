@@ -107,9 +107,9 @@ def test_lru_counters_for_a_known_sequence(make_device):
     assert (s["host_reads"], s["host_writes"], s["host_write_bytes"]) == (5, 1, BLOCK)
 
 
-def test_back_end_is_o_direct_and_bytes_land_only_after_write_back(make_device, image):
-    dev = make_device()
-    assert fcntl.fcntl(dev.device.ssd.fd, fcntl.F_GETFL) & os.O_DIRECT
+def test_back_end_is_o_direct_and_bytes_land_only_after_write_back(make_device_parts, image):
+    dev, device = make_device_parts()
+    assert fcntl.fcntl(device.ssd.fd, fcntl.F_GETFL) & os.O_DIRECT
     dev.store(3 * BLOCK + 10, b"payload")
     with open(image, "rb") as f:
         f.seek(3 * BLOCK + 10)
@@ -150,15 +150,15 @@ def test_close_flushes_and_reopen_sees_every_byte(make_device, image):
     assert json.loads(metadata_path(image).read_text())["clean"] is True
     again = make_device(dram_bytes=8 * BLOCK, block_size=8 * KIB)  # a different block size reads the same image
     assert again.load(123, data.size) == data.tobytes()
-    assert not again.device.unclean_shutdown_detected
+    assert not again.unclean_shutdown_detected
 
 
-def test_unclean_shutdown_is_detected(make_device, image):
-    dev = make_device()
+def test_unclean_shutdown_is_detected(make_device, make_device_parts, image):
+    dev, device = make_device_parts()
     dev.store(0, b"x")
-    dev.device.ssd.close()  # the process "dies": no flush, no clean mark
-    dev.device.closed = True
-    assert make_device().device.unclean_shutdown_detected
+    device.ssd.close()  # the process "dies": no flush, no clean mark
+    device.closed = True
+    assert make_device().unclean_shutdown_detected
 
 
 def test_closed_device_refuses_access(make_device):

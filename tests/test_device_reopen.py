@@ -8,6 +8,7 @@ import pytest
 
 from cxlhm.config import ConfigError
 from cxlhm.device import MediaError, PoisonError, SidecarError, metadata_path
+from device_parts import open_parts
 from host_runtime.driver import open_device
 
 BLOCK = 4096
@@ -63,7 +64,7 @@ def test_lost_sidecar_poison_turns_every_unverifiable_block_into_poison(tmp_path
             with pytest.raises(PoisonError):
                 dev.load(b * BLOCK, BLOCK)
         assert dev.load(20 * BLOCK, BLOCK) == bytes(BLOCK)  # never written: a hole, not poison
-        assert dev.device.integrity_report()["rebuilt_sidecars"].startswith("poison")
+        assert dev.integrity_report()["rebuilt_sidecars"].startswith("poison")
         dev.store(0, b"new" * 10)  # a write brings the bytes it covers back
         assert dev.load(0, 30) == b"new" * 10
 
@@ -76,7 +77,7 @@ def test_lost_sidecar_trust_checksums_the_image_as_it_stands(tmp_path):
         assert dev.load(0, len(data)) == data
     with open_device(config(image)) as dev:  # the rebuilt sums were saved: no complaint any more
         assert dev.load(0, len(data)) == data
-        assert dev.device.integrity_report()["rebuilt_sidecars"] == ""
+        assert dev.integrity_report()["rebuilt_sidecars"] == ""
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "empty"])
@@ -111,9 +112,9 @@ def test_damaged_or_missing_metadata_is_a_clear_error(tmp_path):
 
 def test_a_missing_integrity_log_after_a_crash_is_a_clear_error(tmp_path):
     image = tmp_path / "l.img"
-    dev = open_device(config(image))
+    dev, device = open_parts(config(image))
     dev.store(0, b"x" * BLOCK)
-    dev.device.simulate_power_loss()
+    device.simulate_power_loss()
     os.unlink(str(image) + ".cxlhm.ilog")
     with pytest.raises(SidecarError, match=r"\.cxlhm\.ilog is missing after an unclean shutdown"):
         open_device(config(image))
@@ -138,9 +139,9 @@ def test_closing_frees_the_image_while_another_reference_to_it_lingers(tmp_path,
     """A reference to the open image that outlives the device (a child forked meanwhile,
     an io_uring ring torn down in the background) must not keep the image locked."""
     image = tmp_path / "l.img"
-    first = open_device(config(image, backend={"kind": kind}))
+    first, device = open_parts(config(image, backend={"kind": kind}))
     first.store(0, b"mine")
-    lingering = os.dup(first.device.ssd.fd)
+    lingering = os.dup(device.ssd.fd)
     try:
         first.close()
         with open_device(config(image, backend={"kind": kind})) as second:
@@ -161,8 +162,8 @@ def test_another_capacity_is_refused_at_reopen(tmp_path):
 def test_another_block_size_keeps_poison_on_the_lost_bytes_only(tmp_path):
     image = tmp_path / "b.img"
     data = written_image(image, 8)
-    with open_device(config(image)) as dev:
-        dev.device._poison(3, "test: lost")  # old block 3 = bytes [12K, 16K)
+    with open_parts(config(image)) as (dev, device):
+        device._poison(3, "test: lost")  # old block 3 = bytes [12K, 16K)
     with open_device(config(image, block_size=2 * BLOCK, dram_bytes=4 * 2 * BLOCK)) as dev:
         assert dev.load(0, 3 * BLOCK) == data[:3 * BLOCK]  # new block 1 = old blocks 2 and 3: 2 still reads
         with pytest.raises(PoisonError):
@@ -172,9 +173,9 @@ def test_another_block_size_keeps_poison_on_the_lost_bytes_only(tmp_path):
 
 def test_another_block_size_after_a_crash_is_refused(tmp_path):
     image = tmp_path / "u.img"
-    dev = open_device(config(image))
+    dev, device = open_parts(config(image))
     dev.store(0, b"x")
-    dev.device.simulate_power_loss()
+    device.simulate_power_loss()
     with pytest.raises(ConfigError, match="not closed cleanly") as err:
         open_device(config(image, block_size=2 * BLOCK, dram_bytes=8 * BLOCK))
     assert err.value.key == "block_size"
@@ -182,21 +183,21 @@ def test_another_block_size_after_a_crash_is_refused(tmp_path):
 
 def test_flush_raises_when_a_write_back_fails(tmp_path):
     cfg = config(tmp_path / "f.img", backend={"retries": 0, "faults": {"write_error_rate": 1.0}})
-    dev = open_device(cfg)
+    dev, device = open_parts(cfg)
     dev.store(0, b"dirty" * 100)
     with pytest.raises(MediaError, match="write-back of 1 dirty block"):
         dev.flush()
     assert dev.stats()["dirty_blocks"] == 1  # still in device DRAM
-    dev.device.simulate_power_loss()
+    device.simulate_power_loss()
 
 
 # ---------------------------------------------------------------- writes clear poison
 def crashed_with_an_unflushed_block(image):
-    dev = open_device(config(image))
+    dev, device = open_parts(config(image))
     dev.store(0, bytes(range(256)) * 16)
     dev.flush()
     dev.store(BLOCK, b"\xAA" * BLOCK)  # never flushed
-    dev.device.simulate_power_loss()
+    device.simulate_power_loss()
 
 
 def test_sub_block_writes_into_a_block_lost_at_a_crash_succeed_and_read_back(tmp_path):
@@ -217,17 +218,17 @@ def test_sub_block_writes_into_a_block_lost_at_a_crash_succeed_and_read_back(tmp
         dev.store(BLOCK, b"\x01" * 100)
         dev.store(BLOCK + 240, b"\x02" * (BLOCK - 240))  # now every byte was rewritten: whole again
         assert dev.load(BLOCK, BLOCK) == b"\x01" * 100 + b"chunk-a" * 20 + b"\x02" * (BLOCK - 240)
-        assert dev.device.integrity_report()["poisoned_blocks"] == 0
+        assert dev.integrity_report()["poisoned_blocks"] == 0
 
 
 def test_a_rewritten_range_survives_a_second_crash_after_flush(tmp_path):
     image = tmp_path / "x.img"
     crashed_with_an_unflushed_block(image)
-    dev = open_device(config(image))
+    dev, device = open_parts(config(image))
     dev.store(BLOCK + 8, b"kept")
     dev.flush()
     dev.store(BLOCK + 2000, b"lost again")  # after the flush: lost at the next crash
-    dev.device.simulate_power_loss()
+    device.simulate_power_loss()
     with open_device(config(image)) as dev:
         with pytest.raises(PoisonError):  # the unflushed write made the whole block lost again
             dev.load(BLOCK + 8, 4)

@@ -344,12 +344,14 @@ def test_a_read_of_a_poisoned_block_ends_the_job_with_eio_after_the_reads_before
     whole device calls, and the one that touches the block fails the job with EIO,
     naming the block."""
     from cxlhm_apps.fio import engines
-    real = engines.DeviceShare.__init__
+    from host_runtime import driver
+    real, real_device_for, opened = engines.DeviceShare.__init__, driver.device_for, []
 
     def poisoned(self, handle, clock):
         real(self, handle, clock)
-        handle.device._poison(5, "test: lost")
+        opened[-1]._poison(5, "test: lost")  # the device behind the handle the engine was given
 
+    monkeypatch.setattr(driver, "device_for", lambda cfg: opened.append(real_device_for(cfg)) or opened[-1])
     monkeypatch.setattr(engines.DeviceShare, "__init__", poisoned)
     result, out = run(f"[r]\nfilename={tmp_path / 'f.img'}\nsize=256k\nbs=4k\nrw=read\niodepth=4\n{DEVICE}")
     job = out["jobs"][0]

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from cxlhm.mailbox.hints import HintKind
-from host_runtime.driver import open_device
+from device_parts import open_parts
 
 BLOCK = 4096
 SLOTS = 16
@@ -13,21 +13,25 @@ SLOTS = 16
 def open_dev(tmp_path):
     opened = []
 
-    def factory(policy="hymcache", params=None, **extra):
+    def parts(policy="hymcache", params=None, **extra):
+        """(handle, device): white-box tests read the device's parts."""
         cfg = {"capacity": 1 << 22, "block_size": BLOCK, "dram_bytes": SLOTS * BLOCK,
                "backend": {"path": str(tmp_path / "ssd.img")},
                "firmware": {"policy": policy, "params": params or {}, "background": "manual"}, **extra}
-        dev = open_device(cfg)
-        opened.append(dev)
-        return dev
+        opened.append(open_parts(cfg))
+        return opened[-1]
 
+    def factory(*args, **kwargs):
+        return parts(*args, **kwargs).handle
+
+    factory.parts = parts
     yield factory
-    for dev in opened:
+    for dev, _ in opened:
         dev.close()
 
 
 def drain(dev):
-    while dev.device.run_background():
+    while dev.run_background():
         pass
 
 
@@ -46,7 +50,7 @@ def fill_and_evict_prefix(dev, session=7, prefix_blocks=6):
 def test_hinted_prefix_is_read_with_zero_foreground_ssd_reads(open_dev, policy):
     dev = open_dev(policy)
     prefix = fill_and_evict_prefix(dev)
-    dev.device.hint(HintKind.SESSION_RESUME, 7, 0, 6)
+    dev.hint(HintKind.SESSION_RESUME, 7, 0, 6)
     drain(dev)
     before = dev.stats()
     assert dev.load(0, prefix.size, session=7) == prefix.tobytes()
@@ -62,7 +66,7 @@ def test_hinted_prefix_is_read_with_zero_foreground_ssd_reads(open_dev, policy):
 
 def test_appends_stay_in_dram_until_idle_then_reach_the_ssd(open_dev, tmp_path):
     dev = open_dev()
-    dev.device.hint(HintKind.APPEND, 3, 10, 4)
+    dev.hint(HintKind.APPEND, 3, 10, 4)
     dev.store(10 * BLOCK, b"A" * (4 * BLOCK), session=3)
     assert dev.stats()["ssd_write_bytes"] == 0
     with open(tmp_path / "ssd.img", "rb") as f:
@@ -81,7 +85,7 @@ def test_write_buffer_drains_between_watermarks_without_idle_flush(open_dev):
     dev = open_dev(params={"buffer_fraction": 0.5, "high_watermark": 0.75, "low_watermark": 0.25, "idle_flush": 0})
     for i in range(6):
         dev.store(i * BLOCK, b"x" * BLOCK)
-    assert dev.device.run_background() == 0  # at the watermark, nothing to do
+    assert dev.run_background() == 0  # at the watermark, nothing to do
     dev.store(6 * BLOCK, b"x" * BLOCK)
     drain(dev)
     assert dev.stats()["dirty_blocks"] == 2
@@ -101,14 +105,14 @@ def test_clean_victims_first_so_foreground_misses_do_not_wait_for_write_backs(op
 def test_session_end_cancels_its_prefetches_and_demotes_its_blocks(open_dev):
     dev = open_dev()
     fill_and_evict_prefix(dev)
-    dev.device.hint(HintKind.SESSION_RESUME, 7, 0, 6)
-    dev.device.hint(HintKind.SESSION_END, 7, 0, 0)
+    dev.hint(HintKind.SESSION_RESUME, 7, 0, 6)
+    dev.hint(HintKind.SESSION_END, 7, 0, 0)
     drain(dev)
     assert dev.stats()["prefetch_issued"] == 0
     # demotion: an ended session's resident blocks are the first victims
     dev.load(300 * BLOCK, BLOCK, session=5)
     dev.load(301 * BLOCK, BLOCK, session=6)
-    dev.device.hint(HintKind.SESSION_END, 5, 0, 0)
+    dev.hint(HintKind.SESSION_END, 5, 0, 0)
     for i in range(SLOTS - 2):
         dev.load((400 + i) * BLOCK, 1, session=8)
     before = dev.stats()["misses"]
@@ -121,7 +125,7 @@ def test_session_end_cancels_its_prefetches_and_demotes_its_blocks(open_dev):
 def test_prefetch_budget_is_never_exceeded(open_dev):
     dev = open_dev(params={"prefetch_budget": 0.25})  # 4 of 16 slots
     fill_and_evict_prefix(dev, prefix_blocks=12)
-    dev.device.hint(HintKind.SESSION_RESUME, 7, 0, 12)
+    dev.hint(HintKind.SESSION_RESUME, 7, 0, 12)
     drain(dev)
     assert dev.stats()["prefetch_issued"] == 4
     dev.load(0, 2 * BLOCK, session=7)  # reading two frees budget for two more
@@ -132,10 +136,10 @@ def test_prefetch_budget_is_never_exceeded(open_dev):
 def test_prefetches_past_their_deadline_are_dropped(open_dev):
     dev = open_dev(params={"fill_ns": 10**12})  # no read can meet a deadline 1 ms away
     fill_and_evict_prefix(dev)
-    dev.device.hint(HintKind.NEXT_PREFIX, 7, 0, 6, 1_000_000)
+    dev.hint(HintKind.NEXT_PREFIX, 7, 0, 6, 1_000_000)
     drain(dev)
     assert dev.stats()["prefetch_issued"] == 0
-    dev.device.hint(HintKind.NEXT_PREFIX, 7, 0, 6, 0)  # no deadline
+    dev.hint(HintKind.NEXT_PREFIX, 7, 0, 6, 0)  # no deadline
     drain(dev)
     assert dev.stats()["prefetch_issued"] == 6
 
@@ -145,14 +149,14 @@ def test_pinned_blocks_are_never_evicted_and_pins_are_bounded(open_dev, policy):
     dev = open_dev(policy)
     dev.store(0, b"p" * (4 * BLOCK))
     dev.flush()  # clean, so hymcache's clean-first victim choice does not keep them anyway
-    assert dev.device.hint(HintKind.PIN, 0, 0, 4)
+    assert dev.hint(HintKind.PIN, 0, 0, 4)
     for i in range(4 * SLOTS):
         dev.load((100 + i) * BLOCK, 1)
     before = dev.stats()["misses"]
     assert dev.load(0, 4 * BLOCK) == b"p" * (4 * BLOCK)
     assert dev.stats()["misses"] == before
-    assert not dev.device.hint(HintKind.PIN, 0, 50, SLOTS)  # would leave no slot for misses
-    assert dev.device.hint(HintKind.UNPIN, 0, 0, 4)
+    assert not dev.hint(HintKind.PIN, 0, 50, SLOTS)  # would leave no slot for misses
+    assert dev.hint(HintKind.UNPIN, 0, 0, 4)
     for i in range(4 * SLOTS):
         dev.load((100 + i) * BLOCK, 1)
     dev.load(0, 1)
@@ -177,8 +181,8 @@ def test_hymcache_loses_no_byte_under_heavy_eviction(open_dev):
         else:
             hint = [HintKind.SESSION_RESUME, HintKind.NEXT_PREFIX, HintKind.SESSION_END,
                     HintKind.SESSION_PAUSE, HintKind.APPEND][step % 5]
-            dev.device.hint(hint, session, off // BLOCK, 3, 0)
-            dev.device.run_background(int(rng.integers(1, 8)))
+            dev.hint(hint, session, off // BLOCK, 3, 0)
+            dev.run_background(int(rng.integers(1, 8)))
     dev.close()
     dev2 = open_dev()
     assert dev2.load(0, len(model)) == bytes(model)
@@ -188,7 +192,7 @@ def test_hints_through_the_mailbox_reach_the_firmware(open_dev):
     """The whole host path: HintClient -> mailbox registers -> firmware thread -> policy."""
     dev = open_dev()
     prefix = fill_and_evict_prefix(dev)
-    receipt = dev.hints.session_resume(7, [(0, prefix.size)], wait=True)
+    receipt = dev.hint_sink("mailbox").session_resume(7, [(0, prefix.size)], wait=True)
     assert receipt is not None
     drain(dev)
     before = dev.stats()["misses"]
@@ -198,19 +202,19 @@ def test_hints_through_the_mailbox_reach_the_firmware(open_dev):
 
 
 def test_unpin_of_a_range_larger_than_dram_walks_dram_not_the_range(open_dev):
-    dev = open_dev("lru")
+    dev, device = open_dev.parts("lru")
     dev.store(0, b"p" * (3 * BLOCK))
-    assert dev.device.hint(HintKind.PIN, 0, 1, 2)
-    assert dev.device.bt.scalars[1] == 2  # N_PINNED
-    assert dev.device.hint(HintKind.UNPIN, 0, 0, (1 << 22) // BLOCK)  # the whole window
-    assert dev.device.bt.scalars[1] == 0
+    assert dev.hint(HintKind.PIN, 0, 1, 2)
+    assert device.bt.scalars[1] == 2  # N_PINNED
+    assert dev.hint(HintKind.UNPIN, 0, 0, (1 << 22) // BLOCK)  # the whole window
+    assert device.bt.scalars[1] == 0
 
 
 # ---------------------------------------------------------------- prefetch pollution
 
-def _resident(dev, block):
+def _resident(device, block):
     from cxlhm import blocktable as btm
-    return btm.lookup(dev.device.bt, block) >= 0
+    return btm.lookup(device.bt, block) >= 0
 
 
 def fill_dram_clean(dev, first=100, session=1):
@@ -222,14 +226,14 @@ def fill_dram_clean(dev, first=100, session=1):
 @pytest.mark.parametrize("reread", [True, False])
 @pytest.mark.parametrize("policy", ["hymcache", "lru"])
 def test_pollution_counts_host_misses_on_blocks_a_prefetch_evicted(open_dev, policy, reread):
-    dev = open_dev(policy)
+    dev, device = open_dev.parts(policy)
     fill_dram_clean(dev)
     if policy == "hymcache":  # the hinted prefetch evicts the LRU end, block 100
-        dev.device.hint(HintKind.SESSION_RESUME, 7, 0, 1)
+        dev.hint(HintKind.SESSION_RESUME, 7, 0, 1)
         drain(dev)
     else:  # the metric lives in the firmware, not the policy: a plain prefetch counts the same
-        dev.device.prefetch(np.array([0]))
-    assert dev.stats()["prefetch_issued"] == 1 and not _resident(dev, 100)
+        dev.prefetch(np.array([0]))
+    assert dev.stats()["prefetch_issued"] == 1 and not _resident(device, 100)
     if reread:
         dev.load(100 * BLOCK, 1)  # X, pushed out by the prefetch, is missed: pollution
     else:
@@ -245,11 +249,11 @@ def test_pollution_counts_host_misses_on_blocks_a_prefetch_evicted(open_dev, pol
 def test_pollution_is_counted_once_and_not_for_demand_evictions(open_dev):
     dev = open_dev("lru")
     fill_dram_clean(dev)
-    dev.device.prefetch(np.array([0]))  # evicts 100
+    dev.prefetch(np.array([0]))  # evicts 100
     dev.load(100 * BLOCK, 1)  # pollution 1; this miss evicts 101 (a demand eviction)
     dev.load(101 * BLOCK, 1)  # a miss, not pollution
-    dev.device.prefetch(np.array([1]))  # evicts 102 ...
-    dev.device.prefetch(np.array([102]))  # ... which a prefetch brings back: not a host miss
+    dev.prefetch(np.array([1]))  # evicts 102 ...
+    dev.prefetch(np.array([102]))  # ... which a prefetch brings back: not a host miss
     dev.load(102 * BLOCK, 1)
     assert dev.stats()["prefetch_pollution"] == 1
 
@@ -268,19 +272,19 @@ def test_prefetch_ghost_table_is_bounded():
 # ---------------------------------------------------------------- aging of unread prefetches
 
 def test_stale_prefetch_is_evicted_before_a_recently_read_block_and_a_fresh_one_is_kept(open_dev):
-    dev = open_dev()
+    dev, device = open_dev.parts()
     fill_dram_clean(dev)
-    dev.device.hint(HintKind.SESSION_RESUME, 8, 10, 2)  # session B: blocks 10, 11
+    dev.hint(HintKind.SESSION_RESUME, 8, 10, 2)  # session B: blocks 10, 11
     drain(dev)
-    dev.device.hint(HintKind.SESSION_RESUME, 7, 0, 3)  # session A, about to resume: blocks 0-2
+    dev.hint(HintKind.SESSION_RESUME, 7, 0, 3)  # session A, about to resume: blocks 0-2
     drain(dev)
-    assert all(_resident(dev, b) for b in (0, 1, 2, 10, 11))
+    assert all(_resident(device, b) for b in (0, 1, 2, 10, 11))
     dev.load(10 * BLOCK, BLOCK, session=8)  # B's request reads 10 and never 11 ...
-    dev.device.hint(HintKind.SESSION_PAUSE, 8, 0, 0)  # ... and is served: 11 is a stale prefetch
+    dev.hint(HintKind.SESSION_PAUSE, 8, 0, 0)  # ... and is served: 11 is a stale prefetch
     dev.load(115 * BLOCK, 1, session=1)  # a recently read block
     dev.load(400 * BLOCK, 1, session=9)  # a miss: the stale prefetch is the victim
     # 11 goes although plain LRU order would take 105 (read before 11 was prefetched)
-    assert not _resident(dev, 11) and all(_resident(dev, b) for b in range(105, 116))
+    assert not _resident(device, 11) and all(_resident(device, b) for b in range(105, 116))
     for i in range(3 * SLOTS):  # heavy foreground traffic: A's fresh prefetches stay
         dev.load((500 + i) * BLOCK, 1, session=9)
     before = dev.stats()
@@ -292,34 +296,34 @@ def test_stale_prefetch_is_evicted_before_a_recently_read_block_and_a_fresh_one_
 
 def test_served_sessions_free_the_prefetch_budget(open_dev):
     dev = open_dev(params={"prefetch_budget": 0.25})  # 4 of 16 slots
-    dev.device.hint(HintKind.SESSION_RESUME, 7, 0, 4)
+    dev.hint(HintKind.SESSION_RESUME, 7, 0, 4)
     drain(dev)
-    dev.device.hint(HintKind.SESSION_RESUME, 8, 20, 4)
+    dev.hint(HintKind.SESSION_RESUME, 8, 20, 4)
     drain(dev)
     assert dev.stats()["prefetch_issued"] == 4  # the budget is full of session 7's unread blocks
-    dev.device.hint(HintKind.SESSION_PAUSE, 7, 0, 0)  # 7 was served without reading them
+    dev.hint(HintKind.SESSION_PAUSE, 7, 0, 0)  # 7 was served without reading them
     drain(dev)
     assert dev.stats()["prefetch_issued"] == 8  # session 8's queued prefix went out
-    dev.device.hint(HintKind.SESSION_PAUSE, 8, 0, 0)
-    dev.device.hint(HintKind.SESSION_RESUME, 9, 40, 4)
-    dev.device.hint(HintKind.SESSION_PAUSE, 9, 0, 0)  # served before its prefetch ran: cancelled
+    dev.hint(HintKind.SESSION_PAUSE, 8, 0, 0)
+    dev.hint(HintKind.SESSION_RESUME, 9, 40, 4)
+    dev.hint(HintKind.SESSION_PAUSE, 9, 0, 0)  # served before its prefetch ran: cancelled
     drain(dev)
     assert dev.stats()["prefetch_issued"] == 8
 
 
 @pytest.mark.parametrize("ttl_ns, kept", [(1_000_000, False), (10**12, True)])
 def test_unread_prefetch_protection_times_out(open_dev, ttl_ns, kept):
-    dev = open_dev(params={"prefetch_ttl_ns": ttl_ns}, clock="model", data="none")
+    dev, device = open_dev.parts(params={"prefetch_ttl_ns": ttl_ns}, clock="model", data="none")
     fill_dram_clean(dev)
-    dev.device.hint(HintKind.SESSION_RESUME, 7, 0, 2)  # never read, session never paused
+    dev.hint(HintKind.SESSION_RESUME, 7, 0, 2)  # never read, session never paused
     drain(dev)
     for i in range(2, SLOTS):
         dev.load((100 + i) * BLOCK, 1, session=1)  # every other block is newer
-    dev.device.advance_to(dev.device.model.now_ns + 2_000_000)
-    dev.device.run_background()  # the firmware's next round reads the time (hosts' accesses do not set it)
+    dev.advance_to(dev.now_ns() + 2_000_000)
+    dev.run_background()  # the firmware's next round reads the time (hosts' accesses do not set it)
     dev.load(400 * BLOCK, 1, session=9)
-    assert _resident(dev, 0) == kept  # timed out: an ordinary LRU candidate, here the oldest
-    assert _resident(dev, 102) != kept
+    assert _resident(device, 0) == kept  # timed out: an ordinary LRU candidate, here the oldest
+    assert _resident(device, 102) != kept
 
 
 # ---------------------------------------------------------------- write absorption counters
@@ -344,11 +348,11 @@ def test_write_buffer_counters_coalesced_bytes_buffer_reads_and_host_path_write_
 
 
 def test_background_finds_nothing_to_flush_after_a_host_flush(open_dev):
-    dev = open_dev()
+    dev, device = open_dev.parts()
     dev.store(0, b"w" * (3 * BLOCK))
     dev.flush()
-    assert dev.device.run_background() == 0
-    assert dev.device.ps.w_ends[2] == 0  # the written-blocks list was pruned, not rescanned
+    assert dev.run_background() == 0
+    assert device.ps.w_ends[2] == 0  # the written-blocks list was pruned, not rescanned
 
 
 def test_session_end_demotes_the_blocks_a_session_owns_now(open_dev):
@@ -360,8 +364,8 @@ def test_session_end_demotes_the_blocks_a_session_owns_now(open_dev):
     dev.load(301 * BLOCK, BLOCK, session=5)
     dev.load(301 * BLOCK, 1, session=6)  # now session 6's
     dev.load(302 * BLOCK, BLOCK, session=70_000)  # never hinted
-    dev.device.hint(HintKind.SESSION_END, 5, 0, 0)
-    dev.device.hint(HintKind.SESSION_END, 70_000, 0, 0)
+    dev.hint(HintKind.SESSION_END, 5, 0, 0)
+    dev.hint(HintKind.SESSION_END, 70_000, 0, 0)
     for i in range(SLOTS - 1):  # fills DRAM, then evicts two blocks: the demoted ones
         dev.load((400 + i) * BLOCK, 1, session=8)
     before = dev.stats()["misses"]

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from cxlhm import integrity
 from cxlhm import readstream as rs
 from cxlhm.integrity import DIRTY, SUM, BlockChecksums, IntegrityLog, PoisonError, PoisonTable, pack_records
-from host_runtime.driver import open_device
+from device_parts import open_parts
 
 BLOCK = 4096
 REC = struct.Struct("<cQQ")  # the record as the log's format documents it
@@ -157,8 +157,9 @@ def test_a_compaction_replays_to_what_the_history_replays_to(tmp_path_factory, o
 
 # ------------------------------------------------- the streamed loop's own SUM records
 def _device(path, *, blocks, dram_blocks):
-    return open_device({"capacity": blocks * BLOCK, "block_size": BLOCK, "dram_bytes": dram_blocks * BLOCK,
-                        "backend": {"path": str(path)}})
+    """(handle, device): these tests reach the device's integrity log."""
+    return open_parts({"capacity": blocks * BLOCK, "block_size": BLOCK, "dram_bytes": dram_blocks * BLOCK,
+                       "backend": {"path": str(path)}})
 
 
 @pytest.mark.parametrize("where", ["loop", "driver"])
@@ -185,16 +186,16 @@ def test_a_write_stream_logs_its_victims_sums_ahead_and_a_power_loss_keeps_them(
     payload = np.frombuffer(area, np.uint8)
     payload[:] = rng.integers(0, 256, payload.shape[0], dtype=np.uint8)
     last = {int(b): i for i, b in enumerate(order.tolist())}  # block -> its last write
-    with _device(path, blocks=n_blocks, dram_blocks=dram) as dev:
+    with _device(path, blocks=n_blocks, dram_blocks=dram) as (dev, device):
         rewrites = []
-        real_rewrite = dev.device.checksums.log.rewrite
-        monkeypatch.setattr(dev.device.checksums.log, "rewrite", lambda p: rewrites.append(1) or real_rewrite(p))
-        result = dev.device.stream_io(order.astype(np.int64) * BLOCK, np.full(n_writes, BLOCK, np.int64),
-                                        payload.ctypes.data + np.arange(n_writes, dtype=np.int64) * BLOCK, 8,
-                                        writes=np.ones(n_writes, np.uint8))
+        real_rewrite = device.checksums.log.rewrite
+        monkeypatch.setattr(device.checksums.log, "rewrite", lambda p: rewrites.append(1) or real_rewrite(p))
+        result = dev.stream_io(order.astype(np.int64) * BLOCK, np.full(n_writes, BLOCK, np.int64),
+                               payload.ctypes.data + np.arange(n_writes, dtype=np.int64) * BLOCK, 8,
+                               writes=np.ones(n_writes, np.uint8))
         assert result.count == n_writes and dev.stats()["writebacks"] >= result.misses - dram > n_writes // 2
         assert bool(rewrites) == compact
-        dev.device.simulate_power_loss()
+        device.simulate_power_loss()
     final = {}
     for kind, block, value in _records(Path(str(path) + ".cxlhm.ilog")):
         if kind in (SUM, DIRTY):  # (a compacted log starts with RESET)
@@ -205,7 +206,7 @@ def test_a_write_stream_logs_its_victims_sums_ahead_and_a_power_loss_keeps_them(
         if kind == SUM:
             written = payload[last[block] * BLOCK:(last[block] + 1) * BLOCK]
             assert value == xxhash.xxh3_64_intdigest(written), f"block {block}: its SUM is not its bytes' checksum"
-    with _device(path, blocks=n_blocks, dram_blocks=dram) as dev:
+    with _device(path, blocks=n_blocks, dram_blocks=dram) as (dev, _):
         for block in range(n_blocks):
             written = payload[last[block] * BLOCK:(last[block] + 1) * BLOCK]
             try:
@@ -224,15 +225,15 @@ def test_a_frozen_log_takes_no_record_from_the_loop_and_the_stream_goes_on(tmp_p
     payload = np.frombuffer(area, np.uint8)
     payload[:] = rng.integers(0, 256, payload.shape[0], dtype=np.uint8)
     addrs = payload.ctypes.data + np.arange(24, dtype=np.int64) * BLOCK
-    with _device(path, blocks=24, dram_blocks=4) as dev:
-        dev.device.stream_io(np.arange(12, dtype=np.int64) * BLOCK, np.full(12, BLOCK, np.int64), addrs[:12], 4,
-                               writes=np.ones(12, np.uint8))
+    with _device(path, blocks=24, dram_blocks=4) as (dev, device):
+        dev.stream_io(np.arange(12, dtype=np.int64) * BLOCK, np.full(12, BLOCK, np.int64), addrs[:12], 4,
+                      writes=np.ones(12, np.uint8))
         log = Path(str(path) + ".cxlhm.ilog")
         size = log.stat().st_size
         assert size > 0
-        dev.device.checksums.freeze()
-        result = dev.device.stream_io(np.arange(12, 24, dtype=np.int64) * BLOCK, np.full(12, BLOCK, np.int64),
-                                        addrs[12:], 4, writes=np.ones(12, np.uint8))
+        device.checksums.freeze()
+        result = dev.stream_io(np.arange(12, 24, dtype=np.int64) * BLOCK, np.full(12, BLOCK, np.int64),
+                               addrs[12:], 4, writes=np.ones(12, np.uint8))
         assert result.count == 12 and log.stat().st_size == size
         back = np.zeros(24 * BLOCK, np.uint8)
         dev.read_into(0, back)

@@ -7,9 +7,8 @@ import threading
 import numpy as np
 import pytest
 
-from host_runtime.driver import open_device
-from host_runtime.kvstore import (DeviceHints, IndexCorrupt, KVStore, NullHints, PutStatus, RecordingHints,
-                                  Session)
+from device_parts import open_parts
+from host_runtime.kvstore import (IndexCorrupt, KVStore, NullHints, PutStatus, RecordingHints, Session)
 
 KIB = 1024
 BLOCK = 4 * KIB
@@ -29,16 +28,21 @@ def image(tmp_path):
 def dev_factory(image):
     opened = []
 
-    def factory(**over):
+    def parts(**over):
+        """(handle, device): for the tests that reach the device itself."""
         cfg = {"capacity": 1 << 22, "block_size": BLOCK, "dram_bytes": 4 * BLOCK,
                "backend": {"path": image}, **over}
-        h = open_device(cfg)
-        opened.append(h)
-        return h
+        got = open_parts(cfg)
+        opened.append(got.handle)
+        return got
 
+    def factory(**over):
+        return parts(**over).handle
+
+    factory.parts = parts
     yield factory
     for h in opened:
-        if not h.device.closed:
+        if not h.closed:
             h.close()
 
 
@@ -405,16 +409,16 @@ def test_index_survives_a_clean_restart_in_window_mode(dev_factory, image):
     s2.close()
 
 
-def crash(store, handle):
+def crash(store, handle, device):
     """Simulate the host dying: no store close, the device image marked unclean."""
     os.close(store._journal.fd)
     store._journal.fd = -1
     handle.close()
-    handle.device._write_metadata(clean=False)
+    device._write_metadata(clean=False)
 
 
 def test_unclean_shutdown_drops_chunks_not_flushed(dev_factory):
-    h = dev_factory()
+    h, device = dev_factory.parts()
     s = KVStore(h)
     t = s.tenant("t")
     t.put_from(b"durable", chunk(1))
@@ -422,7 +426,7 @@ def test_unclean_shutdown_drops_chunks_not_flushed(dev_factory):
     s.flush()
     t.remove(b"removed")         # a delete always survives (dropping it could expose reused bytes)
     t.put_from(b"late", chunk(3))  # never flushed: its bytes may not be on the SSD
-    crash(s, h)
+    crash(s, h, device)
     s2 = KVStore(dev_factory())
     t2 = s2.tenant("t")
     assert t2.contains(b"durable") and not t2.contains(b"removed") and not t2.contains(b"late")
@@ -483,14 +487,11 @@ def test_journal_compaction_keeps_the_index(dev_factory):
 
 # ---------------------------------------------------------------- the real hint path
 def test_mailbox_hints_drive_hymcache_prefetch(dev_factory):
-    from cxlhm.mailbox import Mailbox
-    from host_runtime.mailbox import MailboxClient
     h = dev_factory(firmware={"policy": "hymcache", "background": "manual"}, dram_bytes=16 * BLOCK)
-    mailbox = Mailbox(h.device).start()
-    client = MailboxClient(mailbox, timeout=30)
+    client = h.mailbox  # the device's own mailbox, started now (closed with the handle)
+    client.timeout = 30
     try:
-        sink = getattr(h, "hints", None) or client.hints
-        s = KVStore(h, hints=sink)
+        s = KVStore(h, hints=h.hint_sink("mailbox"))
         t = s.tenant("t")
         keys = t.prefix_keys(np.arange(96), 16)
         sess = t.open_session()
@@ -501,12 +502,12 @@ def test_mailbox_hints_drive_hymcache_prefetch(dev_factory):
         for i in range(40):  # other traffic pushes the session's chunks to the SSD
             other.put_from(bytes([i]), chunk(i))
         s.flush()
-        while h.device.run_background():
+        while h.run_background():
             pass
         before = h.stats()
         assert sess.resume(keys) == 6
         client.wait_background()
-        while h.device.run_background():
+        while h.run_background():
             pass
         after = h.stats()
         assert after["prefetch_issued"] > before["prefetch_issued"]
@@ -517,20 +518,19 @@ def test_mailbox_hints_drive_hymcache_prefetch(dev_factory):
         sess.end()
         s.close()
     finally:
-        client.close()
-        mailbox.close()
+        h.close()
 
 
 def test_device_hints_pin_the_extents_blocks(dev_factory):
     from cxlhm import blocktable as btm
-    h = dev_factory(dram_bytes=8 * BLOCK)
-    s = KVStore(h, hints=DeviceHints(h.device))
+    h, device = dev_factory.parts(dram_bytes=8 * BLOCK)
+    s = KVStore(h, hints=h.hint_sink("direct"))
     t = s.tenant("t")
     t.put_from(b"k", chunk(1))
     assert t.pin([b"k"]) == 1
-    assert int(h.device.bt.scalars[btm.N_PINNED]) == CHUNK // BLOCK
+    assert int(device.bt.scalars[btm.N_PINNED]) == CHUNK // BLOCK
     t.unpin([b"k"])
-    assert int(h.device.bt.scalars[btm.N_PINNED]) == 0
+    assert int(device.bt.scalars[btm.N_PINNED]) == 0
     s.close()
 
 
@@ -538,14 +538,14 @@ def test_device_hints_pin_the_extents_blocks(dev_factory):
 def test_a_chunk_kept_by_a_reopen_after_a_device_only_open_survives_the_next_crash(dev_factory):
     """crash -> the device opened (and cleanly closed) on its own -> the store reopens,
     flushes, closes cleanly -> crash: every chunk the clean close kept is still kept."""
-    h = dev_factory()
+    h, device = dev_factory.parts()
     s = KVStore(h)
     t = s.tenant("t")
     t.put_from(b"durable", chunk(1))
     s.flush()
     t.put_from(b"late", chunk(2))
     h.flush()  # its bytes reached the SSD, but the store never recorded that
-    crash(s, h)
+    crash(s, h, device)
     dev_factory().close()  # e.g. `cxlhm mailbox health --set backend.path=IMG`: clears the device's mark
     s2 = KVStore(dev_factory())
     out = np.empty(CHUNK, np.uint8)
@@ -554,10 +554,10 @@ def test_a_chunk_kept_by_a_reopen_after_a_device_only_open_survives_the_next_cra
     s2.flush()
     s2.close()
     s2.handle.close()
-    h3 = dev_factory()
+    h3, device3 = dev_factory.parts()
     s3 = KVStore(h3)
     assert set(s3.tenant("t").keys()) == kept
-    crash(s3, h3)
+    crash(s3, h3, device3)
     s4 = KVStore(dev_factory())
     t4 = s4.tenant("t")
     assert set(t4.keys()) == kept and s4.stats()["failed_verification"] == 0

@@ -98,7 +98,7 @@ class MailboxFuzz:
         self.dev = open_device({"capacity": CAPACITY, "block_size": BLOCK, "dram_bytes": 4 * BLOCK,
                                 "backend": {"path": str(folder / "ssd.img")}, "firmware": {"policy": policy}})
         # small thresholds so the background path is exercised too
-        self.mailbox = Mailbox(self.dev.device, background_min_blocks=8, background_step_blocks=2).start()
+        self.mailbox = Mailbox(self.dev, background_min_blocks=8, background_step_blocks=2).start()
         self.client = MailboxClient(self.mailbox, timeout=HANG_S, background_timeout=HANG_S)
         self.stored = np.random.default_rng(5).integers(0, 256, CAPACITY, np.uint8)
         self.dev.write_from(0, self.stored)

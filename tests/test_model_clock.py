@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from cxlhm.mailbox.hints import HintKind
+from device_parts import open_parts
 from host_runtime.driver import open_device
 
 BLOCK = 64 * 1024
@@ -25,12 +26,12 @@ def workload(dev, seed=0):
         hpa = int(rng.integers(0, 200)) * BLOCK + int(rng.integers(0, BLOCK))
         n = int(rng.integers(1, 2 * BLOCK))
         if step % 7 == 0:
-            dev.device.hint(HintKind.SESSION_RESUME, 1 + step % 3, hpa // BLOCK, 4)
-            dev.device.advance_to(dev.stats()["model_now_ns"] + 50_000)
+            dev.hint(HintKind.SESSION_RESUME, 1 + step % 3, hpa // BLOCK, 4)
+            dev.advance_to(dev.stats()["model_now_ns"] + 50_000)
         if rng.random() < 0.3:
-            latencies.append(dev.device.access_one(hpa, n, buf.ctypes.data, True, 1))
+            latencies.append(dev.access_one(hpa, n, buf.ctypes.data, True, 1))
         else:
-            latencies.append(dev.device.access_one(hpa, n, buf.ctypes.data, False, 1))
+            latencies.append(dev.access_one(hpa, n, buf.ctypes.data, False, 1))
     return latencies, dev.stats()
 
 
@@ -54,11 +55,11 @@ def prefix_then_resume(tmp_path, policy, lead_ns):
             dev.store((100 + i) * BLOCK, np.zeros(BLOCK, np.uint8), session=2)
         dev.flush()
         now = dev.stats()["model_now_ns"] + 1e6
-        dev.device.advance_to(now)
-        dev.device.hint(HintKind.SESSION_RESUME, 1, 0, 16)
+        dev.advance_to(now)
+        dev.hint(HintKind.SESSION_RESUME, 1, 0, 16)
         before = dev.stats()
         out = np.empty(16 * BLOCK, np.uint8)
-        latency = dev.device.access_one(0, out.size, out.ctypes.data, False, 1, issue_ns=now + lead_ns)
+        latency = dev.access_one(0, out.size, out.ctypes.data, False, 1, issue_ns=now + lead_ns)
         after = dev.stats()
         assert (out == 1).all()
         return latency, {k: after[k] - before[k] for k in ("misses", "prefetch_useful", "prefetch_late")}
@@ -88,8 +89,8 @@ def test_bad_timing_parameters_are_rejected_with_the_key(tmp_path):
 
 
 def test_latency_records_give_percentiles(tmp_path):
-    with open_device(config(tmp_path, policy="lru")) as dev:
-        rec = dev.device.record_latencies()
+    with open_parts(config(tmp_path, policy="lru")) as (dev, device):
+        rec = device.record_latencies()
         workload(dev)
         assert rec.count == 300
         pct = rec.percentiles()

@@ -27,7 +27,7 @@ import pytest
 from cxlhm.mailbox import Mailbox, Opcode, ReturnCode
 from cxlhm.mailbox import payloads as P
 from cxlhm.mailbox.hints import HintKind
-from host_runtime.driver import open_device
+from device_parts import open_parts
 from host_runtime.mailbox import MailboxClient, MailboxCommandError, MailboxTimeout
 from hintspy import route_hints_through
 from test_reliability import record_figure
@@ -108,11 +108,12 @@ def served(tmp_path):
     made = []
 
     def factory(policy="hymcache", delay_s=0.0, **mailbox_options):
-        dev = open_device({"capacity": CAPACITY, "block_size": BLOCK, "dram_bytes": 64 * BLOCK,
-                           "backend": {"path": str(tmp_path / f"mp{len(made)}.img")}, "firmware": {"policy": policy}})
-        log = HintLog(dev.device.hint, delay_s)
-        route_hints_through(dev.device, log)
-        mb = Mailbox(dev.device, **{"background_min_blocks": 8, "background_step_blocks": 2, **mailbox_options}).start()
+        dev, device = open_parts({"capacity": CAPACITY, "block_size": BLOCK, "dram_bytes": 64 * BLOCK,
+                                  "backend": {"path": str(tmp_path / f"mp{len(made)}.img")},
+                                  "firmware": {"policy": policy}})
+        log = HintLog(device.hint, delay_s)
+        route_hints_through(device, log)
+        mb = Mailbox(device, **{"background_min_blocks": 8, "background_step_blocks": 2, **mailbox_options}).start()
         MailboxClient(mb, timeout=60).identify()  # ready (kernels compiled) before clients arrive
         made.append((dev, mb))
         return dev, mb, log

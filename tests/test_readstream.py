@@ -15,6 +15,7 @@ from cxlhm import counters as C
 from cxlhm.device import STREAM_PASSES
 from cxlhm.integrity import PoisonError
 from cxlhm.mailbox.hints import HintKind
+from device_parts import open_parts
 from host_runtime.driver import open_device
 from threads import run_all
 
@@ -22,9 +23,10 @@ BLOCK = 4096
 
 
 def _device(tmp_path, name="s.img", *, blocks=64, dram_blocks=8, block=BLOCK, **extra):
+    """(handle, device): these tests read the device's stream state itself."""
     cfg = {"capacity": blocks * block, "block_size": block, "dram_bytes": dram_blocks * block,
            "backend": {"path": str(tmp_path / name)}, **extra}
-    return open_device(cfg)
+    return open_parts(cfg)
 
 
 def _buffers(n: int, size: int):
@@ -37,17 +39,17 @@ def _buffers(n: int, size: int):
 
 def _stream(dev, offsets, sizes, depth, **kw):
     flat, addrs, step = _buffers(len(offsets), max(sizes) if len(sizes) else 1)
-    result = dev.device.stream_io(np.asarray(offsets, np.int64), np.asarray(sizes, np.int64), addrs, depth, **kw)
+    result = dev.stream_io(np.asarray(offsets, np.int64), np.asarray(sizes, np.int64), addrs, depth, **kw)
     views = [flat[i * step:i * step + size] for i, size in enumerate(sizes)]
     return result, views
 
 
 def test_streamed_reads_return_the_written_bytes_through_hits_misses_and_evictions(tmp_path):
     rng = np.random.default_rng(1)
-    with _device(tmp_path) as dev:
+    with _device(tmp_path) as (dev, device):
         image = rng.integers(0, 256, 64 * BLOCK, dtype=np.uint8)
         dev.write_from(0, image)
-        dev.device.flush()
+        dev.flush()
         offsets = rng.integers(0, 64 * BLOCK - 3 * BLOCK, 300)  # unaligned, up to 3 blocks each
         sizes = rng.integers(1, 2 * BLOCK, 300)
         result, views = _stream(dev, offsets, sizes, 6)
@@ -57,14 +59,14 @@ def test_streamed_reads_return_the_written_bytes_through_hits_misses_and_evictio
         stats = dev.stats()
         assert result.hits + result.misses == stats["hits"] + stats["misses"] - 64  # the writes' blocks
         assert stats["resident_blocks"] <= 8
-        assert dev.device._inflight == 0 and dev.device._inflight_slots == 0
+        assert device._inflight == 0 and device._inflight_slots == 0
 
 
 def test_the_same_block_twice_in_flight_waits_for_its_fill(tmp_path):
-    with _device(tmp_path) as dev:
+    with _device(tmp_path) as (dev, device):
         dev.write_from(0, np.arange(4 * BLOCK, dtype=np.uint32).view(np.uint8)[:4 * BLOCK])
-        dev.device.flush()
-    with _device(tmp_path) as dev:  # reopened: nothing in DRAM, every first read misses
+        dev.flush()
+    with _device(tmp_path) as (dev, device):  # reopened: nothing in DRAM, every first read misses
         expected = np.arange(4 * BLOCK, dtype=np.uint32).view(np.uint8)[:4 * BLOCK]
         offsets = [0, 10, BLOCK, 5, 2 * BLOCK + 7, 0]
         sizes = [100, 200, BLOCK, 50, 300, BLOCK]
@@ -77,7 +79,7 @@ def test_the_same_block_twice_in_flight_waits_for_its_fill(tmp_path):
 
 def test_dirty_victims_are_written_back_before_their_blocks_are_read_again(tmp_path):
     rng = np.random.default_rng(2)
-    with _device(tmp_path) as dev:
+    with _device(tmp_path) as (dev, device):
         data = rng.integers(0, 256, 8 * BLOCK, dtype=np.uint8)
         dev.write_from(0, data)  # 8 dirty blocks fill the DRAM
         far = np.arange(8, 40) * BLOCK
@@ -90,9 +92,9 @@ def test_dirty_victims_are_written_back_before_their_blocks_are_read_again(tmp_p
 
 
 def test_a_block_whose_ssd_bytes_do_not_match_its_checksum_is_poison_not_data(tmp_path):
-    with _device(tmp_path, dram_blocks=4) as dev:
+    with _device(tmp_path, dram_blocks=4) as (dev, device):
         dev.write_from(0, np.full(16 * BLOCK, 7, np.uint8))
-        dev.device.flush()
+        dev.flush()
         _stream(dev, np.arange(8, 16) * BLOCK, [BLOCK] * 8, 4)  # block 3 leaves DRAM
         with open(tmp_path / "s.img", "r+b") as f:  # the SSD's copy rots behind the device's back
             f.seek(3 * BLOCK + 100)
@@ -101,16 +103,16 @@ def test_a_block_whose_ssd_bytes_do_not_match_its_checksum_is_poison_not_data(tm
             os.fsync(f.fileno())
         with pytest.raises(PoisonError):
             _stream(dev, np.arange(0, 6) * BLOCK, [BLOCK] * 6, 4)
-        assert dev.device.counters[C.CHECKSUM_MISMATCHES] == 1
-        assert 3 in dev.device.poison.blocks
+        assert device.counters[C.CHECKSUM_MISMATCHES] == 1
+        assert 3 in device.poison.blocks
         result, views = _stream(dev, [0, BLOCK], [BLOCK, BLOCK], 2)  # the device keeps working
         assert result.count == 2 and all((v == 7).all() for v in views)
 
 
 def test_a_stream_stops_before_a_poisoned_block(tmp_path):
-    with _device(tmp_path) as dev:
+    with _device(tmp_path) as (dev, device):
         dev.write_from(0, np.full(16 * BLOCK, 3, np.uint8))
-        dev.device._poison(5, "test")
+        device._poison(5, "test")
         result, views = _stream(dev, np.arange(10) * BLOCK, [BLOCK] * 10, 4)
         assert result.count == 5
         assert all((v == 3).all() for v in views[:5])
@@ -118,28 +120,28 @@ def test_a_stream_stops_before_a_poisoned_block(tmp_path):
 
 def test_a_deadline_stops_issuing_and_leaves_nothing_in_flight(tmp_path):
     import time
-    with _device(tmp_path, blocks=512, dram_blocks=8) as dev:
+    with _device(tmp_path, blocks=512, dram_blocks=8) as (dev, device):
         offsets = np.arange(512) * BLOCK
         result, _ = _stream(dev, offsets, [BLOCK] * 512, 8, deadline_ns=time.monotonic_ns() - 1)
         assert result.count == 0
-        assert dev.device._inflight == 0 and dev.device.ssd.queued() == 0
+        assert device._inflight == 0 and device.ssd.queued() == 0
 
 
 def test_a_read_wider_than_the_unpinned_slots_is_split_not_refused(tmp_path):
-    with _device(tmp_path, dram_blocks=3) as dev:
+    with _device(tmp_path, dram_blocks=3) as (dev, device):
         data = np.arange(8 * BLOCK, dtype=np.uint8)
         dev.write_from(0, data)
-        assert dev.device.hint(HintKind.PIN, 0, 0, 2)  # one slot left for everything else
+        assert dev.hint(HintKind.PIN, 0, 0, 2)  # one slot left for everything else
         result, views = _stream(dev, [4 * BLOCK + 5, 2 * BLOCK], [2 * BLOCK, BLOCK], 4)
         assert result.count == 2
         assert (views[0] == data[4 * BLOCK + 5:6 * BLOCK + 5]).all() and (views[1] == data[2 * BLOCK:3 * BLOCK]).all()
-        assert dev.device._inflight == 0
+        assert device._inflight == 0
 
 
 def test_streams_and_writers_on_other_threads_lose_no_update(tmp_path):
     rng = np.random.default_rng(3)
     errors = []
-    with _device(tmp_path, blocks=128, dram_blocks=12) as dev:
+    with _device(tmp_path, blocks=128, dram_blocks=12) as (dev, device):
         base = rng.integers(0, 256, 64 * BLOCK, dtype=np.uint8)
         dev.write_from(0, base)  # blocks 0-63: read-only, streamed by two threads
 
@@ -175,7 +177,7 @@ def test_streams_and_writers_on_other_threads_lose_no_update(tmp_path):
 def test_streamed_reads_agree_with_a_bytearray_model(tmp_path_factory, ops, depth):
     path = tmp_path_factory.mktemp("rs")
     model = bytearray(24 * BLOCK)
-    with _device(path, blocks=24, dram_blocks=3) as dev:
+    with _device(path, blocks=24, dram_blocks=3) as (dev, device):
         for i, (write, off, size) in enumerate(ops):
             size = min(size, 24 * BLOCK - off)
             if write:
@@ -197,16 +199,16 @@ def _on_the_ssd(path, blocks, dram_blocks, block, seed):
     data = np.random.default_rng(seed).integers(0, 256, blocks * block, dtype=np.uint8)
     with open_device(cfg) as dev:
         dev.write_from(0, data)
-        dev.device.flush()
+        dev.flush()
     return cfg, data
 
 
 def test_a_multi_block_read_into_is_one_streamed_pass_and_one_host_read(tmp_path):
     cfg, data = _on_the_ssd(tmp_path / "m.img", 512, 300, BLOCK, 4)
-    with open_device(cfg) as dev:
+    with open_parts(cfg) as (dev, device):
         calls = []
-        real = dev.device.stream_io
-        dev.device.stream_io = lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k)
+        real = device.stream_io
+        device.stream_io = lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k)
         out = np.empty(100 * BLOCK - 10, np.uint8)  # 100 blocks, cut in passes of 16 // STREAM_PASSES
         dev.read_into(5, out)
         assert (out == data[5:5 + out.shape[0]]).all()
@@ -219,16 +221,16 @@ def test_a_wide_read_sends_its_next_pass_before_copying_out_a_landed_one(tmp_pat
     # pass is copied out and completed, so one more than that is in flight at the peak
     block = 32 << 10
     cfg, data = _on_the_ssd(tmp_path / "w.img", 64, 48, block, 9)
-    with open_device(cfg) as dev:
+    with open_parts(cfg) as (dev, device):
         results = []
-        real = dev.device.stream_io
-        dev.device.stream_io = lambda *a, **k: results.append(real(*a, **k)) or results[-1]
+        real = device.stream_io
+        device.stream_io = lambda *a, **k: results.append(real(*a, **k)) or results[-1]
         out = np.empty(40 * block, np.uint8)  # 20 passes of 16 // STREAM_PASSES = 2 blocks
         dev.read_into(3 * block, out)
         assert (out == data[3 * block:43 * block]).all()
         assert results[0].count == 40 // (16 // STREAM_PASSES)
         assert results[0].peak_in_flight > STREAM_PASSES
-        assert dev.device._inflight == 0 and dev.device._inflight_slots == 0
+        assert device._inflight == 0 and device._inflight_slots == 0
 
 
 @pytest.mark.parametrize("hpa,n,skew", [
@@ -244,9 +246,9 @@ def test_streamed_fills_leave_the_same_bytes_in_the_host_and_in_device_dram(tmp_
     data = np.random.default_rng(hpa + skew).integers(0, 256, 64 * block, dtype=np.uint8)
     with open_device(cfg) as dev:
         dev.write_from(0, data)
-    with open_device(cfg) as dev:  # reopened: every read misses, and every block has a checksum
+    with open_parts(cfg) as (dev, device):  # reopened: every read misses, and every block has a checksum
         area, addrs, _ = _buffers(1, n + skew)
-        result = dev.device.stream_io(np.array([hpa], np.int64), np.array([n], np.int64), addrs + skew, 1)
+        result = dev.stream_io(np.array([hpa], np.int64), np.array([n], np.int64), addrs + skew, 1)
         assert result.count == 1 and result.misses == (hpa + n - 1) // block - hpa // block + 1
         assert (area[skew:skew + n] == data[hpa:hpa + n]).all()
         area[:] = 0  # the host reuses its buffer: device DRAM must hold its own copy
@@ -254,8 +256,8 @@ def test_streamed_fills_leave_the_same_bytes_in_the_host_and_in_device_dram(tmp_
         hits0 = dev.stats()["hits"]
         dev.read_into(hpa, again)
         assert dev.stats()["hits"] > hits0 and (again == data[hpa:hpa + n]).all()
-        dev.device.flush()
-        assert dev.device.counters[C.CHECKSUM_MISMATCHES] == 0
+        dev.flush()
+        assert device.counters[C.CHECKSUM_MISMATCHES] == 0
 
 
 # ---------------------------------------------------------------- streams of reads and writes
@@ -268,8 +270,9 @@ RW_BLOCKS = 48
 
 
 def _rw_device(path, dram_blocks=6, block=BLOCK):
-    return open_device({"capacity": RW_BLOCKS * block, "block_size": block, "dram_bytes": dram_blocks * block,
-                        "backend": {"path": str(path)}})
+    """(handle, device), as _device."""
+    return open_parts({"capacity": RW_BLOCKS * block, "block_size": block, "dram_bytes": dram_blocks * block,
+                       "backend": {"path": str(path)}})
 
 
 ops = st.lists(st.tuples(st.booleans(), st.integers(0, RW_BLOCKS * BLOCK - 1), st.integers(1, 3 * BLOCK)),
@@ -293,10 +296,10 @@ def test_a_stream_of_reads_and_writes_is_its_issue_order(tmp_path_factory, ops, 
     flat[:] = rng.integers(0, 256, flat.shape[0], dtype=np.uint8)
     payload = flat.copy()
     addrs = flat.ctypes.data + np.arange(len(ops), dtype=np.int64) * step
-    with _rw_device(path, block=block) as dev:
+    with _rw_device(path, block=block) as (dev, device):
         dev.write_from(0, image)
-        dev.device.flush()
-        result = dev.device.stream_io(offsets, sizes, addrs, depth, writes=writes)
+        dev.flush()
+        result = dev.stream_io(offsets, sizes, addrs, depth, writes=writes)
         assert result.count == len(ops)
         expected = image.copy()
         for i, (w, off, n) in enumerate(zip(writes.tolist(), offsets.tolist(), sizes.tolist())):
@@ -309,8 +312,8 @@ def test_a_stream_of_reads_and_writes_is_its_issue_order(tmp_path_factory, ops, 
         back = np.zeros(RW_BLOCKS * block, np.uint8)
         dev.read_into(0, back)
         assert (back == expected).all()
-        assert dev.device._inflight == 0 and dev.device._inflight_slots == 0
-    with _rw_device(path, dram_blocks=4, block=block) as dev:  # from the SSD, every block checked against its sum
+        assert device._inflight == 0 and device._inflight_slots == 0
+    with _rw_device(path, dram_blocks=4, block=block) as (dev, device):  # from the SSD, every block checked against its sum
         back = np.zeros(RW_BLOCKS * block, np.uint8)
         dev.read_into(0, back)
         assert (back == expected).all()
@@ -327,15 +330,15 @@ def test_a_write_stream_writes_its_dirty_victims_back_on_its_ring_and_loses_noth
                         or real(self, rows, **kw))
     path = tmp_path / "w.img"
     rng = np.random.default_rng(3)
-    with _rw_device(path, dram_blocks=8) as dev:
+    with _rw_device(path, dram_blocks=8) as (dev, device):
         first = rng.integers(0, 256, 8 * BLOCK, dtype=np.uint8)
-        result = dev.device.stream_io(np.arange(8, dtype=np.int64) * BLOCK, np.full(8, BLOCK, np.int64),
+        result = dev.stream_io(np.arange(8, dtype=np.int64) * BLOCK, np.full(8, BLOCK, np.int64),
                                         first.ctypes.data + np.arange(8, dtype=np.int64) * BLOCK, 4,
                                         writes=np.ones(8, np.uint8))
         assert result.count == 8  # DRAM now full of dirty blocks
         data = rng.integers(0, 256, 32 * BLOCK, dtype=np.uint8)
         offsets = (8 + np.arange(32, dtype=np.int64)) * BLOCK
-        result = dev.device.stream_io(offsets, np.full(32, BLOCK, np.int64),
+        result = dev.stream_io(offsets, np.full(32, BLOCK, np.int64),
                                         data.ctypes.data + np.arange(32, dtype=np.int64) * BLOCK, 8,
                                         writes=np.ones(32, np.uint8))
         assert result.count == 32 and sync_calls == []
@@ -343,7 +346,7 @@ def test_a_write_stream_writes_its_dirty_victims_back_on_its_ring_and_loses_noth
         back = np.zeros(40 * BLOCK, np.uint8)
         dev.read_into(0, back)
         assert (back[:8 * BLOCK] == first).all() and (back[8 * BLOCK:] == data).all()
-    with _rw_device(path, dram_blocks=4) as dev:  # from the SSD, each block checked against its recorded sum
+    with _rw_device(path, dram_blocks=4) as (dev, device):  # from the SSD, each block checked against its recorded sum
         back = np.zeros(40 * BLOCK, np.uint8)
         dev.read_into(0, back)
         assert (back[8 * BLOCK:] == data).all() and dev.stats()["checksum_mismatches"] == 0
@@ -355,18 +358,18 @@ def test_a_stream_that_wrote_victims_back_leaves_its_rows_as_a_reset_would(tmp_p
     Streams of writes that evict dirty blocks, one after another on one thread."""
     from cxlhm import readstream as rs
     rng = np.random.default_rng(5)
-    with _rw_device(tmp_path / "r.img", dram_blocks=8) as dev:
+    with _rw_device(tmp_path / "r.img", dram_blocks=8) as (dev, device):
         expected = np.zeros(RW_BLOCKS * BLOCK, np.uint8)
         for round_ in range(4):
             blocks = rng.permutation(RW_BLOCKS)[:24].astype(np.int64)
             data = rng.integers(0, 256, 24 * BLOCK, dtype=np.uint8)
-            result = dev.device.stream_io(blocks * BLOCK, np.full(24, BLOCK, np.int64),
+            result = dev.stream_io(blocks * BLOCK, np.full(24, BLOCK, np.int64),
                                             data.ctypes.data + np.arange(24, dtype=np.int64) * BLOCK, 6,
                                             writes=np.ones(24, np.uint8))
             assert result.count == 24
             for i, b in enumerate(blocks.tolist()):
                 expected[b * BLOCK:(b + 1) * BLOCK] = data[i * BLOCK:(i + 1) * BLOCK]
-            state = dev.device._local.stream
+            state = device._local.stream
             assert state.st[rs.WB_USED] == 0
             assert (state.wb_state == rs.WB_FREE).all() and (state.wb_owner == -1).all()
             assert sorted(state.wb_free.tolist()) == list(range(state.wb_free.shape[0]))
@@ -382,7 +385,7 @@ def test_rot_under_a_wide_streamed_read_is_poison_and_the_rest_arrives(tmp_path,
     copy engine (large blocks: shared with its helper thread): one rotten block among them
     fails the read with poison naming it, never its bytes; the blocks around it read back."""
     n_blocks = 24
-    with _device(tmp_path, blocks=2 * n_blocks, dram_blocks=n_blocks + 8, block=block) as dev:
+    with _device(tmp_path, blocks=2 * n_blocks, dram_blocks=n_blocks + 8, block=block) as (dev, device):
         data = np.random.default_rng(block).integers(0, 256, n_blocks * block, dtype=np.uint8)
         dev.write_from(0, data)
         dev.flush()
@@ -417,20 +420,20 @@ def test_a_write_stream_leaves_the_checksums_and_dirty_set_its_log_replays_to(tm
                         lambda self, state: (handed.append(int(state.st[rs.WB_LANDED])), real(self, state))[1])
     path = tmp_path / "r.img"
     rng = np.random.default_rng(5)
-    with _rw_device(path, dram_blocks=8) as dev:
+    with _rw_device(path, dram_blocks=8) as (dev, device):
         if not room:
-            dev.device.checksums.sums.table = SumTable(capacity=4)
+            device.checksums.sums.table = SumTable(capacity=4)
             monkeypatch.setattr(SumTable, "reserve", lambda self, more: None)
         n = 40
         offsets = rng.permutation(RW_BLOCKS)[:n].astype(np.int64) * BLOCK
         data = rng.integers(0, 256, n * BLOCK, dtype=np.uint8)
-        result = dev.device.stream_io(offsets, np.full(n, BLOCK, np.int64),
+        result = dev.stream_io(offsets, np.full(n, BLOCK, np.int64),
                                         data.ctypes.data + np.arange(n, dtype=np.int64) * BLOCK, 8,
                                         writes=np.ones(n, np.uint8))
         assert result.count == n and dev.stats()["writebacks"] >= n - 8
         landed_by_driver = sum(handed)
         assert (landed_by_driver == 0) == room
-        checksums = dev.device.checksums
+        checksums = device.checksums
         sums, dirty = dict(checksums.sums.items()), set(checksums.dirty)
         assert len(sums) >= n - 8 and dirty
         replayed = BlockChecksums(None, BLOCK)
@@ -448,31 +451,31 @@ def test_a_thread_waiting_for_the_device_gets_it_while_a_long_stream_runs(tmp_pa
     """A stream's slice goes on past its time while nobody waits for the device lock, but
     not for ever: a thread that waits gets the lock while the stream still runs."""
     import time
-    with _device(tmp_path, blocks=4096, dram_blocks=64) as dev:
+    with _device(tmp_path, blocks=4096, dram_blocks=64) as (dev, device):
         n = 1 << 18  # (a stream of a second or so: reads of a fresh, sparse image are quick)
         offsets = (np.arange(n, dtype=np.int64) * 7919 % 4096) * BLOCK
         flat, addrs, _ = _buffers(64, BLOCK)
         addrs = addrs[np.arange(n) % 64]
         times = {}
-        dev.device.stream_io(offsets[:64], np.full(64, BLOCK, np.int64), addrs[:64], 16)  # compiled first
+        dev.stream_io(offsets[:64], np.full(64, BLOCK, np.int64), addrs[:64], 16)  # compiled first
 
         def stream():
             deadline = time.monotonic_ns() + 1_500_000_000
-            times["count"] = dev.device.stream_io(offsets, np.full(n, BLOCK, np.int64), addrs, 16,
+            times["count"] = dev.stream_io(offsets, np.full(n, BLOCK, np.int64), addrs, 16,
                                                     deadline_ns=deadline).count
             times["stream_end"] = time.monotonic()
 
         def other():
             start = time.monotonic()
-            while not dev.device._lock.locked():  # the stream has the lock
+            while not device._lock.locked():  # the stream has the lock
                 if time.monotonic() - start > 30:
                     return
-            with dev.device._lock:
+            with device._lock:
                 times["other"] = time.monotonic()
 
         run_all([threading.Thread(target=stream), threading.Thread(target=other)])
         assert times["count"] > 0 and times["other"] < times["stream_end"]
-        assert dev.device._lock.waiting[0] == 0
+        assert device._lock.waiting[0] == 0
 
 
 @pytest.mark.parametrize("wide", [False, True], ids=["4 KiB reads", "wide reads"])
@@ -510,9 +513,9 @@ def test_an_error_in_a_slice_leaves_the_device_nothing_in_flight(tmp_path, monke
     # wide: reads of two 32 KiB blocks, where the loop issues the next reads before it
     # completes a reap
     block, per_read, n = (32 << 10, 2, 512) if wide else (BLOCK, 1, 4096)
-    dev = _device(tmp_path, blocks=n, dram_blocks=64, block=block)  # (not `with`: close() would wait for ever on a leak)
+    dev, device = _device(tmp_path, blocks=n, dram_blocks=64, block=block)  # (not `with`: close() would wait for ever on a leak)
     dev.store(0, np.random.default_rng(5).integers(0, 256, n * block, dtype=np.uint8))
-    lock = dev.device._lock
+    lock = device._lock
     lock.waiting[0] = 1  # as while a thread waits for the device: each slice ends after a short time
     reads = n // per_read
     try:
@@ -520,7 +523,7 @@ def test_an_error_in_a_slice_leaves_the_device_nothing_in_flight(tmp_path, monke
             _stream(dev, (np.arange(reads) * 7919 % reads) * block * per_read, [block * per_read] * reads, 16)
     finally:
         lock.waiting[0] = 0
-    left = (dev.device._inflight, dev.device._inflight_slots)
+    left = (device._inflight, device._inflight_slots)
     if left == (0, 0):
         monkeypatch.undo()
         assert dev.load(0, BLOCK) == dev.load(0, BLOCK)  # the device still serves
@@ -541,16 +544,16 @@ def test_a_stream_too_large_for_the_caches_streams_its_copies_out(tmp_path, monk
     monkeypatch.setattr(copyengine, "STREAM_MIN_TOTAL", threshold)
     block = 65536
     rng = np.random.default_rng(3)
-    with _device(tmp_path, blocks=16, dram_blocks=4, block=block) as dev:
+    with _device(tmp_path, blocks=16, dram_blocks=4, block=block) as (dev, device):
         image = rng.integers(0, 256, 16 * block, dtype=np.uint8)
         dev.write_from(0, image)
-        dev.device.flush()
+        dev.flush()
         offsets = [b * block for b in (3, 9, 0, 14, 7, 3)]
         result, views = _stream(dev, offsets, [block] * 6, 4)
         assert result.count == 6
         for off, got in zip(offsets, views):
             assert (got == image[off:off + block]).all()
-        assert dev.device._local.stream.st[rs.BYPASS_CACHES] == streams
+        assert device._local.stream.st[rs.BYPASS_CACHES] == streams
 
 
 def test_the_last_level_cache_is_read_from_the_kernels_listing(tmp_path):
@@ -581,8 +584,7 @@ def test_streams_of_several_threads_on_one_device_keep_every_byte(tmp_path):
     each stream's ring): while streams share the device none waits at the SSD holding
     its lock, and every block reads back as its writer wrote it."""
     per, threads_n = 96, 4
-    with _device(tmp_path, blocks=per * threads_n, dram_blocks=24) as dev:
-        device = dev.device
+    with _device(tmp_path, blocks=per * threads_n, dram_blocks=24) as (dev, device):
         barrier = threading.Barrier(threads_n)
         errors = []
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from cxlhm.config import ConfigError
 from cxlhm.integrity import PoisonError
+from device_parts import open_parts
 from host_runtime.driver import open_device
 
 BLOCK = 4096
@@ -30,11 +31,11 @@ def test_transient_read_errors_are_retried_and_invisible(tmp_path):
     with open_device(dev_config(tmp_path / "a.img")) as dev:
         data = np.random.default_rng(0).integers(0, 256, 40 * BLOCK, dtype=np.uint8)
         dev.store(0, data)
-    with open_device(dev_config(tmp_path / "a.img", read_error_rate=0.3, short_read_rate=0.2, retries=8)) as dev:
+    with open_parts(dev_config(tmp_path / "a.img", read_error_rate=0.3, short_read_rate=0.2, retries=8)) as (dev, device):
         assert dev.load(0, data.size) == data.tobytes()
         s = dev.stats()
         assert s["media_retries"] > 0 and s["poisoned_blocks"] == 0
-        assert dev.device.ssd.injected["read_error"] > 0 and dev.device.ssd.injected["short_read"] > 0
+        assert device.ssd.injected["read_error"] > 0 and device.ssd.injected["short_read"] > 0
 
 
 def test_permanent_read_errors_poison_the_block_and_are_listed(tmp_path):
@@ -44,7 +45,7 @@ def test_permanent_read_errors_poison_the_block_and_are_listed(tmp_path):
     with open_device(dev_config(path, read_error_rate=1.0)) as dev:
         with pytest.raises(PoisonError, match="block 1"):
             dev.load(BLOCK + 10, 5)
-        listed = dev.device.poison_records(0, 256 * BLOCK, 16)
+        listed = dev.poison_records(0, 256 * BLOCK, 16)
         assert [(r.dpa, r.length) for r in listed.records] == [(BLOCK, BLOCK)]
         with pytest.raises(PoisonError):  # still poisoned: no second chance for stale bytes
             dev.load(BLOCK, 1)
@@ -93,11 +94,11 @@ def test_failed_write_backs_poison_the_victims(tmp_path):
 
 
 def test_a_full_back_end_poisons_what_no_longer_fits(tmp_path):
-    with open_device(dev_config(tmp_path / "f.img", capacity_bytes=3 * BLOCK)) as dev:
+    with open_parts(dev_config(tmp_path / "f.img", capacity_bytes=3 * BLOCK)) as (dev, device):
         for i in range(8):
             dev.store(i * BLOCK, bytes([i + 1]) * BLOCK)
         evict_all(dev)
-        assert dev.device.ssd.injected["enospc"] > 0
+        assert device.ssd.injected["enospc"] > 0
         assert dev.load(0, BLOCK) == b"\x01" * BLOCK  # written before the back end filled up
         with pytest.raises(PoisonError, match="No space"):
             dev.load(7 * BLOCK, 1)
@@ -125,7 +126,7 @@ def test_under_any_faults_reads_are_exact_or_errors(tmp_path, seed, read_err, wr
                      short_read_rate=short, short_write_rate=short, retries=1)
     cfg["seed"] = seed
     rng = np.random.default_rng(seed)
-    with open_device(cfg) as dev:
+    with open_parts(cfg) as (dev, device):
         for is_write, off, n in ops:
             blocks = set(range(off // BLOCK, (off + n - 1) // BLOCK + 1))
             if is_write:
@@ -140,7 +141,7 @@ def test_under_any_faults_reads_are_exact_or_errors(tmp_path, seed, read_err, wr
                 try:
                     got = dev.load(off, n)
                 except PoisonError:
-                    poison = dev.device.poison
+                    poison = device.poison
                     assert blocks & set(poison.blocks), "an error must name a poisoned block"
                     for b in blocks & set(poison.blocks):
                         gone = np.ones(BLOCK, bool)
@@ -150,7 +151,7 @@ def test_under_any_faults_reads_are_exact_or_errors(tmp_path, seed, read_err, wr
                     continue
                 assert not lost[off:off + n].any(), "bytes reported lost came back"
                 assert got == bytes(model[off:off + n])
-        _record_injected(dev.device.ssd.injected if hasattr(dev.device.ssd, "injected") else {})
+        _record_injected(device.ssd.injected if hasattr(device.ssd, "injected") else {})
 
 
 # ---------------------------------------------------------------- figures (docs/reliability.md)
@@ -208,7 +209,7 @@ def _record_injected(injected: dict) -> None:
 
 
 def test_latency_spikes_and_a_full_back_end_are_counted(tmp_path):
-    with open_device(dev_config(tmp_path / "s.img", spike_rate=0.5, spike_ns=200_000, capacity_bytes=12 * BLOCK)) as dev:
+    with open_parts(dev_config(tmp_path / "s.img", spike_rate=0.5, spike_ns=200_000, capacity_bytes=12 * BLOCK)) as (dev, device):
         data = np.random.default_rng(1).integers(0, 256, 10 * BLOCK, dtype=np.uint8)
         dev.store(0, data)
         dev.flush()
@@ -223,7 +224,7 @@ def test_latency_spikes_and_a_full_back_end_are_counted(tmp_path):
                 assert dev.load(i * BLOCK, BLOCK) == b"z" * BLOCK
             except PoisonError:
                 lost += 1
-        injected = dict(dev.device.ssd.injected)
+        injected = dict(device.ssd.injected)
     assert injected["spike"] > 0 and injected["enospc"] > 0 and lost > 0
     _record_injected({"spike": injected["spike"], "enospc": injected["enospc"]})
 
@@ -255,7 +256,7 @@ def test_register_traffic_survives_another_process_truncating_the_file(tmp_path)
     config = {"capacity": 64 * BLOCK, "block_size": BLOCK, "dram_bytes": SLOTS * BLOCK,
               "backend": {"path": str(tmp_path / "warm.img")}}
     with open_device(config) as dev:  # compile the firmware's kernels before the fork
-        MailboxClient(dev.device.start_mailbox()).identify()
+        MailboxClient(dev.start_mailbox()).identify()
     to_parent, from_child = os.pipe()
     to_child, from_parent = os.pipe()
     pid = os.fork()
@@ -263,7 +264,7 @@ def test_register_traffic_survives_another_process_truncating_the_file(tmp_path)
         code = 3
         try:
             with open_device({**config, "backend": {"path": str(tmp_path / "dev.img")}}) as dev:
-                mailbox = dev.device.start_mailbox()
+                mailbox = dev.start_mailbox()
                 os.write(from_child, mailbox.path.encode() + b"\n")
                 os.read(to_child, 1)  # until the parent is done
                 os.write(from_child, f"{mailbox.registers_restored} {int(mailbox._threads[0].is_alive())}\n".encode())

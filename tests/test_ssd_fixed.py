@@ -15,9 +15,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from cxlhm.config import load_config
+from cxlhm.device import Device
 from cxlhm.media.dram import DeviceDram
 from cxlhm.media.ssd import FIXED_MAX_PIECE, FIXED_MIN_PIECE, FIXED_TABLE, SsdBackend, fixed_piece
-from host_runtime.driver import open_device
+from host_runtime.driver import DeviceHandle, open_device
 
 MIB = 1 << 20
 PAGE = 4096
@@ -127,12 +129,13 @@ def _device_round_trip(path) -> dict:
     every byte back; returns the back end's counts before the close."""
     cfg = {"capacity": 8 * MIB, "block_size": "64KiB", "dram_bytes": MIB, "backend": {"path": str(path)}}
     data = np.random.default_rng(7).integers(0, 256, 8 * MIB, dtype=np.uint8)
-    dev = open_device(cfg)
+    device = Device(load_config(cfg))  # its back end's counts are read below
+    dev = DeviceHandle(device)
     try:
         for hpa in range(0, 8 * MIB, 256 << 10):
             dev.write_from(hpa, data[hpa:hpa + (256 << 10)])
         dev.flush()
-        counts = dev.device.ssd.fixed_counts()
+        counts = device.ssd.fixed_counts()
     finally:
         dev.close()
     dev = open_device(cfg)

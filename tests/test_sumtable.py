@@ -13,6 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from cxlhm import sumtable
 from cxlhm.integrity import BlockChecksums
+from device_parts import open_parts
 from host_runtime.driver import open_device
 
 # few distinct blocks, so probe runs collide and deletes shift entries
@@ -154,8 +155,8 @@ def test_checksums_saved_at_close_are_verified_after_reopen(tmp_path):
            "backend": {"path": str(tmp_path / "d.img")}}
     with open_device(cfg) as dev:
         dev.write_from(0, np.full(16 * 4096, 9, np.uint8))
-    with open_device(cfg) as dev:
-        table = dev.device.checksums.sums.table
+    with open_parts(cfg) as (dev, device):
+        table = device.checksums.sums.table
         assert table.count == 16  # loaded into the table
         found, _ = table.lookup(np.arange(16, dtype=np.int64))
         assert found.all()
@@ -165,15 +166,15 @@ def test_checksums_saved_at_close_are_verified_after_reopen(tmp_path):
 def test_streamed_reads_of_checksummed_blocks_verify_without_leaving_the_loop(tmp_path, monkeypatch):
     cfg = {"capacity": 64 * 4096, "block_size": 4096, "dram_bytes": 4 * 4096,
            "backend": {"path": str(tmp_path / "v.img")}}
-    with open_device(cfg) as dev:
+    with open_parts(cfg) as (dev, device):
         data = np.random.default_rng(1).integers(0, 256, 32 * 4096, dtype=np.uint8)
         dev.write_from(0, data)
-        dev.device.flush()  # every block has a checksum record now
+        dev.flush()  # every block has a checksum record now
         calls = []
-        real = dev.device._stream_verify
-        monkeypatch.setattr(dev.device, "_stream_verify", lambda *a: (calls.append(1), real(*a))[1])
+        real = device._stream_verify
+        monkeypatch.setattr(device, "_stream_verify", lambda *a: (calls.append(1), real(*a))[1])
         out = np.zeros(32 * 4096, np.uint8)
-        result = dev.device.stream_io(np.arange(32, dtype=np.int64) * 4096, np.full(32, 4096, np.int64),
+        result = dev.stream_io(np.arange(32, dtype=np.int64) * 4096, np.full(32, 4096, np.int64),
                                         out.ctypes.data + np.arange(32, dtype=np.int64) * 4096, 4)
         assert result.count == 32 and result.misses >= 28
         assert (out == data).all()

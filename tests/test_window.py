@@ -404,7 +404,7 @@ def test_driver_handle_over_a_window_device(tmp_path):
                        "backend": {"path": str(tmp_path / "img")}})
     with DeviceHandle(WindowDevice(cfg)) as dev:
         dev.store(70_000, b"through the handle")
-        window = dev.device.window
+        window = dev.window
         assert bytes(window.memoryview(70_000, 18)) == b"through the handle"
         window.ndarray(200_000, 5, np.uint8)[:] = 42
         assert dev.load(200_000, 5) == b"\x2a" * 5
@@ -413,7 +413,7 @@ def test_driver_handle_over_a_window_device(tmp_path):
         assert (out == 42).all()
         assert dev.mailbox.identify()  # the CXL mailbox runs over the window device too
         before = window.stats()["prefetch_installed"]
-        dev.hints.pin([(16 * KIB * 40, 16 * KIB)])  # PIN through the mailbox: installs the block
+        dev.hint_sink("mailbox").pin([(16 * KIB * 40, 16 * KIB)])  # PIN through the mailbox: installs the block
         assert window.wait_idle(timeout=10)
         assert window.stats()["prefetch_installed"] == before + 1
 

@@ -21,6 +21,7 @@ from cxlhm.device import behind
 from cxlhm.device import core
 from cxlhm.integrity import PoisonError, checksum
 from cxlhm.media.ssd import SharedRing
+from device_parts import open_parts
 from host_runtime.driver import open_device
 from test_crash import reopen
 
@@ -83,7 +84,7 @@ def test_writes_behind_read_back_as_the_byte_model_says(tmp_path_factory, behind
             elif kind == "stream":  # 4 KiB reads at QD4 through the compiled stream
                 hpas = (a + np.arange(b, dtype=np.int64)) * BLOCK
                 out = np.zeros(b * BLOCK, np.uint8)
-                ran = dev.device.stream_io(hpas, np.full(b, BLOCK, np.int64),
+                ran = dev.stream_io(hpas, np.full(b, BLOCK, np.int64),
                                              out.ctypes.data + np.arange(b, dtype=np.int64) * BLOCK, 4)
                 assert ran.count == b
                 assert out.tobytes() == model[a * BLOCK:(a + b) * BLOCK].tobytes()
@@ -226,15 +227,15 @@ def test_a_long_write_behind_is_checksummed_as_it_is_copied(tmp_path, monkeypatc
     monkeypatch.setattr(core.Device, "_copy_in_hashed",
                         lambda self, s, addr: hashed.append(s.shape[0]) or real(self, s, addr))
     first = _pattern(8 * block, 1)
-    with open_device(cfg) as dev:
+    with open_parts(cfg) as (dev, device):
         dev.store(0, first)
         dev.store(8 * block, _pattern(8 * block, 2))
-        dev.device.drain()
+        device.drain()
         assert hashed == [8, 8]  # (the path under test: each long write went through it)
-        found, sums = dev.device.checksums.sums.lookup(np.arange(8, dtype=np.int64))
+        found, sums = device.checksums.sums.lookup(np.arange(8, dtype=np.int64))
         assert found.all()
         assert sums.tolist() == [checksum(first[b * block:(b + 1) * block]) for b in range(8)]
         for at in range(16, 64, 8):  # evict the first write's blocks: DRAM holds 16
             dev.store(at * block, _pattern(8 * block, at))
-        dev.device.drain()
+        device.drain()
         assert dev.load(0, 8 * block) == first.tobytes()

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from cxlhm.device import waves as device_waves
 from cxlhm.device.media import MediaPath
 from cxlhm.integrity import PoisonError
+from device_parts import open_parts
 from host_runtime.driver import open_device
 
 BLOCK = 4096
@@ -72,9 +73,9 @@ def test_a_full_dram_of_dirty_blocks_is_written_back_in_waves(tmp_path, waves_se
         assert dev.load(0, old.size) == old.tobytes()
 
 
-def _fail_on_reap(monkeypatch, dev, failures: int):
+def _fail_on_reap(monkeypatch, device, failures: int):
     """The first `failures` write completions the waves reap report EIO."""
-    ssd = dev.device.ssd
+    ssd = device.ssd
     real = ssd.reap
     left = [failures]
 
@@ -90,10 +91,10 @@ def _fail_on_reap(monkeypatch, dev, failures: int):
 
 
 def test_a_write_back_that_fails_once_is_retried(tmp_path, waves_seen, monkeypatch):
-    with open_device(config(tmp_path / "r.img")) as dev:
+    with open_parts(config(tmp_path / "r.img")) as (dev, device):
         old = np.full(SLOTS * BLOCK, 7, np.uint8)
         dev.store(0, old)
-        _fail_on_reap(monkeypatch, dev, 3)
+        _fail_on_reap(monkeypatch, device, 3)
         dev.store(64 * BLOCK, np.full(SLOTS * BLOCK, 9, np.uint8))
         assert waves_seen
         stats = dev.stats()
@@ -102,20 +103,20 @@ def test_a_write_back_that_fails_once_is_retried(tmp_path, waves_seen, monkeypat
 
 
 def test_a_write_back_that_keeps_failing_poisons_its_victim_only(tmp_path, waves_seen, monkeypatch):
-    with open_device(config(tmp_path / "p.img")) as dev:
+    with open_parts(config(tmp_path / "p.img")) as (dev, device):
         dev.store(0, np.full(SLOTS * BLOCK, 7, np.uint8))
-        _fail_on_reap(monkeypatch, dev, 1)
-        real_submit = dev.device.ssd.submit
+        _fail_on_reap(monkeypatch, device, 1)
+        real_submit = device.ssd.submit
 
         def failing_submit(ops):  # the retries of that one write-back fail too
             res = real_submit(ops).copy()
             res[ops[:, 3] == 1] = -errno.EIO
             return res
 
-        monkeypatch.setattr(dev.device.ssd, "submit", failing_submit)
+        monkeypatch.setattr(device.ssd, "submit", failing_submit)
         new = np.full(SLOTS * BLOCK, 9, np.uint8)
         dev.store(64 * BLOCK, new)
-        monkeypatch.setattr(dev.device.ssd, "submit", real_submit)
+        monkeypatch.setattr(device.ssd, "submit", real_submit)
         assert dev.stats()["poisoned_blocks"] == 1
         assert dev.load(64 * BLOCK, new.size) == new.tobytes()
         readable = 0

@@ -99,7 +99,7 @@ class PoolService:
                  auth_deadline_s: float = 5.0,
                  flush_interval_s: float = 0.5, pin_fraction: float = 0.25, socket_mode: int = 0o600):
         self.handle = handle
-        self.device = handle.device
+        self.device = handle  # it offers the device interface its ports and hit replay use (HostDevice)
         self.block_size = handle.block_size
         self.socket_path = str(socket_path)
         self.state_dir = Path(state_dir) if state_dir is not None else None

@@ -76,7 +76,6 @@ def _check_poison_range(args: argparse.Namespace, capacity: int) -> None:
 
 @contextlib.contextmanager
 def _client(args: argparse.Namespace):
-    from cxlhm.mailbox import Mailbox
     from host_runtime.mailbox import MailboxClient
     if args.regs:
         with MailboxClient(args.regs, timeout=args.timeout) as client:
@@ -86,17 +85,10 @@ def _client(args: argparse.Namespace):
     cfg = config_from_args(args)
     if args.action == "poison":
         _check_poison_range(args, cfg.capacity)  # before opening anything
-    with open_device(cfg) as handle:
-        # a device that runs its own mailbox (and closes it) provides start_mailbox()
-        start = getattr(handle.device, "start_mailbox", None)
-        owned = start is None
-        mailbox = Mailbox(handle.device).start() if owned else start()
-        try:
-            with MailboxClient(mailbox, timeout=args.timeout) as client:
-                yield client
-        finally:
-            if owned:
-                mailbox.close()
+    with open_device(cfg) as handle:  # its close() closes the mailbox client and the mailbox
+        client = handle.mailbox
+        client.timeout = args.timeout
+        yield client
 
 
 def _identify(client) -> dict:

@@ -307,7 +307,7 @@ class CxlHmTier(Tier):
                  *, params: dict | None = None, hints: bool = True, profile: str = "cmm-h",
                  coarsen: int = NAND_COARSENING, write_mode: str | None = None, timing: dict | None = None):
         from cxlhm.config import load_config
-        from host_runtime.driver import open_device
+        from cxlhm.device import Device
         self.name = f"cxlhm-{policy}"
         self.block = DEVICE_BLOCK
         self.stride = stride
@@ -319,9 +319,11 @@ class CxlHmTier(Tier):
         firmware = {"policy": policy, "background": "manual", "params": dict(params or {})}
         if write_mode:
             firmware["write_mode"] = write_mode
-        self.dev = open_device(profile, capacity=capacity, block_size=self.block, dram_bytes=dram, clock="model",
-                               data="none", firmware=firmware, timing=timing)
-        self.d = self.dev.device
+        # The tier drives the device's own model (its timing state, counters, hints), not a
+        # host's view of it: it opens the Device itself rather than a host_runtime handle.
+        self.dev = self.d = Device(load_config(profile, dict(
+            capacity=capacity, block_size=self.block, dram_bytes=dram, clock="model", data="none",
+            firmware=firmware, timing=timing)))
         self.hints = hints
         self.pcie_down, self.pcie_up = pcie_down, pcie_up
         self.stored = np.zeros(n_chunks, bool)

@@ -1,34 +1,11 @@
-"""Where the store's request-lifecycle hints go: the HintSink protocol and its sinks
-(none, a recorder for tests, the in-process device), and range coalescing."""
+"""Where the store's request-lifecycle hints go: the sinks (host_runtime.hintsinks: the
+HintSink protocol, none, the in-process device; a recorder for tests here) and range
+coalescing. A handle gives a sink only when asked by name: `hints_for(handle, via)`."""
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from collections.abc import Iterable
 
-
-class HintSink(Protocol):
-    """Where the store's hints go. host_runtime.mailbox.HintClient implements it (the
-    real path, through the CXL mailbox); ranges are (hpa, length) pairs."""
-
-    def session_resume(self, session: int, ranges: Sequence[tuple[int, int]]) -> Any: ...
-    def next_prefix(self, session: int, ranges: Sequence[tuple[int, int]], deadline_ns: int = 0) -> Any: ...
-    def append(self, session: int, ranges: Sequence[tuple[int, int]]) -> Any: ...
-    def session_pause(self, sessions: Sequence[int], expected_pause_ns: int = 0) -> Any: ...
-    def session_end(self, sessions: Sequence[int]) -> Any: ...
-    def pin(self, ranges: Sequence[tuple[int, int]]) -> Any: ...
-    def unpin(self, ranges: Sequence[tuple[int, int]]) -> Any: ...
-
-
-class NullHints:
-    """Drops every hint (a device without a mailbox, or LRU firmware that ignores them)."""
-
-    def session_resume(self, session, ranges): return None
-    def next_prefix(self, session, ranges, deadline_ns=0): return None
-    def append(self, session, ranges): return None
-    def session_pause(self, sessions, expected_pause_ns=0): return None
-    def session_end(self, sessions): return None
-    def pin(self, ranges): return None
-    def unpin(self, ranges): return None
+from host_runtime.hintsinks import HINT_SINKS, DeviceHints, HintSink, HintSource, NullHints, hints_for
 
 
 class RecordingHints:
@@ -54,39 +31,6 @@ class RecordingHints:
         return [call[0] for call in self.calls]
 
 
-class DeviceHints:
-    """Delivers hints straight to an in-process `cxlhm.device.Device` (no mailbox): for
-    benches and tests of firmware behaviour. Production hosts use the mailbox."""
-
-    def __init__(self, device):
-        from cxlhm.mailbox.hints import HintKind
-        self.device, self.kind = device, HintKind
-
-    def _blocks(self, ranges):
-        bs = self.device.block_size
-        for hpa, length in ranges:
-            if length > 0:
-                first = hpa // bs
-                yield first, (hpa + length - 1) // bs - first + 1
-
-    def _ranged(self, kind, session, ranges, arg=0):
-        return all([self.device.hint(kind, session, first, n, arg) for first, n in self._blocks(ranges)])
-
-    def session_resume(self, session, ranges): return self._ranged(self.kind.SESSION_RESUME, session, ranges)
-    def next_prefix(self, session, ranges, deadline_ns=0): return self._ranged(self.kind.NEXT_PREFIX, session, ranges, deadline_ns)
-    def append(self, session, ranges): return self._ranged(self.kind.APPEND, session, ranges)
-    def session_pause(self, sessions, expected_pause_ns=0):
-        return all([self.device.hint(self.kind.SESSION_PAUSE, s, 0, 0, expected_pause_ns) for s in sessions])
-    def session_end(self, sessions): return all([self.device.hint(self.kind.SESSION_END, s, 0, 0) for s in sessions])
-    def pin(self, ranges): return self._ranged(self.kind.PIN, 0, ranges)
-    def unpin(self, ranges): return self._ranged(self.kind.UNPIN, 0, ranges)
-
-
-def hints_for(handle) -> HintSink:
-    """The device handle's mailbox hint client when it has one, else NullHints."""
-    return getattr(handle, "hints", None) or NullHints()
-
-
 def coalesce(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     """Merge ranges that touch (chunks of one prompt are usually allocated back to
     back), keeping their order: smaller hint payloads, same blocks."""
@@ -97,3 +41,7 @@ def coalesce(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             out.append([hpa, length])
     return [(h, n) for h, n in out]
+
+
+__all__ = ["HINT_SINKS", "DeviceHints", "HintSink", "HintSource", "NullHints", "RecordingHints", "coalesce",
+           "hints_for"]

@@ -23,7 +23,7 @@ class PersistenceMixin:
             return None
         if index_path is not None:
             return Path(index_path)
-        image = self.handle.device.image_path
+        image = self.handle.image_path
         return None if image is None else Path(image + ".kvindex")
 
     def _meta(self) -> dict:
@@ -31,7 +31,7 @@ class PersistenceMixin:
                 "secret": self._secret.hex(), "image": self._image_identity()}
 
     def _image_identity(self) -> list | None:
-        image = self.handle.device.image_path
+        image = self.handle.image_path
         if image is None:
             return None
         st = os.stat(image)
@@ -73,7 +73,7 @@ class PersistenceMixin:
             replayed = parse_records(payloads)
         except (ValueError, struct.error, UnicodeDecodeError) as exc:
             raise IndexCorrupt(f"{path}: a record does not decode ({exc}); delete the index to start empty") from None
-        device = self.handle.device
+        device = self.handle
         # Unclean: the device says so, or this journal was not closed by close(). The
         # second matters when the device was reopened and closed on its own after a
         # crash (its own unclean mark is gone then, the chunks' durability is not known).
@@ -117,7 +117,7 @@ class PersistenceMixin:
         """The fingerprint of the durable bytes of the chunk at [hpa, +nbytes)."""
         bs = self.handle.block_size
         first = hpa // bs
-        return chunk_fingerprint(self.handle.device.block_checksums(first, (hpa + nbytes - 1) // bs - first + 1))
+        return chunk_fingerprint(self.handle.block_checksums(first, (hpa + nbytes - 1) // bs - first + 1))
 
     def _log(self, payload: bytes) -> None:
         if self._journal is not None:
@@ -154,7 +154,7 @@ class PersistenceMixin:
         with self._lock:
             self.handle.flush()
             if self._journal is not None:
-                if self.handle.device.caps.integrity:
+                if self.handle.caps.integrity:
                     for (tid, key), entry in self._unflushed.items():
                         entry.fp = self._fingerprint(entry.hpa, entry.nbytes)
                         self._journal.append(fp_record(tid, key, entry.fp))
@@ -170,7 +170,7 @@ class PersistenceMixin:
             if self._journal is None:
                 return
             try:
-                if not self.handle.device.closed:
+                if not self.handle.closed:
                     self.flush()
                 self._compact()
                 self._journal.append(CLEAN_CLOSE)

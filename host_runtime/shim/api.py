@@ -79,7 +79,7 @@ class KVShim:
     def __init__(self, tenant: Tenant, *, owned: Sequence[Any] = ()):
         self.tenant = tenant
         self.store: KVStore = tenant.store
-        self._owned = list(owned)  # things this shim opened and closes (store, mailbox, device)
+        self._owned = list(owned)  # things this shim opened and closes (store, then the device handle)
         self._closed = False
 
     # ------------------------------------------------------------ construction
@@ -94,16 +94,13 @@ class KVShim:
         path), "direct" (in-process Device.hint, no mailbox), "none", or a HintSink."""
         from host_runtime.driver import open_device
         handle = open_device(device)
-        owned: list[Any] = []
+        store = None
         try:
-            sink, extra = _hint_sink(handle, hints)
-            owned += extra
-            store = KVStore(handle, index_path=index_path, hints=sink)
-            owned = [store, *owned, handle]
-            return cls(store.tenant(tenant, salt=salt, **dict(tenant_limits or {})), owned=owned)
+            store = KVStore(handle, index_path=index_path, hints=_hint_sink(handle, hints))
+            return cls(store.tenant(tenant, salt=salt, **dict(tenant_limits or {})), owned=[store, handle])
         except BaseException:
-            for thing in owned:
-                _close(thing)
+            if store is not None:
+                _close(store)
             handle.close()
             raise
 
@@ -256,26 +253,15 @@ def _close(thing: Any) -> None:
         log.warning("closing %r failed: %s", thing, exc)
 
 
-def _hint_sink(handle, hints) -> tuple[Any, list]:
-    """(sink, things to close) for the `hints` option of KVShim.open."""
+def _hint_sink(handle, hints) -> Any:
+    """The sink the `hints` option of KVShim.open names (a mailbox it starts is closed
+    with the handle)."""
+    from host_runtime.hintsinks import HINT_SINKS
     if not isinstance(hints, str):
-        return hints, []
-    if hints == "none":
-        from host_runtime.kvstore import NullHints
-        return NullHints(), []
-    if hints == "direct":
-        from host_runtime.kvstore import DeviceHints
-        return DeviceHints(handle.device), []
-    if hints != "mailbox":
+        return hints
+    if hints not in HINT_SINKS:
         raise ValueError(f"hints must be 'mailbox', 'direct', 'none' or a HintSink, got {hints!r}")
-    existing = getattr(handle, "hints", None)
-    if existing is not None:
-        return existing, []
-    from cxlhm.mailbox import Mailbox
-    from host_runtime.mailbox import MailboxClient
-    mailbox = Mailbox(handle.device).start()
-    client = MailboxClient(mailbox)
-    return client.hints, [client, mailbox]
+    return handle.hint_sink(hints)
 
 
 __all__ = ["KVShim", "PutStatus", "RegisteredBuffers", "byte_view", "device_settings", "hints_for"]
