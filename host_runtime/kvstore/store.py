@@ -20,7 +20,7 @@ from host_runtime.kvstore.hints import HintSink, coalesce, hints_for
 from host_runtime.kvstore.journal import Journal, del_record, put_record, tenant_record
 from host_runtime.kvstore.persistence import PersistenceMixin
 from host_runtime.kvstore.pinleases import LeaseTable, PinLease
-from host_runtime.kvstore.tenant import PrefetchTicket, Reservation, Session, Tenant
+from host_runtime.kvstore.tenant import PrefetchTicket, Reservation, Session, Tenant, secret_salt, tenant_identity_bytes
 
 log = logging.getLogger("cxlhm.kvstore")
 
@@ -90,8 +90,8 @@ class KVStore(EvictionMixin, PersistenceMixin):
         takes it below), pin budget, and a fixed chunk size if any."""
         if not isinstance(name, str) or not name or len(name.encode()) > 255:
             raise ValueError(f"a tenant name is a non-empty string of at most 255 bytes, got {name!r}")
-        secret = _as_bytes(secret, "secret")
-        salt = _as_bytes(salt, "salt")
+        secret = tenant_identity_bytes(secret, "secret")
+        salt = tenant_identity_bytes(salt, "salt")
         if secret is not None:
             if len(secret) < 16:
                 raise ValueError(f"a tenant secret is at least 16 bytes (a random token), got {len(secret)}")
@@ -104,7 +104,7 @@ class KVStore(EvictionMixin, PersistenceMixin):
             if t is None:
                 if secret is not None:
                     verifier = self._verifier(secret)
-                    t = self._add_tenant(len(self._tenant_ids) + 1, name, _secret_salt(secret), verifier)
+                    t = self._add_tenant(len(self._tenant_ids) + 1, name, secret_salt(secret), verifier)
                     self._log(tenant_record(t.id, name, b"", verifier))
                 else:
                     salt = salt if salt is not None else kvkeys.salt_digest(self._secret + name.encode())[:16]
@@ -113,7 +113,7 @@ class KVStore(EvictionMixin, PersistenceMixin):
             elif t.verifier:
                 if secret is None or not hmac.compare_digest(self._verifier(secret), t.verifier):
                     raise PermissionError(f"tenant {name!r} is opened with its secret only")
-                t.salt = _secret_salt(secret)  # not persisted: known only while its owner has opened it
+                t.salt = secret_salt(secret)  # not persisted: known only while its owner has opened it
             elif secret is not None:
                 raise PermissionError(f"tenant {name!r} exists without a secret; open it by name or use another name")
             elif salt is not None and salt != t.salt:
@@ -139,9 +139,9 @@ class KVStore(EvictionMixin, PersistenceMixin):
         self._tenant_ids[tid] = t
         return t
 
-    # ------------------------------------------------------------ put path
+    # ------------------------------------------------------------ put path (the TenantStore API from here
+    # on, except the private helpers; storeapi.py documents each method)
     def reserve(self, t: Tenant, key: bytes, nbytes: int, session: Session | None) -> Reservation | PutStatus:
-        """Tenant.reserve's work (the TenantStore API, storeapi.py, documents each of these)."""
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
             raise ValueError(f"a chunk needs a positive byte count, got {nbytes!r}")
         if t.chunk_bytes is not None and nbytes != t.chunk_bytes:
@@ -192,7 +192,6 @@ class KVStore(EvictionMixin, PersistenceMixin):
 
     # ------------------------------------------------------------ get path
     def read_into(self, t: Tenant, key: bytes, views: list[np.ndarray], session: Session | None, exact: bool) -> int | None:
-        """Tenant.get_into's work."""
         total = sum(v.shape[0] for v in views)
         self._reap_leases()
         with self._lock:
@@ -231,7 +230,6 @@ class KVStore(EvictionMixin, PersistenceMixin):
             self._ref(session, entry)
 
     def read_many(self, t: Tenant, keys: list[bytes], out: np.ndarray, session: Session | None) -> int:
-        """Tenant.get_many_into's work."""
         self._reap_leases()
         with self._lock:
             entries = []
@@ -263,7 +261,6 @@ class KVStore(EvictionMixin, PersistenceMixin):
         return len(entries)
 
     def read_range(self, t: Tenant, key: bytes, offset: int, view: np.ndarray) -> bool:
-        """Tenant.read_range's work."""
         self._reap_leases()
         with self._lock:
             entry = t.index.get(key)
@@ -297,7 +294,6 @@ class KVStore(EvictionMixin, PersistenceMixin):
                     self._release_extent(entry)
 
     def touch(self, t: Tenant, keys: list[bytes]) -> None:
-        """Tenant.touch's work."""
         with self._lock:
             for key in keys:
                 entry = t.index.get(key)
@@ -306,7 +302,6 @@ class KVStore(EvictionMixin, PersistenceMixin):
 
     # ------------------------------------------------------------ remove / pin / prefetch
     def remove(self, t: Tenant, key: bytes) -> bool:
-        """Tenant.remove's work."""
         self._reap_leases()
         with self._lock:
             entry = t.index.get(key)
@@ -363,7 +358,6 @@ class KVStore(EvictionMixin, PersistenceMixin):
 
     # ------------------------------------------------------------ pin leases (pinleases.py)
     def lease_pins(self, t: Tenant, keys: list[bytes], lease_s: float, lease_id) -> PinLease:
-        """Tenant.lease_pins's work."""
         lease_s = self._leases.check_duration(lease_s)
         self._reap_leases()
         ranges, released = [], []
@@ -389,7 +383,6 @@ class KVStore(EvictionMixin, PersistenceMixin):
         return lease
 
     def release_lease(self, lease: PinLease) -> int:
-        """PinLease.release's work."""
         ranges: list = []
         with self._lock:
             n = self._drop_lease(lease, ranges)
@@ -398,7 +391,6 @@ class KVStore(EvictionMixin, PersistenceMixin):
         return n
 
     def release_lease_id(self, t: Tenant, lease_id) -> int:
-        """Tenant.release_pins's work."""
         with self._lock:
             lease = self._leases.get(t, lease_id)
         return 0 if lease is None else self.release_lease(lease)
@@ -434,7 +426,6 @@ class KVStore(EvictionMixin, PersistenceMixin):
             self._leases.arm(self._lease_timer)
 
     def prefetch(self, t: Tenant, keys: list[bytes], session: Session | None, deadline_ns: int) -> PrefetchTicket:
-        """Tenant.prefetch's work."""
         with self._lock:
             entries, protected, budget = [], [], t.max_pinned_bytes - t.pinned_bytes - t.protected_bytes
             for key in keys:
@@ -455,7 +446,6 @@ class KVStore(EvictionMixin, PersistenceMixin):
         return PrefetchTicket(t, len(entries), protected, protected_bytes)
 
     def unprotect(self, t: Tenant, entries: list[Entry], nbytes: int) -> None:
-        """A prefetch ticket's release: its entries may be evicted again."""
         with self._lock:
             for entry in entries:
                 entry.protects -= 1
@@ -468,7 +458,6 @@ class KVStore(EvictionMixin, PersistenceMixin):
 
     # ------------------------------------------------------------ sessions
     def open_session(self, t: Tenant, name: str | None, prefix) -> Session:
-        """Tenant.open_session's work."""
         with self._lock:
             if name is None:
                 name = f"s{secrets.token_hex(6)}"
@@ -484,7 +473,6 @@ class KVStore(EvictionMixin, PersistenceMixin):
         return session
 
     def resume_session(self, s: Session, keys: list[bytes]) -> int:
-        """Session.resume's work."""
         t = s.tenant
         with self._lock:
             t.own_session(s)
@@ -505,7 +493,6 @@ class KVStore(EvictionMixin, PersistenceMixin):
         return len(hits)
 
     def session_next_prefix(self, s: Session, keys: list[bytes], deadline_ns: int) -> int:
-        """Session.next_prefix's work."""
         t = s.tenant
         with self._lock:
             t.own_session(s)
@@ -517,7 +504,6 @@ class KVStore(EvictionMixin, PersistenceMixin):
         return len(hits)
 
     def pause_session(self, s: Session, expected_pause_ns: int) -> None:
-        """Session.pause's work."""
         with self._lock:
             s.tenant.own_session(s)
             if s.state == Session.PAUSED:
@@ -530,7 +516,6 @@ class KVStore(EvictionMixin, PersistenceMixin):
         self._hint("session_pause", [s.id], expected_pause_ns)
 
     def end_session(self, s: Session) -> None:
-        """Session.end's work."""
         with self._lock:
             if s.state == Session.ENDED:
                 return
@@ -609,17 +594,3 @@ class KVStore(EvictionMixin, PersistenceMixin):
                     "free_extents": self.alloc.free_extents, "largest_free": self.alloc.largest_free(),
                     "tenants": len(self._tenants), **self.counters}
 
-
-def _as_bytes(value: bytes | str | None, what: str) -> bytes | None:
-    if value is None or isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode()
-    if isinstance(value, (bytearray, memoryview)):
-        return bytes(value)
-    raise TypeError(f"a tenant {what} is bytes or str, got {type(value).__name__}")
-
-
-def _secret_salt(secret: bytes) -> bytes:
-    """The key salt of a secret-identified tenant (derived, so it is never stored)."""
-    return kvkeys.salt_digest(b"cxlhm-tenant-salt:" + secret)[:16]

@@ -381,3 +381,19 @@ class PrefetchTicket:
     @property
     def done(self) -> bool:
         return not self._release.alive
+
+
+def tenant_identity_bytes(value: bytes | str | None, what: str) -> bytes | None:
+    """A tenant's secret or salt as bytes (str is UTF-8 encoded); TypeError otherwise."""
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"a tenant {what} is bytes or str, got {type(value).__name__}")
+
+
+def secret_salt(secret: bytes) -> bytes:
+    """The key salt of a secret-identified tenant (derived, so it is never stored)."""
+    return kvkeys.salt_digest(b"cxlhm-tenant-salt:" + secret)[:16]
