@@ -59,7 +59,8 @@ def test_their_generated_flags_appear_in_serve_bench_help(capsys):
 
 
 def test_their_flags_are_checked_by_their_own_rules(capsys):
-    argv = ["serve-bench", "--workload", "rag", "--configs", "lmcache-compressed", "--no-search", "--out", "/nonexistent"]
+    argv = ["serve-bench", "--workload", "rag", "--configs", "lmcache-compressed", "--no-search",
+            "--out", "/nonexistent"]
     assert cli_main([*argv, "--lmcache-compressed.ratio", "0.5"]) == 2
     assert "--lmcache-compressed.ratio: ratio must be >= 1" in capsys.readouterr().err
     assert cli_main([*argv, "--rag.docs_per_request", "9", "--rag.documents", "5"]) == 2

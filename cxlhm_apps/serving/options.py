@@ -204,7 +204,8 @@ def _metavar(kind) -> str:
 def _show(value) -> str:
     if isinstance(value, Dist):
         return {"constant": f"{value.a:g}", "lognormal": f"lognormal median {value.a:g} sigma {value.b:g}",
-                "uniform": f"uniform {value.a:g}..{value.b:g}", "exponential": f"exponential mean {value.a:g}"}[value.kind]
+                "uniform": f"uniform {value.a:g}..{value.b:g}",
+                "exponential": f"exponential mean {value.a:g}"}[value.kind]
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 

@@ -19,7 +19,8 @@ and sweeps. Register it under the entry-point group ``cxlhm.serving_systems``:
     [project.entry-points."cxlhm.serving_systems"]
     lmcache-compressed = "examples.extending.serving_system:LmcacheCompressed"
 
-or, in a test, ``configs.SYSTEMS.register("lmcache-compressed", "examples.extending.serving_system:LmcacheCompressed")``.
+or, in a test,
+``configs.SYSTEMS.register("lmcache-compressed", "examples.extending.serving_system:LmcacheCompressed")``.
 Then ``cxlhm serve-bench --configs lmcache-local,lmcache-compressed --lmcache-compressed.ratio 4``.
 """
 from __future__ import annotations
