@@ -104,13 +104,6 @@ class Registry(Generic[T]):
         """Add a built-in that is the implementation itself."""
         self.register(name, lambda: implementation, replace=replace)
 
-    def provides(self, name: str) -> Callable[[T], T]:
-        """add() as a decorator: ``@WORKLOADS.provides("agent")`` above the implementation."""
-        def add(implementation: T) -> T:
-            self.add(name, implementation)
-            return implementation
-        return add
-
     def unregister(self, name: str) -> None:
         self._builtins.pop(name, None)
         self._cache.pop(name, None)
