@@ -333,14 +333,14 @@ def test_a_write_stream_writes_its_dirty_victims_back_on_its_ring_and_loses_noth
     with _rw_device(path, dram_blocks=8) as (dev, device):
         first = rng.integers(0, 256, 8 * BLOCK, dtype=np.uint8)
         result = dev.stream_io(np.arange(8, dtype=np.int64) * BLOCK, np.full(8, BLOCK, np.int64),
-                                        first.ctypes.data + np.arange(8, dtype=np.int64) * BLOCK, 4,
-                                        writes=np.ones(8, np.uint8))
+                               first.ctypes.data + np.arange(8, dtype=np.int64) * BLOCK, 4,
+                               writes=np.ones(8, np.uint8))
         assert result.count == 8  # DRAM now full of dirty blocks
         data = rng.integers(0, 256, 32 * BLOCK, dtype=np.uint8)
         offsets = (8 + np.arange(32, dtype=np.int64)) * BLOCK
         result = dev.stream_io(offsets, np.full(32, BLOCK, np.int64),
-                                        data.ctypes.data + np.arange(32, dtype=np.int64) * BLOCK, 8,
-                                        writes=np.ones(32, np.uint8))
+                               data.ctypes.data + np.arange(32, dtype=np.int64) * BLOCK, 8,
+                               writes=np.ones(32, np.uint8))
         assert result.count == 32 and sync_calls == []
         assert dev.stats()["writebacks"] >= 24
         back = np.zeros(40 * BLOCK, np.uint8)
@@ -364,8 +364,8 @@ def test_a_stream_that_wrote_victims_back_leaves_its_rows_as_a_reset_would(tmp_p
             blocks = rng.permutation(RW_BLOCKS)[:24].astype(np.int64)
             data = rng.integers(0, 256, 24 * BLOCK, dtype=np.uint8)
             result = dev.stream_io(blocks * BLOCK, np.full(24, BLOCK, np.int64),
-                                            data.ctypes.data + np.arange(24, dtype=np.int64) * BLOCK, 6,
-                                            writes=np.ones(24, np.uint8))
+                                   data.ctypes.data + np.arange(24, dtype=np.int64) * BLOCK, 6,
+                                   writes=np.ones(24, np.uint8))
             assert result.count == 24
             for i, b in enumerate(blocks.tolist()):
                 expected[b * BLOCK:(b + 1) * BLOCK] = data[i * BLOCK:(i + 1) * BLOCK]
@@ -428,8 +428,8 @@ def test_a_write_stream_leaves_the_checksums_and_dirty_set_its_log_replays_to(tm
         offsets = rng.permutation(RW_BLOCKS)[:n].astype(np.int64) * BLOCK
         data = rng.integers(0, 256, n * BLOCK, dtype=np.uint8)
         result = dev.stream_io(offsets, np.full(n, BLOCK, np.int64),
-                                        data.ctypes.data + np.arange(n, dtype=np.int64) * BLOCK, 8,
-                                        writes=np.ones(n, np.uint8))
+                               data.ctypes.data + np.arange(n, dtype=np.int64) * BLOCK, 8,
+                               writes=np.ones(n, np.uint8))
         assert result.count == n and dev.stats()["writebacks"] >= n - 8
         landed_by_driver = sum(handed)
         assert (landed_by_driver == 0) == room
@@ -462,7 +462,7 @@ def test_a_thread_waiting_for_the_device_gets_it_while_a_long_stream_runs(tmp_pa
         def stream():
             deadline = time.monotonic_ns() + 1_500_000_000
             times["count"] = dev.stream_io(offsets, np.full(n, BLOCK, np.int64), addrs, 16,
-                                                    deadline_ns=deadline).count
+                                           deadline_ns=deadline).count
             times["stream_end"] = time.monotonic()
 
         def other():

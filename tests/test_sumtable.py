@@ -175,7 +175,7 @@ def test_streamed_reads_of_checksummed_blocks_verify_without_leaving_the_loop(tm
         monkeypatch.setattr(device, "_stream_verify", lambda *a: (calls.append(1), real(*a))[1])
         out = np.zeros(32 * 4096, np.uint8)
         result = dev.stream_io(np.arange(32, dtype=np.int64) * 4096, np.full(32, 4096, np.int64),
-                                        out.ctypes.data + np.arange(32, dtype=np.int64) * 4096, 4)
+                               out.ctypes.data + np.arange(32, dtype=np.int64) * 4096, 4)
         assert result.count == 32 and result.misses >= 28
         assert (out == data).all()
         assert calls == []  # good blocks were verified in the compiled loop

@@ -85,7 +85,7 @@ def test_writes_behind_read_back_as_the_byte_model_says(tmp_path_factory, behind
                 hpas = (a + np.arange(b, dtype=np.int64)) * BLOCK
                 out = np.zeros(b * BLOCK, np.uint8)
                 ran = dev.stream_io(hpas, np.full(b, BLOCK, np.int64),
-                                             out.ctypes.data + np.arange(b, dtype=np.int64) * BLOCK, 4)
+                                    out.ctypes.data + np.arange(b, dtype=np.int64) * BLOCK, 4)
                 assert ran.count == b
                 assert out.tobytes() == model[a * BLOCK:(a + b) * BLOCK].tobytes()
             else:

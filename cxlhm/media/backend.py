@@ -5,9 +5,10 @@ rows laid out like `struct cxlhm_io` (buffer address, length, offset, write flag
 cxlhm/media/ssd.py) between host memory and itself. Everything else is optional and
 announced by `caps`:
 
-    async_io     queue() / reap() / stream_ring() / note_queued() / queued() /
-                 async_room(): I/O kept in flight across calls on the calling thread's
-                 io_uring ring (the device's streamed and split-phase reads)
+    async_io     the AsyncBackend protocol below (queue, reap, async_room, queued,
+                 stream_ring, note_queued, shared_ring): I/O kept in flight across calls
+                 on the calling thread's io_uring ring (the device's streamed and
+                 split-phase reads, its write waves and writes behind)
     persistent   bytes survive close() and a reopen of the same path
     direct       I/O bypasses the page cache (O_DIRECT)
 
@@ -25,6 +26,8 @@ import logging
 import os
 
 import numpy as np
+
+from typing import Protocol, runtime_checkable
 
 from cxlhm.configerror import ConfigError
 
@@ -67,6 +70,57 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release everything (the image lock too). No I/O may be running."""
+
+
+@runtime_checkable
+class SplitPhaseRing(Protocol):
+    """A split-phase ring any thread may use while it holds the owner's lock
+    (AsyncBackend.shared_ring); closed with its back end."""
+
+    def queue(self, ops: np.ndarray, tags: np.ndarray) -> int:
+        """Hand the rows to the kernel, tagged; returns how many were queued."""
+
+    def reap_all(self) -> tuple[np.ndarray, np.ndarray]:
+        """Wait for every queued op; (tags, results: bytes or -errno)."""
+
+
+@runtime_checkable
+class AsyncBackend(Protocol):
+    """What a back end with `caps.async_io` offers beyond Backend: I/O kept in flight
+    across calls, per calling thread (each thread has its own ring of `queue_depth`).
+    The device's streamed reads and writes (cxlhm.device.stream), split-phase reads
+    (cxlhm.device.media), write waves and writes behind use it; the back-end
+    conformance suite (cxlhm.testing.backends) checks a back end claiming async_io
+    against it."""
+
+    queue_depth: int
+
+    def queue(self, ops: np.ndarray, tags: np.ndarray) -> int:
+        """Queue the I/O rows without waiting (a completion reports its tag); returns
+        how many were queued, at most async_room()."""
+
+    def reap(self, min_complete: int = 1, max_complete: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Send what is queued, wait until `min_complete` of the calling thread's ops
+        completed; (tags, results: bytes or -errno) of those taken (at most
+        `max_complete` if given). The arrays are reused by the thread's next reap()."""
+
+    def async_room(self) -> int:
+        """Ops the calling thread may still queue (its ring never holds more than
+        queue_depth, so completions never overflow)."""
+
+    def queued(self) -> int:
+        """The calling thread's queued ops not reaped yet."""
+
+    def stream_ring(self) -> tuple[int, int]:
+        """(address of the calling thread's ring, fd): compiled code queues on it itself
+        (cxlhm.readstream), reports what it queued with note_queued() and takes the
+        completions with reap()."""
+
+    def note_queued(self, n: int) -> None:
+        """`n` ops were queued on the calling thread's ring by compiled code."""
+
+    def shared_ring(self, depth: int) -> SplitPhaseRing:
+        """A ring of `depth` entries any thread may use while it holds the caller's lock."""
 
 
 def lock_image(fd: int, path: str, source: str) -> None:

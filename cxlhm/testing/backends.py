@@ -1,8 +1,8 @@
 """The back-end conformance suite: subclass `BackendTests` in a test module, set `kind`
 (a name in cxlhm.media.registry.BACKENDS) or override `open_backend`, and pytest runs
 every check below against it - the round trip, batches, holes, the one-owner lock,
-reopen (if `caps.persistent`), split-phase I/O (if `caps.async_io`), and a hypothesis
-state machine against a dict model.
+reopen (if `caps.persistent`), split-phase I/O and the AsyncBackend protocol (if
+`caps.async_io`), and a hypothesis state machine against a dict model.
 
     from cxlhm.testing.backends import BackendTests
 
@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from cxlhm.config import ConfigError
-from cxlhm.media.backend import Backend, BackendCaps
+from cxlhm.media.backend import AsyncBackend, Backend, BackendCaps, SplitPhaseRing
 from cxlhm.media.registry import BACKENDS
 from cxlhm.media.ssd import IO_FIELDS
 
@@ -42,6 +42,24 @@ class Buffers:
 
     def address(self, i: int) -> int:
         return self.base + i * BLOCK
+
+
+def protocol_members(protocol) -> list[str]:
+    """The attributes and methods a typing.Protocol declares (its own and its bases')."""
+    names: set[str] = set()
+    for cls in protocol.__mro__:
+        if cls is object or cls.__name__ in ("Protocol", "Generic"):
+            continue
+        names |= set(getattr(cls, "__annotations__", {}))
+        names |= {n for n, v in vars(cls).items() if callable(v) and not n.startswith("_")}
+    return sorted(names)
+
+
+def missing_members(obj, protocol) -> list[str]:
+    """What `obj` lacks of `protocol` (a method that is not callable counts as missing)."""
+    wanted = protocol_members(protocol)
+    methods = {n for n in wanted if callable(vars(protocol).get(n))}
+    return [n for n in wanted if not hasattr(obj, n) or (n in methods and not callable(getattr(obj, n)))]
 
 
 def rows(entries) -> np.ndarray:
@@ -125,6 +143,23 @@ class BackendTests:
         try:
             backend.submit(rows([(bufs.address(1), 9, False)]))
             assert (bufs.arrays[1] == 0x5A).all()
+        finally:
+            backend.close()
+
+    def test_a_back_end_claiming_async_io_is_an_async_backend(self, image):
+        """caps.async_io promises the AsyncBackend protocol (what the device's streams,
+        split-phase reads, write waves and writes behind call), its shared ring too."""
+        backend = self.open_backend(image)
+        try:
+            if not backend.caps.async_io:
+                pytest.skip("no split-phase I/O claimed")
+            missing = missing_members(backend, AsyncBackend)
+            assert not missing, f"{type(backend).__name__} claims caps.async_io but lacks {missing} (AsyncBackend)"
+            assert isinstance(backend, AsyncBackend)
+            assert 1 <= backend.async_room() <= backend.queue_depth and backend.queued() == 0
+            ring = backend.shared_ring(4)
+            missing = missing_members(ring, SplitPhaseRing)
+            assert not missing, f"its shared_ring() lacks {missing} (SplitPhaseRing)"
         finally:
             backend.close()
 
