@@ -9,9 +9,9 @@ def notes(jobs: list[JobSpec]) -> list[str]:
     """What fio would say about the jobs before running them, and options accepted but
     not applied here."""
     from cxlhm_apps.fio.options import NOT_MODELLED
-    from cxlhm_apps.fio.raw_engines import ENGINE_OPS
+    from cxlhm_apps.fio.ioengine import engine_ops
     out = []
-    if any(j["iodepth"] > 1 and j["ioengine"] in ENGINE_OPS and ENGINE_OPS[j["ioengine"]].sync for j in jobs):
+    if any(j["iodepth"] > 1 and engine_ops(j["ioengine"]).sync for j in jobs):  # (fio's FIO_SYNCIO engines)
         out.append("note: both iodepth >= 1 and synchronous I/O engine are selected, queue depth will be capped at 1")
     for job in jobs:
         for name in NOT_MODELLED:

@@ -164,6 +164,8 @@ class IOEngineConformance:
         measured = read["slat_ns"]["N"] > 0 and read["slat_ns"]["max"] > 0
         assert measured == self.ops.measures_slat
         depth = data["jobs"][1]["iodepth_level"]
+        capped = "queue depth will be capped at 1" in err
+        assert capped == (self.ops.sync and self.iodepth > 1), err  # what fio says of a synchronous engine
         if self.ops.sync:
             assert depth["1"] == 100.0  # fio caps a synchronous engine's queue at 1
         else:
