@@ -2,7 +2,8 @@
 of I/Os at a time with numpy (never one Python call per I/O on the hot path).
 
 Semantics follow fio:
-- rwmixread picks each mixed I/O's direction; sequential directions keep their own
+- rwmixread picks each mixed I/O's direction, with fio's generator and rule where the
+  runner gives one (fiorand.MixedDirections); sequential directions keep their own
   position (fio's per-direction last_pos) and wrap at the end of the region.
 - bs / bsrange / bssplit per direction; bsrange sizes are multiples of the low end.
 - random offsets are aligned to the smallest block size of the job (or blockalign);
@@ -11,6 +12,9 @@ Semantics follow fio:
   block sizes (bssplit, bsrange) the map works as fio's: cells of the smallest size, a
   random cell (the next free one after it when it is taken), and an I/O shortened to
   the free stretch of the map at its offset, so big blocks shrink as a pass fills up.
+- `loops`: each pass of loop_bytes starts the direction rule's count again and, with
+  randrepeat (fio seeds every generator again per pass), the same offsets, sizes and
+  directions as the first pass.
 - rw=randread:N issues N I/Os per random offset (rw_sequencer: sequential or
   identical); rw=read:SIZE skips SIZE after each sequential I/O.
 """
@@ -21,6 +25,7 @@ import dataclasses
 import numpy as np
 
 from cxlhm_apps.fio.distributions import BlockPermutation, BlockSampler, DistSpec
+from cxlhm_apps.fio.fiorand import MixedDirections
 from cxlhm_apps.fio.options import READ, WRITE, RwMode
 
 
@@ -86,8 +91,14 @@ class Chunk:
 class IoGenerator:
     def __init__(self, *, rw: RwMode, sequencer: str, rwmixread: int, sizes: tuple[SizeChoice, SizeChoice],
                  region_start: int, region_len: int, distribution: DistSpec | None, randommap: bool,
-                 seed: int, bytes_budget: int | None, ios_budget: int | None, blockalign: int | None = None):
+                 seed: int, bytes_budget: int | None, ios_budget: int | None, blockalign: int | None = None,
+                 directions: MixedDirections | None = None, loop_bytes: int | None = None,
+                 reseed_loops: bool = False):
         self.rw, self.sequencer, self.rwmixread = rw, sequencer, rwmixread
+        self.directions = directions if rw.mixed else None
+        self.distribution = distribution
+        self.loop_bytes, self.reseed_loops = loop_bytes, reseed_loops
+        self.loop_left = loop_bytes  # bytes of this pass still to issue (None: one pass)
         self.sizes = sizes
         active = [sizes[d] for d in (READ, WRITE) if (rw.reads, rw.writes)[d]]
         self.align = blockalign or min(c.min for c in active)
@@ -95,7 +106,6 @@ class IoGenerator:
         self.start = region_start
         self.length = region_len - region_len % self.align
         self.seed = seed
-        self.rng = np.random.default_rng(seed)
         self.uniform = distribution is None or distribution.kind == "random"
         self.randommap = randommap and self.uniform
         # fio's random map marks every block an I/O covers, so I/Os of one pass never
@@ -107,13 +117,35 @@ class IoGenerator:
             self.bitmap = np.zeros(max(1, self.length // self.unit), bool)
             self._map_free = self.bitmap.shape[0]
         self.nblocks = max(1, self.length // self.unit)
-        self.sampler = BlockSampler(distribution, self.nblocks, seed + 1, block_bytes=self.align)
-        self.permutation = BlockPermutation(self.nblocks, seed + 2) if self.randommap else None
-        self._pass, self._drawn = 0, 0  # random-map pass and position in it
+        self._seed_generators()
         self.seq_pos = [0, 0]  # per-direction sequential position (relative to the region)
         self.bytes_left = bytes_budget
         self.ios_left = ios_budget
         self.issued = 0
+
+    def _seed_generators(self) -> None:
+        seed = self.seed
+        self.rng = np.random.default_rng(seed)
+        self.sampler = BlockSampler(self.distribution, self.nblocks, seed + 1, block_bytes=self.align)
+        self.permutation = BlockPermutation(self.nblocks, seed + 2) if self.randommap else None
+        self._pass, self._drawn = 0, 0  # random-map pass and position in it
+        if self.bitmap is not None:
+            self.bitmap[:] = False
+            self._map_free = self.bitmap.shape[0]
+
+    def _new_loop(self) -> None:
+        """The next `loops` pass (fio's clear_io_state): under randrepeat every generator
+        starts again from its seed, so the pass repeats the first one's I/Os."""
+        self.loop_left = self.loop_bytes
+        if self.reseed_loops:
+            self._seed_generators()
+        if self.directions is not None:
+            self.directions.new_pass(self.reseed_loops)
+
+    def _bytes_cap(self) -> int | None:
+        """Bytes that may still go out: the job's budget, and this pass's."""
+        caps = [c for c in (self.bytes_left, self.loop_left) if c is not None]
+        return min(caps) if caps else None
 
     @property
     def exhausted(self) -> bool:
@@ -124,9 +156,15 @@ class IoGenerator:
         if self.exhausted:
             empty = np.zeros(0, np.int64)
             return empty.astype(np.int8), empty, empty
+        if self.loop_left is not None and self.loop_left <= 0:
+            self._new_loop()
         if self.ios_left is not None:
             n = min(n, self.ios_left)
-        if self.rw.mixed:
+        drawn_from, drawn = None, n
+        if self.directions is not None:
+            drawn_from = self.directions.snapshot()
+            direction = self.directions.draw(n)
+        elif self.rw.mixed:
             direction = (self.rng.random(n) * 100.0 >= self.rwmixread).astype(np.int8)
         else:
             direction = np.full(n, WRITE if self.rw.writes else READ, np.int8)
@@ -139,16 +177,22 @@ class IoGenerator:
             offset, n = self._mapped_offsets(size)
             direction, size, offset = direction[:n], size[:n], offset[:n]
         else:
-            if self.bytes_left is not None:  # fio issues while fewer bytes than the budget went out:
+            cap = self._bytes_cap()
+            if cap is not None:  # fio issues while fewer bytes than the budget went out:
                 # the I/O that reaches it is the last, whole (random sizes may overshoot)
-                n = min(n, int(np.searchsorted(np.cumsum(size), self.bytes_left, side="left")) + 1)
+                n = min(n, int(np.searchsorted(np.cumsum(size), cap, side="left")) + 1)
                 direction, size = direction[:n], size[:n]
             if self.rw.random:
                 offset = self._random_offsets(size, direction)
             else:
                 offset = self._sequential_offsets(size, direction)
+        if drawn_from is not None and n < drawn:  # fio drew only for the I/Os it issued
+            self.directions.restore(drawn_from)
+            self.directions.draw(n)
         if self.bytes_left is not None:
             self.bytes_left -= int(size.sum())
+        if self.loop_left is not None:
+            self.loop_left -= int(size.sum())
         if self.ios_left is not None:
             self.ios_left -= n
         self.issued += n
@@ -195,7 +239,7 @@ class IoGenerator:
         offset = np.empty(size.shape[0], np.int64)
         draws = self.rng.integers(0, cells, size.shape[0]).tolist()
         sizes = size.tolist()
-        left = self.bytes_left
+        left = self._bytes_cap()
         for i, cell in enumerate(draws):
             if left is not None:
                 if left <= 0:

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from cxlhm_apps.fio import clocks, files, flow, pacing, schedule
+from cxlhm_apps.fio import clocks, files, fiorand, flow, pacing, schedule
 from cxlhm_apps.fio import verify as VF
 from cxlhm_apps.fio.devices import check_images_stay_the_devices, describe_device, open_devices
 from cxlhm_apps.fio.notes import notes
@@ -134,7 +134,7 @@ def plan_clones(jobs: list[JobSpec]) -> list[ClonePlan]:
 class Worker:
     """Runs one job clone in its own thread."""
 
-    def __init__(self, plan: ClonePlan, share: DeviceShare | None, seed: int):
+    def __init__(self, plan: ClonePlan, share: DeviceShare | None, seed: int, thread_number: int = 1):
         self.plan, self.share, self.job = plan, share, plan.job
         job = self.job
         self.stats = JobStats(job.name, plan.groupid, iodepth=job["iodepth"])
@@ -143,13 +143,21 @@ class Worker:
         self.seed = seed
         rw = job["rw"]
         budget = None
+        loop_bytes = None
         if not job["time_based"]:
             budget = (job["io_size"] or plan.region_len) * job["loops"]
+            loop_bytes = _loop_pass_bytes(job, plan)
+        directions = None
+        if rw.mixed:  # fio's generator for the directions (its seeds: randseed and the job's number)
+            repeatable = job["randrepeat"] or "randseed" in job.given
+            directions = fiorand.MixedDirections(job["randseed"] if repeatable else seed, thread_number,
+                                                 job["rwmixread"])
         self.gen = IoGenerator(rw=rw, sequencer=job["rw_sequencer"], rwmixread=job["rwmixread"], sizes=sizes,
                                region_start=plan.region_start, region_len=plan.region_len,
                                distribution=job["random_distribution"], randommap=not job["norandommap"],
                                seed=seed, bytes_budget=budget, ios_budget=job["number_ios"],
-                               blockalign=_blockalign(job))
+                               blockalign=_blockalign(job), directions=directions, loop_bytes=loop_bytes,
+                               reseed_loops=bool(job["randrepeat"]))
         qd = job["iodepth"]
         # With verify the arena's slots hold the stamped writes until they are issued: it is
         # cut in two halves, so the next chunk is stamped into one on the side thread while
@@ -512,6 +520,22 @@ class Worker:
             self.verify_arena.close()
 
 
+def _loop_pass_bytes(job: JobSpec, plan: ClonePlan) -> int | None:
+    """The bytes after which fio starts its next `loops` pass (its do_io returns), or None
+    when the whole job is one pass. fio ends a pass once the bytes it counts as issued
+    reach `size` (`io_size` if larger, for random writes without the random map) - and
+    counts only I/Os an engine queues: a synchronous engine's completed I/Os are never
+    counted, so under psync, sync, pvsync, pvsync2 or mmap every loop runs in one pass."""
+    from cxlhm_apps.fio.raw_engines import ENGINE_OPS
+    ops = ENGINE_OPS.get(job["ioengine"])
+    if job["loops"] <= 1 or job["time_based"] or (ops is not None and ops.sync):
+        return None
+    rw = job["rw"]
+    if rw.writes and rw.random and job["norandommap"] and job["io_size"]:
+        return max(plan.region_len, job["io_size"])
+    return plan.region_len
+
+
 def _blockalign(job: JobSpec) -> int | None:
     """The alignment of random offsets blockalign gives for the job's directions."""
     given = [job["blockalign"][d] for d in (READ, WRITE) if (job["rw"].reads, job["rw"].writes)[d]]
@@ -548,7 +572,7 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None) -> RunRes
     try:
         for plan in plans:
             share = shares.get(os.path.realpath(plan.filename)) if engine_of(plan.job).uses_device else None
-            worker = Worker(plan, share, _seed_for(plan.job, plan.clone))
+            worker = Worker(plan, share, _seed_for(plan.job, plan.clone), thread_number=len(workers) + 1)
             workers.append(worker)
             worker.logs = JobLogs(plan.job, len(workers))  # (fio numbers the logs by clone, from 1)
             worker.open_engine()

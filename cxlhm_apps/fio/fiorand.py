@@ -1,0 +1,111 @@
+"""fio's own random sequence for the one choice whose result a report shows as a figure:
+the direction of each I/O of a mixed job (rw=randrw/rw, rwmixread).
+
+fio seeds each job's generators from `randseed` (default 0x89) and the job's number
+(`thread_number`: jobs and clones counted from 1 in the order of the job file), draws a
+mixed job's directions from a 32-bit Tausworthe generator (taus88) of its own, and with
+`randrepeat=1` (the default) seeds it again at the start of every `loops` pass. Its rule
+(io_u.c, get_rw_ddir) is not one draw per I/O: the direction is drawn again only once the
+current one has issued `rwmix_issues` I/Os, which a change of direction sets to the I/Os the
+direction left behind has issued so far times the new one's share; a new pass sets it to 0.
+A job whose passes are short thus repeats the same few dozen draws: fio's fsx example
+(64 I/Os per pass, 50/50) reads 45.3% of its I/Os in every run. The offsets and sizes
+keep cxlhm's own (numpy) generators: only the statistics of those are fio's.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+_M32 = 0xFFFFFFFF
+_M64 = (1 << 64) - 1
+_GOLDEN = 0x9E370001  # fio's seed multiplier (init.c, setup_random_seeds)
+RAND_MIX_OFF = 4  # fio.h: FIO_RAND_MIX_OFF, the index of the direction generator's seed
+_NR_OFFS = 21  # fio.h: FIO_RAND_NR_OFFS in 3.33
+
+
+def job_seeds(randseed: int, thread_number: int) -> list[int]:
+    """fio's per-job seeds (rand_seeds[]) for `randseed` and the job's number (from 1)."""
+    seed = randseed & _M64
+    for _ in range(4):
+        seed = (seed * _GOLDEN) & _M64
+    out = []
+    for i in range(_NR_OFFS):
+        out.append((seed * thread_number + i) & _M64)
+        seed = (seed * _GOLDEN) & _M64
+    return out
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _taus88(state):
+    s1, s2, s3 = state[0], state[1], state[2]
+    m = np.uint64(0xFFFFFFFF)
+    s1 = (((s1 & np.uint64(4294967294)) << np.uint64(12)) & m) ^ ((((s1 << np.uint64(13)) & m) ^ s1) >> np.uint64(19))
+    s2 = (((s2 & np.uint64(4294967288)) << np.uint64(4)) & m) ^ ((((s2 << np.uint64(2)) & m) ^ s2) >> np.uint64(25))
+    s3 = (((s3 & np.uint64(4294967280)) << np.uint64(17)) & m) ^ ((((s3 << np.uint64(3)) & m) ^ s3) >> np.uint64(11))
+    state[0], state[1], state[2] = s1, s2, s3
+    return s1 ^ s2 ^ s3
+
+
+def taus88_state(seed: int) -> np.ndarray:
+    """fio's __init_rand32: the generator's three words for a seed (cut to 32 bits, as
+    fio's `(unsigned int) seed`), after its six warm-up steps."""
+    seed &= _M32
+
+    def at_least(x: int, m: int) -> int:
+        return x + m if x < m else x
+
+    s1 = at_least(((53 * 69069) & _M32) ^ seed, 1) & _M32  # fio's LCG((2^31) + (2^17) + (2^7)): ^ is xor, 53
+    s2 = at_least(((s1 * 69069) & _M32) ^ seed, 7) & _M32
+    s3 = at_least(((s2 * 69069) & _M32) ^ seed, 15) & _M32
+    state = np.array([s1, s2, s3], np.uint64)
+    for _ in range(6):
+        _taus88(state)
+    return state
+
+
+@numba.njit(nogil=True, cache=True)
+def _mixed_directions(state, counters, rwmixread, out):
+    """fio's get_rw_ddir for len(out) I/Os. counters: io_issues[read], io_issues[write],
+    rwmix_issues, rwmix_ddir (all updated)."""
+    mix0 = rwmixread
+    mix1 = 100 - rwmixread
+    for i in range(out.shape[0]):
+        cur = counters[3]
+        if counters[cur] >= counters[2]:
+            r = _taus88(state)
+            v = 1 + np.int64(100.0 * (np.float64(r) / 4294967296.0))  # rand_between(1, 100)
+            d = 0 if v <= mix0 else 1
+            if d != cur:
+                counters[2] = counters[cur] * (mix1 if cur == 0 else mix0) // 100
+            counters[3] = d
+        d = counters[3]
+        out[i] = d
+        counters[d] += 1
+
+
+class MixedDirections:
+    """A mixed job's directions as fio draws them (see the module's text)."""
+
+    def __init__(self, randseed: int, thread_number: int, rwmixread: int):
+        self.seed = job_seeds(randseed, thread_number)[RAND_MIX_OFF]
+        self.rwmixread = int(rwmixread)
+        self.state = taus88_state(self.seed)
+        self.counters = np.zeros(4, np.int64)  # io_issues[2], rwmix_issues, rwmix_ddir
+
+    def new_pass(self, reseed: bool) -> None:
+        """A new `loops` pass: fio sets rwmix_issues to 0, and seeds again under randrepeat."""
+        self.counters[2] = 0
+        if reseed:
+            self.state = taus88_state(self.seed)
+
+    def draw(self, n: int) -> np.ndarray:
+        out = np.empty(n, np.int8)
+        _mixed_directions(self.state, self.counters, self.rwmixread, out)
+        return out
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.state.copy(), self.counters.copy()
+
+    def restore(self, snap: tuple[np.ndarray, np.ndarray]) -> None:
+        self.state, self.counters = snap[0].copy(), snap[1].copy()
