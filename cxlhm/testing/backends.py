@@ -51,7 +51,7 @@ def protocol_members(protocol) -> list[str]:
         if cls is object or cls.__name__ in ("Protocol", "Generic"):
             continue
         names |= set(getattr(cls, "__annotations__", {}))
-        names |= {n for n, v in vars(cls).items() if callable(v) and not n.startswith("_")}
+        names |= {n for n, v in vars(cls).items() if (callable(v) or isinstance(v, property)) and not n.startswith("_")}
     return sorted(names)
 
 
