@@ -80,7 +80,7 @@ def test_batching_and_modes_are_checked_parameters():
         params_from((("batching", "vllm"),))
     with pytest.raises(ValueError, match="load_mode: must be one of"):
         params_from((("load_mode", "lazy"),))
-    assert params_from((("batching", "sglang"), ("handover", "tier"))).handover == "tier"
+    assert params_from((("batching", "sglang"),)).batching == "sglang"
 
 
 # ---------------------------------------------------------------- whole schedules
@@ -162,12 +162,13 @@ def test_gpu_to_gpu_handover_by_hand():
     Through the store instead (recompute: a host-DRAM buffer over PCIe at 1 byte/ns):
     stored 1.024, loaded 1.024."""
     w = W.Workload("one", (_request(0, 1, [0, 1], [512, 512], 3, 0.0),), "hand-made", chunk_tokens=512)
-    params = ServingParams(gpu_kv_bytes=10_000_000, dram_bytes=1 << 30, handover_bandwidth=1e9,
-                           handover_latency_ns=0.0)
+    params = ServingParams(gpu_kv_bytes=10_000_000, dram_bytes=1 << 30).with_options(
+        "topology", "disagg", handover_bandwidth=1e9, handover_latency_ns=0.0)
     direct = replay(w, "recompute", params, topology="disagg", gpu=ChunkGpu())
     ttft, done = _times(direct)
     assert ttft == pytest.approx([112.4]) and done == pytest.approx([112.4 + 1.024 + 20.0])
-    via = replay(w, "recompute", params.replace(handover="tier"), topology="disagg", gpu=ChunkGpu())
+    via = replay(w, "recompute", params.with_options("topology", "disagg", handover="tier"), topology="disagg",
+                 gpu=ChunkGpu())
     ttft, done = _times(via)
     assert ttft == pytest.approx([112.4]) and done == pytest.approx([112.4 + 2.048 + 20.0])
 

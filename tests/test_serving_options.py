@@ -119,6 +119,21 @@ def test_the_default_workloads_come_from_the_registry():
     assert W.default_names() == [n for n in W.names() if W.kind(n).in_default] and W.default_names()
 
 
+def test_the_disaggregated_hand_over_is_the_disagg_topologys_options(monkeypatch, capsys):
+    from cxlhm_apps.serving.disagg import DisaggEngine, DisaggOptions
+    assert "--disagg.handover {gpu,tier}" in _parser().format_help()
+    comparison = _serve_bench(monkeypatch, ["--workload", "agent", "--configs", "recompute", "--topology", "both",
+                                            "--disagg.handover", "tier", "--disagg.handover_latency_ns", "0"])
+    assert "topology disagg: DisaggOptions(handover='tier'" in capsys.readouterr().out
+    engine = DisaggEngine(small_agent_workload(2), "recompute", comparison.params, 1.0, LinearGpu())
+    assert engine.options == DisaggOptions(handover="tier", handover_latency_ns=0.0) and not engine.direct
+    assert cli.main(["serve-bench", "--disagg.handover", "tier", "--out", "/tmp/never-written"]) == 2
+    assert "add disagg to --topology" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="handover: unknown serving parameter"):
+        from cxlhm_apps.serving.params import params_from
+        params_from((("handover", "tier"),))
+
+
 # ---------------------------------------------------------------- registered at test time
 @dataclasses.dataclass(frozen=True)
 class EchoConfig:
@@ -265,3 +280,13 @@ def test_any_text_for_an_integer_flag_is_a_value_or_an_error_naming_the_flag(tex
         assert str(exc).startswith("--qa.users: ") and "an integer" in str(exc)
     else:
         assert isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def test_exponent_form_numbers_are_numbers_in_flags_and_in_workload_files(tmp_path):
+    """PyYAML alone reads 1e-3 as text (YAML 1.1 floats need a dot)."""
+    args = _parser().parse_args(["--workload", "qa", "--qa.qps", "2e-1", "--qa.question_tokens",
+                                 "{dist: lognormal, median: 6E1, sigma: 5e-1}"])
+    assert options.from_args(args)[("workload", "qa")] == {"qps": 0.2, "question_tokens": W.Dist("lognormal", 60, 0.5)}
+    (tmp_path / "q.yaml").write_text("kind: qa\nqps: 1e-1\nhistory_tokens: 2_000\n")
+    spec = W.resolve(str(tmp_path / "q.yaml"))
+    assert (spec.config.qps, spec.config.history_tokens) == (0.1, 2000)

@@ -18,6 +18,7 @@ from cxlhm_apps.serving.params import ServingParams
 from cxlhm.registry import UnknownName
 from cxlhm_apps.serving.report import QUICK_CAVEAT
 from cxlhm_apps.serving.sweep import RayUnavailable
+from cxlhm_apps.serving.topologies import engine_for
 from cxlhm_apps.serving.yamlspec import SpecError
 from cxlhm.traces import TraceError
 from cxlhm.units import parse_size
@@ -78,8 +79,6 @@ def add_arguments(parser):
     parser.add_argument("--batching", default="vllm-v1", choices=tuple(PRESETS),
                         help="how iterations are formed, with that engine's defaults for the GPU (default vllm-v1: "
                              "chunked prefill mixed with decodes under an 8192-token budget on H100/H200)")
-    parser.add_argument("--handover", default="gpu", choices=("gpu", "tier"),
-                        help="disaggregated KV hand-over: GPU to GPU over RDMA (default) or through the tier")
     parser.add_argument("--model", default="llama3-8b", help=f"model shape: {', '.join(MODELS)} (default llama3-8b)")
     parser.add_argument("--gpu", default="h200", help=f"GPU: {', '.join(GPUS)} (default h200, measured)")
     parser.add_argument("--dram", default="64GiB", help="DRAM budget D (default 64GiB: the paper's 1 TB / 16)")
@@ -109,7 +108,7 @@ def add_arguments(parser):
 def run(args) -> int:
     try:
         params = ServingParams(dram_bytes=parse_size(args.dram), decode_model=args.decode, prefill_model=args.prefill,
-                               model=args.model, gpu=args.gpu, batching=args.batching, handover=args.handover)
+                               model=args.model, gpu=args.gpu, batching=args.batching)
         gpu = params.gpu_cost_model()
         if params.kv_pool_bytes <= 0:
             raise ValueError(f"{args.model} does not fit on {args.gpu}: no room is left for a KV pool")
@@ -151,7 +150,12 @@ def run(args) -> int:
     print(f"SLO: p{params.slo_percentile:g} TTFT <= {params.slo_ttft_s:g} s and TBT <= {params.slo_tbt_ms:g} ms; "
           f"GPU KV pool {params.kv_pool_bytes / 2**30:g} GiB; D = {params.dram_bytes / 2**30:g} GiB")
     print(f"batching: {params.batching} ({params.token_budget} tokens per iteration, at most {params.running_limit} "
-          f"running; {params.batching_preset().source}); disaggregated hand-over: {params.handover}")
+          f"running; {params.batching_preset().source})")
+    for topology in comparison.topologies:
+        config = getattr(engine_for(topology), "Options", None)
+        if config is not None:  # a topology's own options, as its flags set them
+            print(f"topology {topology}: "
+                  f"{dataclasses.replace(config(), **params.options_for('topology', topology))}")
     if args.quick:
         print(QUICK_CAVEAT)
     try:

@@ -15,10 +15,15 @@ as a deployment without a GPU-to-GPU path would; `recompute` has no store, so th
 goes through an unbounded host-DRAM buffer over PCIe.
 
 TTFT is the prefill's first token; the hand-over delays the second token (TBT).
+
+The hand-over's parameters are the topology's options (`DisaggOptions`): serve-bench's
+`--disagg.handover tier`, `--disagg.handover_bandwidth`, `--disagg.handover_latency_ns`.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import typing
 
 import numpy as np
 
@@ -28,15 +33,24 @@ from cxlhm_apps.serving.tiers import Link, LruDramTier, gpu_links
 PREFILL, DECODE = 0, 1
 
 
+@dataclasses.dataclass(frozen=True)
+class DisaggOptions:
+    # gpu: prefill GPU to decode GPU over RDMA (NIXL, Mooncake's transfer engine); tier: through the store
+    handover: typing.Literal["gpu", "tier"] = "gpu"
+    handover_bandwidth: float = 400e9 / 8 * 0.85   # bytes/s of the GPU-to-GPU link: a 400 Gb/s NIC per GPU at 85%
+    handover_latency_ns: float = 5_000.0           # the GPU-to-GPU link's latency
+
+
 class DisaggEngine(Engine):
     topology = "disagg"
     n_gpus = 2
+    Options = DisaggOptions
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.direct = self.params.handover == "gpu"
+        self.direct = self.options.handover == "gpu"
         if self.direct:
-            self.link = Link(self.params.handover_bandwidth, self.params.handover_latency_ns, "handover")
+            self.link = Link(self.options.handover_bandwidth, self.options.handover_latency_ns, "handover")
             self.handover = None
         elif self.tier.stores:
             self.handover = self.tier

@@ -40,7 +40,7 @@ from collections.abc import Callable
 import yaml
 
 from cxlhm_apps.serving.workloads import Dist, parse_value, supported
-from cxlhm_apps.serving.yamlspec import Spec, SpecError
+from cxlhm_apps.serving.yamlspec import Spec, SpecError, load_text
 
 _DEST = "_serving_options"   # the parser default holding the table of generated flags
 
@@ -258,7 +258,7 @@ def convert(flag: OptionFlag, text: str):
         value = text
     else:
         try:
-            value = yaml.safe_load(text)
+            value = load_text(text)
         except yaml.YAMLError:
             raise ValueError(f"{flag.flag}: {text!r} is not a value; it takes {describe(flag.kind)}") from None
     try:

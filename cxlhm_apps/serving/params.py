@@ -41,11 +41,6 @@ class ServingParams:
     # store_mode: async | blocking (the iteration that finishes a prefill waits for the
     # copy of its new KV out of HBM). Applies to host-DRAM stores.
     store_mode: str = ""
-    # Disaggregated hand-over: "gpu" (prefill GPU -> decode GPU directly, NIXL / Mooncake
-    # transfer engine over RDMA; the tier only serves reuse) | "tier" (through the store).
-    handover: str = "gpu"
-    handover_bandwidth: float = 400e9 / 8 * 0.85   # one 400 Gb/s NIC per GPU at 85%, as rdma_bandwidth
-    handover_latency_ns: float = 5_000.0
     # SLO for "max QPS": p90 TTFT <= 2 s (assumed: interactive chat; a parameter).
     slo_ttft_s: float = 2.0
     # ... and p90 TBT <= 100 ms (assumed: ~10 tokens/s, faster than reading). Without it a
@@ -101,6 +96,14 @@ class ServingParams:
         from cxlhm_apps.serving.batching import preset
         return preset(self.batching)
 
+    def with_options(self, family: str, name: str, **values) -> ServingParams:
+        """These parameters with options of implementation `name` of `family` (system,
+        topology) set, as its generated flags would: e.g. with_options("topology",
+        "disagg", handover="tier")."""
+        merged = {**self.options_for(family, name), **values}
+        rest = tuple(o for o in self.options if (o[0], o[1]) != (family, name))
+        return self.replace(options=tuple(sorted(rest + ((family, name, tuple(sorted(merged.items()))),))))
+
     def options_for(self, family: str, name: str) -> dict:
         """{field: value} given for implementation `name` of `family` (system, topology)."""
         for fam, impl, values in self.options:
@@ -143,8 +146,7 @@ def device_timing(params: ServingParams) -> dict:
 
 SIZE_KEYS = ("dram_bytes", "gpu_kv_bytes")
 WRITE_MODES = ("", "write-back", "write-through", "write-buffer")
-CHOICES = {"load_mode": ("", "async", "blocking", "layerwise"), "store_mode": ("", "async", "blocking"),
-           "handover": ("gpu", "tier")}
+CHOICES = {"load_mode": ("", "async", "blocking", "layerwise"), "store_mode": ("", "async", "blocking")}
 
 
 def params_from(spec_items: tuple, base: ServingParams | None = None, spec: Spec | None = None) -> ServingParams:

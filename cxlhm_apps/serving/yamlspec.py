@@ -3,11 +3,28 @@ and the key, as `cxlhm` does for device configs."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+
+class Loader(yaml.SafeLoader):
+    """YAML 1.1 (PyYAML) reads `1e-3` and `2e9` as text (its floats need a dot); a number
+    in exponent form is a number here, as in YAML 1.2 and Python."""
+
+
+Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def load_text(text: str):
+    """One YAML value or document (a flag's value, a file), with exponent-form numbers."""
+    return yaml.load(text, Loader=Loader)
 
 
 class SpecError(ValueError):
@@ -59,8 +76,8 @@ def _lines(node, prefix: str, out: dict[str, int]) -> None:
 
 def parse_yaml(text: str, source: str) -> Spec:
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=Loader)
+        data = load_text(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         problem = getattr(exc, "problem", None) or str(exc)
