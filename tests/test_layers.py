@@ -222,3 +222,78 @@ def test_no_file_over_600_lines_without_a_reason(top):
     long = [f"{p.relative_to(ROOT)}: {n} lines" for p in (ROOT / top).rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 600 and "one file because" not in p.read_text()[:2000]]
     assert not long, "\n".join(long)
+
+
+# ---------------------------------------------------------------- no reaching past the handle
+# host_runtime.driver.DeviceHandle offers the declared device interface itself and keeps
+# its device private; outside the device package (cxlhm/device/) and the handle's own
+# module nothing reads the device behind a handle. Types are not known to ast, so this
+# is a heuristic over names; it matches
+#   - `<r>.device` / `<r>._device` where the receiver r's last name ends in "handle"
+#     (handle, self.handle, share.handle, device_handle, ...) or is one of the short
+#     names handles go by here (h, h2, dev, dev_handle);
+#   - `<r>._device` on any receiver but `self` (a part's own `self._device` is its own);
+#   - getattr(<r>, "device" / "_device") with such an r.
+# It does not see a handle renamed to another name first (x = handle; x.device).
+HANDLE_SHORT_NAMES = {"h", "h2", "dev", "dev_handle"}
+REACH_ROOTS = ("cxlhm", "host_runtime", "cxlhm_apps", "bench")
+REACH_ALLOWED = {"cxlhm/device", "host_runtime/driver.py"}  # the device itself; the handle's own module
+
+
+def _last_name(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def _handle_like(node: ast.AST) -> bool:
+    name = _last_name(node)
+    return name is not None and (name.endswith("handle") or name in HANDLE_SHORT_NAMES)
+
+
+def _reaches_past_a_handle(where: str, source: str) -> list[str]:
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source, where)):
+        if isinstance(node, ast.Attribute) and node.attr in ("device", "_device"):
+            receiver = node.value
+            if _handle_like(receiver) or (node.attr == "_device" and _last_name(receiver) != "self"):
+                found.append((node.lineno, f"{where}:{node.lineno} reads {ast.unparse(node)}"))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") \
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
+                and node.args[1].value in ("device", "_device") and _handle_like(node.args[0]):
+            found.append((node.lineno, f"{where}:{node.lineno} reads {ast.unparse(node)}"))
+    return [text for _, text in sorted(found)]
+
+
+def _reach_checked_files() -> list[Path]:
+    files = []
+    for root in REACH_ROOTS:
+        for path in sorted((ROOT / root).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if not any(rel == allowed or rel.startswith(allowed + "/") for allowed in REACH_ALLOWED):
+                files.append(path)
+    return files
+
+
+def test_nothing_outside_the_device_reaches_past_a_device_handle():
+    """Callers use DeviceHandle's declared interface (cxlhm.device.interface); a white-box
+    test or bench that needs the device's parts opens the Device itself."""
+    files = _reach_checked_files()
+    assert any(p.parts[-2:] == ("fio", "engines.py") for p in files) and any(p.name == "replay.py" for p in files)
+    wrong = [use for path in files for use in _reaches_past_a_handle(str(path.relative_to(ROOT)), path.read_text())]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_reach_check_sees_a_handle_s_device_read():
+    """The check above can fail: each form it matches, reintroduced; and what it leaves alone."""
+    source = ("d = handle.device\nself.handle.device.thread_hits_misses()\nshare.handle._device.ssd\n"
+              "h.device.flush()\nx = getattr(device_handle, 'device', None)\nother._device.hint(1)\n"
+              "self.dev.device\n"
+              # left alone: a part's own device, a mailbox context's, a result's dict, a tensor's
+              "self._device.warm_up()\nctx.device.capacity\nresult.device['hits']\ntensor.device.type\n")
+    uses = _reaches_past_a_handle("cxlhm_apps/probe.py", source)
+    assert [u.split(" reads ", 1)[1] for u in uses] == [
+        "handle.device", "self.handle.device", "share.handle._device", "h.device",
+        "getattr(device_handle, 'device', None)", "other._device", "self.dev.device"]
