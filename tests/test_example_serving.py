@@ -11,7 +11,6 @@ import pytest
 
 from cxlhm_apps.cli import main as cli_main
 from cxlhm_apps.serving import configs, workloads as W
-from cxlhm_apps.serving.params import ServingParams
 from cxlhm_apps.serving.testing import SMALL, LinearGpu, ServingSystemConformance, WorkloadConformance, \
     small_agent_workload
 from cxlhm_apps.serving.topologies import replay
@@ -75,7 +74,7 @@ def _ttft(res):
 
 def test_ratio_one_with_a_fast_codec_is_lmcache_local_exactly():
     w = small_agent_workload(6)
-    params = SMALL.replace(options=(("system", "lmcache-compressed", (("codec_gbps", 1e9), ("ratio", 1.0))),))
+    params = SMALL.with_options("system", "lmcache-compressed", ratio=1.0, codec_gbps=1e9)
     same = replay(w, "lmcache-compressed", params, 1.0, gpu=LinearGpu())
     local = replay(w, "lmcache-local", SMALL, 1.0, gpu=LinearGpu())
     assert _ttft(same) == _ttft(local) and same.tokens["dram"].tolist() == local.tokens["dram"].tolist()
@@ -86,8 +85,8 @@ def test_compression_holds_more_kv_in_the_same_dram_and_the_codec_bounds_the_spe
     tight = SMALL.replace(dram_bytes=3_000_000)   # 3k tokens of KV at LinearGpu's 1000 B/token
 
     def run(**opts):
-        params = tight.replace(options=(("system", "lmcache-compressed", tuple(sorted(opts.items()))),))
-        return replay(w, "lmcache-compressed", params, 1.0, gpu=LinearGpu())
+        return replay(w, "lmcache-compressed", tight.with_options("system", "lmcache-compressed", **opts), 1.0,
+                      gpu=LinearGpu())
     plain, packed = run(ratio=1.0, codec_gbps=1e9), run(ratio=8.0, codec_gbps=1e9)
     assert packed.tokens["dram"].sum() > plain.tokens["dram"].sum()
     # a codec of 10 MB/s: loading is slower than recomputing, and the engine recomputes instead

@@ -168,7 +168,7 @@ def option_flags() -> list[OptionFlag]:
     found: list[tuple[Family, str, type, object]] = []
     for family in FAMILIES:
         loaded, _ = family.registry().load_all()
-        for name, impl in loaded.items():
+        for name, impl in sorted(loaded.items(), key=lambda item: (_order(item[1]), item[0])):
             cls, defaults = family.config_of(impl)
             if cls is not None:
                 found.append((family, name, cls, defaults))
@@ -182,6 +182,14 @@ def option_flags() -> list[OptionFlag]:
             flags.append(OptionFlag(f"--{prefix}.{field}", family.key, name, field, kind,
                                     getattr(defaults, field, None), help_text))
     return flags
+
+
+def _order(impl) -> int:
+    """Listing position from the registry's metadata (a workload's order, a system's Meta)."""
+    order = getattr(impl, "order", None)
+    if order is None:
+        order = getattr(getattr(impl, "meta", None), "order", 50)
+    return order if isinstance(order, int) else 50
 
 
 def describe(kind) -> str:

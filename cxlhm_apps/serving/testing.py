@@ -285,13 +285,28 @@ class ServingSystemConformance:
         assert not tier.has_many([0, 1, 2]).any(), "a fresh tier holds nothing"
 
     def test_options_reach_the_configuration(self, system):
+        """Each option field set to another valid value (as its generated flag would) is the
+        value of the configuration the replay builds."""
         cls, _ = options._system_config(system)
         if cls is None:
             pytest.skip("not a dataclass: no generated flags")
         for field, kind, _ in options.option_fields(cls):
             default = getattr(system, field)
-            params = ServingParams(options=(("system", self.name, ((field, default),)),))
-            assert getattr(configs.make_system(self.name, params), field) == default
+            if typing.get_origin(kind) is typing.Literal:
+                others = [c for c in typing.get_args(kind) if c != default]
+                value = others[0] if others else default
+            elif kind is bool:
+                value = not default
+            elif kind in (int, float):
+                value = kind(default * 2 + 1)
+            else:
+                continue  # text and distributions: no generic other value that the configuration accepts
+            params = ServingParams().with_options("system", self.name, **{field: value})
+            try:
+                built = configs.make_system(self.name, params)
+            except ValueError:
+                continue  # the configuration's own checks refused the value: they name it
+            assert getattr(built, field) == value and getattr(configs.make_system(self.name), field) == default
 
     def test_a_replay_is_deterministic(self, workload, result):
         again = replay(workload, self.name, self.params, 1.0, gpu=LinearGpu())
