@@ -357,9 +357,9 @@ def _groups(direction: np.ndarray, offset: np.ndarray, size: np.ndarray):
 
 
 def _open_cxlhm(job: EngineJob) -> CxlhmEngine:
-    if job.device is None:
+    if job.share is None:
         raise job.error("ioengine", "ioengine=cxlhm: the runner opened no device for this job")
-    return CxlhmEngine(job.device, job.iodepth, job.max_bs)
+    return CxlhmEngine(job.share, job.iodepth, job.max_bs)
 
 
 def _text(text: str, kb_base: int) -> str:

@@ -77,7 +77,7 @@ class EngineJob:
     writes: bool  # whether the job writes (the file is opened read-write)
     max_bs: int  # the largest I/O in bytes (a buffer slot)
     options: Mapping[str, Any]  # every option's value, the engine's own declared ones among them
-    device: Any = None  # USES_DEVICE engines: the clone's device share (engines.DeviceShare), else None
+    share: Any = None  # USES_DEVICE engines: the clone's device (engines.DeviceShare: handle and clock), else None
     spec: JobSpec | None = None  # the parsed job: error() names its file and line
 
     def error(self, option: str | None, message: str) -> Exception:
