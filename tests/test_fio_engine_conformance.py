@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cxlhm.registry import BrokenEntry
 from cxlhm_apps.fio.ioengine import (ENGINES, IOENGINE_VERSION, EngineFlags, IOEngineOps, engine_options,
@@ -130,3 +132,26 @@ def test_every_refused_option_of_a_file_is_listed_at_once(tmp_path):
         load_jobs([str(path)])
     text = str(info.value)
     assert all(f"t.fio:{n}: option" in text for n in (3, 4, 5)), text
+
+
+_GOOD = {"hipri": "1", "cxlhm_profile": "cmm-h", "cxlhm_policy": "lru", "cxlhm_dram": "1m",
+         "cxlhm_block_size": "4k", "cxlhm_clock": "wall"}
+_ENGINE_NAMES = sorted(set(_GOOD) | {name for e in BUILT_IN for name in ENGINES.get(e).refused})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(engine=st.sampled_from(BUILT_IN), names=st.sets(st.sampled_from(_ENGINE_NAMES), max_size=6))
+def test_a_job_is_refused_exactly_the_engine_options_its_engine_does_not_declare(engine, names):
+    import re
+    import tempfile
+    declared = {opt.name for opt in ENGINES.get(engine).options}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/t.fio"
+        with open(path, "w") as f:
+            f.write(f"[j]\nioengine={engine}\n" + "".join(f"{n}={_GOOD.get(n, '1')}\n" for n in sorted(names)))
+        try:
+            load_jobs([path])
+            refused = set()
+        except JobFileError as exc:
+            refused = set(re.findall(r"t\.fio:\d+: option '(\w+)'", str(exc)))
+    assert refused - {"ioengine"} == names - declared  # (ioengine: libaio on a machine without its calls)
