@@ -1,13 +1,12 @@
-"""The CLI-command example of docs/extending.md (examples/extending/cli_command.py),
-registered the way a test registers a command it does not install (COMMANDS.register)
-and run through `cxlhm`'s own entry, cxlhm_apps.cli.main. Commands have no shipped
-conformance suite; these tests check what `cxlhm` promises of each: listed in the help,
-the output, and bad input as one line with exit status 2."""
+"""The CLI-command example of docs/extending.md (examples/extending/cli_command.py)
+through the shipped command conformance suite (cxlhm_apps.testing), registered the way a
+test registers a command it does not install (COMMANDS.register), and what it prints."""
 import numpy as np
 import pytest
 
 from cxlhm.traces.blocktrace import BlockTrace, write_block_trace
 from cxlhm_apps import cli
+from cxlhm_apps.testing import CommandConformance, run_cli
 from example_loader import example
 
 
@@ -19,34 +18,29 @@ def footprint_registered():
     cli.COMMANDS.unregister("footprint")
 
 
-@pytest.fixture
-def trace(tmp_path):
-    blocks = np.array([5, 1, 5, 9, 1, 5, 7, 7], np.int64)
-    writes = np.array([1, 0, 0, 1, 0, 0, 0, 1], bool)
-    path = tmp_path / "t.cbt"
-    write_block_trace(path, BlockTrace(blocks, writes, 65536))
+def a_trace(folder) -> str:
+    """8 accesses to 4 blocks of 64 KiB, 3 of them writes."""
+    path = folder / "t.cbt"
+    write_block_trace(path, BlockTrace(np.array([5, 1, 5, 9, 1, 5, 7, 7], np.int64),
+                                       np.array([1, 0, 0, 1, 0, 0, 0, 1], bool), 65536))
     return str(path)
 
 
-def test_listed_in_the_help(capsys):
-    with pytest.raises(SystemExit):
-        cli.main(["--help"])
-    assert "footprint" in capsys.readouterr().out
+class TestFootprint(CommandConformance):
+    name = "footprint"
+
+    def good_runs(self, tmp_path):
+        return [["footprint", a_trace(tmp_path)], ["footprint", a_trace(tmp_path), "--limit", "3"]]
+
+    def bad_runs(self, tmp_path):
+        (tmp_path / "t.csv").write_text("1,7\n2,seven\n")  # an object id that is not a number
+        return [["footprint", str(tmp_path / "missing.cbt")], ["footprint", a_trace(tmp_path), "--limit", "0"],
+                ["footprint", str(tmp_path / "t.csv"), "--format", "nope"], ["footprint", str(tmp_path / "t.csv")]]
 
 
-def test_prints_the_working_set(trace, capsys):
-    assert cli.main(["footprint", trace]) == 0
-    assert capsys.readouterr().out.split("\n") == [
+def test_prints_the_working_set(tmp_path):
+    status, out, _ = run_cli(["footprint", a_trace(tmp_path)])
+    assert status == 0 and out.split("\n") == [
         "accesses        8", "distinct blocks 4", "writes          37.5%", "footprint       256 KiB (65536 B blocks)", ""]
-    assert cli.main(["footprint", trace, "--limit", "3", "--block-size", "4KiB"]) == 0
-    out = capsys.readouterr().out
-    assert "distinct blocks 2" in out and "footprint       8 KiB (4096 B blocks)" in out
-
-
-def test_bad_input_is_one_line_and_status_2(tmp_path, capsys):
-    assert cli.main(["footprint", str(tmp_path / "missing.cbt")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("cxlhm footprint: error: ") and "missing.cbt" in err and err.count("\n") == 1
-    with pytest.raises(SystemExit) as exit_:
-        cli.main(["footprint", "t.cbt", "--limit", "0"])
-    assert exit_.value.code == 2
+    status, out, _ = run_cli(["footprint", a_trace(tmp_path), "--limit", "3", "--block-size", "4KiB"])
+    assert status == 0 and "distinct blocks 2" in out and "footprint       8 KiB (4096 B blocks)" in out
