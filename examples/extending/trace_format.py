@@ -8,8 +8,8 @@ Size are bytes. A request becomes one access per device block it touches, in ord
 timestamped relative to the first request kept (a request of size 0 touches no block
 and is skipped). .gz and .xz files are read directly.
 
-Registered as `msr`, it is read by every command that takes a trace:
-``cxlhm mrc --trace hm_1.csv --format msr``.
+Registered as `msr`, the commands that read traces take it by name:
+``cxlhm mrc --trace hm_1.csv --format msr``, ``cxlhm trace export --input-format msr``.
 """
 from __future__ import annotations
 
