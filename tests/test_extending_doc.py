@@ -4,9 +4,11 @@
   is that file, byte for byte, and every example file is shown so;
 - every entry-point group a `Registry(...)` in cxlhm, host_runtime or cxlhm_apps
   declares is in the index, and every group the index names is one of them;
-- every example and test path the index names exists, and the test imports its example.
+- every example and test path the index names exists, and the test imports its example;
+- every interface and conformance suite the index names by its dotted name exists.
 """
 import ast
+import importlib
 import re
 from pathlib import Path
 
@@ -52,14 +54,30 @@ def declared_groups() -> dict[str, str]:
             tree = ast.parse(source)
             constants = _string_constants(tree)
             for node in ast.walk(tree):
-                if (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "Registry"
-                        and len(node.args) >= 2):
-                    group = node.args[1]
+                if not (isinstance(node, ast.Call)
+                        and getattr(node.func, "id", getattr(node.func, "attr", None)) == "Registry"):
+                    continue
+                given = [node.args[1]] if len(node.args) >= 2 else [k.value for k in node.keywords if k.arg == "group"]
+                for group in given:
                     if isinstance(group, ast.Constant) and isinstance(group.value, str):
                         groups[group.value] = str(path.relative_to(ROOT))
                     elif isinstance(group, ast.Name) and group.id in constants:
                         groups[constants[group.id]] = str(path.relative_to(ROOT))
     return groups
+
+
+def resolve(dotted: str):
+    """The object a dotted name such as cxlhm.testing.policies.PolicyConformance names."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(dotted)
 
 
 def index_rows(text: str) -> list[list[str]]:
@@ -105,6 +123,17 @@ def test_indexed_examples_and_tests_exist_and_belong_together():
         source = (ROOT / test_path).read_text()
         assert f'example("{module}")' in source or f"examples.extending.{module}" in source, \
             f"{test_path} does not load {example_path}"
+
+
+def test_the_interfaces_and_suites_the_index_names_exist():
+    named = {name for row in index_rows(DOC.read_text()) for cell in row[2:4]
+             for name in re.findall(r"`((?:cxlhm|host_runtime|cxlhm_apps)\.[\w.]+)`", cell)}
+    assert len(named) >= 15
+    for name in sorted(named):
+        try:
+            resolve(name)
+        except (ImportError, AttributeError) as exc:
+            pytest.fail(f"docs/extending.md's index names {name}, which does not resolve: {exc!r}")
 
 
 @pytest.mark.parametrize("page", ["policies.md", "backends.md"])
