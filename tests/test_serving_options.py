@@ -290,3 +290,15 @@ def test_exponent_form_numbers_are_numbers_in_flags_and_in_workload_files(tmp_pa
     (tmp_path / "q.yaml").write_text("kind: qa\nqps: 1e-1\nhistory_tokens: 2_000\n")
     spec = W.resolve(str(tmp_path / "q.yaml"))
     assert (spec.config.qps, spec.config.history_tokens) == (0.1, 2000)
+
+
+def test_firmware_parameters_are_per_policy_and_checked_by_the_policy():
+    from cxlhm_apps.serving.params import ServingParams, params_from
+    p = params_from((("firmware_params", {"s3fifo": {}, "lru": {}}),))
+    assert dict(p.firmware_params)["hymcache"] == dict(ServingParams().firmware_params)["hymcache"]  # kept
+    assert params_from((("firmware_params", {"hymcache": {"fill_ns": 5}}),)).firmware_params == \
+        (("hymcache", (("fill_ns", 5),)),)
+    with pytest.raises(ValueError, match="firmware_params: policy 'hymcache' has no parameter 'fill'; accepted: "):
+        params_from((("firmware_params", {"hymcache": {"fill": 5}}),))
+    with pytest.raises(ValueError, match="unknown firmware policy 'nope'"):
+        params_from((("firmware_params", {"nope": {}}),))

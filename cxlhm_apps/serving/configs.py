@@ -166,7 +166,7 @@ class CxlHm:
 
     def make_tier(self, ctx: TierContext) -> Tier:
         p = ctx.params
-        params = dict(p.hymcache_params) if self.policy == "hymcache" else {}
+        params = dict(dict(p.firmware_params).get(self.policy, ()))
         down, up = _pcie(ctx)
         return CxlHmTier(p.dram_bytes, self.policy, ctx.n_chunks, ctx.chunk_stride, down, up, params=params,
                          hints=self.hints, profile=p.device_profile, coarsen=p.nand_coarsening,

@@ -76,10 +76,12 @@ class ServingParams:
     # `timing:` (e.g. (("nand_channel_rate", "2.4GB/s"),)): the sensitivity sweep varies
     # the SSD's read bandwidth, and so its load/recompute ratio, alone.
     device_timing: tuple = ()
-    # hymcache firmware overrides: its fill_ns (expected SSD read of one block, used to drop
-    # prefetches that cannot meet a NEXT_PREFIX deadline) defaults to 60 us for 64 KiB
-    # blocks; a lone 2 MiB block takes ~1.1 ms on the serving device model (measured).
-    hymcache_params: tuple = (("fill_ns", 1_000_000),)
+    # Firmware parameters per policy on the serving device, (policy, ((key, value), ...))
+    # pairs; in a workload file `firmware_params: {hymcache: {fill_ns: 1000000}}`. The
+    # hymcache firmware's fill_ns (expected SSD read of one block, used to drop prefetches
+    # that cannot meet a NEXT_PREFIX deadline) defaults to 60 us for 64 KiB blocks; a lone
+    # 2 MiB block takes ~1.1 ms on the serving device model (measured).
+    firmware_params: tuple = (("hymcache", (("fill_ns", 1_000_000),)),)
 
     def replace(self, **changes) -> ServingParams:
         return dataclasses.replace(self, **changes)
@@ -161,10 +163,11 @@ def params_from(spec_items: tuple, base: ServingParams | None = None, spec: Spec
         try:
             if key in SIZE_KEYS:
                 value = parse_size(value)
-            elif key in ("hymcache_params", "device_timing"):
+            elif key == "firmware_params":  # per policy, over the defaults of the others
+                value = tuple(sorted({**dict(base.firmware_params), **dict(_firmware_params(value))}.items()))
+            elif key == "device_timing":
                 value = tuple(sorted(dict(value).items()))
-                if key == "device_timing":
-                    device_timing(base.replace(device_timing=value))  # keys and values checked now
+                device_timing(base.replace(device_timing=value))  # keys and values checked now
             elif isinstance(getattr(base, key), float):
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
                     raise ValueError(f"must be a number, got {value!r}")
@@ -191,6 +194,22 @@ def params_from(spec_items: tuple, base: ServingParams | None = None, spec: Spec
             raise spec.error(f"serving.{key}", str(exc)) if spec else ValueError(f"{key}: {exc}") from None
         changes[key] = value
     return base.replace(**changes)
+
+
+def _firmware_params(value) -> tuple:
+    """{policy: {key: value}} -> ((policy, ((key, value), ...)), ...), each policy's
+    parameters checked by the policy itself (its error lists what it accepts)."""
+    from cxlhm import policies
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise ValueError(f"must be a mapping of policy: {{parameter: value}}, got {value!r}")
+    out = []
+    for policy, given in value.items():
+        try:
+            policies.get(policy).resolve_params(given)
+        except (LookupError, policies.PolicyParamError) as exc:
+            raise ValueError(str(exc)) from None
+        out.append((policy, tuple(sorted(given.items()))))
+    return tuple(sorted(out))
 
 
 SERVING_KEYS = tuple(f.name for f in dataclasses.fields(ServingParams) if f.name != "options")
