@@ -12,6 +12,7 @@ writes the rows as JSON and, with --plot, a bar chart.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -42,8 +43,10 @@ def main() -> int:
     ap.add_argument("--plot", default=None, help="write a bar chart here (PNG)")
     args = ap.parse_args()
 
-    changes = {"sessions": args.sessions} if args.workload in ("agent", "qa") else {}
-    workload = W.build(W.resolve(args.workload, **changes))
+    spec = W.resolve(args.workload)
+    if "sessions" in {f.name for f in dataclasses.fields(spec.config)}:  # the workloads that have sessions
+        spec = dataclasses.replace(spec, config=dataclasses.replace(spec.config, sessions=args.sessions))
+    workload = W.build(spec)
     params = ServingParams(dram_bytes=int(args.dram_gib * GiB), pool_factor=1.0, gpu_kv_bytes=int(args.gpu_kv_gib * GiB))
     print(f"# command: {command()}")
     print(f"# machine: {machine()} (shared with other agents' jobs: wall times are noisy; the figures are on the model clock)")

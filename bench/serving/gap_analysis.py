@@ -27,6 +27,7 @@ It writes stack_distance.png (the capacity curve) to --out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -36,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import command, machine  # noqa: E402
 
-from cxlhm_apps.serving.workloads import reference_speed  # noqa: E402
+from cxlhm_apps.serving.workloads import default_names, reference_speed  # noqa: E402
 from cxlhm_apps.serving.configs import TierContext, all_names, make_system  # noqa: E402
 from cxlhm_apps.serving.boundary import boundary_lines  # noqa: E402
 from cxlhm_apps.serving.bounds import report as bounds_report  # noqa: E402
@@ -44,7 +45,7 @@ from cxlhm_apps.serving.gpu import PAIRS, TABLES  # noqa: E402
 from cxlhm_apps.serving.metrics import summarize  # noqa: E402
 from cxlhm_apps.serving.params import ServingParams  # noqa: E402
 from cxlhm_apps.serving.topologies import replay  # noqa: E402
-from cxlhm_apps.serving.workloads import Workload, build, default_spec, spec_at_speed  # noqa: E402
+from cxlhm_apps.serving.workloads import Workload, build, default_spec, kind, spec_at_speed  # noqa: E402
 
 GiB = 1 << 30
 CLASSES = (("< GPU pool", 0.0, 96.0), ("GPU..GPU+D", 96.0, 160.0), ("GPU+D..16D", 160.0, 1024.0),
@@ -199,7 +200,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=2000, help="Mooncake: the first N requests (default 2000)")
     ap.add_argument("--sessions", type=int, default=150, help="agent sessions at speed 1 (default 150)")
-    ap.add_argument("--workload", default="mooncake,agent")
+    ap.add_argument("--workload", default=",".join(default_names()))
     ap.add_argument("--configs", default=",".join(all_names()))
     ap.add_argument("--class-configs", default="recompute,lmcache-local,cxlhm-hymcache,mooncake-dram",
                     help="configurations in the per-class table")
@@ -233,7 +234,8 @@ def main() -> int:
     curves = {}
     for name in [w.strip() for w in args.workload.split(",") if w.strip()]:
         start = time.time()
-        sizes = {"requests": args.requests} if name == "mooncake" else {"sessions": args.sessions}
+        fields = {f.name for f in dataclasses.fields(kind(name).config)}   # each size its workloads have
+        sizes = {k: v for k, v in (("requests", args.requests), ("sessions", args.sessions)) if k in fields}
         speed = reference_speed(name)
         spec = spec_at_speed(default_spec(name, **sizes), speed)
         w = build(spec)
