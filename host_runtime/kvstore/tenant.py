@@ -132,7 +132,9 @@ class Reservation:
 
 class Session:
     """A serving session of one tenant. Its lifecycle emits hints; its reads and writes
-    are tagged with its device session id. States: active -> paused -> active ... -> ended."""
+    are tagged with its device session id. States: active -> paused -> active ... -> ended.
+    `entries` (key -> Entry of the chunks it reads or wrote) is the store's bookkeeping,
+    changed only under the store's lock."""
 
     ACTIVE, PAUSED, ENDED = "active", "paused", "ended"
 
