@@ -81,7 +81,8 @@ EXAMPLES = {
     "flow_sleep": ("1000", 1000), "thinktime": ("2000", 2 * 10**6), "thinktime_spin": ("1ms", 10**6),
     "thinktime_blocks": ("8", 8), "thinktime_blocks_type": ("issue", "issue"), "thinktime_iotime": ("2", 2 * 10**9),
     "rate": ("1m,500k", (1 << 20, 500 << 10)), "rate_iops": ("100,", (100, None)),
-    "rate_process": ("poisson", "poisson"),
+    "rate_process": ("poisson", "poisson"), "rate_min": ("1m,", (1 << 20, None)),
+    "rate_iops_min": (",50", (None, 50)), "rate_cycle": ("250", 250),
 }
 NEEDS = {"time_based": "runtime=1\n", "verify_backlog": "verify=crc32c\n"}
 
@@ -218,17 +219,17 @@ def test_every_refused_option_of_a_file_is_listed_in_one_error(tmp_path):
     inc = tmp_path / "inc.fio"
     inc.write_text("zonesize=4m\n")
     path = tmp_path / "many.fio"
-    path.write_text("[global]\nrate_min=1m\nbs=12 parsecs\n[a]\ninclude inc.fio\nbogus=1\n[b]\nrw=sideways\n"
+    path.write_text("[global]\nrate_ignore_thinktime=1\nbs=12 parsecs\n[a]\ninclude inc.fio\nbogus=1\n[b]\nrw=sideways\n"
                     "iodepth=0\n[c]\ntime_based\n")
     with pytest.raises(JobFileError) as info:
         load_jobs([str(path)])
     err = info.value
     found = [(os.path.basename(e.path), e.line, e.option) for e in err.errors]
-    assert found == [("many.fio", 2, "rate_min"), ("inc.fio", 1, "zonesize"), ("many.fio", 6, "bogus"),
+    assert found == [("many.fio", 2, "rate_ignore_thinktime"), ("inc.fio", 1, "zonesize"), ("many.fio", 6, "bogus"),
                      ("many.fio", 3, "bs"), ("many.fio", 8, "rw"), ("many.fio", 9, "iodepth"),
                      ("many.fio", 11, "time_based")]
     text = str(err)
-    assert text.startswith(f"{path}:2: option 'rate_min'") and "7 problems" in text
+    assert text.startswith(f"{path}:2: option 'rate_ignore_thinktime'") and "7 problems" in text
     assert text.count("bs=") == 0 and text.count("option 'bs'") == 1  # a bad global is said once, not per job
 
 

@@ -30,8 +30,6 @@ NOT_MODELLED_WHY: dict[str, str] = {
     # (the options of modelled engines that are refused - io_uring's sqthread_poll, libaio's
     # userspace_reap, ... - are refused by their engine's declaration: IOEngineOps.refused)
     # workload features not modelled
-    **{name: "a minimum rate (the job failing below it) is not modelled; rate and rate_iops are" for name in (
-        "rate_min", "ratemin", "rate_iops_min", "rate_cycle", "ratecycle")},
     "rate_ignore_thinktime": "rate_ignore_thinktime is not modelled (think time counts against the rate)",
     "thinkcycles": "thinkcycles is not modelled (thinktime is)",
     "steadystate": "steady-state detection is not modelled", "ss": "steady-state detection is not modelled",

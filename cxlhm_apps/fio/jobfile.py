@@ -358,6 +358,13 @@ def _check_job(job: JobSpec):
             name = "rate" if any(v["rate"]) else "rate_iops"
             yield job.error(name, "on a mixed job whose reads and writes have different block sizes is not "
                                   "modelled (fio's rate turns an I/O's direction and draws its size again)")
+    if any(v["rate_min"]) and any(v["rate_iops_min"]):  # fio: "rate and rate_iops are mutually exclusive"
+        later = max(("rate_min", "rate_iops_min"), key=lambda k: (given[k].path, given[k].line))
+        yield job.error(later, "rate_min and rate_iops_min are mutually exclusive (give one)")
+    for low, high in (("rate_min", "rate"), ("rate_iops_min", "rate_iops")):
+        for d, direction in enumerate(("read", "write")):
+            if v[high][d] and v[low][d] and v[high][d] < v[low][d]:  # fio: "minimum rate exceeds rate"
+                yield job.error(low, f"the {direction} minimum ({v[low][d]}) exceeds {high} ({v[high][d]})")
     if v["verify_backlog"] and v["verify"] in ("0", "null"):
         yield job.error("verify_backlog", "needs verify=crc32c|md5|xxhash")
     for name in ("bs", "bsrange", "bssplit"):

@@ -371,6 +371,14 @@ OPTIONS: tuple[Option, ...] = (
            group="timing"),
     Option("rate_iops", "int[,int]", _rate_iops, (None, None), "IOPS cap per direction (rate_iops=READ,WRITE)",
            group="timing"),
+    Option("rate_min", "int[,int]", _rate, (None, None),
+           "minimum bandwidth per direction in bytes/s (rate_min=READ,WRITE): a job below it over a rate_cycle "
+           "window, after its first 2 s, fails (err=5)", aliases=("ratemin",), group="timing"),
+    Option("rate_iops_min", "int[,int]", _rate_iops, (None, None),
+           "minimum IOPS per direction: a job below it over a rate_cycle window, after its first 2 s, fails",
+           group="timing"),
+    Option("rate_cycle", "int", _int_at_least(0), 1000, "window (ms) over which rate_min / rate_iops_min are "
+           "measured", aliases=("ratecycle",), group="timing"),
     Option("rate_process", "str", _choice("linear", "poisson"), "linear",
            "linear: I/Os due at even intervals; poisson: exponential gaps of the same mean", group="timing"),
     Option("wait_for", "str", _text, None, "start once every clone of the named (earlier) job has finished",

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from cxlhm_apps.fio import clocks, files, fiorand, flow, pacing, schedule
+from cxlhm_apps.fio import clocks, files, fiorand, flow, minrate, pacing, schedule
 from cxlhm_apps.fio import verify as VF
 from cxlhm_apps.fio.devices import check_images_stay_the_devices, describe_device, open_devices
 from cxlhm_apps.fio.notes import notes
@@ -204,6 +204,7 @@ class Worker:
         same_sizes = sizes[READ] == sizes[WRITE] and not self.verify_kind
         pacer = pacing.Pacer(job, (sizes[READ].min, sizes[WRITE].min), same_sizes, seed, self._stop)
         self.pacer = pacer if pacer.paced else None
+        self.minrate = minrate.MinRate.of_job(job)  # rate_min / rate_iops_min (None: no minimum)
         self.logs = JobLogs()  # none; run_jobs gives the clone its own (numbered) where the job asks
         self._side = SideWork(f"cxlhm-fio-{job.name}.{plan.clone}-side")
         self._ahead_bytes = 0  # bytes of the chunk made ahead and not taken yet
@@ -294,6 +295,8 @@ class Worker:
                 raise EngineError("thinktime and rate need wall time (the model clock never sleeps); "
                                   "use cxlhm_clock=wall")
             pacer.restart(t0)
+        if self.minrate is not None:
+            self.minrate.restart(t0)
         ramp_end = t0 + job["ramp_time"]
         job_end = ramp_end + job["runtime"] if job["runtime"] else NEVER
         measuring = job["ramp_time"] == 0
@@ -322,6 +325,8 @@ class Worker:
                     break
                 batch = pending.take(0, admitted)
                 deadline = min(deadline, pacer.deadline())
+            if self.minrate is not None and measuring:
+                deadline = min(deadline, max(self.minrate.next_check_ns(), engine.now_ns() + 1))
             done = engine.execute(batch, self.arena, deadline, keep_read_data=bool(self.verify_kind))
             if self.flow is not None:
                 self.flow.did(done.count)
@@ -330,11 +335,20 @@ class Worker:
                 pacer.did(executed)
             now = done.end_ns
             self._account(executed, done, measuring)
+            if self.minrate is not None and measuring:
+                self.minrate.did(executed.direction, executed.size)
+                below = self.minrate.check(now)
+                if below:  # fio: the job fails (EIO, check_min_rate) and ends here
+                    self.messages.append(below)
+                    self.stats.error, self.stats.error_text = errno.EIO, "check_min_rate: " + below
+                    break
             if not measuring and now >= ramp_end:
                 measuring = True
                 self._reset_stats(now)
                 if pacer is not None:  # (fio's counters start again with the measured part)
                     pacer.restart(now)
+                if self.minrate is not None:
+                    self.minrate.restart(now)
             self._sample(now)
             if self.verify_kind and job["verify_backlog"] and self.backlog_due >= job["verify_backlog"]:
                 self._side.settle()  # (the pass records into the same statistics)
@@ -345,7 +359,7 @@ class Worker:
             self.flow.leave()
         main_ios = [d.ios for d in self.stats.dirs]  # what the job's own phase did, per direction
         main_end = verify_start = engine.now_ns()
-        if self.verify_kind and job["do_verify"] and len(self.vlog) and not self._stop.is_set():
+        if self.verify_kind and job["do_verify"] and len(self.vlog) and not self._stop.is_set() and not self.stats.error:
             self.state = "V"
             main_end = verify_start = engine.drain()
             # fio draws the writes' seeds again from the start for its verify phase
