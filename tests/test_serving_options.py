@@ -302,3 +302,11 @@ def test_firmware_parameters_are_per_policy_and_checked_by_the_policy():
         params_from((("firmware_params", {"hymcache": {"fill": 5}}),))
     with pytest.raises(ValueError, match="unknown firmware policy 'nope'"):
         params_from((("firmware_params", {"nope": {}}),))
+
+
+def test_a_workload_files_kind_takes_the_flags_over_its_own_values(tmp_path, monkeypatch):
+    path = tmp_path / "few.yaml"
+    path.write_text("kind: qa\nusers: 4\nrounds: 3\n")
+    comparison = _serve_bench(monkeypatch, ["--workload", str(path), "--configs", "recompute", "--qa.users", "6"])
+    (spec, _), = comparison.specs()
+    assert (spec.kind, spec.config.users, spec.config.rounds) == ("qa", 6, 3)
