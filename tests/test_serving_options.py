@@ -264,7 +264,7 @@ def test_a_distribution_written_as_yaml_reads_back_equal(kind, a, b):
     flag = next(f for f in options.option_flags() if f.flag == "--agent.turns")
     if kind == "uniform":
         a, b = min(a, b), max(a, b)
-    keys = W._DIST_KEYS[kind]
+    keys = W.DIST_KEYS[kind]
     text = "{dist: %s, %s}" % (kind, ", ".join(f"{k}: {v!r}" for k, v in zip(keys, (a, b))))
     expected = W.Dist(kind, a, b if len(keys) > 1 else 0.0)
     assert options.convert(flag, text) == expected

@@ -167,7 +167,7 @@ class WorkloadConformance:
         for f in dataclasses.fields(config):
             value = getattr(config, f.name)
             if isinstance(value, W.Dist):
-                keys = W._DIST_KEYS[value.kind]
+                keys = W.DIST_KEYS[value.kind]
                 value = {"dist": value.kind, **dict(zip(keys, (value.a, value.b)))}
             data[f.name] = value
         path.write_text(yaml.safe_dump(data))
@@ -287,7 +287,7 @@ class ServingSystemConformance:
     def test_options_reach_the_configuration(self, system):
         """Each option field set to another valid value (as its generated flag would) is the
         value of the configuration the replay builds."""
-        cls, _ = options._system_config(system)
+        cls = type(system) if dataclasses.is_dataclass(system) and not isinstance(system, type) else None
         if cls is None:
             pytest.skip("not a dataclass: no generated flags")
         for field, kind, _ in options.option_fields(cls):

@@ -109,7 +109,8 @@ class Dist:
         return max(1, int(round(self.sample(rng))))
 
 
-_DIST_KEYS = {"constant": ("value",), "lognormal": ("median", "sigma"), "uniform": ("low", "high"),
+# the YAML keys of each distribution, in Dist(kind, a, b) order
+DIST_KEYS = {"constant": ("value",), "lognormal": ("median", "sigma"), "uniform": ("low", "high"),
               "exponential": ("mean",)}
 
 
@@ -120,9 +121,9 @@ def _parse_dist(spec: Spec, key: str, value) -> Dist:
         raise spec.error(key, "must be a number or a mapping such as {dist: lognormal, median: 300, sigma: 0.8}; "
                               f"got {value!r}")
     kind = value["dist"]
-    if kind not in _DIST_KEYS:
-        raise spec.error(f"{key}.dist", f"must be one of {', '.join(_DIST_KEYS)}, got {kind!r}")
-    need = _DIST_KEYS[kind]
+    if kind not in DIST_KEYS:
+        raise spec.error(f"{key}.dist", f"must be one of {', '.join(DIST_KEYS)}, got {kind!r}")
+    need = DIST_KEYS[kind]
     for k in value:
         if k != "dist" and k not in need:
             raise spec.error(f"{key}.{k}", f"unknown key for a {kind} distribution; it takes {', '.join(need)}")
