@@ -22,9 +22,10 @@ session); the generated flags parse back into the config; and it runs through a 
 comparison against two configurations.
 
 `ServingSystemConformance`: the configuration has make_tier(ctx) returning a `Tier`, its
-metadata (`configs.Meta`) and load/store modes are valid, and a short replay of a small
-agent workload is deterministic, accounts for every context token, serves no more from
-its tier than an earlier request computed, and gives sane metrics.
+metadata (`configs.Meta`) and load/store modes are valid, its generated flags reach it,
+and a short replay of a small agent workload is deterministic, accounts for every context
+token, serves no more from its tier than an earlier request computed, gives sane metrics,
+and runs in the colocated and disaggregated topologies.
 
 Both drive the serving model with `LinearGpu`, a GPU whose costs can be worked out by
 hand, so they need no calibration data and run in seconds. They need pytest.
@@ -44,7 +45,7 @@ from cxlhm_apps.serving.comparison import Comparison
 from cxlhm_apps.serving.metrics import summarize
 from cxlhm_apps.serving.params import ServingParams
 from cxlhm_apps.serving.tiers import Tier
-from cxlhm_apps.serving.topologies import replay
+from cxlhm_apps.serving.topologies import engine_for, replay
 
 __all__ = ["LinearGpu", "WorkloadConformance", "ServingSystemConformance", "small_agent_workload"]
 
@@ -243,10 +244,11 @@ class WorkloadConformance:
 
 class ServingSystemConformance:
     """Subclass with `name` (a registered configuration, or cxlhm:<policy>[+hints]);
-    optionally `params` (the serving parameters of the replay) and `sessions`."""
+    optionally `params` (the serving parameters of the replay), `sessions` and `topologies`."""
     name: str = ""
     params: ServingParams = SMALL
     sessions: int = 6
+    topologies: tuple = ("colocated", "disagg")
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -334,6 +336,12 @@ class ServingSystemConformance:
         t = result.tokens
         from_tier = t["dram"] + t["ssd"]
         assert (from_tier + t["gpu"] <= np.array(reusable)).all()
+
+    def test_runs_in_each_topology(self, workload):
+        for topology in self.topologies:
+            res = replay(workload, self.name, self.params, 1.0, topology, gpu=LinearGpu())
+            assert not np.isnan(res.done).any() and (res.done >= res.first_token).all(), topology
+            assert len(res.gpu_busy_ns) == getattr(engine_for(topology), "n_gpus", 1), topology
 
     def test_metrics_are_sane(self, result):
         s = summarize(result, self.params.slo_ttft_s, self.params.slo_percentile, self.params.slo_tbt_ms)
