@@ -1,10 +1,10 @@
-"""The built-in workloads and serving systems through the shipped conformance suites
+"""The built-in workloads, serving systems and topologies through the shipped conformance suites
 (cxlhm_apps.serving.testing), as an outside package would run them on its own."""
 from __future__ import annotations
 
 import pytest
 
-from cxlhm_apps.serving.testing import ServingSystemConformance, WorkloadConformance
+from cxlhm_apps.serving.testing import ServingSystemConformance, TopologyConformance, WorkloadConformance
 
 
 class TestMooncakeWorkload(WorkloadConformance):
@@ -59,3 +59,11 @@ class TestCxlHmLru(ServingSystemConformance):
 @pytest.mark.slow
 class TestCxlHmHymcache(ServingSystemConformance):
     name = "cxlhm-hymcache"
+
+
+class TestColocated(TopologyConformance):
+    name = "colocated"
+
+
+class TestDisaggregated(TopologyConformance):
+    name = "disagg"

@@ -27,7 +27,15 @@ and a short replay of a small agent workload is deterministic, accounts for ever
 token, serves no more from its tier than an earlier request computed, gives sane metrics,
 and runs in the colocated and disaggregated topologies.
 
-Both drive the serving model with `LinearGpu`, a GPU whose costs can be worked out by
+`TopologyConformance`: the registered engine class takes the engine constructor's
+arguments and its `topology` is its registered name (its options are looked up by it);
+a replay through it of a small agent workload, with a configuration that stores and one
+that does not, finishes every request, accounts for every context token, reports one
+busy time per GPU and is deterministic; its `Options` (if any) are a dataclass whose
+flags reach `self.options`; and a fail-fast replay stops with `SloMissed` once the SLO is
+surely missed (the max-QPS search relies on it).
+
+All three drive the serving model with `LinearGpu`, a GPU whose costs can be worked out by
 hand, so they need no calibration data and run in seconds. They need pytest.
 """
 from __future__ import annotations
@@ -47,7 +55,8 @@ from cxlhm_apps.serving.params import ServingParams
 from cxlhm_apps.serving.tiers import Tier
 from cxlhm_apps.serving.topologies import engine_for, replay
 
-__all__ = ["LinearGpu", "WorkloadConformance", "ServingSystemConformance", "small_agent_workload"]
+__all__ = ["LinearGpu", "WorkloadConformance", "ServingSystemConformance", "TopologyConformance",
+           "small_agent_workload"]
 
 ROLES = ("recompute", "store", "device", "pool", "bound", "multi")
 
@@ -350,3 +359,72 @@ class ServingSystemConformance:
             assert 0.0 <= s[key] <= 1.0, key
         assert s["hit_gpu"] + s["hit_dram"] + s["hit_ssd"] + s["hit_miss"] == pytest.approx(1.0)
         assert s["throughput_rps"] > 0 and s["tbt_mean_ms"] >= 0
+
+
+class TopologyConformance:
+    """Subclass with `name` (a registered topology); optionally `configs` (the
+    configurations replayed through it), `params` and `sessions`."""
+    name: str = ""
+    configs: tuple = ("recompute", "lmcache-local")
+    params: ServingParams = SMALL
+    sessions: int = 6
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def engine(cls):
+        assert cls.name, f"{cls.__name__} must set `name` to a registered topology"
+        return engine_for(cls.name)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def workload(cls) -> W.Workload:
+        return small_agent_workload(cls.sessions)
+
+    def test_metadata_is_present(self, engine):
+        assert isinstance(engine, type) and callable(getattr(engine, "run", None))
+        assert engine.topology == self.name, "options and results are keyed by the registered name"
+        assert int(getattr(engine, "n_gpus", 1)) >= 1
+        config = getattr(engine, "Options", None)
+        if config is not None:
+            assert dataclasses.is_dataclass(config), "Options must be a dataclass (its fields are the flags)"
+            config()  # every field has a default
+
+    def test_options_reach_the_engine(self, engine, workload):
+        config = getattr(engine, "Options", None)
+        if config is None:
+            pytest.skip("no Options: no generated flags")
+        for field, kind, _ in options.option_fields(config):
+            default = getattr(config(), field)
+            if typing.get_origin(kind) is typing.Literal:
+                value = next((c for c in typing.get_args(kind) if c != default), default)
+            elif kind in (int, float):
+                value = kind(default * 2 + 1)
+            elif kind is bool:
+                value = not default
+            else:
+                continue
+            params = self.params.with_options("topology", self.name, **{field: value})
+            assert getattr(engine(workload, self.configs[0], params, 1.0, LinearGpu()).options, field) == value
+
+    def test_every_request_finishes_and_every_token_is_accounted_for(self, engine, workload):
+        for config in self.configs:
+            res = engine(workload, config, self.params, 1.0, LinearGpu()).run()
+            assert not np.isnan(res.done).any(), config
+            assert (res.first_token >= res.arrival).all() and (res.done >= res.first_token).all(), config
+            total = sum(res.tokens[k] for k in ("new", "gpu", "dram", "ssd", "recomputed"))
+            assert total.tolist() == [r.input_tokens for r in workload.requests], config
+            assert len(res.gpu_busy_ns) == int(getattr(engine, "n_gpus", 1)) and all(b > 0 for b in res.gpu_busy_ns)
+            s = summarize(res, self.params.slo_ttft_s, self.params.slo_percentile, self.params.slo_tbt_ms)
+            assert s["hit_gpu"] + s["hit_dram"] + s["hit_ssd"] + s["hit_miss"] == pytest.approx(1.0)
+
+    def test_a_replay_is_deterministic(self, workload):
+        a, b = (replay(workload, self.configs[-1], self.params, 1.0, self.name, gpu=LinearGpu()) for _ in range(2))
+        assert np.array_equal(a.first_token, b.first_token) and np.array_equal(a.done, b.done)
+
+    def test_a_fail_fast_replay_stops_once_the_slo_is_surely_missed(self, workload):
+        from cxlhm_apps.serving.scheduler import SloMissed
+        hopeless = self.params.replace(slo_ttft_s=1e-6)   # no request can meet a microsecond TTFT
+        with pytest.raises(SloMissed):
+            replay(workload, self.configs[0], hopeless, 1.0, self.name, gpu=LinearGpu(), fail_fast=True)
+        res = replay(workload, self.configs[0], hopeless, 1.0, self.name, gpu=LinearGpu())  # without: to the end
+        assert not np.isnan(res.done).any()
