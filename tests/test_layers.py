@@ -236,7 +236,7 @@ def test_no_file_over_600_lines_without_a_reason(top):
 #   - getattr(<r>, "device" / "_device") with such an r.
 # It does not see a handle renamed to another name first (x = handle; x.device).
 HANDLE_SHORT_NAMES = {"h", "h2", "dev", "dev_handle"}
-REACH_ROOTS = ("cxlhm", "host_runtime", "cxlhm_apps", "bench")
+REACH_ROOTS = ("cxlhm", "host_runtime", "cxlhm_apps", "bench", "examples")
 REACH_ALLOWED = {"cxlhm/device", "host_runtime/driver.py"}  # the device itself; the handle's own module
 
 
