@@ -10,6 +10,11 @@ HDM window with byte-granular load/store and zero-copy buffer variants.
 Buffers: anything exporting the buffer protocol (bytes, bytearray, memoryview, numpy
 arrays, mmap) or the numpy array interface (CPU torch tensors work through
 ``tensor.numpy()``/``__array__``). They must be C-contiguous.
+
+Request-lifecycle hints go where the caller says: ``dev.hint_sink("mailbox")`` (the CXL
+mailbox, started then), ``"direct"`` (the device in process) or ``"none"``. A call the
+device offers only by its caps (stream_io, now_ns, advance_to, the integrity calls)
+raises DeviceCapabilityError where caps say no.
 """
 from __future__ import annotations
 
