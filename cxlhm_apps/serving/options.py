@@ -25,24 +25,26 @@ scalars (`40`, `0.5`, `true`); a distribution as a number (constant) or a YAML m
 it is. A flag applies only when its implementation is selected (`--workload`,
 `--configs`, `--topology`); an ill-typed value, a flag of an unselected implementation
 and an unknown `--<name>.<field>` are refused, naming the flag and what is accepted.
+
+The machinery (fields and their help, the argument groups, the refusals) is shared with
+the device commands' generated flags: cxlhm_apps/generated_flags.py.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
-import inspect
-import io
-import tokenize
 import typing
 from collections.abc import Callable
 
 import yaml
 
+from cxlhm_apps import generated_flags as gf
+from cxlhm_apps.generated_flags import field_comment  # noqa: F401  (part of this module's interface)
 from cxlhm_apps.serving.workloads import Dist, parse_value, supported
 from cxlhm_apps.serving.yamlspec import Spec, SpecError, load_text
 
-_DEST = "_serving_options"   # the parser default holding the table of generated flags
+OptionFlag = gf.GeneratedFlag   # flag, family, name, field, kind (the field's type), default, help
+WHAT = "registered workload, serving system or topology"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,79 +88,10 @@ FAMILIES = (Family("workload", "--workload", _workload_registry, _workload_confi
             Family("topology", "--topology", _topology_registry, _topology_config))
 
 
-@dataclasses.dataclass(frozen=True)
-class OptionFlag:
-    flag: str          # --coding-agent.turns
-    family: str
-    name: str          # the implementation
-    field: str
-    kind: object       # the field's type
-    default: object
-    help: str
-
-
 # ---------------------------------------------------------------- the fields
 def option_fields(cls) -> list[tuple[str, object, str]]:
     """(field, type, help) of every option field of config dataclass `cls`."""
-    try:
-        hints = typing.get_type_hints(cls)
-    except Exception:  # an annotation that does not resolve: no flags rather than no command line
-        return []
-    out = []
-    for f in dataclasses.fields(cls):
-        if not f.init or f.name.startswith("_") or f.metadata.get("cli", True) is False:
-            continue
-        kind = hints.get(f.name)
-        if kind is None or not supported(kind):
-            continue
-        out.append((f.name, kind, str(f.metadata.get("help") or field_comment(cls, f.name))))
-    return out
-
-
-def field_comment(cls, name: str) -> str:
-    """The comment on the line that defines field `name` in `cls` (or a base class), or
-    the comment lines just above it."""
-    for klass in cls.__mro__:
-        if name not in getattr(klass, "__annotations__", {}):
-            continue
-        comments = _comments(klass)
-        if name in comments:
-            return comments[name]
-    return ""
-
-
-@functools.lru_cache(maxsize=None)
-def _comments(klass) -> dict[str, str]:
-    """field -> the comment on its line, else the comment lines just above it (cached:
-    inspect parses the whole module to find a class)."""
-    try:
-        source = inspect.getsource(klass)
-        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
-    except (OSError, TypeError, tokenize.TokenError, SyntaxError):  # no source (exec'd code, the REPL)
-        return {}
-    lines = source.splitlines()
-    on_line = {tok.start[0]: tok.string.lstrip("#").strip() for tok in tokens if tok.type == tokenize.COMMENT}
-    starts = (tokenize.INDENT, tokenize.DEDENT, tokenize.NEWLINE, tokenize.NL)
-    out: dict[str, str] = {}
-    depth = 0
-    for i, tok in enumerate(tokens):
-        if tok.type == tokenize.OP and tok.string in "([{":
-            depth += 1
-        elif tok.type == tokenize.OP and tok.string in ")]}":
-            depth -= 1
-        elif (tok.type == tokenize.NAME and depth == 0 and i + 1 < len(tokens) and tokens[i + 1].string == ":"
-              and i > 0 and tokens[i - 1].type in starts and tok.string not in out):
-            row = tok.start[0]  # `name: type ...` at the start of a statement: a field
-            if row in on_line and lines[row - 1].lstrip()[:1] != "#":
-                out[tok.string] = on_line[row]
-                continue
-            above, r = [], row - 1
-            while r >= 1 and lines[r - 1].lstrip().startswith("#"):
-                above.insert(0, lines[r - 1].lstrip().lstrip("#").strip())
-                r -= 1
-            if above:
-                out[tok.string] = " ".join(above)
-    return out
+    return gf.dataclass_fields(cls, supported)
 
 
 # ---------------------------------------------------------------- the flags
@@ -179,8 +112,11 @@ def option_flags() -> list[OptionFlag]:
     for family, name, cls, defaults in found:
         prefix = name if len(families_of[name]) == 1 else f"{family.key}:{name}"
         for field, kind, help_text in option_fields(cls):
-            flags.append(OptionFlag(f"--{prefix}.{field}", family.key, name, field, kind,
-                                    getattr(defaults, field, None), help_text))
+            flag = f"--{prefix}.{field}"
+            default = getattr(defaults, field, None)
+            flags.append(OptionFlag(flag, family.key, name, field, kind, default, help_text, metavar=_metavar(kind),
+                                    accepts=describe(kind), parse=_parser_of(flag, field, kind),
+                                    show_default=_show(default)))
     return flags
 
 
@@ -214,80 +150,47 @@ def _show(value) -> str:
         return {"constant": f"{value.a:g}", "lognormal": f"lognormal median {value.a:g} sigma {value.b:g}",
                 "uniform": f"uniform {value.a:g}..{value.b:g}",
                 "exponential": f"exponential mean {value.a:g}"}[value.kind]
-    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    return gf.show(value)
+
+
+def _parser_of(flag: str, field: str, kind) -> Callable[[str], object]:
+    """text -> the field's value, checked as a workload file's value is (ValueError)."""
+    def parse(text: str):
+        if kind is str or typing.get_origin(kind) is typing.Literal:
+            value = text
+        else:
+            try:
+                value = load_text(text)
+            except yaml.YAMLError:
+                raise ValueError(f"{text!r} is not a value") from None
+        try:
+            return parse_value(Spec({field: value}, {}, flag), field, value, kind)
+        except SpecError as exc:
+            raise ValueError(exc.message) from None
+    return parse
 
 
 def add_option_flags(parser: argparse.ArgumentParser) -> list[OptionFlag]:
     """One argument group per implementation with options, one flag per option field;
     an unknown `--<name>.<field>` is refused naming what that implementation takes."""
-    flags = option_flags()
-    groups: dict[tuple, argparse._ArgumentGroup] = {}
-    for f in flags:
-        group = groups.get((f.family, f.name))
-        if group is None:
-            group = groups[(f.family, f.name)] = parser.add_argument_group(
-                f"{f.family} {f.name} options", f"apply when {f.name} is selected")
-        group.add_argument(f.flag, dest=f"{_DEST}:{f.flag}", default=argparse.SUPPRESS, metavar=_metavar(f.kind),
-                           help=f"{f.help + ' ' if f.help else ''}(default {_show(f.default)})".replace("%", "%%"))
-    parser.set_defaults(**{_DEST: {f.flag: f for f in flags}})
-    _refuse_unknown_options(parser, flags)
-    return flags
-
-
-def _refuse_unknown_options(parser: argparse.ArgumentParser, flags: list[OptionFlag]) -> None:
-    """argparse would say only "unrecognized arguments" (and from the top-level parser):
-    a `--<name>.<field>` it does not know is refused here, with what is accepted."""
-    by_prefix: dict[str, list[str]] = {}
-    for f in flags:
-        by_prefix.setdefault(f.flag.rpartition(".")[0], []).append(f.flag)
-    parse_known = parser.parse_known_args
-
-    def parse_known_args(args=None, namespace=None):
-        namespace, extras = parse_known(args, namespace)
-        for arg in extras:
-            word = arg.split("=", 1)[0]
-            if not word.startswith("--") or "." not in word:
-                continue
-            prefix = word.rpartition(".")[0]
-            if prefix in by_prefix:
-                parser.error(f"unknown option {word}; {prefix[2:]} takes {', '.join(sorted(by_prefix[prefix]))}")
-            parser.error(f"unknown option {word}: no registered workload, serving system or topology with options "
-                         f"is named {prefix[2:]!r}; those with options: "
-                         f"{', '.join(sorted(p[2:] for p in by_prefix)) or '(none)'}")
-        return namespace, extras
-
-    parser.parse_known_args = parse_known_args  # the subcommand's parser sees its own extras first
+    return gf.add_flags(parser, option_flags(), what=WHAT)
 
 
 # ---------------------------------------------------------------- the values
 def convert(flag: OptionFlag, text: str):
     """The value of `flag` given as `text` (ValueError naming the flag and what it takes)."""
-    if flag.kind is str or typing.get_origin(flag.kind) is typing.Literal:
-        value = text
-    else:
-        try:
-            value = load_text(text)
-        except yaml.YAMLError:
-            raise ValueError(f"{flag.flag}: {text!r} is not a value; it takes {describe(flag.kind)}") from None
-    try:
-        return parse_value(Spec({flag.field: value}, {}, flag.flag), flag.field, value, flag.kind)
-    except SpecError as exc:
-        raise ValueError(f"{flag.flag}: {exc.message}; it takes {describe(flag.kind)}") from None
+    return flag.convert(text)
 
 
 def from_args(args: argparse.Namespace) -> dict[tuple[str, str], dict]:
     """{(family, name): {field: value}} of the generated flags given on the command line,
     each value checked against its field and each implementation's config built once
     (its own checks, e.g. __post_init__, name the flags)."""
-    table: dict[str, OptionFlag] = getattr(args, _DEST, {}) or {}
-    out: dict[tuple[str, str], dict] = {}
+    keys = {f.key for f in FAMILIES}
+    out = gf.given(args, keys)
     given: dict[tuple[str, str], list[str]] = {}
-    for flag, f in table.items():
-        text = getattr(args, f"{_DEST}:{flag}", None)
-        if text is None:
-            continue
-        out.setdefault((f.family, f.name), {})[f.field] = convert(f, text)
-        given.setdefault((f.family, f.name), []).append(flag)
+    for f, _ in gf.given_flags(args):
+        given.setdefault((f.family, f.name), []).append(f.flag)
     for (family_key, name), values in out.items():
         family = next(fam for fam in FAMILIES if fam.key == family_key)
         cls, defaults = family.config_of(family.registry().get(name))
