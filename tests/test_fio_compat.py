@@ -14,7 +14,9 @@ from cxlhm_apps.fio import compat
 needs_fio = pytest.mark.skipif(shutil.which("fio") is None, reason="real fio is not installed (apt-get install fio)")
 # examples that agree with fio on every compared field (the table in docs/fio.md has them all)
 FAST_SUBSET = ("fio-seq-read.fio", "fio-rand-RW.fio", "tiobench-example.fio", "ssd-test.fio", "rand-zones.fio",
-               "basic-verify.fio")
+               "basic-verify.fio", "fsx.fio")
+# slower ones (several groups, or seconds of run time each)
+SLOW_SUBSET = ("steadystate.fio",)
 
 
 def test_adapt_makes_files_local_and_caps_sizes_and_times():
@@ -74,6 +76,15 @@ def _corpus():
 @needs_fio
 @pytest.mark.parametrize("example", FAST_SUBSET)
 def test_fios_example_runs_as_written_and_agrees_with_fio(example, tmp_path):
+    folder = _corpus()
+    row = compat.run_example(folder / example, shutil.which("fio"), size_cap=1 << 20, runtime_cap_s=1, keep=tmp_path)
+    assert row.status == "agrees", row.detail
+
+
+@needs_fio
+@pytest.mark.slow
+@pytest.mark.parametrize("example", SLOW_SUBSET)
+def test_fios_slower_example_runs_as_written_and_agrees_with_fio(example, tmp_path):
     folder = _corpus()
     row = compat.run_example(folder / example, shutil.which("fio"), size_cap=1 << 20, runtime_cap_s=1, keep=tmp_path)
     assert row.status == "agrees", row.detail

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from cxlhm_apps.fio import options as O
 from cxlhm_apps.fio.distributions import DistSpec
 from cxlhm_apps.fio.jobfile import JobFileError, build_jobs, load_jobs, read_sections
+from cxlhm_apps.fio.steadystate import SteadySpec
 from cxlhm_apps.fio.values import Percent, parse_size, parse_time_ns, split_directions
 
 
@@ -83,8 +84,11 @@ EXAMPLES = {
     "rate": ("1m,500k", (1 << 20, 500 << 10)), "rate_iops": ("100,", (100, None)),
     "rate_process": ("poisson", "poisson"), "rate_min": ("1m,", (1 << 20, None)),
     "rate_iops_min": (",50", (None, 50)), "rate_cycle": ("250", 250),
+    "steadystate": ("bw_slope:1%", SteadySpec(False, True, 1.0, True)), "steadystate_duration": ("30", 30 * 10**9),
+    "steadystate_ramp_time": ("5s", 5 * 10**9),
 }
-NEEDS = {"time_based": "runtime=1\n", "verify_backlog": "verify=crc32c\n"}
+NEEDS = {"time_based": "runtime=1\n", "verify_backlog": "verify=crc32c\n",
+         "steadystate_duration": "new_group\n"}  # (fio: one reporting group, the same steady-state options)
 
 
 def test_examples_cover_every_option():

@@ -32,11 +32,8 @@ NOT_MODELLED_WHY: dict[str, str] = {
     # workload features not modelled
     "rate_ignore_thinktime": "rate_ignore_thinktime is not modelled (think time counts against the rate)",
     "thinkcycles": "thinkcycles is not modelled (thinktime is)",
-    "steadystate": "steady-state detection is not modelled", "ss": "steady-state detection is not modelled",
-    "ss_dur": "steady-state detection is not modelled", "ss_ramp": "steady-state detection is not modelled",
-    "steadystate_duration": "steady-state detection is not modelled",
-    "steadystate_ramp_time": "steady-state detection is not modelled",
-    "steadystate_check_interval": "steady-state detection is not modelled",
+    "steadystate_check_interval": "steadystate_check_interval is newer than fio 3.33 (steady state is "
+    "sampled once a second)",
     "latency_target": "latency-target depth search is not modelled",
     "latency_window": "latency-target depth search is not modelled",
     "latency_percentile": "latency-target depth search is not modelled",

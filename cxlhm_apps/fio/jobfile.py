@@ -344,6 +344,11 @@ def _check_job(job: JobSpec):
     if (rated or v["thinktime"]) and v["ioengine"] == "cxlhm" and v["cxlhm_clock"] == "model":
         name = "thinktime" if v["thinktime"] else ("rate" if any(v["rate"]) else "rate_iops")
         yield job.error(name, "needs wall time (the model clock never sleeps); use cxlhm_clock=wall")
+    if v["steadystate_duration"] and v["ioengine"] == "cxlhm" and v["cxlhm_clock"] == "model":
+        yield job.error("steadystate_duration", "needs wall time (steady state is sampled once a wall-clock "
+                                                "second); use cxlhm_clock=wall")
+    if 0 < v["steadystate_duration"] < 1_000_000_000:
+        yield job.error("steadystate_duration", "must be at least 1s (fio counts whole seconds), or 0 for none")
     if rated and v["rw"].reads and v["rw"].writes and v["verify"] not in ("0", "null"):
         name = "rate" if any(v["rate"]) else "rate_iops"
         yield job.error(name, "on a mixed job with verify is not modelled (fio's rate turns an I/O's "
@@ -374,6 +379,25 @@ def _check_job(job: JobSpec):
                 yield job.error(name, "gives no block size")
 
 
+def _steadystate_groups(jobs: list[JobSpec]) -> list[JobFileError]:
+    """fio rejects a reporting group whose jobs' steady-state options differ (a job
+    without them among jobs with them included)."""
+    out, group, first = [], 0, None
+    for k, job in enumerate(jobs):
+        if k and (job["stonewall"] or job["new_group"]):
+            group, first = group + 1, None
+        dur_s = job["steadystate_duration"] // 1_000_000_000
+        settings = (dur_s, job["steadystate_ramp_time"], job["steadystate"]) if dur_s else ()
+        if first is None:
+            first = (job, settings)
+        elif settings != first[1]:
+            name = next((n for n in ("steadystate", "steadystate_duration", "steadystate_ramp_time")
+                         if n in job.given), "steadystate_duration")
+            out.append(job.error(name, f"steady-state options must be the same for every job of a reporting "
+                                       f"group (job {first[0].name!r} has others)"))
+    return out
+
+
 def build_jobs(files: list[list[Section]], problems: _Collector | None = None) -> tuple[list[JobSpec], list[RawOption]]:
     """Jobs of every file, in order, and the global options as written (for the report).
     Globals apply to the jobs below them in their own file only. Every problem found is
@@ -396,6 +420,8 @@ def build_jobs(files: list[list[Section]], problems: _Collector | None = None) -
             job = _build_job(section, in_force, len(jobs), problems)
             if job is not None:
                 jobs.append(job)
+    for exc in _steadystate_groups(jobs):
+        problems.add(exc)
     for k, job in enumerate(jobs):  # fio: the waitee is a job defined before the waiter
         waitee = job["wait_for"]
         if waitee and waitee not in {j.name for j in jobs[:k]}:

@@ -13,6 +13,8 @@ from typing import Any
 
 from cxlhm_apps.fio import values as V
 from cxlhm_apps.fio.distributions import parse_distribution
+from cxlhm_apps.fio.steadystate import DEFAULT as _SS_DEFAULT
+from cxlhm_apps.fio.steadystate import parse_steadystate
 
 DIRECTIONS = ("read", "write", "trim")
 READ, WRITE = 0, 1
@@ -381,6 +383,15 @@ OPTIONS: tuple[Option, ...] = (
            "measured", aliases=("ratecycle",), group="timing"),
     Option("rate_process", "str", _choice("linear", "poisson"), "linear",
            "linear: I/Os due at even intervals; poisson: exponential gaps of the same mean", group="timing"),
+    Option("steadystate", "str", parse_steadystate, _SS_DEFAULT,
+           "steady-state criterion: iops, iops_slope, bw or bw_slope, ':' and a limit (N% of the mean, or an "
+           "absolute IOPS / bytes per second); the job ends once met over ss_dur", aliases=("ss",),
+           group="timing"),
+    Option("steadystate_duration", "time", _time, 0,
+           "steady-state window (whole seconds; 0: no detection); samples once a second", aliases=("ss_dur",),
+           group="timing"),
+    Option("steadystate_ramp_time", "time", _time, 0, "time before steady-state samples are taken (plus 1 s)",
+           aliases=("ss_ramp",), group="timing"),
     Option("wait_for", "str", _text, None, "start once every clone of the named (earlier) job has finished",
            group="timing"),
     Option("exitall", "bool", _bool, False, "when this job finishes, end the others (exit_what says which)",

@@ -45,6 +45,8 @@ class Unit:
         self.job = clones[0].plan.job
         self.engine = clones[0].engine
         self.device = clones[0].device
+        # steady-state detection: a group's last clone holds the group's (fio's steadystate_setup)
+        self.steady = next((c.steady for c in reversed(clones) if c.steady is not None), None)
 
     @property
     def percentiles(self) -> tuple[float, ...]:
@@ -181,6 +183,8 @@ def unit_json(unit: Unit, groups, *, bins: bool) -> dict:
                 "latency_ms": dict(zip(LAT_M_LABELS, percent_dist(s.lat_m, total, 0.01))),
                 "latency_depth": job["iodepth"], "latency_target": 0, "latency_percentile": 100.0,
                 "latency_window": 0})
+    if unit.steady is not None:
+        out["steadystate"] = unit.steady.to_json()
     if job["description"]:
         out["desc"] = job["description"]
     if job["verify"] not in ("0", "null"):
@@ -331,6 +335,8 @@ def unit_text(unit: Unit, groups) -> str:
     out.append(f"     issued rwts: total={s.dirs[0].ios},{s.dirs[1].ios},0,0 short={s.dirs[0].short_ios},"
                f"{s.dirs[1].short_ios},0,0 dropped=0,0,0,0\n")
     out.append(f"     latency   : target=0, window=0, percentile=100.00%, depth={unit.job['iodepth']}\n")
+    if unit.steady is not None:
+        out.append(unit.steady.text_line(num2str))
     if unit.job["verify"] not in ("0", "null"):
         out.append(f"  verify       : {s.verified_blocks} blocks checked, {s.verify_errors} failed\n")
     if unit.device:

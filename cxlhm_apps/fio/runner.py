@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from cxlhm_apps.fio import clocks, files, fiorand, flow, minrate, pacing, schedule
+from cxlhm_apps.fio import clocks, files, fiorand, flow, minrate, pacing, schedule, steadystate
 from cxlhm_apps.fio import verify as VF
 from cxlhm_apps.fio.devices import check_images_stay_the_devices, describe_device, open_devices
 from cxlhm_apps.fio.notes import notes
@@ -69,6 +69,7 @@ class CloneResult:
     stats: JobStats
     engine: str
     device: dict | None  # device summary for ioengine=cxlhm
+    steady: steadystate.SteadyState | None = None  # its steady-state detection (ss_dur)
 
 
 @dataclasses.dataclass
@@ -205,6 +206,7 @@ class Worker:
         pacer = pacing.Pacer(job, (sizes[READ].min, sizes[WRITE].min), same_sizes, seed, self._stop)
         self.pacer = pacer if pacer.paced else None
         self.minrate = minrate.MinRate.of_job(job)  # rate_min / rate_iops_min (None: no minimum)
+        self.steady = steadystate.SteadyState.of_job(job)  # ss_dur: sampled by the run's steadystate.Monitor
         self.logs = JobLogs()  # none; run_jobs gives the clone its own (numbered) where the job asks
         self._side = SideWork(f"cxlhm-fio-{job.name}.{plan.clone}-side")
         self._ahead_bytes = 0  # bytes of the chunk made ahead and not taken yet
@@ -327,6 +329,8 @@ class Worker:
                 deadline = min(deadline, pacer.deadline())
             if self.minrate is not None and measuring:
                 deadline = min(deadline, max(self.minrate.next_check_ns(), engine.now_ns() + 1))
+            if self.steady is not None:  # (the once-a-second samples see counts at most this old)
+                deadline = min(deadline, engine.now_ns() + steadystate.BATCH_NS)
             done = engine.execute(batch, self.arena, deadline, keep_read_data=bool(self.verify_kind))
             if self.flow is not None:
                 self.flow.did(done.count)
@@ -596,6 +600,8 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None) -> RunRes
         meter = Progress(workers) if progress else None
         if meter:
             meter.start()
+        steady = steadystate.Monitor(workers)
+        steady.start()
         try:
             ended = False  # (a job with exitall and exit_what=all finished: no later phase runs)
             for phase in sorted({p.phase for p in plans}):
@@ -611,6 +617,7 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None) -> RunRes
                         w.messages.append(f"fio: job {w.job.name!r}: {w.stats.error_text}")
                         w.state = "E"
         finally:
+            steady.stop()
             if meter:
                 meter.stop()
     finally:
@@ -626,6 +633,6 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None) -> RunRes
     device_by_path = {d["backing_file"]: d for d in devices}
     clones = [CloneResult(w.plan, w.stats, w.job["ioengine"],
                           device_by_path.get(os.path.realpath(w.plan.filename)) if engine_of(w.job).uses_device
-                          else None)
+                          else None, w.steady)
               for w in workers]
     return RunResult(clones, started, devices, messages)
