@@ -284,7 +284,7 @@ def test_hostile_input_gets_one_clear_error(argv):
     assert status is not None, f"hung for {TIMEOUT_S} s"
     assert "Traceback" not in err and "Traceback" not in out, err
     assert "internal error" not in err, err
-    assert status not in (0, None), f"exit 0 for bad input; stdout: {out[-500:]}"
+    assert status not in (0, None), f"exit {status} for bad input; stdout: {out[-500:]}"
     if command in {"run", "mrc", "mailbox", "policies", "calibrate", "trace"} and argv != ["trace"]:
         lines = [line for line in err.splitlines() if line.strip()]
         prefix = f"cxlhm {command}: error: " if command != "trace" else f"cxlhm trace {argv[1]}: error: "

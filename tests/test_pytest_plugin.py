@@ -58,3 +58,35 @@ def test_with_capture_off_cxlhms_own_line_shows_once(suite):
 def test_the_install_registers_the_plugin():
     project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     assert project["project"]["entry-points"]["pytest11"] == {"cxlhm": "cxlhm.testing.pytest_plugin"}
+
+
+FORKED_TEST_FILE = """
+import os
+import sys
+import tempfile
+
+from cxlhm import jit
+
+
+def test_a_forked_child_keeps_its_own_stderr(tmp_path):
+    with tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:  # a test's child, as the CLI tests run the command
+            os.dup2(err.fileno(), 2)
+            sys.stderr = os.fdopen(2, "w", closefd=False)
+            jit.compiling_notice("the demo firmware", tmp_path)
+            print("said after the compile", file=sys.stderr, flush=True)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        err.seek(0)
+        said = err.read().decode()
+    assert "said after the compile" in said, said
+"""
+
+
+def test_a_compile_in_a_forked_child_leaves_the_childs_stderr_alone(pytester, monkeypatch):
+    # resuming pytest's capture in the child would put pytest's capture file back on its fd 2
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    pytester.makepyfile(test_forked=FORKED_TEST_FILE)
+    result = pytester.runpytest_subprocess(*PLUGIN, "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)

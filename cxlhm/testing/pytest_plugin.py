@@ -15,6 +15,7 @@ Disable it with ``-p no:cxlhm``.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 _STATE: dict = {}
@@ -41,11 +42,14 @@ def pytest_configure(config):
     except Exception:  # cxlhm broken or half-installed: the tests will say so, not the plugin
         return
     original = jit.compiling_notice
+    pytest_pid = os.getpid()
 
     def compiling_notice(what: str, folder: Path) -> None:
         fresh = not any(Path(folder).glob("*.nbi"))  # the same test cxlhm makes before it says so
         original(what, folder)
-        if fresh:
+        # A test's forked child must not touch pytest's capture: resuming it there puts
+        # pytest's capture file back on the child's stderr, and what the child says next is lost.
+        if fresh and os.getpid() == pytest_pid:
             _show(config, f"cxlhm: compiling {what} (once per install; cached in {jit.cache_dir()}) ...")
 
     jit.compiling_notice = compiling_notice
