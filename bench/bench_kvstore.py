@@ -38,9 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (bench_dir, command, lay_out, machine, reach, resident_buffer,  # noqa: E402
                      without_sidecars)
 
-from cxlhm import copyengine  # noqa: E402
+from cxlhm.device.stream import copyengine  # noqa: E402
 from cxlhm.device import waves as device_waves  # noqa: E402
-from cxlhm.device.stream import STREAM_PASSES  # noqa: E402
+from cxlhm.device.stream.driver import STREAM_PASSES  # noqa: E402
 from cxlhm.media.ssd import SsdBackend  # noqa: E402
 from cxlhm.units import parse_size  # noqa: E402
 from cxlhm.config import load_config  # noqa: E402
@@ -205,10 +205,10 @@ def bench_ssd(path: Path, chunk: int, block: int, seconds: float, trials: int) -
 
 
 def loop_timer(dev) -> list[float]:
-    """Times the device's stream slices (its compiled loop's calls, Device._stream_run)
+    """Times the device's stream slices (its compiled loop's calls, Streams._run)
     from now on: [0] is their total in seconds, kept up to date."""
     total = [0.0]
-    slice_ = dev._stream_run
+    slice_ = dev.streams._run
 
     def timed(*args):
         t0 = time.perf_counter()
@@ -217,7 +217,7 @@ def loop_timer(dev) -> list[float]:
         finally:
             total[0] += time.perf_counter() - t0
 
-    dev._stream_run = timed
+    dev.streams._run = timed
     return total
 
 

@@ -52,7 +52,7 @@ Kernels = namedtuple("Kernels", "plan access invalidate hint hints plan_prefetch
 
 
 @intrinsic
-def _memcpy(typingctx, dst, src, n):
+def memcpy(typingctx, dst, src, n):
     """memcpy(dst, src, n) between integer addresses. An LLVM memcpy (a call to libc's
     for a size known only at run time), not a ctypes pointer: compiled code that holds
     a ctypes function's address cannot be cached on disk."""
@@ -101,9 +101,9 @@ def _copy_extent(base, block_size, slots, k, hpa, left, addr, to_user):
     while left > 0:
         slot_addr, n, k = next_run(base, block_size, slots, k, hpa, left, left)
         if to_user:
-            _memcpy(addr + pos, slot_addr, n)
+            memcpy(addr + pos, slot_addr, n)
         else:
-            _memcpy(slot_addr, addr + pos, n)
+            memcpy(slot_addr, addr + pos, n)
         pos += n
         hpa += n
         left -= n

@@ -48,7 +48,7 @@ also fsyncs it (Device.flush calls IntegrityLog.sync through BlockChecksums.sync
 is compacted (rewritten as RESET + the live state, then renamed over) when it holds
 more than 4x the live records. A DIRTY record costs one write(2) per host write that
 dirties blocks not already logged dirty, batched per firmware pass. The streamed loop
-(cxlhm/streamstate.py) writes its frames itself - DIRTY records of the blocks it wrote,
+(cxlhm/device/stream/state.py) writes its frames itself - DIRTY records of the blocks it wrote,
 then the SUMs of the victims it is about to write back - to the descriptor in
 IntegrityLog.ctl, keeps the dirty set and the checksums in step itself (both are
 compiled tables: BlockChecksums.dirty, sums.table), and tells this module how many
@@ -99,7 +99,7 @@ class IntegrityLog:
     no-op (the power is gone).
 
     Compiled code may append frames itself (the streamed loop logs its victims' SUMs,
-    cxlhm/streamstate.py): `ctl[0]` is the descriptor to write to, -1 once frozen or
+    cxlhm/device/stream/state.py): `ctl[0]` is the descriptor to write to, -1 once frozen or
     closed. It does so under the device lock, as every compaction runs, so it never
     writes to a descriptor a compaction is replacing; O_APPEND keeps its frames whole
     beside the ones written here."""

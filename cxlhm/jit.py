@@ -42,7 +42,8 @@ _POLICIES = _PACKAGE.parent / "firmware_policies"
 # the sources whose functions the firmware's compiled code may call, and the C headers
 # whose constants and function signatures it has compiled in (a checkout's)
 _SOURCES = [*sorted(_PACKAGE.glob("*.py")), _PACKAGE / "mailbox" / "hints.py", _PACKAGE / "window" / "firmware_cfuncs.py",
-            *sorted((_PACKAGE / "timing").glob("*.py")), *sorted(_POLICIES.glob("*.py")),
+            *sorted((_PACKAGE / "timing").glob("*.py")), *sorted((_PACKAGE / "device" / "stream").glob("*.py")),
+            *sorted(_POLICIES.glob("*.py")),
             *sorted((_PACKAGE.parent / "native").glob("*.h"))]
 
 

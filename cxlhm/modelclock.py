@@ -41,6 +41,9 @@ def _set_ready(slot_ready, slots, k, when):
 
 
 class ModelClock:
+    """The model clock's time (`now_ns`: when the last operation issued so far completes)
+    and the charges that move it, each made to the device's timing model."""
+
     def __init__(self, timing: TimingModel, n_slots: int):
         self.timing = timing
         self.now_ns = 0.0

@@ -1,6 +1,6 @@
 """Per-policy compiled glue: the one generator of the modules whose compiled functions
 inline a policy's hooks - the firmware kernels (cxlhm/firmware_kernels.py), the streamed
-I/O loop (cxlhm/readstream_kernels.py), the trace simulator's replay loops
+I/O loop (cxlhm/device/stream/loop_kernels.py), the trace simulator's replay loops
 (cxlhm/sim_kernels.py) and the window's fault-service cfunc (cxlhm/window/firmware_cfuncs.py).
 
 A glue module's source names its policy on one line, `POLICY_LINE`, and reaches every

@@ -84,7 +84,7 @@ void cxlhm_copy_set_hash(void *xxh3_64bits)
  * pieces out of a cold arena ran at 4.2-5.4 GB/s with memcpy and 7.2-9.1 GB/s with
  * these on the development machine. A transfer that fits the caches is faster copied
  * into them (a 2 MiB one: 23-27 GB/s against 14-15 streamed, another day), so the caller
- * picks this call only for large transfers (cxlhm/copyengine.py, bypasses_caches). */
+ * picks this call only for large transfers (cxlhm/device/stream/copyengine.py, bypasses_caches). */
 static void copy_streaming(char *dst, const char *src, size_t len)
 {
 #if defined(__x86_64__)

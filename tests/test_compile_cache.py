@@ -16,7 +16,7 @@ import pytest
 import firmware_policies
 from cxlhm import firmware as fw
 from cxlhm import jit
-from cxlhm import readstream as rs
+from cxlhm.device.stream import loop
 from cxlhm import sim
 
 SCRIPT = """
@@ -40,7 +40,7 @@ with DeviceHandle(device) as dev:
 STREAM_SCRIPT = """
 import json, sys
 import numpy as np
-from cxlhm import readstream as rs
+from cxlhm.device.stream import loop
 from cxlhm import sim
 from cxlhm.config import load_config
 from cxlhm.device import Device
@@ -53,7 +53,7 @@ with DeviceHandle(device) as dev:
     buf = np.zeros(n * 4096, np.uint8)
     result = dev.stream_io(hpas, np.full(n, 4096, np.int64), buf.ctypes.data + np.arange(n) * 4096, 8)
     assert result.count == n, result
-    stats = {f.__name__: f.stats for f in rs.kernels_for(device.policy)}
+    stats = {f.__name__: f.stats for f in loop.kernels_for(device.policy)}
     print(json.dumps({name: [sum(s.cache_hits.values()), sum(s.cache_misses.values())] for name, s in stats.items()}))
 """
 
@@ -114,11 +114,11 @@ def _compiled_callees(functions) -> set[Path]:
 @pytest.mark.parametrize("policy", ["lru", "hymcache"])
 def test_the_cache_stamp_covers_what_the_compiled_kernels_call(policy):
     p = firmware_policies.get(policy)
-    kernels = [*fw.kernels_for(p), *rs.kernels_for(p), sim._replay_for(p), sim._replay_for(p, timed=True)]
+    kernels = [*fw.kernels_for(p), *loop.kernels_for(p), sim._replay_for(p), sim._replay_for(p, timed=True)]
     generated = (jit.cache_dir() / "generated").resolve()
     sources = {path.resolve() for path in jit._SOURCES}
     called = {path for path in _compiled_callees(kernels) if path.parent != generated}
-    assert Path(rs.__file__).with_name("readstream_kernels.py").resolve() in sources
+    assert Path(loop.__file__).with_name("loop_kernels.py").resolve() in sources
     assert Path(sim.__file__).with_name("sim_kernels.py").resolve() in sources
     assert called and called <= sources, sorted(map(str, called - sources))
 

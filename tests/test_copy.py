@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cxlhm import copyengine as ce
+from cxlhm.device.stream import copyengine as ce
 from cxlhm import firmware as fw
 
 BLOCK = 64

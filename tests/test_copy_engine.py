@@ -1,4 +1,4 @@
-"""The device's copy engine (cxlhm/copyengine.py, native/cxlhm_copy.c) against numpy and
+"""The device's copy engine (cxlhm/device/stream/copyengine.py, native/cxlhm_copy.c) against numpy and
 Python's xxhash: every byte copied and every checksum right, whichever thread ran a job,
 with several callers at once, and in a child after fork()."""
 import os
@@ -10,7 +10,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cxlhm import copyengine as ce
+from cxlhm.device.stream import copyengine as ce
 from cxlhm import sumtable
 from threads import run_all, wait_child
 
@@ -149,7 +149,7 @@ def test_the_helpers_linger_setting_is_read_safely_and_never_changes_what_is_cop
     out = _in_a_fresh_process(
         "import numpy as np\n"
         "import test_copy_engine as t\n"
-        "from cxlhm import copyengine as ce\n"
+        "from cxlhm.device.stream import copyengine as ce\n"
         "src = np.random.default_rng(4).integers(0, 256, 64 * t.BLOCK, dtype=np.uint8)\n"
         "pieces = [(b, 0, t.BLOCK) for b in range(64)]\n"
         "shared = 0\n"
@@ -167,7 +167,7 @@ def test_the_helpers_linger_setting_is_read_safely_and_never_changes_what_is_cop
 def test_polling_is_on_by_default_and_off_on_one_cpu():
     """Unset, the helper polls for 2 ms - unless the process may run on one CPU only,
     where polling would take the caller's core."""
-    child = "from cxlhm import copyengine as ce\nprint(ce.linger_us())\n"
+    child = "from cxlhm.device.stream import copyengine as ce\nprint(ce.linger_us())\n"
     if len(os.sched_getaffinity(0)) >= 2:
         assert int(_in_a_fresh_process(child, None)) == 2000
     one_cpu = "import os\nos.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})\n" + child

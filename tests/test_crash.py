@@ -37,7 +37,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cxlhm.config import ConfigError
-from cxlhm.device import Device, DeviceClosed
+from cxlhm.device import DeviceClosed
 from cxlhm.device import behind as device_behind
 from cxlhm.device import waves as device_waves
 from cxlhm.device.media import MediaPath
@@ -574,13 +574,13 @@ def test_kill_9_with_writes_behind_never_serves_a_torn_chunk(tmp_path, monkeypat
     in flight, or landed and not yet recorded."""
     monkeypatch.setattr(device_behind, "BEHIND_MIN_BYTES", BLOCK)
     started = []
-    real = Device._write_behind
+    real = device_behind.WriteBehind._start
 
     def counted(self, slots, *args):
         started.append(slots.shape[0])
         return real(self, slots, *args)
 
-    monkeypatch.setattr(Device, "_write_behind", counted)
+    monkeypatch.setattr(device_behind.WriteBehind, "_start", counted)
     summary = _crash_campaign(tmp_path, points=8, n_ops=100, seed=5151)
     assert started  # the warm-up in this process wrote behind
     assert summary["corrupt_reads"] == 0

@@ -9,9 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cxlhm import copyengine as ce
+from cxlhm.device.stream import copyengine as ce
 from cxlhm.config import ConfigError
-from cxlhm.device import core
 from cxlhm.device import AccessOutOfRange, metadata_path
 from host_runtime.driver import open_device
 
@@ -157,7 +156,7 @@ def test_unclean_shutdown_is_detected(make_device, make_device_parts, image):
     dev, device = make_device_parts()
     dev.store(0, b"x")
     device.ssd.close()  # the process "dies": no flush, no clean mark
-    device.closed = True
+    device.state.closed = True
     assert make_device().unclean_shutdown_detected
 
 
@@ -233,7 +232,7 @@ def test_long_dram_hits_copied_on_the_copy_engine_match_a_byte_model(ops):
     in one kernel call and copied afterwards on the engine (still under the device
     lock); reads and writes of any offset and length read back what a bytearray says."""
     engine_copies = []
-    real = core.copyengine.copy_extents
+    real = ce.copy_extents
 
     def spy(*args, **kwargs):
         engine_copies.append(int(args[4].sum()))
@@ -242,7 +241,7 @@ def test_long_dram_hits_copied_on_the_copy_engine_match_a_byte_model(ops):
     model = bytearray(2 << 20)
     with open_device({"capacity": 2 << 20, "block_size": BLOCK, "dram_bytes": 2 << 20,
                       "backend": {"kind": "memory"}}) as dev, pytest.MonkeyPatch.context() as mp:
-        mp.setattr(core.copyengine, "copy_extents", spy)
+        mp.setattr(ce, "copy_extents", spy)
         dev.store(0, np.zeros(2 << 20, np.uint8))  # every block resident: each access below is a hit
         for i, (is_write, hpa, n) in enumerate(ops):
             n = min(n, (2 << 20) - hpa)

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cxlhm import integrity
-from cxlhm import readstream as rs
+from cxlhm.device.stream import state as ss
 from cxlhm.integrity import DIRTY, SUM, BlockChecksums, IntegrityLog, PoisonError, PoisonTable, pack_records
 from device_parts import open_parts
 
@@ -173,8 +173,8 @@ def test_a_write_stream_logs_its_victims_sums_ahead_and_a_power_loss_keeps_them(
     poison, and nothing is a checksum mismatch - also with the log compacted over and
     over while write-backs are out."""
     if where == "driver":
-        monkeypatch.setattr(rs, "COMPILED_LOG", False)
-    elif not rs.COMPILED_LOG:
+        monkeypatch.setattr(ss, "COMPILED_LOG", False)
+    elif not ss.COMPILED_LOG:
         pytest.skip("this xxhash or zlib gives compiled code no hash or crc32: the driver logs")
     if compact:
         monkeypatch.setattr(integrity, "COMPACT_MIN_RECORDS", 8)

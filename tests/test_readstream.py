@@ -1,4 +1,4 @@
-"""Streamed reads (Device.stream_io, cxlhm/readstream.py): the compiled loop that keeps
+"""Streamed reads (Device.stream_io, cxlhm/device/stream/loop.py): the compiled loop that keeps
 many reads in flight must return exactly the bytes the device's other paths return,
 keep dirty victims, verify checksums, stop before poison, and share the device with
 other threads."""
@@ -59,7 +59,7 @@ def test_streamed_reads_return_the_written_bytes_through_hits_misses_and_evictio
         stats = dev.stats()
         assert result.hits + result.misses == stats["hits"] + stats["misses"] - 64  # the writes' blocks
         assert stats["resident_blocks"] <= 8
-        assert device._inflight == 0 and device._inflight_slots == 0
+        assert device.state.inflight == 0 and device.state.inflight_slots == 0
 
 
 def test_the_same_block_twice_in_flight_waits_for_its_fill(tmp_path):
@@ -124,7 +124,7 @@ def test_a_deadline_stops_issuing_and_leaves_nothing_in_flight(tmp_path):
         offsets = np.arange(512) * BLOCK
         result, _ = _stream(dev, offsets, [BLOCK] * 512, 8, deadline_ns=time.monotonic_ns() - 1)
         assert result.count == 0
-        assert device._inflight == 0 and device.ssd.queued() == 0
+        assert device.state.inflight == 0 and device.ssd.queued() == 0
 
 
 def test_a_read_wider_than_the_unpinned_slots_is_split_not_refused(tmp_path):
@@ -135,7 +135,7 @@ def test_a_read_wider_than_the_unpinned_slots_is_split_not_refused(tmp_path):
         result, views = _stream(dev, [4 * BLOCK + 5, 2 * BLOCK], [2 * BLOCK, BLOCK], 4)
         assert result.count == 2
         assert (views[0] == data[4 * BLOCK + 5:6 * BLOCK + 5]).all() and (views[1] == data[2 * BLOCK:3 * BLOCK]).all()
-        assert device._inflight == 0
+        assert device.state.inflight == 0
 
 
 def test_streams_and_writers_on_other_threads_lose_no_update(tmp_path):
@@ -207,8 +207,8 @@ def test_a_multi_block_read_into_is_one_streamed_pass_and_one_host_read(tmp_path
     cfg, data = _on_the_ssd(tmp_path / "m.img", 512, 300, BLOCK, 4)
     with open_parts(cfg) as (dev, device):
         calls = []
-        real = device.stream_io
-        device.stream_io = lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k)
+        real = device.streams.stream_io
+        device.streams.stream_io = lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k)
         out = np.empty(100 * BLOCK - 10, np.uint8)  # 100 blocks, cut in passes of 16 // STREAM_PASSES
         dev.read_into(5, out)
         assert (out == data[5:5 + out.shape[0]]).all()
@@ -216,21 +216,21 @@ def test_a_multi_block_read_into_is_one_streamed_pass_and_one_host_read(tmp_path
 
 
 def test_a_wide_read_sends_its_next_pass_before_copying_out_a_landed_one(tmp_path):
-    # blocks of >= 32 KiB (readstream's WIDE_BLOCK): the ring's room holds STREAM_PASSES
+    # blocks of >= 32 KiB (stream state's WIDE_BLOCK): the ring's room holds STREAM_PASSES
     # passes; the stream plans the next as soon as a reap frees room, before the landed
     # pass is copied out and completed, so one more than that is in flight at the peak
     block = 32 << 10
     cfg, data = _on_the_ssd(tmp_path / "w.img", 64, 48, block, 9)
     with open_parts(cfg) as (dev, device):
         results = []
-        real = device.stream_io
-        device.stream_io = lambda *a, **k: results.append(real(*a, **k)) or results[-1]
+        real = device.streams.stream_io
+        device.streams.stream_io = lambda *a, **k: results.append(real(*a, **k)) or results[-1]
         out = np.empty(40 * block, np.uint8)  # 20 passes of 16 // STREAM_PASSES = 2 blocks
         dev.read_into(3 * block, out)
         assert (out == data[3 * block:43 * block]).all()
         assert results[0].count == 40 // (16 // STREAM_PASSES)
         assert results[0].peak_in_flight > STREAM_PASSES
-        assert device._inflight == 0 and device._inflight_slots == 0
+        assert device.state.inflight == 0 and device.state.inflight_slots == 0
 
 
 @pytest.mark.parametrize("hpa,n,skew", [
@@ -312,7 +312,7 @@ def test_a_stream_of_reads_and_writes_is_its_issue_order(tmp_path_factory, ops, 
         back = np.zeros(RW_BLOCKS * block, np.uint8)
         dev.read_into(0, back)
         assert (back == expected).all()
-        assert device._inflight == 0 and device._inflight_slots == 0
+        assert device.state.inflight == 0 and device.state.inflight_slots == 0
     with _rw_device(path, dram_blocks=4, block=block) as (dev, device):  # from the SSD, every block checked against its sum
         back = np.zeros(RW_BLOCKS * block, np.uint8)
         dev.read_into(0, back)
@@ -356,7 +356,7 @@ def test_a_stream_that_wrote_victims_back_leaves_its_rows_as_a_reset_would(tmp_p
     """StreamState.reset() leaves the write-back rows alone when none is in use: that holds
     only if every row a stream used went back FREE, without an owner, on the free stack.
     Streams of writes that evict dirty blocks, one after another on one thread."""
-    from cxlhm import readstream as rs
+    from cxlhm.device.stream import state as ss
     rng = np.random.default_rng(5)
     with _rw_device(tmp_path / "r.img", dram_blocks=8) as (dev, device):
         expected = np.zeros(RW_BLOCKS * BLOCK, np.uint8)
@@ -369,9 +369,9 @@ def test_a_stream_that_wrote_victims_back_leaves_its_rows_as_a_reset_would(tmp_p
             assert result.count == 24
             for i, b in enumerate(blocks.tolist()):
                 expected[b * BLOCK:(b + 1) * BLOCK] = data[i * BLOCK:(i + 1) * BLOCK]
-            state = device._local.stream
-            assert state.st[rs.WB_USED] == 0
-            assert (state.wb_state == rs.WB_FREE).all() and (state.wb_owner == -1).all()
+            state = device.state.threads.stream
+            assert state.st[ss.WB_USED] == 0
+            assert (state.wb_state == ss.WB_FREE).all() and (state.wb_owner == -1).all()
             assert sorted(state.wb_free.tolist()) == list(range(state.wb_free.shape[0]))
         assert dev.stats()["writebacks"] > 0
         back = np.zeros(RW_BLOCKS * BLOCK, np.uint8)
@@ -410,14 +410,14 @@ def test_a_write_stream_leaves_the_checksums_and_dirty_set_its_log_replays_to(tm
     wrote (as after a crash) gives the same checksums, and poisons exactly the blocks
     the dirty set holds. Without room in the sum table (room=False: a tiny table that
     is never grown for the loop) the landings go to the driver, with the same result."""
-    from cxlhm import readstream as rs
-    from cxlhm.device.stream import StreamReads
+    from cxlhm.device.stream import state as ss
+    from cxlhm.device.stream.driver import Streams
     from cxlhm.integrity import BlockChecksums, PoisonTable
     from cxlhm.sumtable import SumTable
     handed = []
-    real = StreamReads._stream_writebacks
-    monkeypatch.setattr(StreamReads, "_stream_writebacks",
-                        lambda self, state: (handed.append(int(state.st[rs.WB_LANDED])), real(self, state))[1])
+    real = Streams._writebacks
+    monkeypatch.setattr(Streams, "_writebacks",
+                        lambda self, state: (handed.append(int(state.st[ss.WB_LANDED])), real(self, state))[1])
     path = tmp_path / "r.img"
     rng = np.random.default_rng(5)
     with _rw_device(path, dram_blocks=8) as (dev, device):
@@ -467,15 +467,15 @@ def test_a_thread_waiting_for_the_device_gets_it_while_a_long_stream_runs(tmp_pa
 
         def other():
             start = time.monotonic()
-            while not device._lock.locked():  # the stream has the lock
+            while not device.state.lock.locked():  # the stream has the lock
                 if time.monotonic() - start > 30:
                     return
-            with device._lock:
+            with device.state.lock:
                 times["other"] = time.monotonic()
 
         run_all([threading.Thread(target=stream), threading.Thread(target=other)])
         assert times["count"] > 0 and times["other"] < times["stream_end"]
-        assert device._lock.waiting[0] == 0
+        assert device.state.lock.waiting[0] == 0
 
 
 @pytest.mark.parametrize("wide", [False, True], ids=["4 KiB reads", "wide reads"])
@@ -485,9 +485,9 @@ def test_an_error_in_a_slice_leaves_the_device_nothing_in_flight(tmp_path, monke
     raises from the stream, and what the stream held is given back all the same - on its
     last slice, or while reads are in flight (they land first, erring again): nothing is
     left counted in flight, so other threads are not kept waiting and close() returns."""
-    from cxlhm import readstream as rs
-    from cxlhm.device.stream import StreamReads
-    real_account, real_settle = StreamReads._stream_account, StreamReads._stream_settle
+    from cxlhm.device.stream import state as ss
+    from cxlhm.device.stream.driver import Streams
+    real_account, real_settle = Streams._account, Streams._settle
     held = []  # slots the stream held after each slice
 
     def account(self, st, counted, was_held):
@@ -498,24 +498,24 @@ def test_an_error_in_a_slice_leaves_the_device_nothing_in_flight(tmp_path, monke
     raised = []
 
     def settle(self, job, status):
-        in_flight = int(job.state.st[rs.IN_FLIGHT])
+        in_flight = int(job.state.st[ss.IN_FLIGHT])
         # the last slice errs whether or not it still holds slots (how many it holds when it
         # finishes depends on when the reads landed); the other case errs while slots are held
         # and reads are out
-        hit = status == rs.FINISHED if when == "last slice" else bool(held and held[-1] and in_flight)
+        hit = status == ss.FINISHED if when == "last slice" else bool(held and held[-1] and in_flight)
         if raised or hit:
             raised.append(in_flight)  # (and at every slice after: the drain's too)
             raise OSError("injected: a short write of the integrity log")
         return real_settle(self, job, status)
 
-    monkeypatch.setattr(StreamReads, "_stream_account", account)
-    monkeypatch.setattr(StreamReads, "_stream_settle", settle)
+    monkeypatch.setattr(Streams, "_account", account)
+    monkeypatch.setattr(Streams, "_settle", settle)
     # wide: reads of two 32 KiB blocks, where the loop issues the next reads before it
     # completes a reap
     block, per_read, n = (32 << 10, 2, 512) if wide else (BLOCK, 1, 4096)
     dev, device = _device(tmp_path, blocks=n, dram_blocks=64, block=block)  # (not `with`: close() would wait for ever on a leak)
     dev.store(0, np.random.default_rng(5).integers(0, 256, n * block, dtype=np.uint8))
-    lock = device._lock
+    lock = device.state.lock
     lock.waiting[0] = 1  # as while a thread waits for the device: each slice ends after a short time
     reads = n // per_read
     try:
@@ -523,7 +523,7 @@ def test_an_error_in_a_slice_leaves_the_device_nothing_in_flight(tmp_path, monke
             _stream(dev, (np.arange(reads) * 7919 % reads) * block * per_read, [block * per_read] * reads, 16)
     finally:
         lock.waiting[0] = 0
-    left = (device._inflight, device._inflight_slots)
+    left = (device.state.inflight, device.state.inflight_slots)
     if left == (0, 0):
         monkeypatch.undo()
         assert dev.load(0, BLOCK) == dev.load(0, BLOCK)  # the device still serves
@@ -539,8 +539,8 @@ def test_a_stream_too_large_for_the_caches_streams_its_copies_out(tmp_path, monk
     """Whether a stream's copies out bypass the CPU's caches follows its reads' total
     (copyengine.bypasses_caches): a transfer that fits the caches is copied into them,
     a larger one streams its copies of 64 KiB blocks past them; the bytes are the same."""
-    from cxlhm import copyengine
-    from cxlhm import readstream as rs
+    from cxlhm.device.stream import copyengine
+    from cxlhm.device.stream import state as ss
     monkeypatch.setattr(copyengine, "STREAM_MIN_TOTAL", threshold)
     block = 65536
     rng = np.random.default_rng(3)
@@ -553,13 +553,13 @@ def test_a_stream_too_large_for_the_caches_streams_its_copies_out(tmp_path, monk
         assert result.count == 6
         for off, got in zip(offsets, views):
             assert (got == image[off:off + block]).all()
-        assert device._local.stream.st[rs.BYPASS_CACHES] == streams
+        assert device.state.threads.stream.st[ss.BYPASS_CACHES] == streams
 
 
 def test_the_last_level_cache_is_read_from_the_kernels_listing(tmp_path):
     """copyengine.last_level_cache_bytes: the highest data or unified cache level's size
     (instruction caches ignored), None where the kernel lists none or garbage."""
-    from cxlhm.copyengine import last_level_cache_bytes
+    from cxlhm.device.stream.copyengine import last_level_cache_bytes
 
     def index(name, level, kind, size):
         folder = tmp_path / "cache" / name
@@ -614,6 +614,6 @@ def test_streams_of_several_threads_on_one_device_keep_every_byte(tmp_path):
 
         run_all([threading.Thread(target=guarded, args=(k,)) for k in range(threads_n)])
         assert errors == []
-        assert device._streams[0] == 0  # every stream left the count as it found it
+        assert device.stream_registry.running[0] == 0  # every stream left the count as it found it
         for off in range(0, per * threads_n * BLOCK, 7 * BLOCK):  # and the plain path agrees
             assert dev.load(off, BLOCK) == bytes([(off // BLOCK) % 251]) * BLOCK

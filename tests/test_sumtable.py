@@ -171,8 +171,8 @@ def test_streamed_reads_of_checksummed_blocks_verify_without_leaving_the_loop(tm
         dev.write_from(0, data)
         dev.flush()  # every block has a checksum record now
         calls = []
-        real = device._stream_verify
-        monkeypatch.setattr(device, "_stream_verify", lambda *a: (calls.append(1), real(*a))[1])
+        real = device.streams._verify
+        monkeypatch.setattr(device.streams, "_verify", lambda *a: (calls.append(1), real(*a))[1])
         out = np.zeros(32 * 4096, np.uint8)
         result = dev.stream_io(np.arange(32, dtype=np.int64) * 4096, np.full(32, 4096, np.int64),
                                out.ctypes.data + np.arange(32, dtype=np.int64) * 4096, 4)

@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 
 from cxlhm.config import ConfigError
 from cxlhm.device import behind
-from cxlhm.device import core
 from cxlhm.integrity import PoisonError, checksum
 from cxlhm.media.ssd import SharedRing
 from device_parts import open_parts
@@ -40,13 +39,13 @@ def behind_calls(monkeypatch):
     """Writes of two blocks or more go behind; the blocks of each write-behind started."""
     monkeypatch.setattr(behind, "BEHIND_MIN_BYTES", 2 * BLOCK)
     started: list[int] = []
-    real = core.Device._write_behind
+    real = behind.WriteBehind._start
 
     def spy(self, slots, *args):
         started.append(slots.shape[0])
         return real(self, slots, *args)
 
-    monkeypatch.setattr(core.Device, "_write_behind", spy)
+    monkeypatch.setattr(behind.WriteBehind, "_start", spy)
     return started
 
 
@@ -223,8 +222,8 @@ def test_a_long_write_behind_is_checksummed_as_it_is_copied(tmp_path, monkeypatc
            "backend": {"path": str(tmp_path / "img")}}
     monkeypatch.setattr(behind, "BEHIND_MIN_BYTES", 2 * block)
     hashed: list[int] = []
-    real = core.Device._copy_in_hashed
-    monkeypatch.setattr(core.Device, "_copy_in_hashed",
+    real = behind.WriteBehind._copy_in_hashed
+    monkeypatch.setattr(behind.WriteBehind, "_copy_in_hashed",
                         lambda self, s, addr: hashed.append(s.shape[0]) or real(self, s, addr))
     first = _pattern(8 * block, 1)
     with open_parts(cfg) as (dev, device):

@@ -1,4 +1,4 @@
-"""Writes that evict dirty victims write them back in waves (WriteWaves._write_waves,
+"""Writes that evict dirty victims write them back in waves (WriteWaves.plan,
 MediaPath.write_back_in_waves): one wave on the SSD while the previous wave's slots
 take the new bytes. Checked against a byte model of the device's address space, across
 a reopen, and with write-backs that fail once (retried) or for good (the victim is

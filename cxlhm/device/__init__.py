@@ -5,7 +5,7 @@ from cxlhm.device.errors import AccessOutOfRange, DeviceClosed, DeviceFull, Medi
 from cxlhm.device.interface import (DeviceCaps, HostDevice, IntegrityDevice, MailboxTarget, ModelClockDevice,
                                     StreamDevice)
 from cxlhm.device.sidecar import METADATA_FORMAT, SidecarError, Sidecars, metadata_path
-from cxlhm.device.stream import STREAM_PASSES, StreamResult
+from cxlhm.device.stream.driver import STREAM_PASSES, StreamResult
 
 __all__ = ["AccessOutOfRange", "Device", "DeviceCaps", "DeviceClosed", "DeviceFull", "HostDevice",
            "IntegrityDevice", "MailboxTarget", "ModelClockDevice", "StreamDevice",

@@ -1,6 +1,6 @@
 """The device lock: a threading.Lock that keeps count of the threads waiting for the
 device - blocked on the lock, or waiting on a condition of it for slots to come free -
-in an array compiled code reads. A stream's loop (cxlhm/readstream_kernels.py) holds
+in an array compiled code reads. A stream's loop (cxlhm/device/stream/loop_kernels.py) holds
 the lock for a time slice and then gives it up for the driver's turn between slices;
 while nobody waits it goes on instead, up to a cap, since the driver's turn is where
 the SSD's queue runs dry (~60-260 us every 2 ms slice on the development machine).

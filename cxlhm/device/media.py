@@ -17,7 +17,8 @@ import numpy as np
 from cxlhm import blocktable as btm
 from cxlhm import counters as C
 from cxlhm import firmware as fw
-from cxlhm import copyengine, sumtable
+from cxlhm import sumtable
+from cxlhm.device.stream import copyengine
 from cxlhm.device.errors import MediaError, PoisonError
 from cxlhm.integrity import BlockChecksums, PoisonTable, checksum
 

@@ -113,7 +113,7 @@ class AsyncBackend(Protocol):
 
     def stream_ring(self) -> tuple[int, int]:
         """(address of the calling thread's ring, fd): compiled code queues on it itself
-        (cxlhm.readstream), reports what it queued with note_queued() and takes the
+        (cxlhm.device.stream), reports what it queued with note_queued() and takes the
         completions with reap()."""
 
     def note_queued(self, n: int) -> None:

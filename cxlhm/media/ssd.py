@@ -186,7 +186,7 @@ class SsdBackend(Backend):
 
     # ---------------------------------------------------------------- split phase
     # For a host thread that keeps many I/Os of its own in flight and handles each as it
-    # completes (the device's streams, cxlhm/readstream.py). They use a second ring of the
+    # completes (the device's streams, cxlhm/device/stream/loop.py). They use a second ring of the
     # thread's, so submit() on the same thread never takes their completions.
     def queue(self, ops: np.ndarray, tags: np.ndarray) -> int:
         """Prepare `ops` (tagged: a completion reports its tag) without waiting for any:
@@ -224,7 +224,7 @@ class SsdBackend(Backend):
 
     def stream_ring(self) -> tuple[int, int]:
         """(address of the calling thread's split-phase ring, fd), for compiled code that
-        queues on it itself (cxlhm/readstream.py); it reports what it queued with
+        queues on it itself (cxlhm/device/stream/loop.py); it reports what it queued with
         note_queued() and takes completions with reap()."""
         state = self._async_state()
         return int(self._ffi.cast("uintptr_t", state.async_ring)), self.fd

@@ -333,7 +333,7 @@ class CxlHmTier(Tier):
         # program suspend). An earlier version learned the bandwidth from its own loads
         # (EWMA) and locked itself out: one slow load made the scheduler recompute, so
         # no later load ever corrected the estimate.
-        p = self.d.timing.settings
+        p = self.d.timing_model.settings
         ssd_bw = min(p.nand_channels * p.nand_channel_rate, p.link_bandwidth)
         self.ns_per_byte = 1e9 / ssd_bw
         self.counts = {"stored_bytes": 0.0, "loaded_bytes": 0.0, "hints": 0}
@@ -348,7 +348,7 @@ class CxlHmTier(Tier):
         return self.stored[np.asarray(ids, np.int64)]
 
     def advance(self, now: float) -> None:
-        if now > self.d.model.now_ns:
+        if now > self.d.now_ns():
             self.d.advance_to(now)
 
     def load(self, now, session, ids, nbytes, gpu=0):
@@ -385,7 +385,7 @@ class CxlHmTier(Tier):
     def write_backlog_ns(self, now, gpu=0):
         """NAND programs already queued: when every write charged so far is durable
         (the device's `durable_ns`; firmware knows its write-back queue)."""
-        return max(0.0, float(self.d.timing.state[S_LAST_PROGRAM_END]) - now)
+        return max(0.0, float(self.d.timing_model.state[S_LAST_PROGRAM_END]) - now)
 
     def _hint_ranges(self, kind, session, ids, nbytes, arg=0):
         runs: list[list[int]] = []

@@ -1,4 +1,4 @@
-"""A stream's state and the pieces its compiled loop (cxlhm/readstream.py) is built
+"""A stream's state and the pieces its compiled loop (cxlhm/device/stream/loop.py) is built
 from: what the loop hands back to the driver, the stream's scalars and per-tag arrays
 (`StreamState`), the write-back table of its dirty victims, and the thread's io_uring
 ring as compiled code reaches it (the native extension's queue and reap, bound by symbol
@@ -11,7 +11,8 @@ import ctypes.util
 import numpy as np
 from numba.types import int32, int64, intp, uint32, uint64
 
-from cxlhm import _native, copyengine, sumtable
+from cxlhm import _native, sumtable
+from cxlhm.device.stream import copyengine
 from cxlhm import firmware as fw
 from cxlhm.jit import c_function, njit
 
@@ -127,19 +128,19 @@ _clock_gettime = c_function("cxlhm_stream_clock_gettime", ctypes.CDLL(None).cloc
 # The cffi extension's own symbols (the same loaded object, so the same liburing table).
 _lib = ctypes.CDLL(_native.__file__)
 _queue = c_function("cxlhm_stream_io_queue", _lib.cxlhm_io_queue, int32(intp, int32, intp, int32, intp))
-_reap = c_function("cxlhm_stream_io_reap", _lib.cxlhm_io_reap, int32(intp, int32, int32, intp, intp))
+ring_reap = c_function("cxlhm_stream_io_reap", _lib.cxlhm_io_reap, int32(intp, int32, int32, intp, intp))
 _write = c_function("cxlhm_stream_write", ctypes.CDLL(None).write, int64(int32, intp, int64))
 _libz = ctypes.util.find_library("z")
 _crc32 = c_function("cxlhm_stream_crc32", ctypes.CDLL(_libz).crc32, uint64(uint64, intp, uint32)) if _libz else None
 # whether the loop can log the staged victims itself (else the driver does: LOG_IN_DRIVER)
 COMPILED_LOG = sumtable.COMPILED_HASH and _crc32 is not None
-# the device's copy engine, out to the host's buffers (cxlhm/copyengine.py, which also gives it the checksum function)
-_copy_out_many = c_function("cxlhm_stream_copy_out_many", _lib.cxlhm_copy_out_many, int64(intp, int64))
-_copy_many = c_function("cxlhm_stream_copy_many", _lib.cxlhm_copy_many, int64(intp, int64))
+# the device's copy engine, out to the host's buffers (cxlhm/device/stream/copyengine.py, which also gives it the checksum function)
+native_copy_out_many = c_function("cxlhm_stream_copy_out_many", _lib.cxlhm_copy_out_many, int64(intp, int64))
+native_copy_many = c_function("cxlhm_stream_copy_many", _lib.cxlhm_copy_many, int64(intp, int64))
 
 
 @njit(cache=False)
-def _now_ns(ts):
+def monotonic_ns(ts):
     _clock_gettime(_CLOCK_MONOTONIC, ts.ctypes.data)
     return ts[0] * 1_000_000_000 + ts[1]
 
@@ -154,30 +155,30 @@ def _piece(base, block_size, slot, block, hpa, length, addr):
 
 
 @njit(cache=False)
-def _copy_piece(base, block_size, slot, block, hpa, length, addr):
+def copy_piece(base, block_size, slot, block, hpa, length, addr):
     """memcpy the part of read [hpa, hpa+length) that lies in `block` out of its slot."""
     in_slot, in_host, n = _piece(base, block_size, slot, block, hpa, length, addr)
-    fw._memcpy(in_host, in_slot, n)
+    fw.memcpy(in_host, in_slot, n)
 
 
 @njit(cache=False)
 def _copy_in_piece(base, block_size, slot, block, hpa, length, addr):
     """memcpy the part of write [hpa, hpa+length) that lies in `block` into its slot."""
     in_slot, in_host, n = _piece(base, block_size, slot, block, hpa, length, addr)
-    fw._memcpy(in_slot, in_host, n)
+    fw.memcpy(in_slot, in_host, n)
 
 
 @njit(cache=False)
-def _copy_write_in(base, block_size, slots, k, hpa, length, addr):
+def copy_write_in(base, block_size, slots, k, hpa, length, addr):
     first = hpa // block_size
     for q in range(k):
         _copy_in_piece(base, block_size, slots[q], first + q, hpa, length, addr)
 
 
 @njit(cache=False)
-def _piece_job(jobs, row, base, block_size, slot, block, hpa, length, addr):
+def piece_job(jobs, row, base, block_size, slot, block, hpa, length, addr):
     """Job `row` copies the part of read [hpa, hpa+length) that lies in `block` out of
-    its slot (as _copy_piece does) and checksums nothing yet."""
+    its slot (as copy_piece does) and checksums nothing yet."""
     jobs[row, copyengine.SRC], jobs[row, copyengine.DST], jobs[row, copyengine.LEN] = _piece(
         base, block_size, slot, block, hpa, length, addr)
     jobs[row, copyengine.HASH_AT] = 0
@@ -185,7 +186,7 @@ def _piece_job(jobs, row, base, block_size, slot, block, hpa, length, addr):
 
 
 @njit(cache=False)
-def _in_sorted(special, hpa, length, block_size):
+def in_sorted(special, hpa, length, block_size):
     """Whether [hpa, hpa+length) touches one of `special` (sorted blocks)."""
     if special.shape[0] == 0:
         return False
@@ -195,7 +196,7 @@ def _in_sorted(special, hpa, length, block_size):
 
 
 @njit(cache=False)
-def _touches_writebacks(wb_rows, wb_state, hpa, length, block_size):
+def touches_writebacks(wb_rows, wb_state, hpa, length, block_size):
     """Whether [hpa, hpa+length) touches a block whose write-back this stream holds (a
     victim staged, on the ring, or landed with its checksum not yet recorded): it may not
     be read back from the SSD before then."""
@@ -210,18 +211,18 @@ def _touches_writebacks(wb_rows, wb_state, hpa, length, block_size):
 
 
 @njit(cache=False)
-def _queue_all(ring, fd, rows, n, tags):
+def queue_all(ring, fd, rows, n, tags):
     """Queue `n` rows on the ring, handing queued ones to the kernel whenever its
     submission queue is full (the ring's room for completions was checked)."""
     done = 0
     while done < n:
         done += _queue(ring, fd, rows + done * 32, n - done, tags + done * 8)
         if done < n:
-            _reap(ring, 0, 0, 0, 0)  # submit only: takes no completion
+            ring_reap(ring, 0, 0, 0, 0)  # submit only: takes no completion
 
 
 @njit(cache=False)
-def _submit_bucket(n):
+def submit_bucket(n):
     """fio's submit rows (cxlhm_apps.fio.stats.submit_bucket): 1-4 -> 1, 5-8 -> 2, ... >64 -> 6."""
     bucket = 1
     bound = 4
@@ -285,7 +286,7 @@ class StreamState:
         self.copy_of = np.full(depth * max_blocks, -1, np.int64)
         self.copy_expected = np.zeros(depth * max_blocks, np.uint64)
         self.copy_checked = np.zeros(depth * max_blocks, np.uint8)
-        # one frame of records: a DIRTY for every written block, a SUM for every write-back row (_log_staged)
+        # one frame of records: a DIRTY for every written block, a SUM for every write-back row (log_staged)
         self.log_frame = np.zeros(_FRAME_BYTES + _RECORD_BYTES * (rows + self.wblocks.shape[0]), np.uint8)
         self._arrays = self._all_arrays()
 
@@ -339,9 +340,9 @@ class StreamState:
 
 
 # positions of the write-back table in StreamState.arrays()
-_WB_ROWS, _WB_STATE, _WB_OWNER, _WB_FREE, _WB_STAGED, _WB_LANDED, _WB_FAILED, _WB_OUT_TAGS, _TAG_WBS, _WB_SUM = \
+AT_WB_ROWS, AT_WB_STATE, AT_WB_OWNER, AT_WB_FREE, AT_WB_STAGED, AT_WB_LANDED, AT_WB_FAILED, AT_WB_OUT_TAGS, AT_TAG_WBS, AT_WB_SUM = \
     range(21, 31)
-_COPY_JOBS, _COPY_OF, _COPY_EXPECTED, _COPY_CHECKED, _LOG_FRAME, _WB_OUT = range(31, 37)
+AT_COPY_JOBS, AT_COPY_OF, AT_COPY_EXPECTED, AT_COPY_CHECKED, AT_LOG_FRAME, AT_WB_OUT = range(31, 37)
 
 
 @njit(cache=False, inline="always")
@@ -353,7 +354,7 @@ def _put_le(buf, pos, value, nbytes):
 
 if COMPILED_LOG:
     @njit(cache=False)
-    def _log_staged(arrays, block_size, log_ctl, record):
+    def log_staged(arrays, block_size, log_ctl, record):
         """Write-ahead in the loop: hash each staged victim's slot (its wb_sum) and log
         their SUM records before they go on the ring (log_ctl[0]: see LOG_NONE), after a
         DIRTY record for each block written since the last record (a victim written in
@@ -362,8 +363,8 @@ if COMPILED_LOG:
         BlockChecksums.dirty). False: the driver logs them (WRITE_BACK) - its own write
         says why the loop's failed (a short write is in st[LOG_SHORT]), or its dirty set
         needs room to grow."""
-        st, wblocks, wb_rows, wb_staged, wb_sum, frame = arrays[0], arrays[19], arrays[_WB_ROWS], \
-            arrays[_WB_STAGED], arrays[_WB_SUM], arrays[_LOG_FRAME]
+        st, wblocks, wb_rows, wb_staged, wb_sum, frame = arrays[0], arrays[19], arrays[AT_WB_ROWS], \
+            arrays[AT_WB_STAGED], arrays[AT_WB_SUM], arrays[AT_LOG_FRAME]
         fd = log_ctl[0]
         if fd == LOG_IN_DRIVER:
             return False
@@ -402,15 +403,15 @@ if COMPILED_LOG:
         return True
 else:
     @njit(cache=False)
-    def _log_staged(arrays, block_size, log_ctl, record):  # no compiled hash or crc32: the driver logs
+    def log_staged(arrays, block_size, log_ctl, record):  # no compiled hash or crc32: the driver logs
         return False
 
 
 @njit(cache=False)
-def _landed_sum(arrays, block, block_size):
+def landed_sum(arrays, block, block_size):
     """The checksum of `block` if this stream's write-back of it landed and the driver has
     not recorded it yet (the sum table still has the one before), else -1 (in `found`)."""
-    st, wb_rows, wb_state, wb_sum = arrays[0], arrays[_WB_ROWS], arrays[_WB_STATE], arrays[_WB_SUM]
+    st, wb_rows, wb_state, wb_sum = arrays[0], arrays[AT_WB_ROWS], arrays[AT_WB_STATE], arrays[AT_WB_SUM]
     if st[WB_LANDED]:
         offset = block * block_size
         for w in range(wb_rows.shape[0]):
@@ -420,10 +421,10 @@ def _landed_sum(arrays, block, block_size):
 
 
 @njit(cache=False)
-def _writeback_done(arrays, w):
+def writeback_done(arrays, w):
     """Write-back row `w` is settled (landed, or failed for good): its I/O goes on once
     its last one is."""
-    st, parked, wb_owner, tag_wbs = arrays[0], arrays[20], arrays[_WB_OWNER], arrays[_TAG_WBS]
+    st, parked, wb_owner, tag_wbs = arrays[0], arrays[20], arrays[AT_WB_OWNER], arrays[AT_TAG_WBS]
     tag = wb_owner[w]
     tag_wbs[tag] -= 1
     if tag_wbs[tag] == 0:
@@ -435,10 +436,10 @@ def _writeback_done(arrays, w):
 def settle_writebacks(arrays, rows, free):
     """The driver settled these write-back rows: their I/Os go on (unless they landed
     through the ring, which told them already); with `free`, the rows are released."""
-    wb_state = arrays[_WB_STATE]
+    wb_state = arrays[AT_WB_STATE]
     for w in rows:
         if wb_state[w] != WB_LAND:
-            _writeback_done(arrays, w)
+            writeback_done(arrays, w)
             wb_state[w] = WB_LAND
         if free:
             _free_writeback(arrays, w)
@@ -447,7 +448,7 @@ def settle_writebacks(arrays, rows, free):
 @njit(cache=False)
 def _free_writeback(arrays, w):
     """Write-back row `w` goes back on the free stack."""
-    st, wb_state, wb_owner, wb_free = arrays[0], arrays[_WB_STATE], arrays[_WB_OWNER], arrays[_WB_FREE]
+    st, wb_state, wb_owner, wb_free = arrays[0], arrays[AT_WB_STATE], arrays[AT_WB_OWNER], arrays[AT_WB_FREE]
     wb_state[w] = WB_FREE
     wb_owner[w] = -1
     st[WB_USED] -= 1
@@ -455,7 +456,7 @@ def _free_writeback(arrays, w):
 
 
 @njit(cache=False)
-def _record_landed(arrays, w, block_size, record):
+def record_landed(arrays, w, block_size, record):
     """Write-back row `w` landed: record its checksum in the sum table and take its block
     out of the dirty set (record: the two tables' compiled arrays, BlockChecksums'
     sums.table and dirty), as the driver would at the slice's end, and free the row.
@@ -463,8 +464,8 @@ def _record_landed(arrays, w, block_size, record):
     to take it without growing - the row waits in WB_LAND for the driver."""
     if record[2].shape[0] == 0:
         return False
-    block = arrays[_WB_ROWS][w, 2] // block_size
-    if not sumtable.put_if_room(record[0], record[1], record[2], block, arrays[_WB_SUM][w]):
+    block = arrays[AT_WB_ROWS][w, 2] // block_size
+    if not sumtable.put_if_room(record[0], record[1], record[2], block, arrays[AT_WB_SUM][w]):
         return False
     sumtable.remove(record[3], record[4], record[5], block)
     _free_writeback(arrays, w)
@@ -472,12 +473,12 @@ def _record_landed(arrays, w, block_size, record):
 
 
 @njit(cache=False)
-def _queue_writebacks(arrays, ring, fd):
+def queue_writebacks(arrays, ring, fd):
     """Put the logged staged write-backs on the ring (tag -1 - row: fills are >= 0), gathered
     into one call: one enter for the batch (an enter each cost ~2 us of kernel CPU per
     write in the randwrite job, docs/fio.md "Reference counting")."""
-    st, wb_rows, wb_state, wb_staged, out, out_tags = arrays[0], arrays[_WB_ROWS], arrays[_WB_STATE], \
-        arrays[_WB_STAGED], arrays[_WB_OUT], arrays[_WB_OUT_TAGS]
+    st, wb_rows, wb_state, wb_staged, out, out_tags = arrays[0], arrays[AT_WB_ROWS], arrays[AT_WB_STATE], \
+        arrays[AT_WB_STAGED], arrays[AT_WB_OUT], arrays[AT_WB_OUT_TAGS]
     logged = st[WB_LOGGED]
     for r in range(logged):
         w = wb_staged[r]
@@ -487,7 +488,7 @@ def _queue_writebacks(arrays, ring, fd):
         wb_state[w] = WB_RING
         st[RING] += 1
     if logged:
-        _queue_all(ring, fd, out.ctypes.data, logged, out_tags.ctypes.data)
+        queue_all(ring, fd, out.ctypes.data, logged, out_tags.ctypes.data)
         rest = st[WB_STAGED] - logged
         for r in range(rest):
             wb_staged[r] = wb_staged[logged + r]

@@ -1,7 +1,7 @@
 """The device's copy engine (native/cxlhm_copy.c): runs of copies out of device DRAM and
 block checksums, shared between the calling thread and a helper thread - the second
 core doing what a controller's DMA engines do. Streamed reads hand it the blocks of a
-reap (cxlhm/readstream_kernels.py); `copy_many` is the same call from Python.
+reap (cxlhm/device/stream/loop_kernels.py); `copy_many` is the same call from Python.
 
 A job is a row of six int64: (src, dst, len, hash_at, hash_len, hash out), see
 native/cxlhm_copy.h. The checksum is xxh3-64, the function cxlhm/sumtable.py uses;

@@ -11,7 +11,7 @@ much as the SSD read itself at QD32. A stream runs the whole loop in one compile
     reap     hand the queue to the kernel and wait for >= 1 completion (nogil)
     copy     each reaped fill's block is copied to its read's host buffer at once, so
              a long read's copies overlap its other blocks' I/O; the copies and
-             checksums of one reap run on the copy engine (cxlhm/copyengine.py), whose
+             checksums of one reap run on the copy engine (cxlhm/device/stream/copyengine.py), whose
              helper thread takes a share of a long run (large blocks: a reap takes all
              completions that are in); a read whose fills are all in releases its slots
              (BUSY -> idle). With large blocks the reap's room on the ring goes to the
@@ -35,8 +35,8 @@ parked (its slots BUSY) until they land, while the stream keeps planning others,
 I/O - of this stream or another thread - misses on a victim's block before its bytes
 are on the SSD and its checksum is recorded.
 
-The stream's state, the write-back table and the ring calls are in cxlhm/streamstate.py;
-the compiled loop itself, one copy per policy, in cxlhm/readstream_kernels.py.
+The stream's state, the write-back table and the ring calls are in cxlhm/device/stream/state.py;
+the compiled loop itself, one copy per policy, in cxlhm/device/stream/loop_kernels.py.
 
 Rules shared with the access path: every slot of a read in flight is BUSY (other threads
 wait for it, victim() skips it); a read that touches a busy block - another thread's or
@@ -54,25 +54,16 @@ import numpy as np
 from cxlhm import blocktable as btm
 from cxlhm import firmware as fw
 from cxlhm.jit import njit
-from cxlhm.streamstate import (  # noqa: F401 - the stream's names, used by the driver as rs.*
-    FINISHED, BLOCKED, WRITE_BACK, REAP_UNLOCKED, DEVICE_FULL, VERIFY, SLICE, WIDE, LOG_WRITES, ISSUED, WB_FAILED, VERIFY_NONE,
-    VERIFY_HERE, VERIFY_ALL, REAP_AT_ONCE, SLICE_NS, NEXT, IN_FLIGHT, SLOTS, FILLS, PARKED, PARKED_FILLS,
-    PARKED_WBS, DONE, FAILED, HITS, MISSES, REAPED, ERRNO, QUEUED, PEAK, WRITTEN, W_HITS, W_MISSES, N_PARKED,
-    N_READY, WB_USED, WB_STAGED, WB_LOGGED, WB_LANDED, WB_FAILED_N, RING, LOG_RECORDS, LOG_SHORT, WRITTEN_LOGGED,
-    BYPASS_CACHES, N_SCALARS, WIDE_BLOCK,
-    STAGE_SHARE, STAGE_BYTES, LOG_NONE, LOG_IN_DRIVER, COMPILED_LOG,
-    WB_FREE, WB_STAGE, WB_RING, WB_LAND, WB_FAIL, WBLOCKS, _reap, _now_ns, _copy_piece, _copy_write_in,
-    _in_sorted, _touches_writebacks, _queue_all, _submit_bucket, StreamState, _WB_ROWS, _WB_STATE, _WB_OWNER,
-    _WB_FREE, _WB_STAGED, _WB_LANDED, _WB_FAILED, _TAG_WBS, _landed_sum, _writeback_done, settle_writebacks,
-    _queue_writebacks)
+from cxlhm.device.stream.state import (
+    REAP_AT_ONCE, REAPED, RING, ring_reap)
 from cxlhm.policies import Policy
 
 _KERNELS: dict[int, tuple] = {}
-_TEMPLATE = Path(__file__).with_name("readstream_kernels.py")
+_TEMPLATE = Path(__file__).with_name("loop_kernels.py")
 
 
 def kernels_for(policy: Policy) -> tuple:
-    """(complete, run) compiled around `policy`'s planner (cxlhm/readstream_kernels.py):
+    """(complete, run) compiled around `policy`'s planner (cxlhm/device/stream/loop_kernels.py):
     once per install for a registered policy, like the firmware kernels."""
     key = id(policy)
     if key not in _KERNELS:
@@ -108,7 +99,7 @@ def reap_unlocked(ring, st, tags, res, wide):
     # a quarter of what is on the ring (all of it lands: it was handed to the kernel), so
     # a thread that other threads keep from a CPU wakes once per few completions
     least = max(1, min(most, st[RING] // 4))
-    got = _reap(ring, least, most, tags.ctypes.data, res.ctypes.data)
+    got = ring_reap(ring, least, most, tags.ctypes.data, res.ctypes.data)
     if got > 0:
         st[REAPED] = got
     return got

@@ -1,9 +1,9 @@
-"""The streamed I/O loop of one policy (cxlhm/readstream.py says what it does): `run`,
+"""The streamed I/O loop of one policy (cxlhm/device/stream/loop.py says what it does): `run`,
 one time slice of a stream, and `complete`, which takes reaped completions, with the
 policy's planner inlined.
 
 Each policy runs its own copy of this module, like the firmware kernels
-(cxlhm/firmware_kernels.py): `cxlhm.readstream.kernels_for` writes it to the compile
+(cxlhm/firmware_kernels.py): `cxlhm.device.stream.loop.kernels_for` writes it to the compile
 cache with the `_policy = ...` line below naming the policy, so the planner is a module
 global and numba caches the compiled loop on disk (cxlhm/jit.py says why not closures).
 """
@@ -15,15 +15,16 @@ from cxlhm import sumtable
 from cxlhm import counters as C
 from cxlhm import blocktable as btm
 from cxlhm.jit import njit
-from cxlhm.streamstate import (
-    FINISHED, BLOCKED, WRITE_BACK, REAP_UNLOCKED, DEVICE_FULL, VERIFY, SLICE, WIDE, LOG_WRITES, ISSUED, WB_FAILED, VERIFY_HERE,
-    VERIFY_ALL, REAP_AT_ONCE, SLICE_NS, SLICE_MAX_NS, NEXT, IN_FLIGHT, SLOTS, FILLS, PARKED_WBS, DONE, FAILED, HITS, MISSES,
-    REAPED, ERRNO, QUEUED, PEAK, WRITTEN, W_HITS, W_MISSES, N_PARKED, N_READY, WB_USED, WB_STAGED, WB_LANDED,
-    WB_LOGGED, WRITTEN_LOGGED, BYPASS_CACHES,
-    WB_FAILED_N, RING, STAGE_SHARE, STAGE_BYTES, WB_STAGE, WB_LAND, WB_FAIL, WIDE_BLOCK, _reap, _now_ns,
-    _copy_write_in, _in_sorted, _touches_writebacks, _queue_all, _submit_bucket, _WB_ROWS, _WB_STATE, _WB_OWNER,
-    _WB_FREE, _WB_STAGED, _WB_LANDED, _WB_FAILED, _TAG_WBS, _COPY_JOBS, _COPY_OF, _COPY_EXPECTED, _COPY_CHECKED,
-    _landed_sum, _writeback_done, _record_landed, _queue_writebacks, _copy_out_many, _copy_many, _copy_piece, _piece_job, _log_staged)
+from cxlhm.device.stream.state import (
+    FINISHED, BLOCKED, WRITE_BACK, REAP_UNLOCKED, DEVICE_FULL, VERIFY, SLICE, WIDE, LOG_WRITES, ISSUED, WB_FAILED,
+    VERIFY_HERE, VERIFY_ALL, REAP_AT_ONCE, SLICE_NS, SLICE_MAX_NS, NEXT, IN_FLIGHT, SLOTS, FILLS, PARKED_WBS, DONE,
+    FAILED, HITS, MISSES, REAPED, ERRNO, QUEUED, PEAK, WRITTEN, W_HITS, W_MISSES, N_PARKED, N_READY, WB_USED,
+    WB_STAGED, WB_LANDED, WB_LOGGED, WRITTEN_LOGGED, BYPASS_CACHES, WB_FAILED_N, RING, STAGE_SHARE, STAGE_BYTES,
+    WB_STAGE, WB_LAND, WB_FAIL, WIDE_BLOCK, ring_reap, monotonic_ns, copy_write_in, in_sorted, touches_writebacks,
+    queue_all, submit_bucket, AT_WB_ROWS, AT_WB_STATE, AT_WB_OWNER, AT_WB_FREE, AT_WB_STAGED, AT_WB_LANDED,
+    AT_WB_FAILED, AT_TAG_WBS, AT_COPY_JOBS, AT_COPY_OF, AT_COPY_EXPECTED, AT_COPY_CHECKED, landed_sum,
+    writeback_done, record_landed, queue_writebacks, native_copy_out_many, native_copy_many, copy_piece, piece_job,
+    log_staged)
 
 _policy = policies.get("lru")  # the policy of this copy
 _firmware = fw.kernels_for(_policy)
@@ -44,17 +45,17 @@ def complete(bt, ps, clock, base, block_size, hpas, lens, addrs, kinds, clat, fa
     path, which poisons it). A write (kinds[i]) whose fills are all in copies its bytes
     into its slots. A landed write-back lets its I/O go on once its last one is in, and
     its checksum is recorded here (`record`: the driver's sum table and dirty set,
-    _record_landed) or by the driver at the slice's end (WB_LANDED); a failed one waits
+    record_landed) or by the driver at the slice's end (WB_LANDED); a failed one waits
     for the driver (WB_FAILED). The caller has given their room on the ring back (FILLS,
     RING)."""
     st, tag_read, tag_pending, tag_k, tag_failed, tag_issued, tag_slots, tag_installed, row_pos, row_bad, \
         free_tags = arrays[:11]
-    wb_rows, wb_state, wb_landed, wb_failed = arrays[_WB_ROWS], arrays[_WB_STATE], arrays[_WB_LANDED], \
-        arrays[_WB_FAILED]
+    wb_rows, wb_state, wb_landed, wb_failed = arrays[AT_WB_ROWS], arrays[AT_WB_STATE], arrays[AT_WB_LANDED], \
+        arrays[AT_WB_FAILED]
     max_blocks = tag_slots.shape[1]
-    now = _now_ns(arrays[14])
-    jobs, job_of, expected, checked = arrays[_COPY_JOBS], arrays[_COPY_OF], arrays[_COPY_EXPECTED], \
-        arrays[_COPY_CHECKED]
+    now = monotonic_ns(arrays[14])
+    jobs, job_of, expected, checked = arrays[AT_COPY_JOBS], arrays[AT_COPY_OF], arrays[AT_COPY_EXPECTED], \
+        arrays[AT_COPY_CHECKED]
     n_jobs = 0
     for j in range(n):
         job_of[j] = -1
@@ -69,11 +70,11 @@ def complete(bt, ps, clock, base, block_size, hpas, lens, addrs, kinds, clat, fa
             for c in range(5):
                 jobs[n_jobs, c] = 0
         else:
-            _piece_job(jobs, n_jobs, base, block_size, slot, block, hpas[i], lens[i], addrs[i])
+            piece_job(jobs, n_jobs, base, block_size, slot, block, hpas[i], lens[i], addrs[i])
         checked[n_jobs] = 0
         if sum_keys.shape[0]:
             # a block an I/O evicted and places again (its own victim) has its new sum here
-            landed, want = _landed_sum(arrays, block, block_size)
+            landed, want = landed_sum(arrays, block, block_size)
             if not landed:
                 b = sumtable.find(sum_keys, block)
                 landed, want = b >= 0, sum_values[max(b, 0)]
@@ -86,15 +87,15 @@ def complete(bt, ps, clock, base, block_size, hpas, lens, addrs, kinds, clat, fa
         n_jobs += 1
     if n_jobs:  # out past the caches only for a stream too large for them
         if st[BYPASS_CACHES]:
-            _copy_out_many(jobs.ctypes.data, n_jobs)
+            native_copy_out_many(jobs.ctypes.data, n_jobs)
         else:
-            _copy_many(jobs.ctypes.data, n_jobs)
+            native_copy_many(jobs.ctypes.data, n_jobs)
     for j in range(n):
         if tags[j] < 0:
             w = -1 - tags[j]
             if res[j] == wb_rows[w, 1]:
-                _writeback_done(arrays, w)
-                if not _record_landed(arrays, w, block_size, record):
+                writeback_done(arrays, w)
+                if not record_landed(arrays, w, block_size, record):
                     wb_state[w] = WB_LAND
                     wb_landed[st[WB_LANDED]] = w
                     st[WB_LANDED] += 1
@@ -132,7 +133,7 @@ def complete(bt, ps, clock, base, block_size, hpas, lens, addrs, kinds, clat, fa
             clat[i] = -1
         else:
             if kinds[i]:
-                _copy_write_in(base, block_size, tag_slots[tag], k, hpas[i], lens[i], addrs[i])
+                copy_write_in(base, block_size, tag_slots[tag], k, hpas[i], lens[i], addrs[i])
             clat[i] = now - tag_issued[tag]
         finish(bt, tag_slots[tag], k)
         st[SLOTS] -= k
@@ -158,7 +159,7 @@ def _issue(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, ad
     write = kinds[i] != 0
     # Submitted once planned (fio's slat: taken -> submitted); the copies of blocks
     # already in device DRAM are completion work, in clat like the fills' wait.
-    now = _now_ns(ts)
+    now = monotonic_ns(ts)
     submitted = tag_issued[tag] if resumed else now
     if not resumed:
         slat[i] = now - begin
@@ -174,18 +175,18 @@ def _issue(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, ad
             fill_tags[r] = tag * max_blocks + r
             r += 1
         elif not write:  # resident and not busy (checked before planning): its bytes are good
-            _copy_piece(base, block_size, tag_slots[tag, q], first + q, hpas[i], lens[i], addrs[i])
+            copy_piece(base, block_size, tag_slots[tag, q], first + q, hpas[i], lens[i], addrs[i])
     if n_fill == 0:
         if write:
-            _copy_write_in(base, block_size, tag_slots[tag], k, hpas[i], lens[i], addrs[i])
-        clat[i] = _now_ns(ts) - submitted
+            copy_write_in(base, block_size, tag_slots[tag], k, hpas[i], lens[i], addrs[i])
+        clat[i] = monotonic_ns(ts) - submitted
         finish(bt, tag_slots[tag], k)
         st[DONE] += 1
         tag_read[tag] = -1
         free_tags[tag_k.shape[0] - 1 - st[IN_FLIGHT] - st[N_PARKED]] = tag  # a stack over the tags in use
         return
     tag_fills = fills[tag * max_blocks:(tag + 1) * max_blocks]
-    _queue_all(ring, fd, tag_fills.ctypes.data, n_fill, fill_tags.ctypes.data)
+    queue_all(ring, fd, tag_fills.ctypes.data, n_fill, fill_tags.ctypes.data)
     st[RING] += n_fill
     tag_pending[tag] = n_fill
     tag_issued[tag] = submitted
@@ -208,12 +209,12 @@ def step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addr
     st, tag_read, tag_pending, tag_k, tag_failed, tag_issued, tag_slots, tag_installed, row_pos, row_bad, \
         free_tags, writebacks, fills = arrays[:13]
     ts, wblocks, parked = arrays[14], arrays[19], arrays[20]
-    wb_rows, wb_state, wb_owner, wb_free, wb_staged = arrays[_WB_ROWS], arrays[_WB_STATE], \
-        arrays[_WB_OWNER], arrays[_WB_FREE], arrays[_WB_STAGED]
-    tag_wbs = arrays[_TAG_WBS]
+    wb_rows, wb_state, wb_owner, wb_free, wb_staged = arrays[AT_WB_ROWS], arrays[AT_WB_STATE], \
+        arrays[AT_WB_OWNER], arrays[AT_WB_FREE], arrays[AT_WB_STAGED]
+    tag_wbs = arrays[AT_TAG_WBS]
     depth = tag_k.shape[0]
     n_rows = wb_free.shape[0]
-    _queue_writebacks(arrays, ring, fd)
+    queue_writebacks(arrays, ring, fd)
     while st[N_READY] > 0:  # their victims are on the SSD now
         st[N_READY] -= 1
         st[N_PARKED] -= 1  # (before _issue: the tag stack counts in-flight and parked tags)
@@ -237,9 +238,9 @@ def step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addr
             return wait if out else WIDE
         # no I/O may miss on a victim's block before its bytes are on the SSD and the
         # driver recorded their checksum (nothing out: only the recording is left)
-        if st[WB_USED] and _touches_writebacks(wb_rows, wb_state, hpas[i], lens[i], block_size):
+        if st[WB_USED] and touches_writebacks(wb_rows, wb_state, hpas[i], lens[i], block_size):
             return wait if out else WRITE_BACK
-        if busy or _in_sorted(victims, hpas[i], lens[i], block_size):
+        if busy or in_sorted(victims, hpas[i], lens[i], block_size):
             return wait if out else BLOCKED
         room = n_slots - bt.scalars[btm.N_PINNED] - other_slots - st[SLOTS]
         if blocks > room or st[FILLS] + blocks > ring_room:
@@ -248,7 +249,7 @@ def step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addr
             return LOG_WRITES
         if st[WB_USED] + blocks > n_rows:  # the table is full: free the landed rows, or wait for some
             return WRITE_BACK if st[WB_LANDED] or st[WB_STAGED] else wait
-        begin = _now_ns(ts)
+        begin = monotonic_ns(ts)
         if deadline_ns > 0 and begin >= deadline_ns:
             return wait
         tag = free_tags[depth - 1 - st[IN_FLIGHT] - st[N_PARKED]]
@@ -290,7 +291,7 @@ def step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addr
                 wb_owner[w] = tag
                 wb_staged[st[WB_STAGED]] = w
                 st[WB_STAGED] += 1
-            now = _now_ns(ts)
+            now = monotonic_ns(ts)
             slat[i] = now - begin
             tag_issued[tag] = now  # submitted: its completion latency runs from here
             tag_pending[tag] = n_fill
@@ -326,7 +327,7 @@ def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs
         arrays[18]
     tag_slots = arrays[6]
     stage_batch = max(1, min(tag_slots.shape[0] // STAGE_SHARE, STAGE_BYTES // (block_size * tag_slots.shape[1])))
-    slice_end = _now_ns(ts) + SLICE_NS
+    slice_end = monotonic_ns(ts) + SLICE_NS
     slice_cap = slice_end - SLICE_NS + SLICE_MAX_NS
     # reads of many large blocks: a reap takes every completion that is in, as one run for
     # the copy engine (one block per I/O: two at a time, so new I/Os go out between them)
@@ -343,19 +344,19 @@ def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs
             if st[IN_FLIGHT] + st[N_PARKED] == 0:
                 return FINISHED
             if st[WB_STAGED] and (st[WB_STAGED] >= stage_batch or st[RING] == 0):
-                if not _log_staged(arrays, block_size, log_ctl, record):
+                if not log_staged(arrays, block_size, log_ctl, record):
                     return WRITE_BACK
                 continue  # the next step queues them
             if st[QUEUED] > 0:  # the ring hands each I/O to the kernel as it is prepared
-                submits[_submit_bucket(1)] += st[QUEUED]
+                submits[submit_bucket(1)] += st[QUEUED]
                 st[QUEUED] = 0
             # another stream shares the device: submit and take what is in, never wait here
-            got = _reap(ring, 0 if shared[0] > 1 else 1, most, reaped_tags.ctypes.data, reaped_res.ctypes.data)
+            got = ring_reap(ring, 0 if shared[0] > 1 else 1, most, reaped_tags.ctypes.data, reaped_res.ctypes.data)
             if got == 0:
-                if st[WB_STAGED] > st[WB_LOGGED] and _log_staged(arrays, block_size, log_ctl, record):
+                if st[WB_STAGED] > st[WB_LOGGED] and log_staged(arrays, block_size, log_ctl, record):
                     # a batch short of full goes to the SSD before the wait, not after it
-                    _queue_writebacks(arrays, ring, fd)
-                    _reap(ring, 0, 0, 0, 0)  # submit only: takes no completion
+                    queue_writebacks(arrays, ring, fd)
+                    ring_reap(ring, 0, 0, 0, 0)  # submit only: takes no completion
                 return REAP_UNLOCKED
             if got < 0:
                 st[ERRNO] = got
@@ -383,17 +384,17 @@ def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs
             return DEVICE_FULL
         if st[WB_FAILED_N]:
             return WB_FAILED
-        now = _now_ns(ts)
+        now = monotonic_ns(ts)
         if shared[0] > 1 and waiting[1] > 0:
             now = slice_end  # another stream waits for the lock: its completions are in
         if now >= slice_end and clock_base >= 0 and waiting[0] == 0 and now < slice_cap:
             slice_end = now + SLICE_NS  # nobody waits for the device: no driver's turn yet
-            bt.scalars[btm.NOW_NS] = now - clock_base  # (what the driver's _sync_time does)
+            bt.scalars[btm.NOW_NS] = now - clock_base  # (what DeviceState.sync_time does)
         elif now >= slice_end:
             if st[WB_STAGED] > st[WB_LOGGED] or st[WRITTEN] > st[WRITTEN_LOGGED]:
                 # a batch short of full goes to the SSD now, not after the driver's turn
                 # (which would log it in the interpreter, and queue it only next slice)
-                if _log_staged(arrays, block_size, log_ctl, record):
-                    _queue_writebacks(arrays, ring, fd)
-                    _reap(ring, 0, 0, 0, 0)  # submit only: takes no completion
+                if log_staged(arrays, block_size, log_ctl, record):
+                    queue_writebacks(arrays, ring, fd)
+                    ring_reap(ring, 0, 0, 0, 0)  # submit only: takes no completion
             return SLICE

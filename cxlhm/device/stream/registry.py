@@ -1,0 +1,68 @@
+"""The device's streams as the rest of the device sees them: which threads have a stream
+state, how many streams run, and the blocks their dirty victims are writing back.
+
+A stream writes its victims back on its own ring, and until such a write-back has landed
+and its checksum is recorded, no one may read the block back from the SSD: the access
+path waits for it, background prefetches skip it, the integrity log's compaction keeps
+its records. `StreamRegistry` answers those questions for every part, under the device
+lock; the stream part (driver.py) registers each thread's state here.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+
+import numpy as np
+
+from cxlhm.device.state import DeviceState
+from cxlhm.device.stream import loop
+from cxlhm.device.stream import state as ss
+
+NO_BLOCKS, NO_SUMS = np.zeros(0, np.int64), np.zeros(0, np.uint64)  # (an empty sum table: verify nothing)
+
+
+class StreamRegistry:
+    """Owns the per-thread stream states (weakly: a thread's goes with it) and the count
+    of streams running, which the compiled loop reads (while more than one runs, none
+    waits at the SSD with the lock held)."""
+
+    def __init__(self, state: DeviceState):
+        self.block_size = state.block_size
+        self._states: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # per thread: its stream
+        self.running = np.zeros(1, np.int64)  # stream_io calls running (changed under the lock)
+
+    def register(self, stream: ss.StreamState) -> None:
+        """The calling thread's stream state (it replaces the thread's last one)."""
+        self._states[threading.get_ident()] = stream
+
+    def others(self, but: ss.StreamState | None) -> list[ss.StreamState]:
+        """The threads' stream states but `but` (through the weak references: the
+        dictionary's own iteration costs more than the rest of a round trip's look-ups)."""
+        return [stream for stream in (ref() for ref in self._states.valuerefs())
+                if stream is not None and stream is not but]
+
+    def victim_blocks(self, but: ss.StreamState | None = None) -> np.ndarray:
+        """Under the lock: the blocks the device's streams (but `but`) are writing back,
+        sorted: their bytes are not on the SSD (or their checksums not recorded) yet."""
+        held = [stream.victim_blocks(self.block_size) for stream in self.others(but) if stream.st[ss.WB_USED]]
+        return np.unique(np.concatenate(held)) if held else NO_BLOCKS
+
+    def touches_victims(self, hpas, lens) -> bool:
+        """Under the lock: whether an access touches a block a stream is writing back
+        (a miss on it must wait)."""
+        victims = self.victim_blocks()
+        if victims.shape[0] == 0:
+            return False
+        return loop.clean_prefix(np.atleast_1d(np.asarray(hpas, np.int64)),
+                                 np.atleast_1d(np.asarray(lens, np.int64)),
+                                 self.block_size, victims) < np.atleast_1d(hpas).shape[0]
+
+    def unrecorded_sums(self) -> tuple[np.ndarray, np.ndarray]:
+        """Under the lock: the blocks and sums of the streams' write-backs out or landed,
+        their checksums not recorded yet (what their SUM records say)."""
+        blocks, sums = [NO_BLOCKS], [NO_SUMS]
+        for stream in self.others(None):
+            out = (stream.wb_state == ss.WB_RING) | (stream.wb_state == ss.WB_LAND) | (stream.wb_state == ss.WB_FAIL)
+            blocks.append(stream.wb_rows[out, 2] // self.block_size)
+            sums.append(stream.wb_sum[out])
+        return np.concatenate(blocks), np.concatenate(sums)
