@@ -94,10 +94,6 @@ class KVGeometry:
     def bytes_per_chunk(self) -> int:
         return self.tokens_per_chunk * self.bytes_per_token
 
-    def chunks_for(self, n_tokens: int) -> int:
-        """Full chunks in a prompt of n_tokens (a trailing partial chunk is not stored)."""
-        return n_tokens // self.tokens_per_chunk
-
     # ------------------------------------------------------------ layout
     @property
     def chunk_shape(self) -> tuple[int, ...]:

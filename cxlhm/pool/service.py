@@ -193,9 +193,6 @@ class PoolService:
         self._threads.append(r)
         return self
 
-    def serve_forever(self) -> None:
-        self._stop.wait()
-
     def close(self) -> None:
         """Stop accepting, drop every host, flush and close the device, then save the
         layout (a layout that cannot be saved costs ring space after a restart; a device

@@ -84,10 +84,6 @@ def baselines() -> dict[str, str]:
     return dict(sorted(out.items(), key=lambda kv: meta(kv[1]).order))
 
 
-def baseline_named(column: str) -> str:
-    return baselines()[column]
-
-
 @dataclasses.dataclass(frozen=True)
 class TierContext:
     """What a configuration needs to build its tier."""

@@ -69,10 +69,6 @@ class Workload:
     def max_chunk_id(self) -> int:
         return max(int(r.chunk_ids.max()) for r in self.requests if r.chunk_ids.size)
 
-    @property
-    def span_ns(self) -> float:
-        return max(r.arrival_ns for r in self.requests) - min(r.arrival_ns for r in self.requests)
-
     def summary(self) -> dict:
         sessions = {r.session for r in self.requests}
         ids = np.concatenate([r.chunk_ids for r in self.requests])
