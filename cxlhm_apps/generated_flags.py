@@ -57,7 +57,7 @@ class GeneratedFlag:
         try:
             return self.parse(text) if self.parse is not None else text
         except ValueError as exc:
-            takes = f"; it takes {self.accepts}" if self.accepts else ""
+            takes = f"; it takes {self.accepts}" if self.accepts and self.accepts not in str(exc) else ""
             raise ValueError(f"{self.flag}: {exc}{takes}") from None
 
 
@@ -224,7 +224,8 @@ def _install(parser: argparse.ArgumentParser, what: str, group_of) -> _Generated
     def prefixes() -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
         for flag in table():
-            out.setdefault(flag.rpartition(".")[0], []).append(flag)
+            if "." in flag:
+                out.setdefault(flag.rpartition(".")[0], []).append(flag)
         return out
 
     def dotted(args) -> list[str]:
@@ -245,10 +246,33 @@ def _install(parser: argparse.ArgumentParser, what: str, group_of) -> _Generated
 
     def format_help():
         _load_lazy(parser)
-        return help_of()
+        return short_usage(help_of)
+
+    def format_usage():
+        return short_usage(usage_of)
+
+    def short_usage(format_text):
+        """The usage line with the generated flags as one item (there may be hundreds;
+        the help lists them)."""
+        if parser.usage is not None:
+            return format_text()
+        generated = [a for a in parser._actions if a.dest.startswith(f"{_DEST}:")]
+        if not generated:
+            return format_text()
+        formatter = parser._get_formatter()
+        formatter.add_usage(None, [a for a in parser._actions if a not in generated], parser._mutually_exclusive_groups,
+                            prefix="")
+        dotted_only = all("." in a.option_strings[0] for a in generated)
+        parser.usage = formatter.format_help().strip().replace("%", "%%") + \
+            (" [--NAME.FIELD VALUE ...]" if dotted_only else " [--KEY VALUE ...] [--NAME.FIELD VALUE ...]")
+        try:
+            return format_text()
+        finally:
+            parser.usage = None
 
     # the subcommand's parser sees its own extras first, so a subcommand refuses them itself
-    parser.parse_known_args, parser.format_help = parse_known_args, format_help
+    usage_of = parser.format_usage
+    parser.parse_known_args, parser.format_help, parser.format_usage = parse_known_args, format_help, format_usage
     return state
 
 

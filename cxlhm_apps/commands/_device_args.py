@@ -1,11 +1,41 @@
-"""Device-selection options shared by every subcommand that opens a device."""
+"""Device-selection options shared by every subcommand that opens a device.
+
+Besides `--device PROFILE|FILE`, `--policy NAME` and `--set KEY=VALUE`, the flags are
+generated from the declarations (cxlhm_apps/generated_flags.py):
+
+  --<key> VALUE              each top-level key of the device config (cxlhm.config.SCHEMA),
+                             spelled with dashes: --dram-bytes 64MiB, --clock model
+  --<section>.<key> VALUE    each key of its backend and firmware sections, as the YAML
+                             spells it: --backend.kind memory, --firmware.write_mode write-through
+  --timing.<key> VALUE       each timing-model key (cxlhm.timing.params.KEYS)
+  --<policy>.<param> VALUE   each parameter a registered firmware policy declares
+                             (`Policy.params`), built-ins and entry points alike:
+                             --s3fifo.small_ratio 0.2
+
+A value is read as YAML (`0.2`, `true`, `{read_error_rate: 0.01}`) and checked by the
+key's own parser, or by the policy; a key that takes text takes the text as it is. A
+policy's flags apply when that policy is the one the device runs (`--policy`, `--set
+firmware.policy=`, or the profile/YAML file; `cxlhm run`: one of `--configs`) and are
+refused otherwise. The generated flags are overrides above `--set`. The timing and policy
+flags import compiled code to be listed, so they are added to the parser only when the
+help is printed or such a flag is given.
+"""
 from __future__ import annotations
 
 import argparse
+import functools
 
 import yaml
 
-from cxlhm.config import ConfigError, DeviceConfig, available_profiles, load_config, safe_load_yaml
+from cxlhm.config import SCHEMA, ConfigError, DeviceConfig, available_profiles, load_config, safe_load_yaml
+from cxlhm.units import format_size
+from cxlhm_apps import generated_flags as gf
+
+DEVICE = "device"        # family of the config's own keys
+POLICY = "policy"        # family of the firmware policies' parameters
+WHAT = "firmware policy or device config section"
+# config keys that have their own flags: --policy, the policies' --<policy>.<param>, --timing.<key>
+NOT_FLAGS = {"firmware.policy", "firmware.params", "timing"}
 
 
 def add_device_arguments(parser: argparse.ArgumentParser) -> None:
@@ -14,10 +44,161 @@ def add_device_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"device profile ({', '.join(available_profiles())}) or YAML config; default cmm-h")
     group.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override one config key, dotted for sections (e.g. --set dram_bytes=64MiB "
-                            "--set backend.path=/data/ssd.img); repeatable")
+                            "--set backend.path=/data/ssd.img); repeatable; the generated flags below override it")
     group.add_argument("--policy", default=None, help="firmware policy (`cxlhm policies` lists them)")
+    gf.add_flags(parser, config_flags(), what=WHAT, group_of=_group)
+    gf.add_lazy_flags(parser, lambda: timing_flags() + policy_flags())
 
 
+def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
+    """Only the policies' `--<policy>.<param>` flags (a command that runs policies without a device)."""
+    gf.add_lazy_flags(parser, policy_flags, what="firmware policy", group_of=_group)
+
+
+def _group(flag: gf.GeneratedFlag) -> tuple[str, str]:
+    if flag.family == POLICY:
+        return (f"firmware policy {flag.name} parameters",
+                f"apply when {flag.name} is the policy that runs (chosen by --policy or the profile; "
+                "cxlhm run: --configs; cxlhm mrc: --policies)")
+    if flag.name:
+        return f"device config: {flag.name} section", f"the config's {flag.name}.* keys"
+    return "device config", "the config's keys (as --set KEY=VALUE)"
+
+
+# ---------------------------------------------------------------- the flags
+def _profile_default(dotted: str, metavar: str) -> str:
+    """The default profile's value of a config key, as the help shows it."""
+    try:
+        cfg = _default_config()
+    except (ConfigError, OSError):  # a broken install: the help still lists the flags
+        return "the profile's"
+    section, _, key = dotted.rpartition(".")
+    value = getattr(cfg, key) if not section else \
+        cfg.timing.get(key) if section == "timing" else getattr(getattr(cfg, section), key)
+    if metavar == "SIZE" and isinstance(value, int):
+        value = format_size(value).replace(" ", "")
+    return f"{gf.show(value)} in {cfg.name}"
+
+
+@functools.lru_cache(maxsize=1)
+def _default_config() -> DeviceConfig:
+    return load_config()
+
+
+def config_flags() -> list[gf.GeneratedFlag]:
+    """A flag per key of the device config's schema, but for NOT_FLAGS."""
+    out = []
+    for key, spec in SCHEMA.items():
+        for section, field, decl in ([(key, k, d) for k, d in spec.items()] if isinstance(spec, dict)
+                                     else [("", key, spec)]):
+            dotted = f"{section}.{field}" if section else field
+            if dotted in NOT_FLAGS or key in NOT_FLAGS:
+                continue
+            accepts = _accepts(decl.parse)
+            out.append(gf.GeneratedFlag(
+                f"--{dotted}" if section else f"--{field.replace('_', '-')}", DEVICE, section, field, None,
+                decl.default, decl.help, metavar=_metavar(accepts), accepts=accepts, parse=_key_parser(decl.parse),
+                show_default=_profile_default(dotted, _metavar(accepts))))
+    return out
+
+
+def timing_flags() -> list[gf.GeneratedFlag]:
+    from cxlhm.timing.params import KEYS
+    out = []
+    for key, decl in KEYS.items():
+        accepts = _accepts(decl.parse)
+        out.append(gf.GeneratedFlag(f"--timing.{key}", DEVICE, "timing", key, None, None, decl.help,
+                                    metavar=_metavar(accepts), accepts=accepts,
+                                    parse=_key_parser(decl.parse, as_written=True), show_default=_profile_default(f"timing.{key}", _metavar(accepts))))
+    return out
+
+
+def policy_flags() -> list[gf.GeneratedFlag]:
+    """A flag per declared parameter of every firmware policy that loads (a broken entry
+    point gets none; selecting it names the error)."""
+    from cxlhm.policies import REGISTRY
+    loaded, _ = REGISTRY.load_all()
+    taken = {name for name, spec in SCHEMA.items() if isinstance(spec, dict)} | {"timing"}
+    out = []
+    for name, policy in sorted(loaded.items()):
+        prefix = f"policy:{name}" if name in taken else name  # a policy named like a config section
+        for param, decl in policy.params.items():
+            accepts = {int: "an integer", float: "a number", bool: "true or false", str: "text"}.get(
+                decl.type, decl.type.__name__) + (f" ({decl.check_text})" if decl.check_text else "")
+            out.append(gf.GeneratedFlag(
+                f"--{prefix}.{param}", POLICY, name, param, decl.type, decl.default, decl.help,
+                metavar={int: "INT", float: "NUM", bool: "{true,false}", str: "TEXT"}.get(decl.type, "VALUE"),
+                accepts=accepts, parse=_param_parser(policy, param)))
+    return out
+
+
+class _Probe:
+    def __repr__(self) -> str:
+        return "?"
+
+
+def _accepts(parse) -> str:
+    """What a config key's parser accepts, in words: its error for a value of no type."""
+    try:
+        parse(_Probe())
+    except (ValueError, TypeError) as exc:
+        text = str(exc)
+    else:
+        return ""
+    for tail in (", got ?", "; got ?"):
+        text = text.replace(tail, "")
+    for head in ("must be ", "expected "):
+        text = text[len(head):] if text.startswith(head) else text
+    return text
+
+
+def _metavar(accepts: str) -> str:
+    if accepts.startswith("one of "):
+        return "{" + accepts[len("one of "):].replace(", ", ",") + "}"
+    for words, metavar in (("true or false", "{true,false}"), ("byte size", "SIZE"), ("integer", "INT"),
+                           ("mapping", "YAML-MAP"), ("path", "PATH"), ("duration", "DURATION"),
+                           ("bandwidth", "BANDWIDTH"), ("string", "TEXT")):
+        if words in accepts:
+            return metavar
+    return "VALUE"
+
+
+def _key_parser(parse, *, as_written: bool = False):
+    """text -> the key's value: the text read as YAML, else as it is (a name that YAML
+    reads as a number or a boolean); checked by the key's parser, and then the parsed
+    value, or (`as_written`: the timing keys, which the config keeps as written, 45us)
+    the value as given."""
+    def convert(text: str):
+        try:
+            candidates = [gf.read_value(text)]
+        except ValueError:
+            candidates = []
+        if not candidates or candidates[0] != text:
+            candidates.append(text)
+        for i, value in enumerate(candidates):
+            try:
+                parsed = parse(value)
+            except ValueError:
+                if i == len(candidates) - 1:
+                    if i > 0:  # the error of the value as YAML reads it
+                        parse(candidates[0])
+                    raise
+                continue
+            return value if as_written else parsed
+    return convert
+
+
+def _param_parser(policy, param: str):
+    def convert(text: str):
+        value = text if policy.params[param].type is str else gf.read_value(text)
+        try:
+            return policy.resolve_params({param: value})[param]
+        except ValueError as exc:  # PolicyParamError: the policy's own words
+            raise ValueError(str(exc)) from None
+    return convert
+
+
+# ---------------------------------------------------------------- the values
 def _nest(dotted: str, value) -> dict:
     out: dict = {}
     node = out
@@ -51,19 +232,72 @@ def parse_set_value(option: str, item: str):
 
 
 def config_overrides(args: argparse.Namespace) -> dict:
-    """The --set options (and --policy) as one nested dict of overrides."""
+    """The --set options, --policy and the generated config flags as one nested dict of
+    overrides (the policies' parameters: `policy_params`)."""
     overrides: dict = {}
     for item in args.overrides:
         key, value = parse_set_value("--set", item)
         _merge(overrides, _nest(key, value))
     if getattr(args, "policy", None):
         _merge(overrides, {"firmware": {"policy": args.policy}})
+    for (family, section), values in gf.given(args, {DEVICE}).items():
+        _merge(overrides, {section: values} if section else values)
     return overrides
 
 
+def policy_params(args: argparse.Namespace) -> dict[str, dict]:
+    """{policy: {param: value}} of the `--<policy>.<param>` flags given."""
+    return {name: values for (_, name), values in gf.given(args, {POLICY}).items()}
+
+
+def check_policies_selected(args: argparse.Namespace, selected: list[str], how: str) -> None:
+    """Refuse a `--<policy>.<param>` of a policy the command does not run (`how` says
+    what selected `selected` and how to select another)."""
+    for f, _ in gf.given_flags(args):
+        if f.family == POLICY and f.name not in selected:
+            raise ValueError(f"{f.flag}: firmware policy {f.name} is not selected: {how.format(name=f.name)}")
+
+
+def with_policy_params(overrides: dict, params: dict) -> dict:
+    """`overrides` with `params` (the selected policy's flags) over its firmware.params."""
+    if not params:
+        return overrides
+    firmware = dict(overrides.get("firmware") or {})
+    firmware["params"] = {**(firmware.get("params") or {}), **params}
+    return {**overrides, "firmware": firmware}
+
+
 def load_device_config(args: argparse.Namespace, overrides: dict | None) -> DeviceConfig:
-    return load_config(args.device, overrides or None)
+    """The config `args` describe with `overrides`; a check that fails on a key a
+    generated flag set names that flag."""
+    try:
+        return load_config(args.device, overrides or None)
+    except ConfigError as exc:
+        if exc.source == "overrides":
+            for f, _ in gf.given_flags(args):
+                if exc.key == (f"{f.name}.{f.field}" if f.name else f.field) or \
+                        f.family == POLICY and exc.key == "firmware.params":
+                    raise ConfigError(f.flag, exc.key, exc.message) from None
+        raise
 
 
 def config_from_args(args: argparse.Namespace) -> DeviceConfig:
-    return load_device_config(args, config_overrides(args))
+    overrides = config_overrides(args)
+    cfg = load_device_config(args, overrides)
+    params = policy_params(args)
+    if params:
+        policy = cfg.firmware.policy
+        check_policies_selected(args, [policy], f"the device runs {policy} (from {cfg.source_of('firmware.policy')}"
+                                                "); select it with --policy {name}")
+        cfg = load_device_config(args, with_policy_params(overrides, params[policy]))
+    return cfg
+
+
+def device_flag_argv(args: argparse.Namespace, policies: list[str] | None = None) -> list[str]:
+    """The generated flags given, as command-line words (for a child process running
+    the same device); policy flags only of `policies`, when given."""
+    out = []
+    for f, text in gf.given_flags(args):
+        if f.family != POLICY or policies is None or f.name in policies:
+            out += [f.flag, text]
+    return out

@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 import firmware_policies
 from cxlhm_apps.cliutil import CommandError, check_output_path, default_output_dir, positive_int, trace_block_size
-from cxlhm_apps.commands._device_args import parse_set_value
+from cxlhm_apps.commands._device_args import add_policy_arguments, check_policies_selected, parse_set_value, policy_params
 from cxlhm.config import ConfigError
 from cxlhm.mrc import miss_ratios, parse_cache_sizes, plot_curves, plot_latency, simulate_curves
 from cxlhm.sim import MAX_QUEUE_DEPTH
@@ -64,7 +64,7 @@ def add_arguments(parser):
                         help="comma-separated policy names (`cxlhm policies` lists them)")
     parser.add_argument("--sizes", default="1%,2%,5%,10%,20%,50%", help="comma-separated DRAM sizes")
     parser.add_argument("--param", action="append", default=[], metavar="POLICY.KEY=VALUE",
-                        help="a policy parameter, e.g. s3fifo.small_ratio=0.2; repeatable")
+                        help="a policy parameter, e.g. s3fifo.small_ratio=0.2; repeatable (as --s3fifo.small_ratio 0.2)")
     parser.add_argument("--limit", type=positive_int, default=None, help="replay only the first N accesses")
     parser.add_argument("--block-size", default=None, help="bytes per block, for byte sizes, the plot and the "
                         "timing model (default: a .cbt trace's own, else the device's: the --timing profile's, "
@@ -85,6 +85,7 @@ def add_arguments(parser):
     parser.add_argument("--libcachesim", action="store_true",
                         help="also replay the trace through libCacheSim's policy of each name (LRU, LeCaR, ...; "
                              "the libcachesim package, cxlhm[test]) and print its miss ratios beside ours")
+    add_policy_arguments(parser)
 
 
 def _parse_params(items: list[str]) -> dict[str, dict]:
@@ -219,6 +220,9 @@ def run(args) -> int:
             raise ValueError("--policies is empty")
         sizes = parse_cache_sizes(args.sizes, trace.block_size, trace.unique_blocks)
         params = _parse_params(args.param)
+        check_policies_selected(args, policies, f"--policies runs {', '.join(policies)}; add {{name}} to --policies")
+        for policy, values in policy_params(args).items():
+            params.setdefault(policy, {}).update(values)
         with tqdm(total=len(trace) * len(sizes) * len(policies), unit="acc", unit_scale=True,
                   desc="mrc", file=sys.stderr, disable=None) as bar:
             results = simulate_curves(trace, policies, sizes, params=params, progress=bar.update,

@@ -16,7 +16,8 @@ from tqdm import tqdm
 
 from cxlhm_apps.cliutil import (CommandError, check_output_path, compare_ratio, default_output_dir, hints_ignored,
                                 hints_ignored_warning, positive_int, size_arg)
-from cxlhm_apps.commands._device_args import add_device_arguments, config_overrides, load_device_config
+from cxlhm_apps.commands._device_args import (add_device_arguments, check_policies_selected, config_overrides,
+                                              device_flag_argv, load_device_config, policy_params, with_policy_params)
 from cxlhm_apps.parallel_warmup import ParallelWarmup
 from cxlhm_apps.replay import MS, MissionResult, replay_mission
 from cxlhm.traces.mooncake import DEFAULT_TRACE, read_requests
@@ -40,7 +41,7 @@ SESSION_END after a conversation's last. The KV load starts --lead ms after arri
 (queueing and scheduling before prefill): that is the time a hint has to work.
 
 Each configuration POLICY[+hints] runs the same replay on a fresh device, on the model
-clock unless --set clock=wall (latencies from the timing model, independent of this
+clock unless --clock wall (latencies from the timing model, independent of this
 machine). Printed per configuration: the KV-load latency per request (the part of TTFT
 the device adds) p50/p99, the device-DRAM hit ratio of those loads (every loaded chunk was
 hinted when hints are on), prefetch issued/accuracy/coverage/lateness/pollution, write
@@ -56,6 +57,7 @@ examples:
   cxlhm run
   cxlhm run --requests 3000 --lead 1 --configs lru,lru+hints,hymcache+hints
   cxlhm run --set dram_bytes=1GiB --set data=none
+  cxlhm run --dram-bytes 1GiB --configs lru,hymcache+hints --hymcache.prefetch_budget 0.3
 """
 
 
@@ -124,6 +126,8 @@ def run(args) -> int:
     if not 0 <= args.lead <= 3_600_000:
         raise CommandError(f"--lead {args.lead!r}: expected milliseconds from 0 to 3600000")
     overrides = config_overrides(args)
+    check_policies_selected(args, [c.policy for c in configs],
+                            f"--configs runs {', '.join(c.policy for c in configs)}; add {{name}} to --configs")
     base = load_device_config(args, {"clock": "model", **overrides})
     chunk_bytes = args.chunk_bytes or base.block_size
     if chunk_bytes % 8 or chunk_bytes > 64 << 20:
@@ -161,10 +165,12 @@ def run(args) -> int:
 
 def _run_config(args, config: RunConfig, overrides: dict, base, requests, turns, chunk_bytes: int,
                 progress: bool) -> MissionResult:
-    cfg = load_device_config(args, {"clock": "model", **overrides,
-                                    "firmware": {**overrides.get("firmware", {}), "policy": config.policy,
-                                                 "background": "manual" if base.clock == "model" else
-                                                 overrides.get("firmware", {}).get("background", "thread")}})
+    cfg = load_device_config(args, with_policy_params(
+        {"clock": "model", **overrides,
+         "firmware": {**overrides.get("firmware", {}), "policy": config.policy,
+                      "background": "manual" if base.clock == "model" else
+                      overrides.get("firmware", {}).get("background", "thread")}},
+        policy_params(args).get(config.policy, {})))
     with open_device(cfg) as handle, tqdm(total=len(requests), desc=config.label, unit="req", leave=False,
                                           disable=not progress) as bar:
         return replay_mission(handle, requests, turns, chunk_bytes=chunk_bytes, hints=config.hints,
@@ -184,7 +190,7 @@ def _warmup_argv(args, label: str) -> list[str]:
         argv += ["--device", args.device]
     for item in args.overrides:
         argv += ["--set", item]
-    return argv
+    return argv + device_flag_argv(args, [label.partition("+")[0]])
 
 
 def summary(r: MissionResult) -> dict:
