@@ -35,10 +35,11 @@ from cxlhm_apps.serving.gpu import PAIRS  # noqa: E402
 from cxlhm_apps.serving.params import ServingParams, device_timing  # noqa: E402
 from cxlhm_apps.serving.report import LEGEND, format_table, plot_all, search_notes, write_json  # noqa: E402
 from cxlhm_apps.serving.sweep import Task, run_grid  # noqa: E402
-from cxlhm_apps.serving.workloads import build, quick_sizes  # noqa: E402
+from cxlhm_apps.serving.workloads import build, quick_sizes, resolve  # noqa: E402
 from cxlhm.units import parse_size  # noqa: E402
 
 RATIO_CONFIGS = "recompute,lmcache-local,cxlhm-hymcache,mooncake-dram,ideal"
+WORKLOADS = "mooncake,agent"   # the workloads of every pair and sweep
 SSD = "CXL-HM SSD (cold)"
 
 
@@ -52,6 +53,24 @@ def parse_pairs(text: str) -> list[tuple[str, str]]:
             raise SystemExit(f"bench_serving: error: --pairs wants MODEL@GPU items, got {item!r}")
         out.append((model, gpu))
     return out
+
+
+def workload_sizes(workloads: str, **given) -> dict[str, dict]:
+    """{workload: {field: value}}: each size given (requests=N, sessions=N; None: not
+    given) for every workload of `workloads` whose config has that field, as its registry
+    entry declares it (a workload with neither is left alone)."""
+    sizes: dict[str, dict] = {}
+    names = [n.strip() for n in workloads.split(",") if n.strip()]
+    for field, value in given.items():
+        if value is None:
+            continue
+        takers = [n for n in names if field in {f.name for f in dataclasses.fields(resolve(n).config)}]
+        if not takers:
+            raise SystemExit(f"bench_serving: error: --{field}: none of the workloads ({', '.join(names)}) has a "
+                             f"{field} field")
+        for name in takers:
+            sizes.setdefault(name, {})[field] = value
+    return sizes
 
 
 def ratio(block: dict, a: str, b: str) -> float:
@@ -76,7 +95,7 @@ def sweep_runs(base: ServingParams, sweeps: list[str], args, sizes: dict, refine
     runs = []
 
     def add(sweep, point, params, keep=1.0):
-        comp = parse_comparison("mooncake,agent", args.sweep_configs, params, [], "colocated", refine=refine,
+        comp = parse_comparison(WORKLOADS, args.sweep_configs, params, [], "colocated", refine=refine,
                                 sizes=sizes, reuse_keep=keep)
         runs.append(Run(f"{pair} {sweep} {point}", comp, params, sweep, point))
     if "pool" in sweeps:
@@ -111,8 +130,10 @@ def main() -> int:
     parser.add_argument("--pairs", default="all", help="MODEL@GPU,... or all (default: every pair of gpu.PAIRS)")
     parser.add_argument("--configs", default=RATIO_CONFIGS)
     parser.add_argument("--quick", action="store_true", help="small workloads, search step ~19%%")
-    parser.add_argument("--requests", type=int, default=None, help="Mooncake: the first N requests")
-    parser.add_argument("--sessions", type=int, default=None, help="agent sessions")
+    parser.add_argument("--requests", type=int, default=None,
+                        help=f"requests of every workload of {WORKLOADS} that has the field (the traces: the first N)")
+    parser.add_argument("--sessions", type=int, default=None,
+                        help=f"sessions of every workload of {WORKLOADS} that has the field (the agents)")
     parser.add_argument("--refine", type=int, default=None, help="bisection steps of the max-QPS search "
                         "(step 2^(1/2^refine): 4 -> 4.4%%, 3 -> 9%%, 2 -> 19%%; default 4, --quick 2)")
     parser.add_argument("--dram", default="64GiB")
@@ -159,10 +180,8 @@ def main() -> int:
     pairs = parse_pairs(args.pairs)
     refine = args.refine if args.refine is not None else (2 if args.quick else 4)
     sizes = quick_sizes() if args.quick else {}
-    if args.requests:
-        sizes.setdefault("mooncake", {})["requests"] = args.requests
-    if args.sessions:
-        sizes.setdefault("agent", {})["sessions"] = args.sessions
+    for name, fields in workload_sizes(WORKLOADS, requests=args.requests, sessions=args.sessions).items():
+        sizes.setdefault(name, {}).update(fields)
     base = ServingParams(dram_bytes=parse_size(args.dram))
     sweeps = ["pool"] if args.pools_only else [s.strip() for s in args.sweeps.split(",") if s.strip()]
     unknown = set(sweeps) - {"pool", "ratio", "reuse"}
@@ -177,7 +196,7 @@ def main() -> int:
             print(f"{model} on {gpu}: skipped, the weights leave no KV pool")
             continue
         topology = args.topology if (model, gpu) in disagg or args.topology != "both" else "colocated"
-        runs.append(Run(f"{model}@{gpu}", parse_comparison("mooncake,agent", args.configs, params, [], topology,
+        runs.append(Run(f"{model}@{gpu}", parse_comparison(WORKLOADS, args.configs, params, [], topology,
                                                            refine=refine, sizes=sizes), params))
     if runs and sweeps:
         swept = sweep_runs(runs[0].params, sweeps, args, sizes, refine)

@@ -310,3 +310,29 @@ def test_a_workload_files_kind_takes_the_flags_over_its_own_values(tmp_path, mon
     comparison = _serve_bench(monkeypatch, ["--workload", str(path), "--configs", "recompute", "--qa.users", "6"])
     (spec, _), = comparison.specs()
     assert (spec.kind, spec.config.users, spec.config.rounds) == ("qa", 6, 3)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    sessions: int = 3       # closed-loop sessions
+    requests: int = 9       # requests in all
+
+
+def test_the_bench_gives_requests_and_sessions_to_the_workloads_whose_config_has_them():
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    try:
+        import bench_serving
+    finally:
+        sys.path.pop(0)
+    sizes = bench_serving.workload_sizes
+    assert sizes("mooncake,agent,qa", requests=50, sessions=4) == {"mooncake": {"requests": 50},
+                                                                   "agent": {"sessions": 4}}
+    assert sizes("mooncake-synthetic,coding-agent", requests=None, sessions=7) == {"coding-agent": {"sessions": 7}}
+    W.WORKLOADS.add("loop", W.WorkloadKind(_echo, LoopConfig))   # registered here: no edit to the bench
+    try:
+        assert sizes("loop,qa", requests=5, sessions=2) == {"loop": {"requests": 5, "sessions": 2}}
+    finally:
+        W.WORKLOADS.unregister("loop")
+    with pytest.raises(SystemExit, match="--sessions: none of the workloads \\(qa\\) has a sessions field"):
+        sizes("qa", sessions=2)
