@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import subprocess
 import sys
@@ -36,8 +37,13 @@ def _config(argv):
     return D.config_from_args(_parser().parse_args(argv))
 
 
+@functools.lru_cache(maxsize=1)
+def _all_flags() -> tuple[gf.GeneratedFlag, ...]:
+    return tuple(D.config_flags() + D.timing_flags() + D.policy_flags())
+
+
 def _flag(name: str) -> gf.GeneratedFlag:
-    return next(f for f in D.config_flags() + D.timing_flags() + D.policy_flags() if f.flag == name)
+    return next(f for f in _all_flags() if f.flag == name)
 
 
 def _same(a, b) -> bool:
@@ -294,3 +300,18 @@ def test_a_size_reads_back_as_its_bytes(n, unit):
 def test_a_number_in_any_form_python_writes_reads_back_equal(x):
     """repr gives 1e-07 and 1e+16, which YAML 1.1 alone reads as text."""
     assert gf.read_value(repr(x)) == x
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_any_text_for_any_device_flag_is_a_value_or_an_error_naming_the_flag(data):
+    """No declaration's parser lets another exception out (a mapping where a size goes,
+    a list where a path goes, text YAML cannot read)."""
+    flag = data.draw(st.sampled_from(_all_flags()), label="flag")
+    text = data.draw(st.one_of(st.text(max_size=16), st.sampled_from(
+        ["{a: 1}", "[1, 2]", "null", "~", "-1", "1e400", "0x10", "1_000", "true", "''", "{", "&a [*a]", "!!binary x"])),
+        label="text")
+    try:
+        flag.convert(text)
+    except ValueError as exc:
+        assert str(exc).startswith(f"{flag.flag}: "), exc
