@@ -15,7 +15,8 @@ cxlhm_apps/commands/_device_args.py: the device config's keys, each firmware pol
   included;
 - `add_flags` / `add_lazy_flags`: one argument group per implementation; flags whose
   declarations are costly to load (they import compiled code) are added only when the
-  help is printed or a dotted flag the parser does not know yet is given;
+  help is printed or a dotted flag the parser does not know yet is given, and
+  `cached_rows` keeps what the help shows of them on disk;
 - the refusals: a value that does not parse names the flag and what it takes
   (`GeneratedFlag.convert`), an unknown ``--<name>.<field>`` names what that name takes
   or which names have options;
@@ -28,10 +29,13 @@ import dataclasses
 import functools
 import inspect
 import io
+import json
+import os
 import re
 import tokenize
 import typing
 from collections.abc import Callable
+from pathlib import Path
 
 import yaml
 
@@ -155,7 +159,7 @@ class _Generated:
     """What one parser knows of its generated flags (kept on the parser)."""
     what: str                                 # "registered X, Y or Z", for the unknown-name error
     group_of: Callable[[GeneratedFlag], tuple[str, str]]
-    lazy: list[Callable[[], list[GeneratedFlag]]] = dataclasses.field(default_factory=list)
+    lazy: list[Callable[[bool], list[GeneratedFlag]]] = dataclasses.field(default_factory=list)
     groups: dict = dataclasses.field(default_factory=dict)
 
 
@@ -195,19 +199,47 @@ def add_flags(parser: argparse.ArgumentParser, flags: list[GeneratedFlag], *, wh
     return added
 
 
-def add_lazy_flags(parser: argparse.ArgumentParser, load: Callable[[], list[GeneratedFlag]], *, what: str = "",
-                   group_of: Callable[[GeneratedFlag], tuple[str, str]] | None = None) -> None:
-    """Flags whose declarations are costly to load (they import compiled code): `load()`
-    runs, and its flags are added, only when the parser formats its help or is given a
-    ``--<name>.<field>`` it does not know yet (which they may be, or else the refusal
-    lists them)."""
+def add_lazy_flags(parser: argparse.ArgumentParser, load: Callable[[bool], list[GeneratedFlag]], *,
+                   what: str = "", group_of: Callable[[GeneratedFlag], tuple[str, str]] | None = None) -> None:
+    """Flags whose declarations are costly to load (they import compiled code):
+    `load(for_help)` runs, and its flags are added, only when the parser formats its help
+    (for_help True: flags that only need to be listed) or is given a ``--<name>.<field>``
+    it does not know yet (which they may be, or else the refusal lists them)."""
     _install(parser, what, group_of).lazy.append(load)
 
 
-def _load_lazy(parser: argparse.ArgumentParser) -> None:
+def _load_lazy(parser: argparse.ArgumentParser, for_help: bool) -> None:
     state = _state(parser)
     while state is not None and state.lazy:
-        add_flags(parser, state.lazy.pop(0)())
+        add_flags(parser, state.lazy.pop(0)(for_help))
+
+
+def cache_folder() -> Path:
+    """Where `cached_rows` keeps its files: beside the compiled firmware's cache."""
+    return Path(os.environ.get("CXLHM_CACHE_DIR", Path.home() / ".cache" / "cxlhm")) / "flags"
+
+
+def cached_rows(name: str, stamp: str, build: Callable[[], list[dict]]) -> list[dict]:
+    """The JSON rows `build()` returns, kept in cache_folder()/<name>-<stamp>.json, so
+    that a help that lists declarations whose modules import compiled code need not
+    import them while `stamp` (a hash of those modules' files) is unchanged. An unreadable
+    or unwritable cache costs only the build."""
+    path = cache_folder() / f"{name}-{stamp}.json"
+    try:
+        rows = json.loads(path.read_text())
+        if isinstance(rows, list) and all(isinstance(r, dict) for r in rows):
+            return rows
+    except (OSError, ValueError):
+        pass
+    rows = build()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(rows))
+        os.replace(tmp, path)
+    except (OSError, TypeError, ValueError):  # a read-only home, a value JSON cannot hold: no cache
+        pass
+    return rows
 
 
 def _install(parser: argparse.ArgumentParser, what: str, group_of) -> _Generated:
@@ -233,7 +265,7 @@ def _install(parser: argparse.ArgumentParser, what: str, group_of) -> _Generated
 
     def parse_known_args(args=None, namespace=None):
         if state.lazy and any(word.rpartition(".")[0] not in prefixes() for word in dotted(args)):
-            _load_lazy(parser)
+            _load_lazy(parser, for_help=False)
         namespace, extras = parse_known(args, namespace)
         for word in dotted(extras):
             known = prefixes()
@@ -245,7 +277,7 @@ def _install(parser: argparse.ArgumentParser, what: str, group_of) -> _Generated
         return namespace, extras
 
     def format_help():
-        _load_lazy(parser)
+        _load_lazy(parser, for_help=True)
         return short_usage(help_of)
 
     def format_usage():

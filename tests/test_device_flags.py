@@ -315,3 +315,28 @@ def test_any_text_for_any_device_flag_is_a_value_or_an_error_naming_the_flag(dat
         flag.convert(text)
     except ValueError as exc:
         assert str(exc).startswith(f"{flag.flag}: "), exc
+
+
+def test_the_help_lists_the_policy_flags_from_a_cache_without_importing_compiled_code(tmp_path):
+    """The policies' declarations import numba (~1 s): the help keeps what it shows of
+    them on disk, keyed by the files that declare them; the second help imports nothing
+    compiled and prints the same text."""
+    code = ("import argparse, sys\n"
+            "from cxlhm_apps.commands._device_args import add_device_arguments\n"
+            "p = argparse.ArgumentParser(prog='x'); add_device_arguments(p)\n"
+            "text = p.format_help(); print('numba' in sys.modules); print(text)")
+    env = {**__import__("os").environ, "CXLHM_CACHE_DIR": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+            for _ in range(2)]
+    assert runs[0].startswith("True\n") and runs[1].startswith("False\n")   # built once, then read
+    assert runs[0].split("\n", 1)[1] == runs[1].split("\n", 1)[1] and "--hymcache.victim_scan INT" in runs[1] and "--timing.backing" in runs[1]
+    assert [p.name.split("-")[0] for p in (tmp_path / "flags").iterdir()] == ["device"]
+
+
+def test_the_cache_of_the_help_follows_the_installed_policies(monkeypatch):
+    stamp = D._declarations_stamp()
+    assert D._declarations_stamp() == stamp
+    ep = EntryPoint(name="other", value="other_policy", group=D.POLICY_ENTRY_POINTS)
+    monkeypatch.setattr(D, "entry_points", lambda group: [ep] if group == D.POLICY_ENTRY_POINTS else [])
+    assert D._declarations_stamp() != stamp
+    assert D.POLICY_ENTRY_POINTS == policies.ENTRY_POINT_GROUP

@@ -18,21 +18,31 @@ policy's flags apply when that policy is the one the device runs (`--policy`, `-
 firmware.policy=`, or the profile/YAML file; `cxlhm run`: one of `--configs`) and are
 refused otherwise. The generated flags are overrides above `--set`. The timing and policy
 flags import compiled code to be listed, so they are added to the parser only when the
-help is printed or such a flag is given.
+help is printed or such a flag is given; and what the help shows of them is kept on disk
+(generated_flags.cached_rows), keyed by the files that declare them, so that a help
+imports no compiled code either.
 """
 from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
+import importlib.util
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
 
 import yaml
 
+import cxlhm.config
 from cxlhm.config import SCHEMA, ConfigError, DeviceConfig, available_profiles, load_config, safe_load_yaml
 from cxlhm.units import format_size
 from cxlhm_apps import generated_flags as gf
 
 DEVICE = "device"        # family of the config's own keys
 POLICY = "policy"        # family of the firmware policies' parameters
+TIMING = "timing"        # the config section of the timing model's keys
+POLICY_ENTRY_POINTS = "cxlhm.firmware_policies"  # cxlhm.policies.ENTRY_POINT_GROUP (that module imports numba)
 WHAT = "firmware policy or device config section"
 # config keys that have their own flags: --policy, the policies' --<policy>.<param>, --timing.<key>
 NOT_FLAGS = {"firmware.policy", "firmware.params", "timing"}
@@ -47,12 +57,13 @@ def add_device_arguments(parser: argparse.ArgumentParser) -> None:
                             "--set backend.path=/data/ssd.img); repeatable; the generated flags below override it")
     group.add_argument("--policy", default=None, help="firmware policy (`cxlhm policies` lists them)")
     gf.add_flags(parser, config_flags(), what=WHAT, group_of=_group)
-    gf.add_lazy_flags(parser, lambda: timing_flags() + policy_flags())
+    gf.add_lazy_flags(parser, lambda for_help: _declared(for_help, (TIMING, POLICY)))
 
 
 def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     """Only the policies' `--<policy>.<param>` flags (a command that runs policies without a device)."""
-    gf.add_lazy_flags(parser, policy_flags, what="firmware policy", group_of=_group)
+    gf.add_lazy_flags(parser, lambda for_help: _declared(for_help, (POLICY,)), what="firmware policy",
+                      group_of=_group)
 
 
 def _group(flag: gf.GeneratedFlag) -> tuple[str, str]:
@@ -107,7 +118,7 @@ def timing_flags() -> list[gf.GeneratedFlag]:
     out = []
     for key, decl in KEYS.items():
         accepts = _accepts(decl.parse)
-        out.append(gf.GeneratedFlag(f"--timing.{key}", DEVICE, "timing", key, None, None, decl.help,
+        out.append(gf.GeneratedFlag(f"--timing.{key}", DEVICE, TIMING, key, None, None, decl.help,
                                     metavar=_metavar(accepts), accepts=accepts,
                                     parse=_key_parser(decl.parse, as_written=True), show_default=_profile_default(f"timing.{key}", _metavar(accepts))))
     return out
@@ -128,7 +139,7 @@ def policy_flags() -> list[gf.GeneratedFlag]:
             out.append(gf.GeneratedFlag(
                 f"--{prefix}.{param}", POLICY, name, param, decl.type, decl.default, decl.help,
                 metavar={int: "INT", float: "NUM", bool: "{true,false}", str: "TEXT"}.get(decl.type, "VALUE"),
-                accepts=accepts, parse=_param_parser(policy, param)))
+                accepts=accepts, parse=_param_parser(name, param, decl.type)))
     return out
 
 
@@ -188,14 +199,69 @@ def _key_parser(parse, *, as_written: bool = False):
     return convert
 
 
-def _param_parser(policy, param: str):
+def _param_parser(name: str, param: str, kind: type):
     def convert(text: str):
-        value = text if policy.params[param].type is str else gf.read_value(text)
+        from cxlhm.policies import get
+        value = text if kind is str else gf.read_value(text)
         try:
-            return policy.resolve_params({param: value})[param]
+            return get(name).resolve_params({param: value})[param]
         except ValueError as exc:  # PolicyParamError: the policy's own words
             raise ValueError(str(exc)) from None
     return convert
+
+
+def _timing_parser(key: str):
+    def parse(value):
+        from cxlhm.timing.params import KEYS
+        return KEYS[key].parse(value)
+    return _key_parser(parse, as_written=True)
+
+
+# ---------------------------------------------------------------- the help's cache
+_KINDS = {"int": int, "float": float, "bool": bool, "str": str}
+_ROW = ("flag", "family", "name", "field", "default", "help", "metavar", "accepts", "show_default")
+
+
+def _declared(for_help: bool, which: tuple[str, ...]) -> list[gf.GeneratedFlag]:
+    """The timing and/or policy flags: for a help in a process that has not imported
+    the policies (so neither numba), what the cache keeps of them."""
+    def load() -> list[gf.GeneratedFlag]:
+        return (timing_flags() if TIMING in which else []) + (policy_flags() if POLICY in which else [])
+    if not for_help or "cxlhm.policies" in sys.modules:  # in-process registrations count; numba is loaded
+        return load()
+    rows = gf.cached_rows(f"device-{'-'.join(which)}", _declarations_stamp(),
+                          lambda: [{**{k: getattr(f, k) for k in _ROW}, "kind": getattr(f.kind, "__name__", None)}
+                                   for f in load()])
+    try:
+        return [_flag_of(row) for row in rows]
+    except (KeyError, TypeError):  # a cache file of another shape: the declarations themselves
+        return load()
+
+
+def _flag_of(row: dict) -> gf.GeneratedFlag:
+    kind = _KINDS.get(row["kind"])
+    parse = _param_parser(row["name"], row["field"], kind) if row["family"] == POLICY else _timing_parser(row["field"])
+    return gf.GeneratedFlag(**{k: row[k] for k in _ROW}, kind=kind, parse=parse)
+
+
+def _declarations_stamp() -> str:
+    """A hash of what the timing and policy flags come from: the built-in policies' and
+    the timing model's files, the profiles, and the installed policy entry points."""
+    core = Path(cxlhm.config.__file__).resolve().parent
+    files = [core / "policies.py", core / "config.py", core / "timing" / "params.py", *core.glob("profiles/*.yaml")]
+    spec = importlib.util.find_spec("firmware_policies")  # finds the package without importing it
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        files += Path(folder).glob("*.py")
+    stats = []
+    for path in sorted(files):
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        stats.append((str(path), st.st_mtime_ns, st.st_size))
+    eps = sorted((ep.name, ep.value, getattr(ep.dist, "version", "") if ep.dist else "")
+                 for ep in entry_points(group=POLICY_ENTRY_POINTS))
+    return hashlib.sha256(repr((stats, eps)).encode()).hexdigest()[:20]
 
 
 # ---------------------------------------------------------------- the values
