@@ -250,6 +250,7 @@ def test_run_help_lists_the_device_flags_with_types_defaults_and_help(capsys):
         for param in policies.get(name).params:
             assert f"--{name}.{param} " in text
     assert "--firmware.policy" not in text and "--firmware.params" not in text
+    assert "(default model in this command)" in text   # run's own default over the profile's wall clock
 
 
 def test_parsing_without_the_help_or_a_policy_flag_imports_no_compiled_code():

@@ -25,6 +25,7 @@ imports no compiled code either.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import hashlib
 import importlib.util
@@ -48,7 +49,9 @@ WHAT = "firmware policy or device config section"
 NOT_FLAGS = {"firmware.policy", "firmware.params", "timing"}
 
 
-def add_device_arguments(parser: argparse.ArgumentParser) -> None:
+def add_device_arguments(parser: argparse.ArgumentParser, command_defaults: dict[str, str] | None = None) -> None:
+    """The device options; `command_defaults` ({dotted key: text}) are the defaults the
+    command itself applies over the profile, as its help shows them."""
     group = parser.add_argument_group("device")
     group.add_argument("--device", "-d", metavar="PROFILE|FILE.yaml", default=None,
                        help=f"device profile ({', '.join(available_profiles())}) or YAML config; default cmm-h")
@@ -56,7 +59,11 @@ def add_device_arguments(parser: argparse.ArgumentParser) -> None:
                        help="override one config key, dotted for sections (e.g. --set dram_bytes=64MiB "
                             "--set backend.path=/data/ssd.img); repeatable; the generated flags below override it")
     group.add_argument("--policy", default=None, help="firmware policy (`cxlhm policies` lists them)")
-    gf.add_flags(parser, config_flags(), what=WHAT, group_of=_group)
+    flags = config_flags()
+    for key, text in (command_defaults or {}).items():
+        flags = [dataclasses.replace(f, show_default=f"{text} in this command") if
+                 (f"{f.name}.{f.field}" if f.name else f.field) == key else f for f in flags]
+    gf.add_flags(parser, flags, what=WHAT, group_of=_group)
     gf.add_lazy_flags(parser, lambda for_help: _declared(for_help, (TIMING, POLICY)))
 
 

@@ -80,7 +80,7 @@ def add_arguments(parser):
     parser.add_argument("--no-plot", action="store_true", help="do not write the plot")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_device_arguments(parser)
+    add_device_arguments(parser, {"clock": "model", "firmware.background": "manual on the model clock"})
 
 
 @dataclasses.dataclass(frozen=True)
