@@ -330,7 +330,8 @@ def test_the_help_lists_the_policy_flags_from_a_cache_without_importing_compiled
     runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
             for _ in range(2)]
     assert runs[0].startswith("True\n") and runs[1].startswith("False\n")   # built once, then read
-    assert runs[0].split("\n", 1)[1] == runs[1].split("\n", 1)[1] and "--hymcache.victim_scan INT" in runs[1] and "--timing.backing" in runs[1]
+    assert runs[0].split("\n", 1)[1] == runs[1].split("\n", 1)[1]
+    assert "--hymcache.victim_scan INT" in runs[1] and "--timing.backing" in runs[1]
     assert [p.name.split("-")[0] for p in (tmp_path / "flags").iterdir()] == ["device"]
 
 

@@ -127,7 +127,8 @@ def timing_flags() -> list[gf.GeneratedFlag]:
         accepts = _accepts(decl.parse)
         out.append(gf.GeneratedFlag(f"--timing.{key}", DEVICE, TIMING, key, None, None, decl.help,
                                     metavar=_metavar(accepts), accepts=accepts,
-                                    parse=_key_parser(decl.parse, as_written=True), show_default=_profile_default(f"timing.{key}", _metavar(accepts))))
+                                    parse=_key_parser(decl.parse, as_written=True),
+                                    show_default=_profile_default(f"timing.{key}", _metavar(accepts))))
     return out
 
 

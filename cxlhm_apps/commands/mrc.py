@@ -9,7 +9,8 @@ from tqdm import tqdm
 
 import firmware_policies
 from cxlhm_apps.cliutil import CommandError, check_output_path, default_output_dir, positive_int, trace_block_size
-from cxlhm_apps.commands._device_args import add_policy_arguments, check_policies_selected, parse_set_value, policy_params
+from cxlhm_apps.commands._device_args import (add_policy_arguments, check_policies_selected, parse_set_value,
+                                              policy_params)
 from cxlhm.config import ConfigError
 from cxlhm.mrc import miss_ratios, parse_cache_sizes, plot_curves, plot_latency, simulate_curves
 from cxlhm.sim import MAX_QUEUE_DEPTH
