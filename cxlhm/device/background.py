@@ -4,6 +4,12 @@ on the model clock, the idle gaps between host operations.
 
 Background work keeps the device lock through its I/O: it is off the host's path, and
 its blocks are in flight only while nobody else can plan.
+
+`BackgroundWork` owns the job table a round is handed out in and the firmware thread
+(its wake-up and stop events, the last error it caught). It gets the device state, the
+write-behind (settled first: hints and prefetches may evict or pin its blocks), the
+write-back (the policy's flush jobs) and the stream registry (blocks a stream is writing
+back are not prefetched from the SSD before they land).
 """
 from __future__ import annotations
 
