@@ -370,6 +370,19 @@ def _check_job(job: JobSpec):
         for d, direction in enumerate(("read", "write")):
             if v[high][d] and v[low][d] and v[high][d] < v[low][d]:  # fio: "minimum rate exceeds rate"
                 yield job.error(low, f"the {direction} minimum ({v[low][d]}) exceeds {high} ({v[high][d]})")
+    contents = [n for n in ("dedupe_percentage", "buffer_compress_percentage") if v[n]]
+    if contents and v["verify"] not in ("0", "null"):
+        yield job.error(contents[0], "with verify is not modelled (verify writes its own block contents)")
+    if v["dedupe_percentage"] and v["dedupe_mode"] == "working_set":
+        if "size" not in given:  # fio: "pregenerated dedupe working set requires size to be set"
+            yield job.error("dedupe_mode", "working_set needs size= (the working set is a share of it)")
+        elif v["dedupe_working_set_percentage"] + v["dedupe_percentage"] > 100:
+            blame = max((n for n in ("dedupe_percentage", "dedupe_working_set_percentage") if n in given),
+                        key=lambda n: (given[n].path, given[n].line))
+            yield job.error(blame,
+                            f"dedupe_percentage={v['dedupe_percentage']} cannot be reached with "
+                            f"{v['dedupe_working_set_percentage']}% of size kept as the (unique) working set "
+                            "(the two add up to more than 100)")
     if v["verify_backlog"] and v["verify"] in ("0", "null"):
         yield job.error("verify_backlog", "needs verify=crc32c|md5|xxhash")
     for name in ("bs", "bsrange", "bssplit"):

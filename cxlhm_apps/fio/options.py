@@ -405,6 +405,21 @@ OPTIONS: tuple[Option, ...] = (
     Option("do_verify", "bool", _bool, True, "read back and check what a write job wrote, after it finishes", group="verify"),
     Option("verify_fatal", "bool", _bool, False, "stop the job at the first verification failure", group="verify"),
     Option("verify_backlog", "int", _int_at_least(0), 0, "verify every N written blocks as the job goes (0: at the end)", group="verify"),
+    # what writes carry
+    Option("dedupe_percentage", "int", _int_at_least(0, 100), 0,
+           "share of written blocks that copy another block (dedupe_mode says which)", group="pattern"),
+    Option("dedupe_mode", "str", _choice("repeat", "working_set"), "repeat",
+           "repeat: a copy repeats the last unique block; working_set: a random page of the working set",
+           group="pattern"),
+    Option("dedupe_working_set_percentage", "int", _int_at_least(0, 100), 5,
+           "dedupe_mode=working_set: the set is this share of size (the job's first unique blocks)", group="pattern"),
+    Option("dedupe_global", "bool", _bool, False,
+           "dedupe_mode=working_set: the working set is spread over every job with it (jobs copy each other's "
+           "blocks)", group="pattern"),
+    Option("buffer_compress_percentage", "int", _int_at_least(0, 100), 0,
+           "share of each buffer_compress_chunk of a written block that is zero (the rest random)", group="pattern"),
+    Option("buffer_compress_chunk", "int", _positive_size, 512, "the unit buffer_compress_percentage applies to",
+           group="pattern"),
     # reporting
     Option("clat_percentiles", "bool", _bool, True, "show completion-latency percentiles", group="report"),
     Option("lat_percentiles", "bool", _bool, False, "also show total-latency percentiles", group="report"),

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from cxlhm_apps.fio import clocks, files, fiorand, flow, minrate, pacing, schedule, steadystate
+from cxlhm_apps.fio import buffers, clocks, files, fiorand, flow, minrate, pacing, schedule, steadystate
 from cxlhm_apps.fio import verify as VF
 from cxlhm_apps.fio.devices import check_images_stay_the_devices, describe_device, open_devices
 from cxlhm_apps.fio.notes import notes
@@ -135,7 +135,8 @@ def plan_clones(jobs: list[JobSpec]) -> list[ClonePlan]:
 class Worker:
     """Runs one job clone in its own thread."""
 
-    def __init__(self, plan: ClonePlan, share: DeviceShare | None, seed: int, thread_number: int = 1):
+    def __init__(self, plan: ClonePlan, share: DeviceShare | None, seed: int, thread_number: int = 1,
+                 threads: int = 1):
         self.plan, self.share, self.job = plan, share, plan.job
         job = self.job
         self.stats = JobStats(job.name, plan.groupid, iodepth=job["iodepth"])
@@ -160,12 +161,16 @@ class Worker:
                                blockalign=_blockalign(job), directions=directions, loop_bytes=loop_bytes,
                                reseed_loops=bool(job["randrepeat"]))
         qd = job["iodepth"]
+        # dedupe / compression: every write's bytes made for it (None: the arena's as they are)
+        self.buffers = buffers.JobBuffers.of_job(job, thread_index=thread_number - 1, threads=threads,
+                                                 region_len=plan.region_len, min_write_bs=sizes[WRITE].min,
+                                                 seed=seed + 7)
         # With verify the arena's slots hold the stamped writes until they are issued: it is
         # cut in two halves, so the next chunk is stamped into one on the side thread while
         # the engine runs the current one from the other (fio stamps each block just before
         # it submits it, while the others are in flight).
         self._halves, self._half = 1, 0
-        if self.verify_kind:
+        if self.verify_kind or self.buffers is not None:  # (each I/O of a chunk its own slot)
             slots = max(qd, min(CHUNK_IOS // 4, VERIFY_ARENA_BYTES // self.gen.max_bs))
             self.chunk_ios = slots - slots % qd if slots >= qd else qd
             if job["verify_fatal"]:  # check after every batch, to stop at the first bad block
@@ -315,7 +320,7 @@ class Worker:
                     break
             if now >= job_end:
                 break
-            if ahead is None and (not self.verify_kind or self._halves == 2):  # (into the other half)
+            if ahead is None and (not (self.verify_kind or self.buffers) or self._halves == 2):  # (the other half)
                 ahead = self._side.submit(self._chunk_ahead)
             deadline = min(job_end, self._window[0] + SAMPLE_WINDOW_NS, NEVER if measuring else ramp_end)
             if self.flow is not None:
@@ -404,6 +409,9 @@ class Worker:
         slot = np.arange(n, dtype=np.int64) % per_half + self._half * per_half
         self._half = (self._half + 1) % self._halves
         chunk = Chunk(direction, offset, size, slot)
+        if self.buffers is not None:
+            writes = np.flatnonzero(direction == WRITE)
+            self.buffers.fill(self.arena.data, slot[writes] * self.arena.slot_bytes, size[writes])
         if self.verify_kind:
             chunk.serial = np.full(n, -1, np.int64)
             writes = np.flatnonzero(direction == WRITE)
@@ -590,7 +598,8 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None) -> RunRes
     try:
         for plan in plans:
             share = shares.get(os.path.realpath(plan.filename)) if engine_of(plan.job).uses_device else None
-            worker = Worker(plan, share, _seed_for(plan.job, plan.clone), thread_number=len(workers) + 1)
+            worker = Worker(plan, share, _seed_for(plan.job, plan.clone), thread_number=len(workers) + 1,
+                            threads=len(plans))
             workers.append(worker)
             worker.logs = JobLogs(plan.job, len(workers))  # (fio numbers the logs by clone, from 1)
             worker.open_engine()
