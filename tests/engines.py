@@ -109,6 +109,13 @@ import sglang.srt.observability.metrics_collector  # noqa: E402,F401
 for _name in [n for n in sys.modules if n.split(".")[0] in STUBBED and isinstance(sys.modules[n], _StubModule)]:
     del sys.modules[_name]  # later probes (torch, transformers) find no triton, as before
 
+# An adapter imported before SGLang could be (an earlier test module, without these stubs)
+# took `object` as its base class; import it again so it subclasses SGLang's real one.
+_shim = sys.modules.get("host_runtime.shim.sglang")
+if _shim is not None and not issubclass(_shim.CxlhmHiCacheStorage,
+                                        sys.modules["sglang.srt.mem_cache.hicache_storage"].HiCacheStorage):
+    importlib.reload(_shim)
+
 
 def version(dist: str) -> str:
     from importlib.metadata import version as _version

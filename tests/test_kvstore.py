@@ -808,11 +808,11 @@ def test_pins_and_leases_against_a_model(dev_factory):
                     t.contains(keys[0])  # a probe never releases: only puts, gets, removes and pins do
                 live = [lease for lease in [*leases.values(), *anonymous] if not lease.released]
                 for key in keys:
-                    entry = t._index.get(key)
+                    entry = t.index.get(key)
                     want = 0 if entry is None else plain.get(key, 0) + sum(
                         e is entry for lease in live for e in lease.entries)
                     assert (entry.pins if entry is not None else 0) == want, (key, o)
-                pinned = sum(s._extent_bytes(e) for e in t._index.values() if e.pins)
+                pinned = sum(s._extent_bytes(e) for e in t.index.values() if e.pins)
                 assert t.pinned_bytes == pinned <= t.max_pinned_bytes
                 for key, n in plain.items():
                     assert n == 0 or t.contains(key)  # a plainly pinned chunk is never evicted

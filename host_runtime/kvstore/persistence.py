@@ -108,7 +108,7 @@ class PersistenceMixin:
             # one now: after a clean start the SSD holds exactly its durable bytes, and
             # without one the next unclean start could not tell it from a lost chunk.
             entry.fp = fp if fp is not None or not has_checksums else self._fingerprint(hpa, nbytes)
-            t._index[key] = entry
+            t.index[key] = entry
             t.used_bytes += self._extent_bytes(entry)
             self._stamp_entry(entry)
             self._place(entry)
@@ -126,7 +126,7 @@ class PersistenceMixin:
     def _maybe_compact(self) -> None:
         if self._journal is None:
             return
-        live = sum(len(t._index) for t in self._tenants.values())  # O(tenants)
+        live = sum(len(t.index) for t in self._tenants.values())  # O(tenants)
         if self._journal.records > self.compact_factor * (live + len(self._tenants)) + 1024:
             self._compact()
 
@@ -139,7 +139,7 @@ class PersistenceMixin:
                      for t in self._tenant_ids.values()]
         pending = []
         for t in self._tenant_ids.values():
-            for entry in t._index.values():
+            for entry in t.index.values():
                 (pending if (t.id, entry.key) in self._unflushed else payloads).append(
                     put_record(t.id, entry.key, entry.hpa, entry.nbytes, entry.fp))
         payloads.append(FLUSH)

@@ -35,7 +35,8 @@ class KVStore(EvictionMixin, PersistenceMixin):
     index_path: where the persistent index lives. Default: next to the device image
       (``<image>.kvindex``); None with a temporary image (nothing would survive anyway).
       Pass ``False`` to keep the index in memory only.
-    hints: the HintSink (default: the handle's mailbox hint client, else NullHints).
+    hints: the HintSink (default: the handle's mailbox hint sink, `handle.hint_sink("mailbox")`;
+      pass NullHints() to drop hints).
     window: (base, size) of the HDM window this store manages (default: all of it).
     grain: allocation unit (default: the device block size; must be a multiple of it).
     """
@@ -277,8 +278,6 @@ class KVStore(EvictionMixin, PersistenceMixin):
         with self._lock:
             self._unlease(entry)
         return True
-
-    _read_range = read_range  # the earlier name, still called by host_runtime/shim/api.py
 
     def _read_failed(self, entries: list[Entry], exc: Exception) -> None:
         """A device read error (media error, poison): the chunks' bytes cannot be

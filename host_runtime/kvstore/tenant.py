@@ -351,11 +351,6 @@ class Tenant:
                 "pinned_bytes": self.pinned_bytes, "protected_bytes": self.protected_bytes, "sessions": len(self.open_sessions),
                 "quota_bytes": self.quota_bytes, "reserved_bytes": self.reserved_bytes, **self.counters}
 
-    @property
-    def _index(self) -> dict[bytes, Entry]:
-        # the earlier name of `index`, still read by the store's persistence module
-        return self.index
-
     def own_session(self, session: Session | None) -> Session | None:
         """`session` itself if it is this tenant's and has not ended (None stays None);
         PermissionError for another tenant's session, ValueError for an ended one."""

@@ -151,7 +151,7 @@ class KVShim:
 
     def read_range(self, key: Any, offset: int, buf: Any) -> bool:
         """Read part of a chunk (e.g. one layer of a layer-first chunk). False on a miss."""
-        return self.store._read_range(self.tenant, kvkeys.normalize_key(key), offset, byte_view(buf, writable=True))
+        return self.tenant.read_range(key, offset, buf)
 
     def get_many_into(self, keys: Sequence[Any], out: Any, *, session: Session | str | None = None) -> int:
         """Equal-size chunks end to end in `out`, one device pass; returns the hit prefix length."""
