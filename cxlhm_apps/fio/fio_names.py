@@ -17,7 +17,8 @@ NOT_MODELLED_WHY: dict[str, str] = {
     **{name: f"NVMe passthrough / protection information: {_HARDWARE}" for name in (
         "cmd_type", "pi_chk", "pi_act", "apptag", "apptag_mask", "md_per_io_size", "fdp", "fdp_pli",
         "write_mode", "num_range", "readfua", "writefua", "atomic")},
-    **{name: f"command priorities: {_HARDWARE}" for name in (
+    **{name: "command priorities (an ioprio per I/O on libaio/io_uring, and fio's latency per priority) are "
+           "not applied by the file engines here" for name in (
         "cmdprio", "cmdprio_percentage", "cmdprio_bssplit", "cmdprio_class", "prioclass", "prio", "log_prio")},
     # engines that are not modelled
     **{name: _ENGINE for name in (
@@ -34,9 +35,8 @@ NOT_MODELLED_WHY: dict[str, str] = {
     "thinkcycles": "thinkcycles is not modelled (thinktime is)",
     "steadystate_check_interval": "steadystate_check_interval is newer than fio 3.33 (steady state is "
     "sampled once a second)",
-    "latency_target": "latency-target depth search is not modelled",
-    "latency_window": "latency-target depth search is not modelled",
-    "latency_percentile": "latency-target depth search is not modelled",
+    **{name: "fio's latency-target queue-depth search is not modelled (an engine's queue depth is fixed when "
+           "it opens)" for name in ("latency_target", "latency_window", "latency_percentile")},
     "buffer_pattern": "buffer_pattern is not modelled (dedupe and compression of the contents are)",
     "scramble_buffers": "scramble_buffers is not modelled (dedupe and compression of the contents are)",
     "verify_pattern": "verify=pattern is not modelled (crc32c, md5, xxhash are)",
@@ -52,7 +52,8 @@ NOT_MODELLED_WHY: dict[str, str] = {
     "error_dump": "error_dump is not modelled", "random_generator": "only fio's default generator's "
     "statistics are modelled (the sequence differs from fio's)",
     "random_sequence_stride": "random_sequence_stride is not modelled",
-    "io_submit_mode": "io_submit_mode=offload is not modelled",
+    "io_submit_mode": "io_submit_mode=offload (a pool of threads submitting the job's I/O) is not modelled; "
+    "inline, fio's default, is how every job runs",
     "iodepth_batch_complete": "iodepth_batch_complete is not modelled",
     "gtod_reduce": "gtod_reduce is not modelled (every latency is measured)",
     "disable_lat": "disabling latency collection is not modelled",
