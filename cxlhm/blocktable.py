@@ -71,14 +71,14 @@ def new_block_table(n_slots: int) -> BlockTable:
 
 
 @njit(inline="always")
-def _home(index_keys, block):
+def home_bucket(index_keys, block):
     mask = np.uint64(index_keys.shape[0] - 1)
     return np.int64((np.uint64(block) * _GOLDEN >> np.uint64(17)) & mask)
 
 
 @njit(inline="always")
 def _bucket(bt, block):
-    return _home(bt.index_keys, block)
+    return home_bucket(bt.index_keys, block)
 
 
 @njit(inline="always")
@@ -86,7 +86,7 @@ def lookup_index(index_keys, index_slots, block):
     """Slot holding `block`, or -1, from the index arrays alone (callers from Python
     pass two arrays, not the whole table: numba's dispatch types every argument)."""
     mask = index_keys.shape[0] - 1
-    i = _home(index_keys, block)
+    i = home_bucket(index_keys, block)
     while True:
         key = index_keys[i]
         if key == block:

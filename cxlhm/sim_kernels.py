@@ -41,7 +41,7 @@ def prefetch_ahead(bt, ps, blocks, i, rows):
     n = blocks.shape[0]
     keys = bt.index_keys
     if i + AHEAD < n:
-        bucket = btm._home(keys, blocks[i + AHEAD])
+        bucket = btm.home_bucket(keys, blocks[i + AHEAD])
         prefetch(keys.ctypes.data + bucket * keys.strides[0])
         prefetch(bt.index_slots.ctypes.data + bucket * bt.index_slots.strides[0])
     if i + HALF < n:

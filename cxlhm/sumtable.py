@@ -68,8 +68,16 @@ _xxh3, HASH_SOURCE = _load_xxh3()
 COMPILED_HASH = _xxh3 is not None
 # (address, length) in the C ABI: two integer registers, as (const void *, size_t)
 _SYMBOL = "cxlhm_xxh3_64bits"
+
+
+def xxh3_address() -> int | None:
+    """The address of the compiled XXH3_64bits checksums are made with (C code that
+    checksums the same way calls it), or None when there is none to call."""
+    return ctypes.cast(_xxh3, ctypes.c_void_p).value if COMPILED_HASH else None
+
+
 if COMPILED_HASH:
-    llvm.add_symbol(_SYMBOL, ctypes.cast(_xxh3, ctypes.c_void_p).value)
+    llvm.add_symbol(_SYMBOL, xxh3_address())
 _xxh3_64 = types.ExternalFunction(_SYMBOL, types.uint64(types.int64, types.int64))
 
 if COMPILED_HASH:

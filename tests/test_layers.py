@@ -2,8 +2,8 @@
 runtime (host_runtime) <- the applications (cxlhm_apps: fio, replay, serving, the CLI).
 No import points up a layer, no module takes part in an import cycle at load time, no
 two top-level packages import each other (the core finds policies through its registry,
-cxlhm.policies, never by importing firmware_policies), and no top-level package uses
-another's private names. Read from the source with ast, so a lazy import inside a
+cxlhm.policies, never by importing firmware_policies), and no module uses another's
+private names (a private module belongs to its package). Read from the source with ast, so a lazy import inside a
 function counts too (it is a dependency all the same)."""
 from __future__ import annotations
 
@@ -170,50 +170,79 @@ def _private(dotted: str) -> bool:
                for part in dotted.split("."))
 
 
+EXTENSIONS = {"cxlhm._native"}  # compiled modules (native/), private to the package that builds them
+
+
+def _is_module(dotted: str) -> bool:
+    return dotted in MODULES or dotted in EXTENSIONS
+
+
+def _may_use(module: str, dotted: str) -> bool:
+    """Whether `module` may name `dotted` (a module, or a name inside one): a private name
+    inside a module is that module's own; a private module (cxlhm._native) is open to the
+    package that holds it."""
+    parts = dotted.split(".")
+    cut = next((i for i in range(len(parts), 0, -1) if _is_module(".".join(parts[:i]))), 1)
+    owner, names = ".".join(parts[:cut]), parts[cut:]
+    if names and _private(names[0]) and owner != module:
+        return False
+    owner_parts = owner.split(".")
+    for i, part in enumerate(owner_parts):
+        package = ".".join(owner_parts[:i])
+        if _private(part) and not (module == package or module.startswith(package + ".")):
+            return False
+    return True
+
+
 def _private_uses(module: str, where: str, source: str) -> list[str]:
-    """Private names (a leading underscore) of another top-level package that `module`
-    imports, or reads as an attribute of a module it imported from there. Private names
-    shared between the modules of one top-level package are that package's business."""
+    """Private names (a leading underscore) of another module that `module` imports, or
+    reads as an attribute of a module it imported. A module's private names are its own;
+    a private module (cxlhm._native) belongs to the package that holds it."""
     tree = ast.parse(source, where)
-    top = module.split(".")[0]
-    foreign: dict[str, str] = {}  # local name -> the other package's module it is bound to
+    bound: dict[str, str] = {}  # local name -> the module (or module attribute) it is bound to
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name.split(".")[0] in LAYERS and alias.name.split(".")[0] != top:
-                    if _private(alias.name):
-                        found.append(f"{where}:{node.lineno} imports {alias.name}")
-                    foreign[alias.asname or alias.name.split(".")[0]] = alias.asname and alias.name or alias.name.split(".")[0]
+                if alias.name.split(".")[0] not in LAYERS:
+                    continue
+                if not _may_use(module, alias.name):
+                    found.append(f"{where}:{node.lineno} imports {alias.name}")
+                bound[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
         elif isinstance(node, ast.ImportFrom):
             target = _resolve(module, node, where.endswith("__init__.py"))
-            if target.split(".")[0] not in LAYERS or target.split(".")[0] == top:
+            if target.split(".")[0] not in LAYERS:
                 continue
             for alias in node.names:
-                if _private(f"{target}.{alias.name}"):
+                if not _may_use(module, f"{target}.{alias.name}"):
                     found.append(f"{where}:{node.lineno} imports {target}.{alias.name}")
-                foreign[alias.asname or alias.name] = f"{target}.{alias.name}"
+                bound[alias.asname or alias.name] = f"{target}.{alias.name}"
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in foreign \
-                and _private(node.attr):
-            found.append(f"{where}:{node.lineno} uses {foreign[node.value.id]}.{node.attr}")
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound \
+                and _is_module(bound[node.value.id]) and not _may_use(module, f"{bound[node.value.id]}.{node.attr}"):
+            found.append(f"{where}:{node.lineno} uses {bound[node.value.id]}.{node.attr}")
     return found
 
 
-def test_no_private_name_used_across_top_level_packages():
+def test_no_private_name_used_across_modules():
     wrong = [use for module, path in sorted(MODULES.items())
              for use in _private_uses(module, str(path.relative_to(ROOT)), path.read_text())]
     assert not wrong, "\n".join(wrong)
 
 
 def test_the_private_use_check_sees_imports_and_attributes():
-    """The check above can fail: a policy module reaching into the core's privates (and
-    its own package's privates are its business)."""
+    """The check above can fail: a module reaching into another module's privates, in
+    its own package or another's; a private module is open to its own package only."""
     source = ("from cxlhm.blocktable import _home\nimport cxlhm._native\nfrom cxlhm import blocktable as btm\n"
-              "x = btm._bucket\nfrom firmware_policies import lists\ny = lists._home\nz = btm.lookup\n")
+              "x = btm._bucket\nfrom firmware_policies import lists\ny = lists.home\nz = btm.lookup\n"
+              "from cxlhm.sumtable import _xxh3\n")
     uses = _private_uses("firmware_policies.probe", "firmware_policies/probe.py", source)
     assert [u.split(" ", 1)[1] for u in uses] == ["imports cxlhm.blocktable._home", "imports cxlhm._native",
-                                                  "uses cxlhm.blocktable._bucket"]
+                                                  "imports cxlhm.sumtable._xxh3", "uses cxlhm.blocktable._bucket"]
+    inside = _private_uses("cxlhm.media.native", "cxlhm/media/native.py",
+                           "from cxlhm import _native\nfrom cxlhm.sumtable import _xxh3\nfrom cxlhm import sumtable\n"
+                           "a = sumtable._xxh3\n")
+    assert [u.split(" ", 1)[1] for u in inside] == ["imports cxlhm.sumtable._xxh3", "uses cxlhm.sumtable._xxh3"]
 
 
 @pytest.mark.parametrize("top", sorted(LAYERS))

@@ -14,7 +14,6 @@ records the service appended are replayed over the saved state and saved whole.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 
 import numpy as np
@@ -23,14 +22,6 @@ from cxlhm import sumtable
 from cxlhm.config import DeviceConfig
 from cxlhm.device.sidecar import Sidecars, log_path, open_state, sums_path
 from cxlhm.integrity import BlockChecksums, PoisonTable
-
-
-def _xxh3_address() -> int | None:
-    """The address of the XXH3_64bits explicit mode's checksums are made with (the
-    device's: cxlhm/sumtable.py), or None when there is none to call."""
-    if not sumtable.COMPILED_HASH:
-        return None
-    return ctypes.cast(sumtable._xxh3, ctypes.c_void_p).value
 
 
 class WindowPersistence:
@@ -61,7 +52,7 @@ class WindowPersistence:
         p.log_fd = self.log_fd
         if self.image is None:
             return
-        address = _xxh3_address()
+        address = sumtable.xxh3_address()
         p.hash = ffi.cast("void *", address) if address else ffi.NULL
         p.sum_blocks, p.sum_values = ffi.cast("int64_t *", self._blocks.ctypes.data), \
             ffi.cast("uint64_t *", self._sums.ctypes.data)

@@ -14,7 +14,6 @@ buffer too large to stay in the CPU's caches (`bypasses_caches`) streams its cop
 measurements."""
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +27,7 @@ FIELDS = 6
 HELPER_MIN_BYTES = _native.lib.CXLHM_COPY_HELPER_MIN_BYTES  # shorter runs stay on the calling thread
 
 if sumtable.COMPILED_HASH:
-    _native.lib.cxlhm_copy_set_hash(_native.ffi.cast("void *", ctypes.cast(sumtable._xxh3, ctypes.c_void_p).value))
+    _native.lib.cxlhm_copy_set_hash(_native.ffi.cast("void *", sumtable.xxh3_address()))
 
 
 def last_level_cache_bytes(cpu: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
