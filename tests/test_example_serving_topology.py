@@ -1,12 +1,12 @@
 """The serving-topology example of docs/extending.md (examples/extending/serving_topology.py),
-registered the way a test registers a topology it does not install (TOPOLOGIES.register).
-Topologies have no shipped conformance suite; these tests hold what one would: every
-request finishes, on the GPUs the topology has, the same way every time, and the router
-does what it says. All on LinearGpu's model clock (no machine's speed in any figure)."""
+registered the way a test registers a topology it does not install (TOPOLOGIES.register),
+through the shipped suite (TopologyConformance), and beyond it: every request finishes on
+both GPUs the same way every time, and the router does what it says. All on LinearGpu's
+model clock (no machine's speed in any figure)."""
 import numpy as np
 import pytest
 
-from cxlhm_apps.serving.testing import SMALL, LinearGpu, small_agent_workload
+from cxlhm_apps.serving.testing import SMALL, LinearGpu, TopologyConformance, small_agent_workload
 from cxlhm_apps.serving.topologies import TOPOLOGIES, parse_topologies, replay
 from example_loader import example
 
@@ -19,6 +19,10 @@ def least_loaded_registered():
     TOPOLOGIES.register(NAME, "examples.extending.serving_topology:LeastLoadedEngine")
     yield
     TOPOLOGIES.unregister(NAME)
+
+
+class TestLeastLoaded(TopologyConformance):
+    name = NAME
 
 
 @pytest.fixture(scope="module")
