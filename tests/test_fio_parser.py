@@ -88,6 +88,8 @@ EXAMPLES = {
     "steadystate_ramp_time": ("5s", 5 * 10**9), "dedupe_percentage": ("30", 30),
     "dedupe_mode": ("working_set", "working_set"), "dedupe_working_set_percentage": ("20", 20),
     "dedupe_global": ("1", True), "buffer_compress_percentage": ("50", 50), "buffer_compress_chunk": ("4k", 4096),
+    "zonemode": ("none", "none"), "zonesize": ("256m", 256 << 20), "zonerange": ("512m", 512 << 20),
+    "zoneskip": ("2g", 2 << 30), "log_offset": ("1", True),
 }
 NEEDS = {"time_based": "runtime=1\n", "verify_backlog": "verify=crc32c\n",
          "steadystate_duration": "new_group\n"}  # (fio: one reporting group, the same steady-state options)
@@ -223,7 +225,7 @@ def test_bad_structure_reports_file_and_line(text, line, words):
 
 def test_every_refused_option_of_a_file_is_listed_in_one_error(tmp_path):
     inc = tmp_path / "inc.fio"
-    inc.write_text("zonesize=4m\n")
+    inc.write_text("max_open_zones=4\n")
     path = tmp_path / "many.fio"
     path.write_text("[global]\nrate_ignore_thinktime=1\nbs=12 parsecs\n[a]\ninclude inc.fio\nbogus=1\n[b]\nrw=sideways\n"
                     "iodepth=0\n[c]\ntime_based\n")
@@ -231,7 +233,7 @@ def test_every_refused_option_of_a_file_is_listed_in_one_error(tmp_path):
         load_jobs([str(path)])
     err = info.value
     found = [(os.path.basename(e.path), e.line, e.option) for e in err.errors]
-    assert found == [("many.fio", 2, "rate_ignore_thinktime"), ("inc.fio", 1, "zonesize"), ("many.fio", 6, "bogus"),
+    assert found == [("many.fio", 2, "rate_ignore_thinktime"), ("inc.fio", 1, "max_open_zones"), ("many.fio", 6, "bogus"),
                      ("many.fio", 3, "bs"), ("many.fio", 8, "rw"), ("many.fio", 9, "iodepth"),
                      ("many.fio", 11, "time_based")]
     text = str(err)

@@ -11,9 +11,8 @@ _ENGINE = "belongs to an ioengine that is not modelled (fio's file engines and c
 
 NOT_MODELLED_WHY: dict[str, str] = {
     # zoned block devices, NVMe commands, protection information
-    **{name: "zoned block devices are not modelled" for name in (
-        "zonemode", "zonesize", "zoneskip", "zonerange", "max_open_zones", "zone_reset_threshold",
-        "zone_reset_frequency", "read_beyond_wp")},
+    **{name: "zoned block devices (zonemode=zbd) are not modelled; zonemode=strided is" for name in (
+        "max_open_zones", "zone_reset_threshold", "zone_reset_frequency", "read_beyond_wp")},
     **{name: f"NVMe passthrough / protection information: {_HARDWARE}" for name in (
         "cmd_type", "pi_chk", "pi_act", "apptag", "apptag_mask", "md_per_io_size", "fdp", "fdp_pli",
         "write_mode", "num_range", "readfua", "writefua", "atomic")},

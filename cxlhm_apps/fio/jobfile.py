@@ -370,6 +370,14 @@ def _check_job(job: JobSpec):
         for d, direction in enumerate(("read", "write")):
             if v[high][d] and v[low][d] and v[high][d] < v[low][d]:  # fio: "minimum rate exceeds rate"
                 yield job.error(low, f"the {direction} minimum ({v[low][d]}) exceeds {high} ({v[high][d]})")
+    if v["zonemode"] == "zbd":
+        yield job.error("zonemode", "zbd needs a zoned block device (not modelled); zonemode=strided is")
+    elif v["zonemode"] == "strided":
+        if not v["zonesize"]:
+            yield job.error("zonemode", "strided needs zonesize= (the bytes of I/O per zone)")
+        if v["rw"].random or v["rw"].modifier:
+            yield job.error("zonemode", "strided zones are modelled for plain sequential I/O (rw=read, write, rw); "
+                                        f"got rw={v['rw'].name}" + (f":{v['rw'].modifier}" if v["rw"].modifier else ""))
     contents = [n for n in ("dedupe_percentage", "buffer_compress_percentage") if v[n]]
     if contents and v["verify"] not in ("0", "null"):
         yield job.error(contents[0], "with verify is not modelled (verify writes its own block contents)")

@@ -4,6 +4,8 @@ N the job clone's number counted from 1 over the whole run, in fio's line format
 
     time (ms since the job started), value, direction (0 read, 1 write), block size, priority (0)
 
+and with log_offset=1 the I/O's offset in bytes before the priority (0 in averaged lines).
+
 Latencies in ns, bandwidth in KiB/s, IOPS as counts. Without log_avg_msec there is one
 line per I/O (bandwidth: its bytes x 10^6 over its completion latency in ns, as fio
 computes it; IOPS: 1); with it, one
@@ -31,6 +33,7 @@ class JobLogs:
     def __init__(self, job=None, number: int = 0, start_ns: int = 0):
         self.files = {}
         self.avg_ns = (job["log_avg_msec"] or 0) * 1_000_000 if job is not None else 0
+        self.offsets = bool(job["log_offset"]) if job is not None else False  # fio's log_offset column
         self.start_ns = start_ns
         for kind in KINDS if job is not None else ():
             prefix = job[OPTION_OF[kind]]
@@ -49,8 +52,8 @@ class JobLogs:
         self.start_ns = self._window_start = now_ns
 
     def record(self, direction: np.ndarray, size: np.ndarray, slat: np.ndarray | None, clat: np.ndarray,
-               end_ns: int) -> None:
-        """A batch of I/Os that came back at `end_ns`."""
+               end_ns: int, offset: np.ndarray | None = None) -> None:
+        """A batch of I/Os that came back at `end_ns` (`offset`: where each was, for log_offset)."""
         if not self.files or direction.shape[0] == 0:
             return
         lat = clat + (slat if slat is not None else 0)
@@ -68,8 +71,13 @@ class JobLogs:
                 column = np.ones_like(size)
             else:
                 column = values[kind]
-            f.writelines(f"{t}, {int(v)}, {int(d)}, {int(s)}, 0\n"
-                         for v, d, s in zip(column.tolist(), direction.tolist(), size.tolist()))
+            if self.offsets:
+                where = offset.tolist() if offset is not None else [0] * direction.shape[0]
+                f.writelines(f"{t}, {int(v)}, {int(d)}, {int(s)}, {int(o)}, 0\n"
+                             for v, d, s, o in zip(column.tolist(), direction.tolist(), size.tolist(), where))
+            else:
+                f.writelines(f"{t}, {int(v)}, {int(d)}, {int(s)}, 0\n"
+                             for v, d, s in zip(column.tolist(), direction.tolist(), size.tolist()))
 
     def _average(self, direction, size, values, end_ns) -> None:
         while end_ns - self._window_start >= self.avg_ns:
@@ -104,7 +112,7 @@ class JobLogs:
                     value = int(moved[0] / seconds / 1024)
                 else:
                     value = int(moved[1] / seconds)
-                f.write(f"{t}, {value}, {d}, 0, 0\n")
+                f.write(f"{t}, {value}, {d}, 0, 0, 0\n" if self.offsets else f"{t}, {value}, {d}, 0, 0\n")
         self._acc = {}
         self._window_start = window_end
 

@@ -15,6 +15,12 @@ Semantics follow fio:
 - `loops`: each pass of loop_bytes starts the direction rule's count again and, with
   randrepeat (fio seeds every generator again per pass), the same offsets, sizes and
   directions as the first pass.
+- zonemode=strided (sequential jobs): I/O goes on from the zone's start for zonesize
+  bytes (counted over both directions), then the zone moves zonerange + zoneskip on,
+  back to the region's start once past the file's end (the file's, not the region's:
+  like fio, the zones may reach past `size`); a position past the zone's range, and
+  both directions after each zonerange bytes of I/O, start the zone again (fio's
+  setup_strided_zone_mode).
 - rw=randread:N issues N I/Os per random offset (rw_sequencer: sequential or
   identical); rw=read:SIZE skips SIZE after each sequential I/O.
 """
@@ -93,12 +99,16 @@ class IoGenerator:
                  region_start: int, region_len: int, distribution: DistSpec | None, randommap: bool,
                  seed: int, bytes_budget: int | None, ios_budget: int | None, blockalign: int | None = None,
                  directions: MixedDirections | None = None, loop_bytes: int | None = None,
-                 reseed_loops: bool = False):
+                 reseed_loops: bool = False, zones: tuple[int, int, int, int] | None = None):
         self.rw, self.sequencer, self.rwmixread = rw, sequencer, rwmixread
         self.directions = directions if rw.mixed else None
         self.distribution = distribution
         self.loop_bytes, self.reseed_loops = loop_bytes, reseed_loops
         self.loop_left = loop_bytes  # bytes of this pass still to issue (None: one pass)
+        # zonemode=strided: (zonesize, zonerange, zoneskip, file size); the zone's start, the
+        # bytes done in it and each direction's next position, all relative to the region
+        self.zones = zones
+        self._zone_start, self._zone_bytes, self._zone_pos = 0, 0, [0, 0]
         self.sizes = sizes
         active = [sizes[d] for d in (READ, WRITE) if (rw.reads, rw.writes)[d]]
         self.align = blockalign or min(c.min for c in active)
@@ -184,6 +194,8 @@ class IoGenerator:
                 direction, size = direction[:n], size[:n]
             if self.rw.random:
                 offset = self._random_offsets(size, direction)
+            elif self.zones is not None:
+                offset = self._strided_offsets(size, direction)
             else:
                 offset = self._sequential_offsets(size, direction)
         if drawn_from is not None and n < drawn:  # fio drew only for the I/Os it issued
@@ -227,6 +239,29 @@ class IoGenerator:
                         pos = 0
                 self.seq_pos[d] = pos
             offset[idx] = self.start + rel
+        return offset
+
+    def _strided_offsets(self, size: np.ndarray, direction: np.ndarray) -> np.ndarray:
+        """fio's strided zones, one I/O at a time (see the module's text)."""
+        zone_size, zone_range, zone_skip, file_size = self.zones
+        zone_range = zone_range or zone_size
+        file_end = max(file_size - self.start, self.length)  # (positions are relative to the region)
+        offset = np.empty(size.shape[0], np.int64)
+        pos = self._zone_pos
+        for i, (s, d) in enumerate(zip(size.tolist(), direction.tolist())):
+            if self._zone_bytes >= zone_size:
+                self._zone_bytes = 0
+                self._zone_start += zone_range + zone_skip
+                if self._zone_start >= file_end:
+                    self._zone_start = 0
+                pos[d] = self._zone_start
+            if pos[d] >= self._zone_start + zone_range or pos[d] + s > file_end:
+                pos[d] = self._zone_start if self._zone_start + s <= file_end else 0
+            if self._zone_bytes % zone_range == 0:  # fio resets the file (both directions) each zonerange
+                pos[0] = pos[1] = self._zone_start
+            offset[i] = self.start + pos[d]
+            pos[d] += s
+            self._zone_bytes += s
         return offset
 
     def _mapped_offsets(self, size: np.ndarray) -> tuple[np.ndarray, int]:

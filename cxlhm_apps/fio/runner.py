@@ -159,7 +159,9 @@ class Worker:
                                distribution=job["random_distribution"], randommap=not job["norandommap"],
                                seed=seed, bytes_budget=budget, ios_budget=job["number_ios"],
                                blockalign=_blockalign(job), directions=directions, loop_bytes=loop_bytes,
-                               reseed_loops=bool(job["randrepeat"]))
+                               reseed_loops=bool(job["randrepeat"]),
+                               zones=((job["zonesize"], job["zonerange"], job["zoneskip"], _zone_file_size(job, plan))
+                                      if job["zonemode"] == "strided" else None))
         qd = job["iodepth"]
         # dedupe / compression: every write's bytes made for it (None: the arena's as they are)
         self.buffers = buffers.JobBuffers.of_job(job, thread_index=thread_number - 1, threads=threads,
@@ -426,7 +428,7 @@ class Worker:
         if done.count == 0:
             return
         if measuring and self.logs.active:
-            self.logs.record(chunk.direction, chunk.size, done.slat, done.clat, done.end_ns)
+            self.logs.record(chunk.direction, chunk.size, done.slat, done.clat, done.end_ns, chunk.offset)
         stats = self.stats
         for d in (READ, WRITE):
             mask = chunk.direction == d
@@ -544,6 +546,15 @@ class Worker:
         self.arena.close()
         if self.verify_arena is not None:
             self.verify_arena.close()
+
+
+def _zone_file_size(job: JobSpec, plan: ClonePlan) -> int:
+    """Where strided zones wrap: the file's size, as fio's real_file_size (an existing file
+    larger than the job's region included; a device's image is the region's)."""
+    size = plan.file_end
+    if not engine_of(job).uses_device and os.path.isfile(plan.filename):
+        size = max(size, os.path.getsize(plan.filename))
+    return size
 
 
 def _loop_pass_bytes(job: JobSpec, plan: ClonePlan) -> int | None:
