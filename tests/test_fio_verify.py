@@ -181,3 +181,15 @@ def test_warm_up_compiles_the_batch_kernels_before_any_job_runs(kind):
     from cxlhm_apps.fio import verify as VF
     VF.warm_up(kind)
     assert VF._stamp_many.signatures and VF._check_many.signatures
+
+
+def test_the_verify_phase_counts_io_depths_as_fio(tmp_path):
+    # fio 3.33's iodepth_level for this job (both phases): each phase fills from 1 up to 16
+    from cxlhm_apps.fio.raw_engines import libaio_unavailable
+    if libaio_unavailable():
+        pytest.skip(libaio_unavailable())
+    _, out = run(f"[w]\nfilename={tmp_path / 'v.dat'}\nsize=8m\nrw=randwrite\nbs=4k\niodepth=16\nioengine=libaio\n"
+                 "direct=1\nverify=crc32c\n")
+    levels = out["iodepth_level"]
+    assert levels == pytest.approx({"1": 0.1, "2": 0.1, "4": 0.195312, "8": 0.390625, "16": 99.267578, "32": 0.0,
+                                    ">=64": 0.0}, abs=1e-5)

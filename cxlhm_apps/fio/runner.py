@@ -375,6 +375,7 @@ class Worker:
             main_end = verify_start = engine.drain()
             # fio draws the writes' seeds again from the start for its verify phase
             self._verify_pass(self.vlog.take(), record=True, seeds_from=0 if self.check_seed else None)
+            self._side.settle()  # (its statistics are recorded on the side thread)
         end = engine.drain()  # the job's last I/O has completed
         self._sample(end, final=True)
         stats = self.stats  # a new object if ramp_time reset it
@@ -496,11 +497,14 @@ class Worker:
             while len(chunk):
                 done = engine.execute(chunk, arena, NEVER, keep_read_data=True)
                 executed, chunk = chunk.take(0, done.count), chunk.take(done.count)
-                if record:
-                    self.stats.record(READ, int(executed.size.sum()), len(executed),
-                                      done.slat, done.clat, done.depth)
-                    self.stats.submit_map += done.submits
-                    self.stats.complete_map += done.submits
+                if record:  # (on the side thread, as the job's own I/O: the checks below need the job's)
+                    stats = self.stats
+                    slat = None if done.slat is None else np.array(done.slat, np.int64)  # (the side thread's own)
+                    self._side.submit(stats.record, READ, int(executed.size.sum()), len(executed), slat,
+                                      np.array(done.clat, np.int64), None)
+                    self._side.submit(stats.mark_depth, len(executed), done.depth)
+                    stats.submit_map += done.submits
+                    stats.complete_map += done.submits
                 self.progress_bytes[READ] += int(executed.size.sum())
                 self.progress_ios[READ] += len(executed)
                 first = start + pos  # the history's index of executed's first block
