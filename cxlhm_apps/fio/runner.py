@@ -608,6 +608,8 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None) -> RunRes
     shares = open_devices(plans, log)
     for kind in {VF.TYPES.get(plan.job["verify"], 0) for plan in plans}:
         VF.warm_up(kind)  # compiled now, not inside a job's runtime (a cold cache takes seconds)
+    if any(plan.job["rw"].mixed for plan in plans):
+        fiorand.warm_up()  # (the same for a mixed job's direction rule)
     workers: list[Worker] = []
     started = time.time()
     try:
