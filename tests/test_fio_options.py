@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cxlhm_apps.fio import report
 from cxlhm_apps.fio.jobfile import build_jobs, read_sections
@@ -233,3 +235,20 @@ def test_a_reported_group_shows_its_last_jobs_options_as_fio_does(tmp_path):
                     "[first]\nrw=read\nbs=8k\n[second]\nrw=write\nbs=16k\n")
     (group,) = out["jobs"]
     assert group["jobname"] == "first" and group["job options"] == {"rw": "write", "bs": "16k"}
+
+
+@given(mine=st.integers(0, 10_000), others=st.integers(0, 10_000), weight=st.integers(1, 64),
+       rest=st.integers(0, 64))
+def test_flow_allowance_is_fios_check_before_each_io_counted_ahead(mine, others, weight, rest):
+    from cxlhm_apps.fio.flow import FlowTicket
+    total, count = weight + rest, mine + others
+    got = FlowTicket.allowance(mine, count, weight, total)
+    if rest == 0:
+        assert got is None  # alone in its group
+        return
+    j = 0  # fio: an I/O goes while the job's share of the group's count is not above its weight's
+    while j < 100_000 and (count + j == 0 or (mine + j) * total <= weight * (count + j)):
+        j += 1
+    if count and mine * total > weight * count:
+        return  # ahead: wait_turn sleeps instead of asking
+    assert got == max(1, j)

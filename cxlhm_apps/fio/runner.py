@@ -325,8 +325,9 @@ class Worker:
             if ahead is None and (not (self.verify_kind or self.buffers) or self._halves == 2):  # (the other half)
                 ahead = self._side.submit(self._chunk_ahead)
             deadline = min(job_end, self._window[0] + SAMPLE_WINDOW_NS, NEVER if measuring else ramp_end)
+            allowed = None  # I/Os flow control lets the job issue before it is ahead again (None: any)
             if self.flow is not None:
-                self.flow.wait_turn(job_end)
+                allowed = self.flow.wait_turn(job_end)
             batch = pending
             if pacer is not None:
                 admitted = pacer.admit(pending, engine.now_ns, job_end)
@@ -334,6 +335,8 @@ class Worker:
                     break
                 batch = pending.take(0, admitted)
                 deadline = min(deadline, pacer.deadline())
+            if allowed is not None and len(batch) > allowed:
+                batch = batch.take(0, max(1, allowed))
             if self.minrate is not None and measuring:
                 deadline = min(deadline, max(self.minrate.next_check_ns(), engine.now_ns() + 1))
             if self.steady is not None:  # (the once-a-second samples see counts at most this old)
