@@ -186,11 +186,8 @@ class Streams:
                     # cut short for a thread blocked on the lock, that thread takes it meanwhile
                     self._reap_unlocked(job)
                     continue
-                if self.state.lock.waiting[1]:  # a thread waits for the device: it goes first
-                    if shared:  # (streams take turns: one of them, not all)
-                        self.state.lock.let_one_in()
-                    else:
-                        self.state.lock.let_waiters_in()
+                # (a thread blocked on the lock had it handed over as it was released: this
+                # one queues behind it when it asks again, cxlhm/device/lock.py)
                 if status == ss.WIDE or (status == ss.BLOCKED and alone):  # access() splits it over passes
                     i = int(st[ss.NEXT])
                     begin = time.monotonic_ns()
@@ -218,9 +215,8 @@ class Streams:
         """Without the lock: wait for a completion of the stream's own ring (the loop found
         none in and another stream shares the device); the loop completes what this took
         when it runs next."""
-        wide = self.state.block_size >= ss.WIDE_BLOCK and job.state.max_blocks > 1
         state = job.state
-        got = loop.reap_unlocked(job.ring, state.st, state.reaped_tags, state.reaped_res, wide)
+        got = loop.reap_unlocked(job.ring, state.st, state.reaped_tags, state.reaped_res)
         if got < 0:
             raise MediaError(-got, f"io_uring reap failed: {os.strerror(-got)}")
 

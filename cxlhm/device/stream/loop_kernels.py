@@ -17,7 +17,7 @@ from cxlhm import blocktable as btm
 from cxlhm.jit import njit
 from cxlhm.device.stream.state import (
     FINISHED, BLOCKED, WRITE_BACK, REAP_UNLOCKED, DEVICE_FULL, VERIFY, SLICE, WIDE, LOG_WRITES, ISSUED, WB_FAILED,
-    VERIFY_HERE, VERIFY_ALL, REAP_AT_ONCE, SLICE_NS, SLICE_MAX_NS, NEXT, IN_FLIGHT, SLOTS, FILLS, PARKED_WBS, DONE,
+    VERIFY_HERE, VERIFY_ALL, REAP_AT_ONCE, SLICE_NS, SLICE_MAX_NS, SHARED_SLICE_NS, NEXT, IN_FLIGHT, SLOTS, FILLS, PARKED_WBS, DONE,
     FAILED, HITS, MISSES, REAPED, ERRNO, QUEUED, PEAK, WRITTEN, W_HITS, W_MISSES, N_PARKED, N_READY, WB_USED,
     WB_STAGED, WB_LANDED, WB_LOGGED, WRITTEN_LOGGED, BYPASS_CACHES, WB_FAILED_N, RING, STAGE_SHARE, STAGE_BYTES,
     WB_STAGE, WB_LAND, WB_FAIL, WIDE_BLOCK, ring_reap, monotonic_ns, copy_write_in, in_sorted, touches_writebacks,
@@ -321,8 +321,8 @@ def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs
     loop never waits for a completion with the lock held: when none is in it returns
     REAP_UNLOCKED (the driver waits on the ring without the lock, puts what it took in
     `reaped` - st[REAPED] - and runs the loop again, which completes those first), and
-    it ends its slice as soon as a thread is blocked on the lock, so each stream's
-    completions are taken while the others' I/O is at the SSD."""
+    it ends its slice once a thread is blocked on the lock and SHARED_SLICE_NS have
+    passed, so each stream's completions are taken while the others' I/O is at the SSD."""
     st, ts, reaped_tags, reaped_res, bad, submits = arrays[0], arrays[14], arrays[15], arrays[16], arrays[17], \
         arrays[18]
     tag_slots = arrays[6]
@@ -385,7 +385,7 @@ def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs
         if st[WB_FAILED_N]:
             return WB_FAILED
         now = monotonic_ns(ts)
-        if shared[0] > 1 and waiting[1] > 0:
+        if shared[0] > 1 and waiting[1] > 0 and now >= slice_end - SLICE_NS + SHARED_SLICE_NS:
             now = slice_end  # another stream waits for the lock: its completions are in
         if now >= slice_end and clock_base >= 0 and waiting[0] == 0 and now < slice_cap:
             slice_end = now + SLICE_NS  # nobody waits for the device: no driver's turn yet
