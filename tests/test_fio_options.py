@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from cxlhm_apps.fio import report
 from cxlhm_apps.fio.jobfile import build_jobs, read_sections
 from cxlhm_apps.fio.raw_engines import ENGINE_OPS, libaio_unavailable
-from cxlhm_apps.fio.runner import plan_clones, run_jobs
+from cxlhm_apps.fio.plan import plan_clones
+from cxlhm_apps.fio.runner import run_jobs
 
 
 def jobs_of(text: str):

@@ -16,7 +16,7 @@ from cxlhm_apps.fio.jobfile import JobSpec
 from firmware_policies.base import PolicyParamError
 
 if TYPE_CHECKING:
-    from cxlhm_apps.fio.runner import ClonePlan
+    from cxlhm_apps.fio.plan import ClonePlan
 
 
 def check_images_stay_the_devices(plans: list[ClonePlan]) -> None:

@@ -6,7 +6,7 @@ of a never-written, sparse region would never reach the disk); jobs run in phase
 ramp_time unrecorded, then until its runtime, byte or I/O budget ends; a writing job
 with verify then reads back and checks what it wrote.
 
-Devices (ioengine=cxlhm, cxlhm_apps/fio/devices.py) are shared by every clone whose
+Planning (clones, regions, phases, seeds) is cxlhm_apps/fio/plan.py. Devices (ioengine=cxlhm, cxlhm_apps/fio/devices.py) are shared by every clone whose
 filename is the same backing file, opened before the first phase and closed (dirty DRAM
 flushed) after the last.
 """
@@ -24,17 +24,17 @@ import numpy as np
 
 from cxlhm_apps.fio import buffers, clocks, files, fiorand, flow, minrate, pacing, schedule, steadystate
 from cxlhm_apps.fio import verify as VF
-from cxlhm_apps.fio.devices import check_images_stay_the_devices, describe_device, open_devices
+from cxlhm_apps.fio.devices import describe_device, open_devices
 from cxlhm_apps.fio.notes import notes
 from cxlhm_apps.fio.engines import DeviceShare, EngineError, IoArena, engine_of, open_engine
 from cxlhm_apps.fio.jobfile import JobSpec
 from cxlhm_apps.fio.logs import JobLogs
 from cxlhm_apps.fio.options import READ, WRITE
+from cxlhm_apps.fio.plan import ClonePlan, blockalign, loop_pass_bytes, plan_clones, seed_for, zone_file_size
 from cxlhm_apps.fio.pattern import Chunk, IoGenerator, size_choices
 from cxlhm_apps.fio.progress import Progress
 from cxlhm_apps.fio.sidework import SideWork
 from cxlhm_apps.fio.stats import SAMPLE_WINDOW_NS, JobStats
-from cxlhm_apps.fio.values import Percent
 
 # I/Os generated per chunk (bounded by memory when verifying). A chunk's reads are one
 # stream that drains at its end (~1.4 ms with no read in flight while the next chunk is
@@ -49,18 +49,6 @@ VERIFY_ARENA_BYTES = 64 << 20
 FLOW_BATCH = 64
 MAX_REPORTED_VERIFY_ERRORS = 10
 NEVER = 2**62
-
-
-@dataclasses.dataclass
-class ClonePlan:
-    job: JobSpec
-    clone: int
-    groupid: int
-    phase: int
-    filename: str
-    region_start: int
-    region_len: int
-    file_end: int  # bytes of the file this clone touches (offset + size)
 
 
 @dataclasses.dataclass
@@ -84,52 +72,6 @@ class RunResult:
         return any(c.stats.error for c in self.clones)
 
 
-# ---------------------------------------------------------------- planning
-
-def _resolve(value, total: int | None, job: JobSpec, name: str, align: int = 1) -> int:
-    if isinstance(value, Percent):
-        if not total:
-            raise job.error(name, f"{value} needs an existing file to take a share of")
-        return value.of(total, align)
-    return int(value)
-
-
-def plan_clones(jobs: list[JobSpec]) -> list[ClonePlan]:
-    plans: list[ClonePlan] = []
-    groupid, phase = 0, 0
-    for k, job in enumerate(jobs):
-        if k and (job["stonewall"] or job["new_group"]):
-            groupid += 1
-        if k and job["stonewall"]:
-            phase += 1
-        sizes = size_choices(job.values)
-        active = [sizes[d] for d in (READ, WRITE) if (job["rw"].reads, job["rw"].writes)[d]]
-        min_bs, max_bs = min(c.min for c in active), max(c.max for c in active)
-        if engine_of(job).uses_device:
-            files.check_profile(job)
-        for clone in range(job["numjobs"]):
-            filename = files.job_filename(job, clone)
-            files.check_target(job, filename)
-            existing = os.path.getsize(filename) if os.path.isfile(filename) else 0
-            known = job["filesize"] or existing  # fio: filesize is the file's size, size the I/O's
-            offset = _resolve(job["offset"], known, job, "offset", min_bs)
-            offset += clone * _resolve(job["offset_increment"], known, job, "offset_increment", min_bs)
-            if job["size"] is None:
-                if known <= offset:
-                    raise job.error("size", f"size= is needed: {filename} does not exist or is empty")
-                size = known - offset
-            else:
-                size = _resolve(job["size"], known, job, "size", min_bs)
-                if job["filesize"]:  # the I/O stays inside the file
-                    size = min(size, max(job["filesize"] - offset, 0))
-            if size < max_bs:
-                raise job.error("size", f"the region ({size} bytes) is smaller than the block size ({max_bs} bytes)")
-            end = max(offset + size, job["filesize"] or 0)
-            plans.append(ClonePlan(job, clone, groupid, phase, filename, offset, size, end))
-    check_images_stay_the_devices(plans)
-    return plans
-
-
 # ---------------------------------------------------------------- one clone
 
 class Worker:
@@ -148,7 +90,7 @@ class Worker:
         loop_bytes = None
         if not job["time_based"]:
             budget = (job["io_size"] or plan.region_len) * job["loops"]
-            loop_bytes = _loop_pass_bytes(job, plan)
+            loop_bytes = loop_pass_bytes(job, plan)
         directions = None
         if rw.mixed:  # fio's generator for the directions (its seeds: randseed and the job's number)
             repeatable = job["randrepeat"] or "randseed" in job.given
@@ -158,9 +100,9 @@ class Worker:
                                region_start=plan.region_start, region_len=plan.region_len,
                                distribution=job["random_distribution"], randommap=not job["norandommap"],
                                seed=seed, bytes_budget=budget, ios_budget=job["number_ios"],
-                               blockalign=_blockalign(job), directions=directions, loop_bytes=loop_bytes,
+                               blockalign=blockalign(job), directions=directions, loop_bytes=loop_bytes,
                                reseed_loops=bool(job["randrepeat"]),
-                               zones=((job["zonesize"], job["zonerange"], job["zoneskip"], _zone_file_size(job, plan))
+                               zones=((job["zonesize"], job["zonerange"], job["zoneskip"], zone_file_size(job, plan))
                                       if job["zonemode"] == "strided" else None))
         qd = job["iodepth"]
         # dedupe / compression: every write's bytes made for it (None: the arena's as they are)
@@ -555,44 +497,7 @@ class Worker:
             self.verify_arena.close()
 
 
-def _zone_file_size(job: JobSpec, plan: ClonePlan) -> int:
-    """Where strided zones wrap: the file's size, as fio's real_file_size (an existing file
-    larger than the job's region included; a device's image is the region's)."""
-    size = plan.file_end
-    if not engine_of(job).uses_device and os.path.isfile(plan.filename):
-        size = max(size, os.path.getsize(plan.filename))
-    return size
-
-
-def _loop_pass_bytes(job: JobSpec, plan: ClonePlan) -> int | None:
-    """The bytes after which fio starts its next `loops` pass (its do_io returns), or None
-    when the whole job is one pass. fio ends a pass once the bytes it counts as issued
-    reach `size` (`io_size` if larger, for random writes without the random map) - and
-    counts only I/Os an engine queues: a synchronous engine's completed I/Os are never
-    counted, so under psync, sync, pvsync, pvsync2 or mmap every loop runs in one pass."""
-    from cxlhm_apps.fio.raw_engines import ENGINE_OPS
-    ops = ENGINE_OPS.get(job["ioengine"])
-    if job["loops"] <= 1 or job["time_based"] or (ops is not None and ops.sync):
-        return None
-    rw = job["rw"]
-    if rw.writes and rw.random and job["norandommap"] and job["io_size"]:
-        return max(plan.region_len, job["io_size"])
-    return plan.region_len
-
-
-def _blockalign(job: JobSpec) -> int | None:
-    """The alignment of random offsets blockalign gives for the job's directions."""
-    given = [job["blockalign"][d] for d in (READ, WRITE) if (job["rw"].reads, job["rw"].writes)[d]]
-    given = [a for a in given if a]
-    return min(given) if given else None
-
-
 # ---------------------------------------------------------------- the whole run
-
-def _seed_for(job: JobSpec, clone: int) -> int:
-    base = job["randseed"] if job["randrepeat"] or "randseed" in job.given else int.from_bytes(os.urandom(4), "little")
-    return (base * 1_000_003 + job.index * 1_009 + clone) & 0x7FFFFFFF
-
 
 def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None) -> RunResult:
     """Run every job; raises JobFileError for problems found while setting up."""
@@ -618,7 +523,7 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None) -> RunRes
     try:
         for plan in plans:
             share = shares.get(os.path.realpath(plan.filename)) if engine_of(plan.job).uses_device else None
-            worker = Worker(plan, share, _seed_for(plan.job, plan.clone), thread_number=len(workers) + 1,
+            worker = Worker(plan, share, seed_for(plan.job, plan.clone), thread_number=len(workers) + 1,
                             threads=len(plans))
             workers.append(worker)
             worker.logs = JobLogs(plan.job, len(workers))  # (fio numbers the logs by clone, from 1)

@@ -1,0 +1,110 @@
+"""Planning a run: each job's clones, their files, regions and phases (fio's own layout
+rules: offset, offset_increment, size against filesize, stonewall phases), and what
+each clone's generator needs from its plan (random seed, block alignment, where a
+`loops` pass ends, where strided zones wrap)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from cxlhm_apps.fio import files
+from cxlhm_apps.fio.devices import check_images_stay_the_devices
+from cxlhm_apps.fio.engines import engine_of
+from cxlhm_apps.fio.jobfile import JobSpec
+from cxlhm_apps.fio.options import READ, WRITE
+from cxlhm_apps.fio.pattern import size_choices
+from cxlhm_apps.fio.values import Percent
+
+
+@dataclasses.dataclass
+class ClonePlan:
+    job: JobSpec
+    clone: int
+    groupid: int
+    phase: int
+    filename: str
+    region_start: int
+    region_len: int
+    file_end: int  # bytes of the file this clone touches (offset + size)
+
+
+def resolve_share(value, total: int | None, job: JobSpec, name: str, align: int = 1) -> int:
+    if isinstance(value, Percent):
+        if not total:
+            raise job.error(name, f"{value} needs an existing file to take a share of")
+        return value.of(total, align)
+    return int(value)
+
+
+def plan_clones(jobs: list[JobSpec]) -> list[ClonePlan]:
+    plans: list[ClonePlan] = []
+    groupid, phase = 0, 0
+    for k, job in enumerate(jobs):
+        if k and (job["stonewall"] or job["new_group"]):
+            groupid += 1
+        if k and job["stonewall"]:
+            phase += 1
+        sizes = size_choices(job.values)
+        active = [sizes[d] for d in (READ, WRITE) if (job["rw"].reads, job["rw"].writes)[d]]
+        min_bs, max_bs = min(c.min for c in active), max(c.max for c in active)
+        if engine_of(job).uses_device:
+            files.check_profile(job)
+        for clone in range(job["numjobs"]):
+            filename = files.job_filename(job, clone)
+            files.check_target(job, filename)
+            existing = os.path.getsize(filename) if os.path.isfile(filename) else 0
+            known = job["filesize"] or existing  # fio: filesize is the file's size, size the I/O's
+            offset = resolve_share(job["offset"], known, job, "offset", min_bs)
+            offset += clone * resolve_share(job["offset_increment"], known, job, "offset_increment", min_bs)
+            if job["size"] is None:
+                if known <= offset:
+                    raise job.error("size", f"size= is needed: {filename} does not exist or is empty")
+                size = known - offset
+            else:
+                size = resolve_share(job["size"], known, job, "size", min_bs)
+                if job["filesize"]:  # the I/O stays inside the file
+                    size = min(size, max(job["filesize"] - offset, 0))
+            if size < max_bs:
+                raise job.error("size", f"the region ({size} bytes) is smaller than the block size ({max_bs} bytes)")
+            end = max(offset + size, job["filesize"] or 0)
+            plans.append(ClonePlan(job, clone, groupid, phase, filename, offset, size, end))
+    check_images_stay_the_devices(plans)
+    return plans
+
+
+def zone_file_size(job: JobSpec, plan: ClonePlan) -> int:
+    """Where strided zones wrap: the file's size, as fio's real_file_size (an existing file
+    larger than the job's region included; a device's image is the region's)."""
+    size = plan.file_end
+    if not engine_of(job).uses_device and os.path.isfile(plan.filename):
+        size = max(size, os.path.getsize(plan.filename))
+    return size
+
+
+def loop_pass_bytes(job: JobSpec, plan: ClonePlan) -> int | None:
+    """The bytes after which fio starts its next `loops` pass (its do_io returns), or None
+    when the whole job is one pass. fio ends a pass once the bytes it counts as issued
+    reach `size` (`io_size` if larger, for random writes without the random map) - and
+    counts only I/Os an engine queues: a synchronous engine's completed I/Os are never
+    counted, so under psync, sync, pvsync, pvsync2 or mmap every loop runs in one pass."""
+    from cxlhm_apps.fio.raw_engines import ENGINE_OPS
+    ops = ENGINE_OPS.get(job["ioengine"])
+    if job["loops"] <= 1 or job["time_based"] or (ops is not None and ops.sync):
+        return None
+    rw = job["rw"]
+    if rw.writes and rw.random and job["norandommap"] and job["io_size"]:
+        return max(plan.region_len, job["io_size"])
+    return plan.region_len
+
+
+def blockalign(job: JobSpec) -> int | None:
+    """The alignment of random offsets blockalign gives for the job's directions."""
+    given = [job["blockalign"][d] for d in (READ, WRITE) if (job["rw"].reads, job["rw"].writes)[d]]
+    given = [a for a in given if a]
+    return min(given) if given else None
+
+
+
+def seed_for(job: JobSpec, clone: int) -> int:
+    base = job["randseed"] if job["randrepeat"] or "randseed" in job.given else int.from_bytes(os.urandom(4), "little")
+    return (base * 1_000_003 + job.index * 1_009 + clone) & 0x7FFFFFFF
