@@ -253,3 +253,26 @@ def test_flow_allowance_is_fios_check_before_each_io_counted_ahead(mine, others,
     if count and mine * total > weight * count:
         return  # ahead: wait_turn sleeps instead of asking
     assert got == max(1, j)
+
+
+def test_invalidate_drops_each_file_jobs_region_from_the_page_cache_as_fio_does(tmp_path, monkeypatch):
+    """fio's invalidate (on by default): a buffered job's reads come from the disk, not
+    from pages a layout or an earlier job left cached; invalidate=0 keeps them, and the
+    device (no host page cache) is never asked."""
+    dropped = []
+    real = os.posix_fadvise
+
+    def recording(fd, offset, length, advice):
+        if advice == os.POSIX_FADV_DONTNEED and length:  # (the layout drops the whole file: length 0)
+            dropped.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length))
+        return real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", recording)
+    path = tmp_path / "f"
+    run(f"[global]\nfilename={path}\nsize=256k\nbs=4k\n[a]\nrw=randread\noffset=64k\nsize=128k\n"
+        "[b]\nstonewall\nrw=read\ninvalidate=0\n[c]\nstonewall\nrw=read\nnumjobs=2\noffset_increment=64k\nsize=64k\n")
+    assert dropped[0] == (str(path), 64 << 10, 128 << 10)  # job a; b keeps the cache; c's clones each their own
+    assert sorted(dropped[1:]) == [(str(path), 0, 64 << 10), (str(path), 64 << 10, 64 << 10)]
+    dropped.clear()
+    run(f"[j]\nfilename={tmp_path / 'img'}\nioengine=cxlhm\ncxlhm_dram=4m\nsize=1m\nrw=read\n")
+    assert not [d for d in dropped if d[0] == str(tmp_path / "img")]

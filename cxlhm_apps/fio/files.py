@@ -151,3 +151,14 @@ def lay_out(path: str, start: int, end: int, log=print) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # later O_DIRECT reads must hit the disk
     finally:
         os.close(fd)
+
+
+def drop_cached(path: str, offset: int, length: int) -> None:
+    """fio's `invalidate`: drop the page cache's clean pages of [offset, offset+length) of
+    the file, so a buffered job reads from the disk as fio's does (dirty pages stay: the
+    kernel writes them back first, as under fio)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)

@@ -59,7 +59,6 @@ NOT_MODELLED_WHY: dict[str, str] = {
     "disable_clat": "disabling latency collection is not modelled",
     "disable_slat": "disabling latency collection is not modelled",
     "block_error_percentiles": "block error percentiles need trim/error counters not modelled",
-    "invalidate": "invalidate (dropping the page cache before a job) is not modelled",
     "create_on_open": "create_on_open is not modelled", "create_serialize": "create_serialize is not modelled",
     "allow_file_create": "allow_file_create is not modelled", "unlink": "unlink is not modelled",
     "log_offset": "log_offset is not modelled (logs carry time, value, direction, size)",

@@ -288,6 +288,11 @@ OPTIONS: tuple[Option, ...] = (
            group="target"),
     Option("buffered", "bool", _bool, True, "the inverse of direct (the later of the two written wins)",
            group="target"),
+    Option("invalidate", "bool", _bool, True,
+           "drop the page cache of the job's region of its file before the job starts, as fio does by "
+           "default (buffered reads then come from the disk, not from pages a layout or an earlier job "
+           "left cached); 0 keeps them. The device (ioengine=cxlhm) has no host page cache",
+           group="target"),
     Option("thread", "bool", _bool, False,
            "jobs as threads instead of processes; every job runs in a thread of this process either way",
            aliases=("threads",), flag=True, group="target"),

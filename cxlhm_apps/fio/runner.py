@@ -233,6 +233,8 @@ class Worker:
 
     def _run(self) -> None:
         job, engine = self.job, self.engine
+        if job["invalidate"] and not engine_of(job).uses_device:
+            files.drop_cached(self.plan.filename, self.plan.region_start, self.plan.region_len)
         rw = job["rw"]
         self.state = "m" if rw.mixed else ("w" if rw.writes else "r")
         self._wall_start = time.monotonic_ns()
