@@ -49,12 +49,18 @@ class TestPosixaioEngine(IOEngineConformance):
     engine = "posixaio"
 
 
+CMDPRIO_VALUES = {"cmdprio_percentage": "20,30", "cmdprio_class": "2", "cmdprio": "3",
+                  "cmdprio_bssplit": "64k/25/1/1:64k/75/3/2,4k/10", "prioclass": "3", "prio": "4"}
+
+
 class TestLibaioEngine(IOEngineConformance):
     engine = "libaio"
+    option_values = CMDPRIO_VALUES
 
 
 class TestIoUringEngine(IOEngineConformance):
     engine = "io_uring"
+    option_values = CMDPRIO_VALUES
 
 
 def parse(text: str):

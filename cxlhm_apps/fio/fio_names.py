@@ -16,9 +16,8 @@ NOT_MODELLED_WHY: dict[str, str] = {
     **{name: f"NVMe passthrough / protection information: {_HARDWARE}" for name in (
         "cmd_type", "pi_chk", "pi_act", "apptag", "apptag_mask", "md_per_io_size", "fdp", "fdp_pli",
         "write_mode", "num_range", "readfua", "writefua", "atomic")},
-    **{name: "command priorities (an ioprio per I/O on libaio/io_uring, and fio's latency per priority) are "
-           "not applied by the file engines here" for name in (
-        "cmdprio", "cmdprio_percentage", "cmdprio_bssplit", "cmdprio_class", "prioclass", "prio", "log_prio")},
+    # (cmdprio*, prioclass, prio: options of ioengine=libaio and io_uring, cmdprio.py)
+    "log_prio": "the priority column of latency logs is not modelled (per-priority latencies are in the report)",
     # engines that are not modelled
     **{name: _ENGINE for name in (
         "sg_write_mode", "hostname", "port", "protocol", "listen", "pingpong", "https", "http_verbose",

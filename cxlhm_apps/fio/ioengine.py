@@ -63,6 +63,7 @@ class Completed:
     depth: int  # I/Os in flight while these ran
     submits: np.ndarray  # fio's submit-size buckets (7 counts)
     cache: np.ndarray  # [direction][hit, miss] device-block counts (zeros: no cache)
+    prio: np.ndarray | None = None  # per I/O its priority tag (cmdprio.py: index << 16 | ioprio); None: no priorities
 
 
 @dataclasses.dataclass(frozen=True)

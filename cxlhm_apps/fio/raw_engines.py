@@ -18,6 +18,11 @@ What differs from fio, and why:
   `iodepth` threads do the same directly.
 - io_uring: the project's native closed loop (one ring per clone, `iodepth` SQEs in
   flight), the same loop the device's SSD path uses.
+- Command priorities (cmdprio.py): libaio sets each I/O's priority in aio_reqprio with
+  IOCB_FLAG_IOPRIO, as fio. io_uring chooses and reports them the same way, but the
+  native loop's struct cxlhm_io has no priority field, so its SQEs go out with ioprio 0
+  (the kernel does not see the priority; the per-priority latencies are of the I/Os
+  that would carry it).
 """
 from __future__ import annotations
 
@@ -32,6 +37,8 @@ import numpy as np
 
 from cxlhm_apps.fio import options as O
 from cxlhm_apps.fio import values as V
+from cxlhm_apps.fio.cmdprio import OPTIONS as CMDPRIO_OPTIONS
+from cxlhm_apps.fio.cmdprio import CmdPrio, cmdprio_for
 from cxlhm_apps.fio.ioengine import IOENGINE_VERSION, Completed, EngineFlags, EngineJob, IOEngineOps
 from cxlhm_apps.fio.stats import submit_bucket
 
@@ -66,10 +73,14 @@ class RawEngine:
     def drain(self) -> int:
         return time.monotonic_ns()
 
+    cmdprio: CmdPrio | None = None  # libaio/io_uring: the job's command priorities (set by the opener)
+    _tags: np.ndarray | None = None  # the chunk's priority tags while it runs
+
     def execute(self, chunk, arena, deadline_ns: int, *, keep_read_data: bool) -> Completed:
+        self._tags = self.cmdprio.tags(chunk.direction, chunk.size) if self.cmdprio is not None else None
         count, clat, submits = self._run(chunk, arena, deadline_ns)
         return Completed(count, None, clat, time.monotonic_ns(), min(self.iodepth, max(count, 1)), submits,
-                         np.zeros((2, 2), np.int64))
+                         np.zeros((2, 2), np.int64), None if self._tags is None else self._tags[:count])
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -234,6 +245,7 @@ class PosixaioEngine(RawEngine):
 # and aarch64 share the layout; the numbers differ).
 _AIO_SYSCALLS = {"x86_64": (206, 207, 208, 209), "aarch64": (0, 1, 4, 2)}
 IOCB_CMD_PREAD, IOCB_CMD_PWRITE = 0, 1
+IOCB_FLAG_IOPRIO = 1 << 1  # aio_reqprio carries the I/O's priority (Linux 5.0+)
 
 
 class _Iocb(ctypes.Structure):
@@ -295,6 +307,7 @@ class LibaioEngine(RawEngine):
         next_i, inflight, done = 0, 0, 0
         ptrs = (ctypes.POINTER(_Iocb) * self.iodepth)()
         failure = None
+        ioprio = (self._tags & 0xFFFF).tolist() if self._tags is not None else None
         while done < next_i or (next_i < n and failure is None):
             stop = failure is not None or time.monotonic_ns() >= deadline_ns
             k, batch = 0, []
@@ -304,6 +317,9 @@ class LibaioEngine(RawEngine):
                 cb.aio_data, cb.aio_fildes = s, self.fd
                 cb.aio_lio_opcode = IOCB_CMD_PWRITE if dirs[next_i] else IOCB_CMD_PREAD
                 cb.aio_buf, cb.aio_nbytes, cb.aio_offset = addrs[next_i], sizes[next_i], offsets[next_i]
+                if ioprio is not None:  # (as fio's libaio: IOCB_FLAG_IOPRIO with the priority in aio_reqprio)
+                    cb.aio_reqprio = ioprio[next_i]
+                    cb.aio_flags = IOCB_FLAG_IOPRIO if ioprio[next_i] else 0
                 ptrs[k] = ctypes.pointer(cb)
                 slot_io[s] = next_i
                 batch.append(next_i)
@@ -419,14 +435,21 @@ def _opener(name: str, cls: type[RawEngine]):
     """ops.open for one of these engines: the clone opens the file itself."""
     def open_(job: EngineJob) -> RawEngine:
         try:
-            return cls(job.filename, job.file_end, job.iodepth, direct=job.direct, writes=job.writes,
-                       values=job.options)
+            engine = cls(job.filename, job.file_end, job.iodepth, direct=job.direct, writes=job.writes,
+                         values=job.options)
         except OSError as exc:
             option = "direct" if exc.errno == errno.EINVAL and job.direct else "filename"
             hint = " (the file system does not support O_DIRECT; set direct=0 or use a disk-backed path)" \
                 if option == "direct" else ""
             raise job.error(option, f"ioengine={name}: cannot open {job.filename}: {exc.strerror or exc}{hint}") \
                 from None
+        if any(opt.name == "cmdprio_percentage" for opt in ENGINE_OPS[name].options):
+            try:
+                engine.cmdprio = cmdprio_for(job.options, job.clone)
+            except ValueError as exc:
+                engine.close()
+                raise job.error("cmdprio_bssplit", str(exc)) from None
+        return engine
     return open_
 
 
@@ -467,9 +490,9 @@ PVSYNC2 = _ops("pvsync2", Pvsync2Engine, "preadv2(2)/pwritev2(2), one I/O at a t
 MMAP = _ops("mmap", MmapEngine, "copies to and from the file mapped shared (buffered only)")
 POSIXAIO = _ops("posixaio", PosixaioEngine, "POSIX AIO: iodepth I/Os in flight on helper threads")
 LIBAIO = _ops("libaio", LibaioEngine, "Linux native AIO (io_submit): iodepth I/Os in flight", refused=_LIBAIO_REFUSED,
-              unavailable=libaio_unavailable)
+              unavailable=libaio_unavailable, options=CMDPRIO_OPTIONS)
 IO_URING = _ops("io_uring", IoUringRawEngine, "io_uring: iodepth I/Os in flight (native loop)",
-                refused=_IO_URING_REFUSED)
+                refused=_IO_URING_REFUSED, options=CMDPRIO_OPTIONS)
 
 # fio's own engines on a plain file, by name (each registered in ioengine.ENGINES)
 ENGINE_OPS: dict[str, IOEngineOps] = {ops.name: ops for ops in (PSYNC, SYNC, PVSYNC, PVSYNC2, MMAP, POSIXAIO, LIBAIO,

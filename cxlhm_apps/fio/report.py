@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from cxlhm_apps.fio import options as O
+from cxlhm_apps.fio.cmdprio import split_tag
 from cxlhm_apps.fio.options import READ, WRITE
 from cxlhm_apps.fio.runner import CloneResult, RunResult
 from cxlhm_apps.fio.stats import (
@@ -122,6 +123,13 @@ def _dir_json(d: DirStats, group_agg: int, plist, job, *, bins: bool) -> dict:
         "clat_ns": _lat_json(d.clat, plist, bins=bins, percentiles=job["clat_percentiles"]),
         "lat_ns": _lat_json(d.lat, plist, bins=bins, percentiles=job["lat_percentiles"]),
     }
+    if sum(1 for stat in d.prios.values() if stat.n) >= 2:  # (fio: only with two priorities or more)
+        which = "lat_ns" if job["lat_percentiles"] else "clat_ns"
+        out["prios"] = [{"prioclass": klass, "prio": level,
+                         which: _lat_json(stat, plist, bins=bins,
+                                          percentiles=job["clat_percentiles"] or job["lat_percentiles"])}
+                        for (_index, klass, level), stat in sorted((split_tag(t), s) for t, s in d.prios.items())
+                        if stat.n]
     bmin, bmax, bmean, bdev, bn = d.bw.summary()
     agg_pct = min(100.0, bmean * 100.0 / (group_agg / 1024.0)) if group_agg > 1024 and bn else (100.0 if bn else 0.0)
     imin, imax, imean, idev, inn = d.iops.summary()

@@ -389,7 +389,9 @@ class Worker:
             self._window[2][d] += nios
             if measuring:
                 slat = done.slat[mask] if done.slat is not None else None  # (copies: the side thread's own)
-                self._side.submit(stats.record, d, nbytes, nios, slat, done.clat[mask], None)
+                prio = getattr(done, "prio", None)  # (an engine's command priorities, cmdprio.py)
+                self._side.submit(stats.record, d, nbytes, nios, slat, done.clat[mask], None,
+                                  None if prio is None else prio[mask])
                 stats.dirs[d].cache_hits += int(done.cache[d][0])
                 stats.dirs[d].cache_misses += int(done.cache[d][1])
         if measuring:

@@ -203,6 +203,7 @@ class DirStats:
     cache_hits: int = 0  # device-block hits/misses seen by this direction (cxlhm engine)
     cache_misses: int = 0
     slat_measured: bool = True
+    prios: dict[int, LatencyStat] = dataclasses.field(default_factory=dict)  # priority tag -> clat (cmdprio.py)
 
     def merge(self, other: "DirStats") -> None:
         self.ios += other.ios
@@ -217,6 +218,8 @@ class DirStats:
         self.cache_hits += other.cache_hits
         self.cache_misses += other.cache_misses
         self.slat_measured = self.slat_measured and other.slat_measured
+        for tag, stat in other.prios.items():
+            self.prios.setdefault(tag, LatencyStat()).merge(stat)
 
     @property
     def cachehit_percent(self) -> float | None:
@@ -251,8 +254,10 @@ class JobStats:
     cpu_wall_s: float = 0.0  # wall seconds the CPU figures are shares of (0: run_ms)
     iodepth: int = 1
 
-    def record(self, direction: int, nbytes: int, ios: int, slat_ns, clat_ns, depth: int | None) -> None:
-        """Account `ios` completed I/Os of one direction (vectorised latencies)."""
+    def record(self, direction: int, nbytes: int, ios: int, slat_ns, clat_ns, depth: int | None,
+               prio_tags=None) -> None:
+        """Account `ios` completed I/Os of one direction (vectorised latencies; `prio_tags`:
+        each I/O's priority tag, whose completion latencies fio also keeps per priority)."""
         d = self.dirs[direction]
         d.ios += ios
         d.bytes += nbytes
@@ -264,6 +269,10 @@ class JobStats:
         else:
             d.lat.add(clat)
         d.clat.add(clat)
+        if prio_tags is not None:
+            tags = np.asarray(prio_tags, np.int64)
+            for tag in np.unique(tags).tolist():
+                d.prios.setdefault(tag, LatencyStat()).add(clat[tags == tag])
         n, u, m = _bucket_counts(clat)
         self.lat_n += n
         self.lat_u += u

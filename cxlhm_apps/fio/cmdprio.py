@@ -1,0 +1,183 @@
+"""fio's command priorities on libaio and io_uring: `cmdprio_percentage`, `cmdprio_class`,
+`cmdprio`, `cmdprio_bssplit`, with the job's default priority `prioclass` / `prio`.
+
+An I/O priority (Linux ioprio) is a class (1 realtime, 2 best effort, 3 idle) and a level
+(0-7), one 16-bit value `class << 13 | level`. As fio's engines/cmdprio.c:
+- cmdprio_percentage=P (per direction, "r,w"): each I/O draws 0-99; below P it carries
+  ioprio(cmdprio_class, cmdprio) (class defaults to 1, realtime; level to 0);
+- cmdprio_bssplit=BS/PCT[/CLASS/LEVEL]:... (per direction): an I/O of block size BS draws
+  0-99 and takes the entry whose running sum of percentages of that size first exceeds
+  the draw; an entry without CLASS/LEVEL takes cmdprio_class/cmdprio;
+- any other I/O carries the job's default priority, ioprio(prioclass, prio) (0: none).
+
+Completion latencies are kept per priority: the job's default first, then each distinct
+priority of the direction's entries in the order given (fio's clat_prio index). Each I/O
+is tagged with `index << 16 | ioprio` so the statistics keep fio's order (stats.py).
+The draw uses the job's own seeded generator, not fio's: the same share of I/Os, not the
+same ones.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from cxlhm_apps.fio import values as V
+from cxlhm_apps.fio.options import Option
+
+IOPRIO_CLASS_SHIFT = 13
+PRIO_INDEX_SHIFT = 16  # a tag's bits above the ioprio: its index in the direction's priority list
+DEFAULT_CLASS = 1  # fio's cmdprio_class default: realtime
+
+
+def ioprio_value(klass: int, level: int) -> int:
+    return (klass << IOPRIO_CLASS_SHIFT) | level
+
+
+def _pair(lo: int, hi: int, what: str):
+    """A per-direction integer ("r,w"; one value is both) within lo..hi."""
+    def parse(text: str, kb_base: int) -> tuple[int | None, int | None]:
+        out = []
+        for part in V.split_directions(text)[:2]:
+            if part is None:
+                out.append(None)
+                continue
+            n = V.parse_int(part)
+            if not lo <= n <= hi:
+                raise ValueError(f"{what} must be from {lo} to {hi}, got {part!r}")
+            out.append(n)
+        return out[0], out[1]
+    return parse
+
+
+BsEntry = tuple[int, int, int | None]  # block size, percentage, ioprio (None: cmdprio_class/cmdprio)
+
+
+def _bssplit_dir(text: str, kb_base: int) -> tuple[BsEntry, ...]:
+    entries = []
+    for item in text.split(":"):
+        fields = [f.strip() for f in item.split("/")]
+        if len(fields) == 5:
+            raise ValueError(f"{item!r}: a fifth field is a priority hint (Command Duration Limits), which needs "
+                             "a drive that supports CDL; give BS/PERCENT or BS/PERCENT/CLASS/LEVEL")
+        if len(fields) not in (2, 4) or not all(fields):
+            raise ValueError(f"{item!r}: expected BS/PERCENT or BS/PERCENT/CLASS/LEVEL")
+        bs = V.parse_size(fields[0], kb_base=kb_base)
+        pct = V.parse_int(fields[1])
+        if bs <= 0 or not 0 <= pct <= 100:
+            raise ValueError(f"{item!r}: the block size must be positive and the percentage 0-100")
+        prio = None
+        if len(fields) == 4:
+            klass, level = V.parse_int(fields[2]), V.parse_int(fields[3])
+            if not 1 <= klass <= 3 or not 0 <= level <= 7:
+                raise ValueError(f"{item!r}: the class must be 1-3 and the level 0-7")
+            prio = ioprio_value(klass, level)
+        entries.append((bs, pct, prio))
+    for bs in {e[0] for e in entries}:
+        total = sum(e[1] for e in entries if e[0] == bs)
+        if total > 100:
+            raise ValueError(f"the percentages for block size {bs} add up to {total}, more than 100")
+    return tuple(entries)
+
+
+def parse_cmdprio_bssplit(text: str, kb_base: int):
+    out = []
+    for part in V.split_directions(text)[:2]:
+        out.append(None if part is None else _bssplit_dir(part, kb_base))
+    return out[0], out[1]
+
+
+OPTIONS = (
+    Option("cmdprio_percentage", "int", _pair(0, 100, "a percentage"), (None, None),
+           "ioengine=libaio/io_uring: share of I/Os (per direction) issued with priority cmdprio_class/cmdprio",
+           group="engine"),
+    Option("cmdprio_class", "int", _pair(1, 3, "an I/O priority class"), (None, None),
+           "ioengine=libaio/io_uring: class of the prioritised I/Os (1 realtime, 2 best effort, 3 idle)",
+           group="engine"),
+    Option("cmdprio", "int", _pair(0, 7, "an I/O priority level"), (None, None),
+           "ioengine=libaio/io_uring: level (0-7) of the prioritised I/Os", group="engine"),
+    Option("cmdprio_bssplit", "str", parse_cmdprio_bssplit, (None, None),
+           "ioengine=libaio/io_uring: priority share per block size, BS/PCT[/CLASS/LEVEL]:...", group="engine"),
+    Option("prioclass", "int", lambda t, kb: _range(t, 0, 3, "prioclass"), None,
+           "ioengine=libaio/io_uring: the job's default I/O priority class", group="engine"),
+    Option("prio", "int", lambda t, kb: _range(t, 0, 7, "prio"), None,
+           "ioengine=libaio/io_uring: the job's default I/O priority level", group="engine"),
+)
+
+
+def _range(text: str, lo: int, hi: int, what: str) -> int:
+    n = V.parse_int(text)
+    if not lo <= n <= hi:
+        raise ValueError(f"{what} must be from {lo} to {hi}, got {text!r}")
+    return n
+
+
+@dataclasses.dataclass
+class _Dir:
+    prios: list[int]  # index -> ioprio; index 0 is the job's default
+    percent: int = 0  # percentage mode: the share, tagged with prios[1]
+    by_bs: dict[int, list[tuple[int, int]]] = dataclasses.field(default_factory=dict)  # bs -> [(cum pct, index)]
+
+
+class CmdPrio:
+    """Which priority each I/O of a job carries (see the module doc)."""
+
+    def __init__(self, values, seed: int):
+        get = lambda name: values.get(name) or (None, None)  # noqa: E731
+        pct, classes, levels, split = get("cmdprio_percentage"), get("cmdprio_class"), get("cmdprio"), \
+            get("cmdprio_bssplit")
+        if any(p is not None for p in pct) and any(s is not None for s in split):
+            raise ValueError("cmdprio_percentage and cmdprio_bssplit are exclusive (as in fio)")
+        pclass, plevel = values.get("prioclass"), values.get("prio")
+        self.default = ioprio_value(pclass or 0, plevel or 0) if (pclass or plevel) else 0
+        self.active = any(p for p in pct if p) or any(s is not None for s in split)
+        self._rng = np.random.default_rng(seed)
+        self._dirs = []
+        for d in (0, 1):
+            prios = [self.default]
+            implicit = ioprio_value(classes[d] or DEFAULT_CLASS, levels[d] or 0)
+
+            def index(p: int) -> int:
+                if p not in prios:
+                    prios.append(p)
+                return prios.index(p)
+            dir_ = _Dir(prios)
+            if pct[d]:
+                dir_.percent = pct[d]
+                index(implicit)
+            for bs, share, prio in split[d] or ():
+                cum = dir_.by_bs.setdefault(bs, [])
+                cum.append(((cum[-1][0] if cum else 0) + share, index(implicit if prio is None else prio)))
+            self._dirs.append(dir_)
+
+    def tags(self, direction: np.ndarray, size: np.ndarray) -> np.ndarray:
+        """Per I/O: `index << 16 | ioprio` (index 0: the job's default priority)."""
+        n = direction.shape[0]
+        draw = self._rng.integers(0, 100, n)
+        index = np.zeros(n, np.int64)
+        for d, dir_ in enumerate(self._dirs):
+            mine = direction == d
+            if dir_.percent:
+                index[mine & (draw < dir_.percent)] = 1
+            for bs, cum in dir_.by_bs.items():
+                this = mine & (size == bs)
+                lower = 0
+                for upper, i in cum:
+                    index[this & (draw >= lower) & (draw < upper)] = i
+                    lower = upper
+        prio_of = np.zeros((2, max(len(d.prios) for d in self._dirs)), np.int64)
+        for d, dir_ in enumerate(self._dirs):
+            prio_of[d, :len(dir_.prios)] = dir_.prios
+        return (index << PRIO_INDEX_SHIFT) | prio_of[direction.astype(np.int64), index]
+
+
+def cmdprio_for(values, clone: int) -> CmdPrio | None:
+    """The job's priorities, or None when it sets none."""
+    prio = CmdPrio(values, seed=(int(values.get("randseed") or 0x89) * 1000003 + clone) & 0xFFFFFFFF)
+    return prio if prio.active or prio.default else None
+
+
+def split_tag(tag: int) -> tuple[int, int, int]:
+    """(index, class, level) of a tag."""
+    ioprio = tag & ((1 << PRIO_INDEX_SHIFT) - 1)
+    return tag >> PRIO_INDEX_SHIFT, ioprio >> IOPRIO_CLASS_SHIFT, ioprio & 7

@@ -1,0 +1,173 @@
+"""fio's command priorities (cmdprio_percentage / cmdprio_class / cmdprio / cmdprio_bssplit,
+prioclass / prio) on libaio and io_uring: which I/Os carry a priority, that libaio hands it
+to the kernel, and the per-priority latencies in fio 3.33's JSON shape."""
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from cxlhm_apps.fio.cmdprio import CmdPrio, ioprio_value, parse_cmdprio_bssplit, split_tag
+from cxlhm_apps.fio.engines import IoArena
+from cxlhm_apps.fio.pattern import Chunk
+from cxlhm_apps.fio.raw_engines import LibaioEngine, RawEngineError, libaio_unavailable
+from cxlhm_apps.fio.testing import IOEngineConformance
+
+K = 1024
+# What fio 3.33 writes per priority (from a run of cmdprio-percentage.fio on a plain file:
+# `fio --output-format=json`): a "prios" list in each direction with two priorities or more
+# that have samples, each entry these keys, its latency object fio's clat_ns keys.
+FIO_PRIO_KEYS = ["prioclass", "prio", "clat_ns"]
+FIO_LAT_KEYS = ["min", "max", "mean", "stddev", "N", "percentile"]
+
+
+def _tags(prio: CmdPrio, dirs, sizes):
+    return prio.tags(np.asarray(dirs, np.int8), np.asarray(sizes, np.int64))
+
+
+def test_percentage_marks_that_share_with_the_class_and_level_and_the_rest_the_default():
+    values = {"cmdprio_percentage": (20, 20), "cmdprio_class": (None, None), "cmdprio": (None, None),
+              "cmdprio_bssplit": (None, None), "prioclass": 3, "prio": None}
+    n = 200_000
+    tags = _tags(CmdPrio(values, seed=7), np.zeros(n), np.full(n, 4096))
+    parts = [split_tag(t) for t in tags[:5].tolist()]
+    assert all(p in ((0, 3, 0), (1, 1, 0)) for p in parts)  # default prioclass=3 first, then realtime (class 1)
+    share = float(np.mean((tags >> 16) == 1))
+    assert 0.19 < share < 0.21
+
+
+def test_bssplit_marks_only_its_block_sizes_with_each_entrys_priority_in_fios_order():
+    read, write = parse_cmdprio_bssplit("64k/25/1/1:64k/75/3/2:1024k/0,1024k/0", 1024)
+    values = {"cmdprio_percentage": (None, None), "cmdprio_class": (None, None), "cmdprio": (None, None),
+              "cmdprio_bssplit": (read, write), "prioclass": 2, "prio": 7}
+    n = 100_000
+    rng = np.random.default_rng(1)
+    dirs = rng.integers(0, 2, n)
+    sizes = np.where(rng.integers(0, 2, n) == 1, 64 * K, 1024 * K)
+    tags = _tags(CmdPrio(values, seed=3), dirs, sizes)
+    index = tags >> 16
+    assert set(index[(dirs == 1) | (sizes == 1024 * K)].tolist()) == {0}  # 1M and writes: 0% -> the default
+    small_reads = index[(dirs == 0) & (sizes == 64 * K)]
+    assert set(small_reads.tolist()) == {1, 2}  # 25% + 75% = every 64k read
+    assert 0.24 < float(np.mean(small_reads == 1)) < 0.26
+    assert {split_tag(t)[1:] for t in tags.tolist()} == {(2, 7), (1, 1), (3, 2)}
+    assert split_tag(int(tags[index == 0][0]))[1:] == (2, 7)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([4, 8, 64]), st.integers(0, 40), st.integers(1, 3), st.integers(0, 7)),
+                min_size=1, max_size=4))
+def test_bssplit_entries_take_their_share_and_other_sizes_none(entries):
+    assume(all(sum(p for b, p, _, _ in entries if b == bs) <= 100 for bs in (4, 8, 64)))
+    text = ":".join(f"{bs}k/{pct}/{c}/{lvl}" for bs, pct, c, lvl in entries)
+    read, _ = parse_cmdprio_bssplit(text + ",", 1024)
+    values = {"cmdprio_bssplit": (read, None)}
+    n = 20_000
+    sizes = np.random.default_rng(0).choice([4 * K, 8 * K, 64 * K, 128 * K], n)
+    tags = _tags(CmdPrio(values, seed=5), np.zeros(n), sizes)
+    assert not (tags[sizes == 128 * K]).any()  # a size with no entry keeps the default (none)
+    for bs in (4, 8, 64):
+        total = sum(p for b, p, _, _ in entries if b == bs)
+        mine = tags[sizes == bs * K]
+        if mine.size > 500:
+            assert abs(float(np.mean((mine >> 16) != 0)) - total / 100) < 0.06
+        allowed = {ioprio_value(c, lvl) for b, _, c, lvl in entries if b == bs} | {0}
+        assert set((mine & 0xFFFF).tolist()) <= allowed
+
+
+@pytest.mark.parametrize("text, says", [
+    ("1M/10/2/0/1", "priority hint"), ("64k/60:64k/50", "more than 100"), ("64k/10/4/0", "class must be 1-3"),
+    ("64k", "expected BS/PERCENT"),
+])
+def test_bad_cmdprio_bssplit_says_what_is_accepted(text, says):
+    with pytest.raises(ValueError, match=says):
+        parse_cmdprio_bssplit(text, 1024)
+
+
+@pytest.mark.skipif(libaio_unavailable() is not None, reason="no Linux native AIO here")
+def test_libaio_hands_the_priority_to_the_kernel(tmp_path):
+    """An invalid priority class (7) is refused by io_submit with EINVAL only when
+    IOCB_FLAG_IOPRIO carries it: the flag and aio_reqprio reach the kernel."""
+    path = tmp_path / "f"
+    path.write_bytes(b"\0" * (1 << 20))
+    engine = LibaioEngine(str(path), 1 << 20, 4, direct=False, writes=False, values={})
+    arena = IoArena(4, 4096)
+    chunk = Chunk(np.zeros(4, np.int8), np.arange(4, dtype=np.int64) * 4096, np.full(4, 4096, np.int64),
+                  np.arange(4, dtype=np.int64))
+
+    class Fixed:
+        def __init__(self, ioprio):
+            self.ioprio = ioprio
+
+        def tags(self, direction, size):
+            return np.full(direction.shape[0], self.ioprio, np.int64)
+    try:
+        engine.cmdprio = Fixed(ioprio_value(1, 0))
+        assert engine.execute(chunk, arena, 1 << 62, keep_read_data=False).count == 4
+        engine.cmdprio = Fixed(7 << 13)
+        with pytest.raises(RawEngineError) as err:
+            engine.execute(chunk, arena, 1 << 62, keep_read_data=False)
+        assert err.value.errno == errno.EINVAL
+    finally:
+        engine.close()
+
+
+JOB = """[global]
+filename={path}
+size=8m
+direct=0
+time_based
+runtime=300ms
+[randread]
+rw=randread
+bs=4k
+ioengine={engine}
+iodepth=8
+prioclass=3
+cmdprio_percentage=20
+cmdprio_class=1
+"""
+
+
+def _job(tmp_path, engine):
+    job = tmp_path / f"{engine}.fio"
+    job.write_text(JOB.format(path=tmp_path / "data", engine=engine))
+    return job
+
+
+def _run(cmd, tmp_path, engine):
+    job = _job(tmp_path, engine)
+    out = subprocess.run([*cmd, "--output-format=json", str(job)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout[out.stdout.index("{"):])
+
+
+def _check_fio_shape(report):
+    read, write = report["jobs"][0]["read"], report["jobs"][0]["write"]
+    assert "prios" not in write  # no writes: fewer than two priorities with samples
+    prios = read["prios"]
+    assert [(p["prioclass"], p["prio"]) for p in prios] == [(3, 0), (1, 0)]  # the default first
+    for p in prios:
+        assert list(p) == FIO_PRIO_KEYS
+        assert list(p["clat_ns"]) == FIO_LAT_KEYS
+    assert sum(p["clat_ns"]["N"] for p in prios) == read["total_ios"]
+    keys = list(read)
+    assert keys.index("lat_ns") + 1 == keys.index("prios")  # where fio puts it
+
+
+@pytest.mark.parametrize("engine", ["libaio", "io_uring"])
+def test_cxlhm_writes_fios_per_priority_latencies(tmp_path, engine):
+    rc, report, said = IOEngineConformance.fio(str(_job(tmp_path, engine)))
+    assert rc == 0, said
+    _check_fio_shape(report)
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="real fio is not installed")
+def test_real_fio_writes_the_same_shape(tmp_path):
+    _check_fio_shape(_run(["fio"], tmp_path, "libaio"))
