@@ -260,6 +260,28 @@ def _end_stragglers(job_path: str) -> None:
         time.sleep(1)
 
 
+def clip(text: str, limit: int) -> str:
+    """`text` whole when it fits in `limit` characters, else cut at a word, with an ellipsis."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit - 1]
+    return (cut.rsplit(" ", 1)[0] if " " in cut else cut).rstrip(" ,;:(") + "\u2026"
+
+
+def clip_lines(lines: list[str], limit: int) -> str:
+    """Whole lines joined by " | " while they fit in `limit` characters (a line is never cut
+    mid-word; the count of those left out closes the text)."""
+    kept: list[str] = []
+    used = 0
+    for line in lines:
+        if used + len(line) + 3 > limit and kept:
+            kept.append(f"and {len(lines) - len(kept)} more problems (cxlhm fio on the file lists them all)")
+            break
+        kept.append(clip(line, limit))
+        used += len(kept[-1]) + 3
+    return " | ".join(kept)
+
+
 def run_fio(fio: str, job: Path, cwd: Path) -> Outcome:
     proc = _run([fio, "--output-format=json", str(job)], cwd)
     if proc is None:
@@ -268,7 +290,7 @@ def run_fio(fio: str, job: Path, cwd: Path) -> Outcome:
     if proc.returncode != 0 or report is None or any(j.get("error") for j in report.get("jobs", [])):
         text = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
         reason = next((t for t in text if "error" in t.lower() or "fio:" in t), text[-1] if text else "no output")
-        return Outcome(False, report, reason.strip()[:160])
+        return Outcome(False, report, clip(reason.strip(), 160))
     return Outcome(True, report, "")
 
 
@@ -283,7 +305,7 @@ def run_ours(job: Path, cwd: Path) -> Outcome:
     if proc.returncode != 0 or report is None:
         lines = [t.removeprefix("cxlhm fio: error: ") for t in proc.stderr.strip().splitlines()
                  if t.strip() and not t.startswith("note:")]
-        return Outcome(False, report, " | ".join(lines)[:2000] or f"exit {proc.returncode}")
+        return Outcome(False, report, clip_lines(lines, 2000) or f"exit {proc.returncode}")
     return Outcome(True, report, "")
 
 
