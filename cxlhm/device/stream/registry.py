@@ -46,7 +46,7 @@ class StreamRegistry:
         sorted: their bytes are not on the SSD (or their checksums not recorded) yet."""
         # (sorted with their repeats: a look-up finds a block as well; np.unique cost twice
         # as much, once per time slice of every stream, with the lock held)
-        held = [stream.victim_offsets() for stream in self.others(but) if stream.st[ss.WB_USED]]
+        held = [stream.victims for stream in self.others(but) if stream.victims.shape[0]]
         if not held:
             return NO_BLOCKS
         blocks = np.concatenate(held)

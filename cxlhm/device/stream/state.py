@@ -239,6 +239,9 @@ def submit_bucket(n):
     return bucket
 
 
+_NO_OFFSETS = np.zeros(0, np.int64)
+
+
 class StreamState:
     """One thread's stream over one device: per-tag (read in flight) arrays, the I/O rows
     of the read being planned, and the scalars above."""
@@ -283,6 +286,10 @@ class StreamState:
         self.wb_staged = np.zeros(rows, np.int64)
         self.wb_landed = np.zeros(rows, np.int64)
         self.wb_failed = np.zeros(rows, np.int64)
+        # the byte offsets of the rows in use as the stream last let the lock go (note_victims):
+        # what the other streams plan around, gathered once per slice of this one, not once
+        # per slice of each of the others
+        self.victims = _NO_OFFSETS
         # a logged batch of write-backs, gathered to go to the kernel in one enter (their rows, tags)
         self.wb_out = fw.new_io_rows(rows)
         self.wb_out_tags = np.zeros(rows, np.int64)
@@ -316,6 +323,7 @@ class StreamState:
         another order on the stack), so only a stream that ended with rows in use (an
         error) needs them reset - resetting them every time was most of this call's cost
         in a KV get."""
+        self.victims = _NO_OFFSETS
         if self.st[WB_USED]:
             self.wb_state[:] = WB_FREE
             self.wb_owner[:] = -1
@@ -331,6 +339,11 @@ class StreamState:
     def victim_offsets(self) -> np.ndarray:
         """The byte offsets of the blocks of the write-back rows in use (a new array)."""
         return self.wb_rows[:, 2][self.wb_state != WB_FREE]
+
+    def note_victims(self) -> None:
+        """Under the lock, at the end of each of the stream's turns (its table changes only
+        then): keep its victims' offsets for the other parts (StreamRegistry.victim_blocks)."""
+        self.victims = self.victim_offsets() if self.st[WB_USED] else _NO_OFFSETS
 
     def free_landed(self, rows: np.ndarray) -> None:
         """Release write-back rows that landed and whose checksums the driver recorded
