@@ -171,3 +171,16 @@ def test_cxlhm_writes_fios_per_priority_latencies(tmp_path, engine):
 @pytest.mark.skipif(shutil.which("fio") is None, reason="real fio is not installed")
 def test_real_fio_writes_the_same_shape(tmp_path):
     _check_fio_shape(_run(["fio"], tmp_path, "libaio"))
+
+
+def test_per_io_logs_with_realtime_priorities_are_refused_and_averaged_ones_run(tmp_path):
+    """fio's per-I/O log lines end in 1 for a realtime I/O; the logs here write 0, so the
+    combination is refused with the option's line; averaged lines (0 in fio too) run."""
+    job = _job(tmp_path, "libaio")
+    job.write_text(job.read_text().replace("[randread]", f"write_lat_log={tmp_path / 'lg'}\n[randread]"))
+    rc, _report, said = IOEngineConformance.fio(str(job))
+    assert rc != 0 and "write_lat_log" in said and "log_avg_msec" in said
+    job.write_text(job.read_text() + "log_avg_msec=100\n")
+    rc, report, said = IOEngineConformance.fio(str(job))
+    assert rc == 0, said
+    assert (tmp_path / "lg_clat.1.log").read_text().strip()
