@@ -37,8 +37,6 @@ NOT_MODELLED_WHY: dict[str, str] = {
            "it opens)" for name in ("latency_target", "latency_window", "latency_percentile")},
     "buffer_pattern": "buffer_pattern is not modelled (dedupe and compression of the contents are)",
     "scramble_buffers": "scramble_buffers is not modelled (dedupe and compression of the contents are)",
-    "verify_pattern": "verify=pattern is not modelled (crc32c, md5, xxhash are)",
-    "verify_interval": "verify_interval is not modelled (one header per block)",
     "verify_async": "asynchronous verify threads are not modelled", "verify_dump": "verify_dump is not modelled",
     "verify_write_sequence": "verify_write_sequence is not modelled",
     "startdelay": "startdelay is not modelled", "nrfiles": "several files per job are not modelled",

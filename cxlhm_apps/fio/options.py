@@ -214,6 +214,19 @@ def _time(text: str, kb_base: int) -> int:
     return V.parse_time_ns(text)
 
 
+def _verify_pattern(text: str, kb_base: int) -> str:
+    from cxlhm_apps.fio.verify_pattern import parse_pattern
+    parse_pattern(text)  # (refused here, with where it stops and what is accepted)
+    return text
+
+
+def _verify_interval(text: str, kb_base: int) -> int:
+    n = _size(text, kb_base)
+    if n < 80:
+        raise ValueError(f"must be at least 80 bytes (two verify headers, fio's minimum); got {text!r}")
+    return n
+
+
 def _bool(text: str, kb_base: int) -> bool:
     return V.parse_bool(text)
 
@@ -414,8 +427,13 @@ OPTIONS: tuple[Option, ...] = (
            "with exitall: group = the jobs of its reporting group; stonewall = every running job (the next "
            "stonewall phase still runs); all = every job", group="timing"),
     # verification
-    Option("verify", "str", _choice("0", "null", "crc32c", "crc32c-intel", "md5", "xxhash"), "0",
-           "checksum written blocks (header + checksum) and check them when read: crc32c, md5, xxhash (0: off)", group="verify"),
+    Option("verify", "str", _choice("0", "null", "crc32c", "crc32c-intel", "md5", "xxhash", "meta", "pattern"), "0",
+           "checksum written blocks (header + checksum) and check them when read: crc32c, md5, xxhash; meta: the "
+           "header alone; pattern: verify_pattern alone, no header (0: off)", group="verify"),
+    Option("verify_pattern", "str", _verify_pattern, None, "fill written blocks with this pattern (0x hex, decimal, "
+           "\"string\", %o: the block's offset); checked by verify=meta|pattern", group="verify"),
+    Option("verify_interval", "int", _verify_interval, None, "a verify header every N bytes of a block (where N "
+           "divides it) instead of one per block", group="verify"),
     Option("do_verify", "bool", _bool, True, "read back and check what a write job wrote, after it finishes", group="verify"),
     Option("verify_fatal", "bool", _bool, False, "stop the job at the first verification failure", group="verify"),
     Option("verify_backlog", "int", _int_at_least(0), 0, "verify every N written blocks as the job goes (0: at the end)", group="verify"),

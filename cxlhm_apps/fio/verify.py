@@ -8,7 +8,7 @@ Header (fio's struct verify_header, 40 bytes, little endian):
     0  u16 magic 0xacca    2  u16 verify type (fio's numbering)    4  u32 block length
     8  u64 rand_seed       16 u64 offset                           24 u32 time_sec
     28 u32 time_nsec       32 u16 thread                           34 u16 numberio
-    36 u32 crc32c of bytes [0, 36)
+    36 u32 crc32c of bytes [0, 36) (fio's: without CRC-32C's final inversion)
 then the checksum (crc32c: 4 bytes, xxhash: 4 bytes - XXH32 with seed 1, md5: 16 bytes)
 of bytes [40 + checksum size, length). crc32c and xxhash32 are compiled here (numba) so
 no extra package is needed; md5 is hashlib's.
@@ -30,13 +30,15 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from cxlhm_apps.fio import verify_pattern as VP
+
 MAGIC = 0xACCA
 HEADER_BYTES = 40  # fio's struct verify_header
 CRC_AT = 36  # the header's own crc32c covers [0, CRC_AT)
 # fio 3.33's verify type numbers (verify.h)
-TYPES = {"crc32c": 5, "crc32c-intel": 5, "md5": 2, "xxhash": 15}
-NAMES = {5: "crc32c", 2: "md5", 15: "xxhash"}
-SUM_BYTES = {5: 4, 2: 16, 15: 4}
+TYPES = {"crc32c": 5, "crc32c-intel": 5, "md5": 2, "xxhash": 15, "meta": VP.META, "pattern": VP.PATTERN_NO_HDR}
+NAMES = {5: "crc32c", 2: "md5", 15: "xxhash", VP.META: "meta", VP.PATTERN: "pattern", VP.PATTERN_NO_HDR: "pattern"}
+SUM_BYTES = {5: 4, 2: 16, 15: 4, VP.META: 0, VP.PATTERN: 0, VP.PATTERN_NO_HDR: 0}  # (meta, pattern: the header alone)
 
 
 def header_bytes(kind: int) -> int:
@@ -120,6 +122,12 @@ def crc32c(data) -> int:
         words = arr[:arr.shape[0] - arr.shape[0] % 8].view(np.uint64)
         return int(_crc32c_at(arr, words, 0, arr.shape[0], _CRC32C_TABLE, True))
     return int(_crc32c(arr, _CRC32C_TABLE))
+
+
+def fio_crc32c(data) -> int:
+    """crc32c as fio stores it (its crc32c_sw / crc32c_intel leave out CRC-32C's final
+    inversion): the bitwise complement of crc32c()."""
+    return crc32c(data) ^ 0xFFFFFFFF
 
 
 _P1, _P2, _P3, _P4, _P5 = 2654435761, 2246822519, 3266489917, 668265263, 374761393
@@ -226,10 +234,12 @@ def xxhash32(data, seed: int = 0) -> int:
 
 
 def checksum(kind: int, data: np.ndarray) -> bytes:
-    """The payload checksum as fio stores it after the header."""
+    """The payload checksum as fio stores it after the header (none for meta)."""
+    if not SUM_BYTES[kind]:
+        return b""
     if kind == 2:
         return hashlib.md5(memoryview(data)).digest()
-    value = crc32c(data) if kind == 5 else xxhash32(data, 1)  # fio's XXH32_init(1)
+    value = fio_crc32c(data) if kind == 5 else xxhash32(data, 1)  # fio's XXH32_init(1)
     return value.to_bytes(4, "little")
 
 
@@ -256,10 +266,19 @@ class VerifyFailure:
     offset: int
     length: int
     what: str
+    lead: str = "verify: "  # fio's lines before the failure's own (verify_pattern's got/wanted)
+    block: tuple[int, int] | None = None  # the I/O's (offset, length) where a header covers part of it
 
     def message(self, filename: str) -> str:
-        return (f"verify: {self.what} at file {filename} offset {self.offset}, length {self.length} "
-                f"(requested block: offset={self.offset}, length={self.length})")
+        offset, length = self.block or (self.offset, self.length)
+        return (f"{self.lead}{self.what} at file {filename} offset {self.offset}, length {self.length} "
+                f"(requested block: offset={offset}, length={length})")
+
+
+def spec_of(job):
+    """The job's verify as stamp_many / check_many take it: 0 (off), fio's type number,
+    or a verify_pattern.VerifySpec (a pattern, an interval, meta or pattern)."""
+    return VP.spec_of(job, TYPES)
 
 
 def stamp(block: np.ndarray, kind: int, offset: int, seed: int, numberio: int, thread: int = 0) -> None:
@@ -271,7 +290,7 @@ def stamp(block: np.ndarray, kind: int, offset: int, seed: int, numberio: int, t
     header[4:8].view(np.uint32)[0] = block.shape[0]
     header[8:24].view(np.uint64)[:] = (seed, offset)
     header[32:36].view(np.uint16)[:] = (thread & 0xFFFF, numberio & 0xFFFF)
-    header[36:40].view(np.uint32)[0] = crc32c(header[:CRC_AT])
+    header[36:40].view(np.uint32)[0] = fio_crc32c(header[:CRC_AT])
     start = header_bytes(kind)
     block[HEADER_BYTES:start] = np.frombuffer(checksum(kind, block[start:]), np.uint8)
 
@@ -301,7 +320,7 @@ def _payload_sum(data, words, at, length, kind, table, hw):
     """fio's checksum of a block's payload (crc32c, or xxhash32 seeded 1)."""
     start = at + HEADER_BYTES + 4
     if kind == 5:
-        return _crc32c_at(data, words, start, at + length, table, hw)
+        return _crc32c_at(data, words, start, at + length, table, hw) ^ np.uint64(0xFFFFFFFF)  # (fio's)
     return _xxh32_at(data, start, at + length, np.uint64(1))
 
 
@@ -317,7 +336,7 @@ def _stamp_many(data, words, starts, sizes, kind, offsets, seeds, numberios, tab
         _put(data, at + 8, seeds[b], 8)
         _put(data, at + 16, offsets[b], 8)
         _put(data, at + 34, numberios[b] & 0xFFFF, 2)
-        _put(data, at + CRC_AT, _crc32c_at(data, words, at, at + CRC_AT, table, hw), 4)
+        _put(data, at + CRC_AT, _crc32c_at(data, words, at, at + CRC_AT, table, hw) ^ np.uint64(0xFFFFFFFF), 4)
         _put(data, at + HEADER_BYTES, _payload_sum(data, words, at, length, kind, table, hw), 4)
 
 
@@ -341,7 +360,7 @@ def _check_many(data, words, starts, sizes, kind, offsets, seeds, numberios, tab
             code = _OFFSET
         elif numberios.shape[0] and _get(data, at + 34, 2) != (numberios[b] & 0xFFFF):
             code = _NUMBERIO
-        elif _get(data, at + CRC_AT, 4) != _crc32c_at(data, words, at, at + CRC_AT, table, hw):
+        elif _get(data, at + CRC_AT, 4) != _crc32c_at(data, words, at, at + CRC_AT, table, hw) ^ np.uint64(0xFFFFFFFF):
             code = _HEADER_CRC
         elif _get(data, at + 2, 2) != kind:
             code = _TYPE
@@ -358,9 +377,13 @@ def _batch_args(data: np.ndarray, starts, sizes, offsets):
             np.ascontiguousarray(offsets, np.uint64), HW_CRC32C and words.shape[0] > 0)
 
 
-def stamp_many(data: np.ndarray, starts, sizes, kind: int, offsets, seeds: np.ndarray, numberios) -> None:
+def stamp_many(data: np.ndarray, starts, sizes, kind, offsets, seeds: np.ndarray, numberios) -> None:
     """stamp() for many blocks of `data` (a flat uint8 array: block b is
-    data[starts[b]:starts[b] + sizes[b]]), compiled for crc32c and xxhash; `seeds` uint64."""
+    data[starts[b]:starts[b] + sizes[b]]), compiled for crc32c and xxhash; `seeds` uint64.
+    `kind`: fio's type number, or a VerifySpec (verify_pattern.py lays those out)."""
+    if isinstance(kind, VP.VerifySpec):
+        VP.stamp_spec(kind, data, starts, sizes, offsets, seeds, numberios)
+        return
     if kind not in (5, 15):  # md5: hashlib's, a block at a time
         for b in range(len(starts)):
             stamp(data[int(starts[b]):int(starts[b]) + int(sizes[b])], kind, int(offsets[b]), int(seeds[b]),
@@ -371,10 +394,12 @@ def stamp_many(data: np.ndarray, starts, sizes, kind: int, offsets, seeds: np.nd
                 np.ascontiguousarray(numberios, np.int64), _CRC32C_TABLE, hw)
 
 
-def check_many(data: np.ndarray, starts, sizes, kind: int, offsets, seeds: np.ndarray | None = None,
+def check_many(data: np.ndarray, starts, sizes, kind, offsets, seeds: np.ndarray | None = None,
                numberios: np.ndarray | None = None) -> list[tuple[int, VerifyFailure]]:
     """check() for many blocks of `data` (laid out as for stamp_many): the failures, as
     (block index, failure), in block order. `seeds` / `numberios` None: not checked."""
+    if isinstance(kind, VP.VerifySpec):
+        return VP.check_spec(kind, data, starts, sizes, offsets, seeds, numberios)
     if kind not in (5, 15):
         found = []
         for b in range(len(starts)):
@@ -441,7 +466,7 @@ def check(block: np.ndarray, kind: int, offset: int, seed: int | None = None,
     hdr_numberio = int(block[34:36].view(np.uint16)[0])
     if numberio is not None and hdr_numberio != numberio & 0xFFFF:
         return VerifyFailure(offset, length, f"bad header numberio {hdr_numberio}, wanted {numberio & 0xFFFF}")
-    stored_crc, actual_crc = int(block[36:40].view(np.uint32)[0]), crc32c(block[:CRC_AT])
+    stored_crc, actual_crc = int(block[36:40].view(np.uint32)[0]), fio_crc32c(block[:CRC_AT])
     if stored_crc != actual_crc:
         return VerifyFailure(offset, length, f"bad header crc {stored_crc:x}, calculated {actual_crc:x}")
     stored_kind = int(block[2:4].view(np.uint16)[0])
@@ -450,7 +475,7 @@ def check(block: np.ndarray, kind: int, offset: int, seed: int | None = None,
     start = header_bytes(kind)
     expected = bytes(block[HEADER_BYTES:start])
     actual = checksum(kind, block[start:])
-    if expected != actual:
+    if expected != actual:  # (meta: both empty)
         return VerifyFailure(offset, length, f"{NAMES[kind]}: verify failed: expected {expected.hex()}, "
                                              f"received {actual.hex()}")
     return None
