@@ -184,3 +184,28 @@ def test_per_io_logs_with_realtime_priorities_are_refused_and_averaged_ones_run(
     rc, report, said = IOEngineConformance.fio(str(job))
     assert rc == 0, said
     assert (tmp_path / "lg_clat.1.log").read_text().strip()
+
+
+def test_prioclass_and_prio_run_the_jobs_io_at_that_priority_and_give_the_thread_back(tmp_path):
+    """fio sets prioclass/prio on the job's thread (ioprio_set) on any engine: the I/O
+    runs at that priority, and the thread (runner threads outlive a job) has its own back."""
+    from cxlhm_apps.fio.cmdprio import thread_ioprio
+    from cxlhm_apps.fio.raw_engines import PsyncEngine
+    path = tmp_path / "f"
+    path.write_bytes(b"\0" * (1 << 16))
+    seen = []
+
+    class Watching(PsyncEngine):
+        def _io(self, buf, offset, write):
+            seen.append(thread_ioprio())
+            return super()._io(buf, offset, write)
+    engine = Watching(str(path), 1 << 16, 1, direct=False, writes=False, values={"prioclass": 2, "prio": 5})
+    chunk = Chunk(np.zeros(2, np.int8), np.array([0, 4096], np.int64), np.full(2, 4096, np.int64),
+                  np.arange(2, dtype=np.int64))
+    before = thread_ioprio()
+    try:
+        assert engine.execute(chunk, IoArena(2, 4096), 1 << 62, keep_read_data=False).count == 2
+    finally:
+        engine.close()
+    assert seen == [ioprio_value(2, 5)] * 2
+    assert thread_ioprio() == before

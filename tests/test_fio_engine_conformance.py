@@ -17,6 +17,9 @@ from cxlhm_apps.fio.testing import IOEngineConformance
 BUILT_IN = ("cxlhm", "psync", "sync", "pvsync", "pvsync2", "mmap", "posixaio", "libaio", "io_uring")
 
 
+PRIO_VALUES = {"prioclass": "2", "prio": "4"}  # (the job's priority: an option of every file engine)
+
+
 class TestCxlhmEngine(IOEngineConformance):
     engine = "cxlhm"
     job_lines = "cxlhm_dram=1m\ncxlhm_block_size=4k\n"
@@ -26,27 +29,32 @@ class TestCxlhmEngine(IOEngineConformance):
 
 class TestPsyncEngine(IOEngineConformance):
     engine = "psync"
+    option_values = PRIO_VALUES
 
 
 class TestSyncEngine(IOEngineConformance):
     engine = "sync"
+    option_values = PRIO_VALUES
 
 
 class TestPvsyncEngine(IOEngineConformance):
     engine = "pvsync"
+    option_values = PRIO_VALUES
 
 
 class TestPvsync2Engine(IOEngineConformance):
     engine = "pvsync2"
-    option_values = {"hipri": "0"}
+    option_values = {"hipri": "0", **PRIO_VALUES}
 
 
 class TestMmapEngine(IOEngineConformance):
     engine = "mmap"
+    option_values = PRIO_VALUES
 
 
 class TestPosixaioEngine(IOEngineConformance):
     engine = "posixaio"
+    option_values = PRIO_VALUES
 
 
 CMDPRIO_VALUES = {"cmdprio_percentage": "20,30", "cmdprio_class": "2", "cmdprio": "3",

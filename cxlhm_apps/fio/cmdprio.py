@@ -18,6 +18,7 @@ same ones.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import numpy as np
@@ -87,6 +88,15 @@ def parse_cmdprio_bssplit(text: str, kb_base: int):
     return out[0], out[1]
 
 
+# the job's default priority: an option of every file engine (fio sets it on the job's thread)
+PRIO_OPTIONS = (
+    Option("prioclass", "int", lambda t, kb: _range(t, 0, 3, "prioclass"), None,
+           "the job's I/O priority class (0 none, 1 realtime, 2 best effort, 3 idle), set on its thread "
+           "(ioprio_set)", group="engine"),
+    Option("prio", "int", lambda t, kb: _range(t, 0, 7, "prio"), None,
+           "the job's I/O priority level (0-7), set on its thread (ioprio_set)", group="engine"),
+)
+
 OPTIONS = (
     Option("cmdprio_percentage", "int", _pair(0, 100, "a percentage"), (None, None),
            "ioengine=libaio/io_uring: share of I/Os (per direction) issued with priority cmdprio_class/cmdprio",
@@ -98,10 +108,6 @@ OPTIONS = (
            "ioengine=libaio/io_uring: level (0-7) of the prioritised I/Os", group="engine"),
     Option("cmdprio_bssplit", "str", parse_cmdprio_bssplit, (None, None),
            "ioengine=libaio/io_uring: priority share per block size, BS/PCT[/CLASS/LEVEL]:...", group="engine"),
-    Option("prioclass", "int", lambda t, kb: _range(t, 0, 3, "prioclass"), None,
-           "ioengine=libaio/io_uring: the job's default I/O priority class", group="engine"),
-    Option("prio", "int", lambda t, kb: _range(t, 0, 7, "prio"), None,
-           "ioengine=libaio/io_uring: the job's default I/O priority level", group="engine"),
 )
 
 
@@ -128,8 +134,7 @@ class CmdPrio:
             get("cmdprio_bssplit")
         if any(p is not None for p in pct) and any(s is not None for s in split):
             raise ValueError("cmdprio_percentage and cmdprio_bssplit are exclusive (as in fio)")
-        pclass, plevel = values.get("prioclass"), values.get("prio")
-        self.default = ioprio_value(pclass or 0, plevel or 0) if (pclass or plevel) else 0
+        self.default = job_ioprio(values)
         self.active = any(p for p in pct if p) or any(s is not None for s in split)
         self._rng = np.random.default_rng(seed)
         self._dirs = []
@@ -192,6 +197,56 @@ def cmdprio_for(values, clone: int) -> CmdPrio | None:
     """The job's priorities, or None when it sets none."""
     prio = CmdPrio(values, seed=(int(values.get("randseed") or 0x89) * 1000003 + clone) & 0xFFFFFFFF)
     return prio if prio.active or prio.default else None
+
+
+# ioprio_set(2) / ioprio_get(2) have no libc wrapper: their system call numbers
+_IOPRIO_SET = {"x86_64": 251, "aarch64": 30}
+_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}
+IOPRIO_WHO_PROCESS = 1
+
+
+def job_ioprio(values) -> int:
+    """The job's default priority, ioprio(prioclass, prio) (0: none given)."""
+    klass, level = values.get("prioclass"), values.get("prio")
+    return ioprio_value(klass or 0, level or 0) if (klass or level) else 0
+
+
+def set_thread_ioprio(ioprio: int) -> None:
+    """Give the calling thread the I/O priority, as fio does on a job's thread with
+    prioclass/prio (who=0: the calling task). OSError when the kernel refuses it."""
+    import ctypes
+    import os
+    number = _IOPRIO_SET.get(os.uname().machine)
+    if number is None:
+        raise OSError(0, f"ioprio_set's system call number is not known for {os.uname().machine}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(number, IOPRIO_WHO_PROCESS, 0, ioprio) < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"ioprio_set({ioprio:#06x}): {os.strerror(err)}")
+
+
+def thread_ioprio() -> int:
+    """The calling thread's I/O priority (ioprio_get; -1 where it cannot be read)."""
+    import ctypes
+    import os
+    number = _IOPRIO_GET.get(os.uname().machine)
+    return -1 if number is None else ctypes.CDLL(None).syscall(number, IOPRIO_WHO_PROCESS, 0)
+
+
+@contextlib.contextmanager
+def job_priority(ioprio: int):
+    """The calling thread at `ioprio` while the block runs (the job's I/O), then back to
+    what it had: runner threads outlive a job."""
+    if not ioprio:
+        yield
+        return
+    before = thread_ioprio()
+    set_thread_ioprio(ioprio)
+    try:
+        yield
+    finally:
+        if before >= 0:
+            set_thread_ioprio(before)
 
 
 def split_tag(tag: int) -> tuple[int, int, int]:

@@ -38,6 +38,7 @@ import numpy as np
 from cxlhm_apps.fio import options as O
 from cxlhm_apps.fio import values as V
 from cxlhm_apps.fio.cmdprio import OPTIONS as CMDPRIO_OPTIONS
+from cxlhm_apps.fio.cmdprio import PRIO_OPTIONS, job_ioprio, job_priority, set_thread_ioprio
 from cxlhm_apps.fio.cmdprio import CmdPrio, cmdprio_for, per_io_log_problem
 from cxlhm_apps.fio.ioengine import IOENGINE_VERSION, Completed, EngineFlags, EngineJob, IOEngineOps
 from cxlhm_apps.fio.stats import submit_bucket
@@ -78,7 +79,10 @@ class RawEngine:
 
     def execute(self, chunk, arena, deadline_ns: int, *, keep_read_data: bool) -> Completed:
         self._tags = self.cmdprio.tags(chunk.direction, chunk.size) if self.cmdprio is not None else None
-        count, clat, submits = self._run(chunk, arena, deadline_ns)
+        # as fio: the job's I/O runs at its prioclass/prio, which the kernel gives each I/O
+        # that names no priority of its own
+        with job_priority(job_ioprio(self.values)):
+            count, clat, submits = self._run(chunk, arena, deadline_ns)
         return Completed(count, None, clat, time.monotonic_ns(), min(self.iodepth, max(count, 1)), submits,
                          np.zeros((2, 2), np.int64), None if self._tags is None else self._tags[:count])
 
@@ -210,7 +214,11 @@ class PosixaioEngine(RawEngine):
                                        chunk.direction.tolist())
         fd = self.fd
 
+        prio = job_ioprio(self.values)
+
         def worker():
+            if prio:
+                set_thread_ioprio(prio)  # (each helper thread does the job's I/O; it ends with the chunk)
             while True:
                 with take:
                     i = state["next"]
@@ -459,7 +467,8 @@ def _opener(name: str, cls: type[RawEngine]):
 
 def _ops(name: str, cls: type[RawEngine], help_: str, *, options=(), refused=None, unavailable=None) -> IOEngineOps:
     flags = EngineFlags.SYNC if cls.sync else EngineFlags.NONE
-    return IOEngineOps(name, IOENGINE_VERSION, _opener(name, cls), flags, tuple(options), dict(refused or {}),
+    return IOEngineOps(name, IOENGINE_VERSION, _opener(name, cls), flags, PRIO_OPTIONS + tuple(options),
+                       dict(refused or {}),
                        help_, unavailable)
 
 
