@@ -209,3 +209,20 @@ def test_prioclass_and_prio_run_the_jobs_io_at_that_priority_and_give_the_thread
         engine.close()
     assert seen == [ioprio_value(2, 5)] * 2
     assert thread_ioprio() == before
+
+
+def test_text_output_has_fios_per_priority_lines(tmp_path):
+    """fio 3.33's normal output: a `clat prio C/L` line per priority after the latencies,
+    and `clat prio C/L (P% of IOs) percentiles` blocks after the percentiles."""
+    import re
+
+    from cxlhm_apps.fio import report
+    from cxlhm_apps.fio.jobfile import load_jobs
+    from cxlhm_apps.fio.runner import run_jobs
+    jobs, _ = load_jobs([str(_job(tmp_path, "libaio"))])
+    text = report.format_normal(run_jobs(jobs, log=lambda _: None))
+    lines = text.splitlines()
+    at = [i for i, line in enumerate(lines) if re.match(r"    clat prio [13]/0 \((nsec|usec|msec)\): min=", line)]
+    assert len(at) == 2 and "prio 3/0" in lines[at[0]] and at[1] == at[0] + 1
+    shares = [float(m) for m in re.findall(r"    clat prio [13]/0 \((\d+\.\d\d)% of IOs\) percentiles", text)]
+    assert len(shares) == 2 and abs(sum(shares) - 100) < 0.02 and 15 < shares[1] < 25

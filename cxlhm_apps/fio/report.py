@@ -112,6 +112,13 @@ def _lat_json(stat: LatencyStat, plist, *, bins: bool, percentiles: bool) -> dic
     return out
 
 
+def _prios_with_samples(d: DirStats) -> list:
+    """((index, class, level), completion latencies) per priority with samples, in fio's
+    order; none unless two priorities or more have samples (fio shows them only then)."""
+    prios = sorted((split_tag(tag), stat) for tag, stat in d.prios.items() if stat.n)
+    return prios if len(prios) >= 2 else []
+
+
 def _dir_json(d: DirStats, group_agg: int, plist, job, *, bins: bool) -> dict:
     runt = d.runtime_ms
     bw_bytes = 1000 * d.bytes // runt if runt else 0
@@ -123,13 +130,13 @@ def _dir_json(d: DirStats, group_agg: int, plist, job, *, bins: bool) -> dict:
         "clat_ns": _lat_json(d.clat, plist, bins=bins, percentiles=job["clat_percentiles"]),
         "lat_ns": _lat_json(d.lat, plist, bins=bins, percentiles=job["lat_percentiles"]),
     }
-    if sum(1 for stat in d.prios.values() if stat.n) >= 2:  # (fio: only with two priorities or more)
+    prios = _prios_with_samples(d)
+    if prios:
         which = "lat_ns" if job["lat_percentiles"] else "clat_ns"
         out["prios"] = [{"prioclass": klass, "prio": level,
                          which: _lat_json(stat, plist, bins=bins,
                                           percentiles=job["clat_percentiles"] or job["lat_percentiles"])}
-                        for (_index, klass, level), stat in sorted((split_tag(t), s) for t, s in d.prios.items())
-                        if stat.n]
+                        for (_index, klass, level), stat in prios]
     bmin, bmax, bmean, bdev, bn = d.bw.summary()
     agg_pct = min(100.0, bmean * 100.0 / (group_agg / 1024.0)) if group_agg > 1024 and bn else (100.0 if bn else 0.0)
     imin, imax, imean, idev, inn = d.iops.summary()
@@ -291,6 +298,10 @@ def _dir_text(unit: Unit, direction: int, group_agg: int) -> str:
         out.append(_lat_line("clat", d.clat))
     if d.lat.n:
         out.append(_lat_line(" lat", d.lat))
+    prios = _prios_with_samples(d)
+    kind = "lat" if job["lat_percentiles"] else "clat"
+    for (_i, klass, level), stat in prios:
+        out.append(_lat_line(f"{kind} prio {klass}/{level}", stat))
     plist = unit.percentiles
     if job["slat_percentiles"] and d.slat.n:
         out.append(_percentile_block("slat", d.slat, plist))
@@ -298,6 +309,11 @@ def _dir_text(unit: Unit, direction: int, group_agg: int) -> str:
         out.append(_percentile_block("clat", d.clat, plist))
     if job["lat_percentiles"] and d.lat.n:
         out.append(_percentile_block("lat", d.lat, plist))
+    if job["clat_percentiles"] or job["lat_percentiles"]:
+        samples = d.lat.n if job["lat_percentiles"] else d.clat.n
+        for (_i, klass, level), stat in prios:
+            out.append(_percentile_block(f"{kind} prio {klass}/{level} ({100.0 * stat.n / samples:.2f}% of IOs)",
+                                         stat, plist))
     out.append(_rate_lines(d, group_agg))
     return "".join(out)
 
