@@ -71,6 +71,7 @@ EXAMPLES = {
     "ramp_time": ("2", 2 * 10**9), "group_reporting": ("1", True), "stonewall": ("1", True), "new_group": ("1", True),
     "verify": ("md5", "md5"), "do_verify": ("0", False), "verify_fatal": ("1", True), "verify_backlog": ("64", 64),
     "verify_pattern": ("0xaa555aa5", "0xaa555aa5"), "verify_interval": ("512", 512),
+    "fill_device": ("1", True), "create_serialize": ("0", False),
     "clat_percentiles": ("0", False), "lat_percentiles": ("1", True), "slat_percentiles": ("1", True),
     "percentile_list": ("99.9:50", (50.0, 99.9)), "cxlhm_profile": ("cmm-h", "cmm-h"), "cxlhm_policy": ("lru", "lru"),
     "cxlhm_dram": ("64m", 64 << 20), "cxlhm_block_size": ("4k", 4096), "cxlhm_clock": ("wall", "wall"),

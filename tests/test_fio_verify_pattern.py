@@ -211,3 +211,26 @@ def test_real_fio_verifies_what_cxlhm_wrote(tmp_path, verify, extra):
     proc = subprocess.run([FIO, "--name=r", f"--filename={path}", "--size=64k", "--bs=4k", "--rw=read",
                            "--ioengine=psync", f"--verify={verify}", *args], capture_output=True, text=True, cwd=path.parent)
     assert proc.returncode == 0 and "err= 0" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_fill_device_needs_a_bound_and_a_bound_that_fits(tmp_path):
+    base = f"[w]\nfilename={tmp_path / 'f'}\nrw=write\nbs=64k\nioengine=psync\nfill_device=1\n"
+    with pytest.raises(JobFileError) as err:
+        _run(base)
+    assert "t.fio:6:" in str(err.value) and "give size= or filesize=" in str(err.value), str(err.value)
+    with pytest.raises(JobFileError) as err:
+        _run(base + "size=1p\n")
+    assert "t.fio:7:" in str(err.value) and "bytes free on" in str(err.value), str(err.value)
+
+
+def test_fio_surface_scan_runs_bounded_by_size(tmp_path):
+    """fio's surface-scan example (fill_device, verify=meta, a pattern, 512-byte intervals,
+    create_serialize) with size=1m: written, then read back and checked by a second job."""
+    text = ("[global]\nthread\nbs=64k\ndirect=1\nioengine=sync\nverify=meta\nverify_pattern=0xaa555aa5\n"
+            f"verify_interval=512\nsize=1m\n[write-phase]\nfilename={tmp_path / 'd'}\nrw=write\nfill_device=1\n"
+            f"do_verify=0\n[verify-phase]\nstonewall\ncreate_serialize=0\nfilename={tmp_path / 'd'}\nrw=read\n"
+            "do_verify=1\n")
+    result, out = _run(text)
+    assert [j["error"] for j in out] == [0, 0], result.messages
+    assert out[1]["cxlhm_verify"] == {"blocks_checked": 16, "failures": 0}
+    assert (tmp_path / "d").stat().st_size == 1 << 20

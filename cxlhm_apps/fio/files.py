@@ -1,6 +1,10 @@
 """What a job may name as its file and its device profile, checked before anything is
 created, laid out or opened: one error naming the option and what is accepted, never a
-traceback from deep inside the run, never a hang on a special file."""
+traceback from deep inside the run, never a hang on a special file.
+
+Files are laid out one after another, before any job starts (fio's create_serialize=1;
+create_serialize=0 is accepted and changes nothing here). fill_device is honoured within
+size= / filesize= (check_fill_device)."""
 from __future__ import annotations
 
 import errno
@@ -59,6 +63,8 @@ def check_target(job, path: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise job.error("filename", f"the folder {folder} does not exist")
+    if job["fill_device"]:
+        check_fill_device(job, path, folder)
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -67,6 +73,29 @@ def check_target(job, path: str) -> None:
         raise job.error("filename", f"cannot use {path}: {exc.strerror}") from None
     if not stat.S_ISREG(st.st_mode):
         raise job.error("filename", f"{path} is not a regular file")
+
+
+def check_fill_device(job, path: str, folder: str) -> None:
+    """fill_device: fio writes until the file system is full (ENOSPC ends the job). Here
+    the job must bound it with size= or filesize= (the whole free space of a shared disk
+    is not written), and that bound must fit in the free space, so the job ends where
+    fio's would on a file system of that size."""
+    fs = os.statvfs(folder)
+    free = fs.f_bavail * fs.f_frsize
+    try:
+        free += os.stat(path).st_size  # (a file there already: its blocks are the job's to rewrite)
+    except OSError:
+        pass
+    bound = [n for n in ("size", "filesize") if n in job.given]
+    if not bound:
+        raise job.error("fill_device", f"would write the whole free space of {folder}'s file system "
+                                       f"({free / 2**30:.1f} GiB, until ENOSPC, as fio does); give size= or "
+                                       "filesize= to bound it")
+    for name in bound:
+        value = job[name]
+        if isinstance(value, int) and value > free:
+            raise job.error(name, f"with fill_device is {value} bytes, more than the {free} bytes free on "
+                                  f"{folder}'s file system; give at most {free}")
 
 
 def check_profile(job) -> None:

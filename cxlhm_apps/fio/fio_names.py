@@ -42,7 +42,7 @@ NOT_MODELLED_WHY: dict[str, str] = {
     "startdelay": "startdelay is not modelled", "nrfiles": "several files per job are not modelled",
     "nr_files": "several files per job are not modelled", "openfiles": "several files per job are not modelled",
     "fallocate": "fallocate modes are not modelled (files are extended with ftruncate)",
-    "fsync": "fsync every N writes is not modelled", "fill_device": "fill_device is not modelled",
+    "fsync": "fsync every N writes is not modelled",
     "continue_on_error": "continue_on_error is not modelled (a failed I/O ends the job)",
     "ignore_error": "ignore_error is not modelled (a failed I/O ends the job)",
     "error_dump": "error_dump is not modelled", "random_generator": "only fio's default generator's "
@@ -56,7 +56,7 @@ NOT_MODELLED_WHY: dict[str, str] = {
     "disable_clat": "disabling latency collection is not modelled",
     "disable_slat": "disabling latency collection is not modelled",
     "block_error_percentiles": "block error percentiles need trim/error counters not modelled",
-    "create_on_open": "create_on_open is not modelled", "create_serialize": "create_serialize is not modelled",
+    "create_on_open": "create_on_open is not modelled",
     "allow_file_create": "allow_file_create is not modelled", "unlink": "unlink is not modelled",
     "log_offset": "log_offset is not modelled (logs carry time, value, direction, size)",
     "cpus_allowed_policy": "CPU placement is not modelled", "cpus_allowed": "CPU placement is not modelled",

@@ -432,6 +432,10 @@ OPTIONS: tuple[Option, ...] = (
            "header alone; pattern: verify_pattern alone, no header (0: off)", group="verify"),
     Option("verify_pattern", "str", _verify_pattern, None, "fill written blocks with this pattern (0x hex, decimal, "
            "\"string\", %o: the block's offset); checked by verify=meta|pattern", group="verify"),
+    Option("fill_device", "bool", _bool, False, "write until the file system is full (fio's meaning); here "
+           "bounded by size= / filesize=, which must fit in the free space", aliases=("fill_fs",), group="target"),
+    Option("create_serialize", "bool", _bool, True, "lay files out one job after another (always so here: "
+           "every file is laid out before any job starts)", group="target"),
     Option("verify_interval", "int", _verify_interval, None, "a verify header every N bytes of a block (where N "
            "divides it) instead of one per block", group="verify"),
     Option("do_verify", "bool", _bool, True, "read back and check what a write job wrote, after it finishes", group="verify"),
