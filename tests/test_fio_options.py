@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from cxlhm_apps.fio import report
@@ -240,6 +240,7 @@ def test_a_reported_group_shows_its_last_jobs_options_as_fio_does(tmp_path):
 
 @given(mine=st.integers(0, 10_000), others=st.integers(0, 10_000), weight=st.integers(1, 64),
        rest=st.integers(0, 64))
+@example(mine=0, others=1715, weight=64, rest=1)  # far behind with 64/65 of the group: ~110k in a row
 def test_flow_allowance_is_fios_check_before_each_io_counted_ahead(mine, others, weight, rest):
     from cxlhm_apps.fio.flow import FlowTicket
     total, count = weight + rest, mine + others
@@ -247,12 +248,15 @@ def test_flow_allowance_is_fios_check_before_each_io_counted_ahead(mine, others,
     if rest == 0:
         assert got is None  # alone in its group
         return
-    j = 0  # fio: an I/O goes while the job's share of the group's count is not above its weight's
-    while j < 100_000 and (count + j == 0 or (mine + j) * total <= weight * (count + j)):
+    j, cap = 0, 100_000  # fio: an I/O goes while the job's share of the group's count is not above its weight's
+    while j < cap and (count + j == 0 or (mine + j) * total <= weight * (count + j)):
         j += 1
     if count and mine * total > weight * count:
         return  # ahead: wait_turn sleeps instead of asking
-    assert got == max(1, j)
+    if j == cap:  # (a weight near the group's total lets a job far behind run this many and more)
+        assert got >= cap
+    else:
+        assert got == max(1, j)
 
 
 def test_invalidate_drops_each_file_jobs_region_from_the_page_cache_as_fio_does(tmp_path, monkeypatch):
