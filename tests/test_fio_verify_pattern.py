@@ -201,7 +201,8 @@ def test_bad_values_are_refused_with_the_line_and_what_is_accepted(text, words):
 
 
 @needs_fio
-@pytest.mark.parametrize("verify,extra", [("crc32c", ""), ("crc32c", "verify_interval=1024\n"),
+@pytest.mark.parametrize("verify,extra", [("crc32c", ""), ("crc32c", "verify_interval=1024\n"), ("md5", "verify_interval=512\n"),
+                                          ("xxhash", "verify_pattern=\"ab\"%o\n"), ("pattern", "verify_pattern=0x0102\n"),
                                           ("meta", "verify_pattern=0xaa555aa5\nverify_interval=512\n")])
 def test_real_fio_verifies_what_cxlhm_wrote(tmp_path, verify, extra):
     path = tmp_path / "img"
