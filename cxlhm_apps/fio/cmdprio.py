@@ -176,23 +176,6 @@ class CmdPrio:
         return (index << PRIO_INDEX_SHIFT) | prio_of[direction.astype(np.int64), index]
 
 
-    def uses_realtime(self) -> bool:
-        return any(p >> IOPRIO_CLASS_SHIFT == 1 for d in self._dirs for p in d.prios)
-
-
-def per_io_log_problem(values, prio: CmdPrio) -> tuple[str, str] | None:
-    """(the log option, why) when per-I/O logs cannot be written as fio writes them for
-    this job (None: they can).
-    fio's per-I/O log lines end in 1 for an I/O of the realtime class (log_prio=0); the
-    logs here write 0 there. Averaged lines (log_avg_msec) carry 0 in fio too."""
-    logs = [n for n in ("write_lat_log", "write_bw_log", "write_iops_log") if values.get(n)]
-    if logs and not values.get("log_avg_msec") and prio.uses_realtime():
-        return logs[0], (f"{logs[0]} with realtime command priorities: fio's per-I/O log lines mark the "
-                         "realtime I/Os with 1 in their last column, which the logs here do not (they write 0); "
-                         "set log_avg_msec (averaged lines carry 0 in fio too) or leave the log out")
-    return None
-
-
 def cmdprio_for(values, clone: int) -> CmdPrio | None:
     """The job's priorities, or None when it sets none."""
     prio = CmdPrio(values, seed=(int(values.get("randseed") or 0x89) * 1000003 + clone) & 0xFFFFFFFF)
@@ -247,6 +230,11 @@ def job_priority(ioprio: int):
     finally:
         if before >= 0:
             set_thread_ioprio(before)
+
+
+def ioprio_of(tags: np.ndarray) -> np.ndarray:
+    """The priority values (class << 13 | level) of I/O tags."""
+    return tags & ((1 << PRIO_INDEX_SHIFT) - 1)
 
 
 def split_tag(tag: int) -> tuple[int, int, int]:

@@ -17,7 +17,6 @@ NOT_MODELLED_WHY: dict[str, str] = {
         "cmd_type", "pi_chk", "pi_act", "apptag", "apptag_mask", "md_per_io_size", "fdp", "fdp_pli",
         "write_mode", "num_range", "readfua", "writefua", "atomic")},
     # (cmdprio*, prioclass, prio: options of ioengine=libaio and io_uring, cmdprio.py)
-    "log_prio": "the priority column of latency logs is not modelled (per-priority latencies are in the report)",
     # engines that are not modelled
     **{name: _ENGINE for name in (
         "sg_write_mode", "hostname", "port", "protocol", "listen", "pingpong", "https", "http_verbose",

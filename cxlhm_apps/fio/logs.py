@@ -2,9 +2,12 @@
 NAME_slat.N.log, write_bw_log=NAME NAME_bw.N.log, write_iops_log=NAME NAME_iops.N.log,
 N the job clone's number counted from 1 over the whole run, in fio's line format
 
-    time (ms since the job started), value, direction (0 read, 1 write), block size, priority (0)
+    time (ms since the job started), value, direction (0 read, 1 write), block size, priority
 
 and with log_offset=1 the I/O's offset in bytes before the priority (0 in averaged lines).
+The priority column, as fio writes it: 1 for an I/O of the realtime class, else 0; with
+log_prio=1 the I/O's priority value (class << 13 | level) in hex (0x2000); 0 (0x0000)
+in averaged lines.
 
 Latencies in ns, bandwidth in KiB/s, IOPS as counts. Without log_avg_msec there is one
 line per I/O (bandwidth: its bytes x 10^6 over its completion latency in ns, as fio
@@ -22,6 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
+IOPRIO_CLASS_SHIFT, REALTIME = 13, 1  # Linux ioprio: class << 13 | level; class 1 is realtime
+
 KINDS = ("lat", "clat", "slat", "bw", "iops")
 OPTION_OF = {"lat": "write_lat_log", "clat": "write_lat_log", "slat": "write_lat_log",
              "bw": "write_bw_log", "iops": "write_iops_log"}
@@ -34,6 +39,7 @@ class JobLogs:
         self.files = {}
         self.avg_ns = (job["log_avg_msec"] or 0) * 1_000_000 if job is not None else 0
         self.offsets = bool(job["log_offset"]) if job is not None else False  # fio's log_offset column
+        self.prio_values = bool(job["log_prio"]) if job is not None else False  # fio's log_prio
         self.start_ns = start_ns
         for kind in KINDS if job is not None else ():
             prefix = job[OPTION_OF[kind]]
@@ -52,8 +58,9 @@ class JobLogs:
         self.start_ns = self._window_start = now_ns
 
     def record(self, direction: np.ndarray, size: np.ndarray, slat: np.ndarray | None, clat: np.ndarray,
-               end_ns: int, offset: np.ndarray | None = None) -> None:
-        """A batch of I/Os that came back at `end_ns` (`offset`: where each was, for log_offset)."""
+               end_ns: int, offset: np.ndarray | None = None, ioprio: np.ndarray | None = None) -> None:
+        """A batch of I/Os that came back at `end_ns` (`offset`: where each was, for
+        log_offset; `ioprio`: each one's priority value, None when all ran at 0)."""
         if not self.files or direction.shape[0] == 0:
             return
         lat = clat + (slat if slat is not None else 0)
@@ -62,6 +69,12 @@ class JobLogs:
             self._average(direction, size, values, end_ns)
             return
         t = (end_ns - self.start_ns) // 1_000_000
+        if self.prio_values:  # fio writes the value in hex, 0x%04x
+            prio = [f"0x{p:04x}" for p in (ioprio.tolist() if ioprio is not None else [0] * direction.shape[0])]
+        elif ioprio is None:
+            prio = [0] * direction.shape[0]
+        else:
+            prio = (ioprio >> IOPRIO_CLASS_SHIFT == REALTIME).astype(np.int64).tolist()
         for kind, f in self.files.items():
             if kind == "slat" and slat is None:
                 continue
@@ -73,11 +86,11 @@ class JobLogs:
                 column = values[kind]
             if self.offsets:
                 where = offset.tolist() if offset is not None else [0] * direction.shape[0]
-                f.writelines(f"{t}, {int(v)}, {int(d)}, {int(s)}, {int(o)}, 0\n"
-                             for v, d, s, o in zip(column.tolist(), direction.tolist(), size.tolist(), where))
+                f.writelines(f"{t}, {int(v)}, {int(d)}, {int(s)}, {int(o)}, {p}\n"
+                             for v, d, s, o, p in zip(column.tolist(), direction.tolist(), size.tolist(), where, prio))
             else:
-                f.writelines(f"{t}, {int(v)}, {int(d)}, {int(s)}, 0\n"
-                             for v, d, s in zip(column.tolist(), direction.tolist(), size.tolist()))
+                f.writelines(f"{t}, {int(v)}, {int(d)}, {int(s)}, {p}\n"
+                             for v, d, s, p in zip(column.tolist(), direction.tolist(), size.tolist(), prio))
 
     def _average(self, direction, size, values, end_ns) -> None:
         while end_ns - self._window_start >= self.avg_ns:
@@ -112,7 +125,8 @@ class JobLogs:
                     value = int(moved[0] / seconds / 1024)
                 else:
                     value = int(moved[1] / seconds)
-                f.write(f"{t}, {value}, {d}, 0, 0, 0\n" if self.offsets else f"{t}, {value}, {d}, 0, 0\n")
+                prio = "0x0000" if self.prio_values else "0"
+                f.write(f"{t}, {value}, {d}, 0, 0, {prio}\n" if self.offsets else f"{t}, {value}, {d}, 0, {prio}\n")
         self._acc = {}
         self._window_start = window_end
 

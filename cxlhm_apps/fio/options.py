@@ -467,6 +467,9 @@ OPTIONS: tuple[Option, ...] = (
            flag=True, group="report"),
     Option("write_iops_log", "str", _text, None, "log IOPS to NAME_iops.N.log (fio's format; bare: the job's name)",
            flag=True, group="report"),
+    Option("log_prio", "bool", _bool, False,
+           "the logs' last column is each I/O's priority value (class << 13 | level); 0: 1 for an I/O of the "
+           "realtime class, else 0 (fio's default)", group="report"),
     Option("log_offset", "bool", _bool, False, "logs carry each I/O's offset (a column before the last)",
            group="report"),
     Option("log_avg_msec", "int", _int_at_least(0), 0,

@@ -39,7 +39,7 @@ from cxlhm_apps.fio import options as O
 from cxlhm_apps.fio import values as V
 from cxlhm_apps.fio.cmdprio import OPTIONS as CMDPRIO_OPTIONS
 from cxlhm_apps.fio.cmdprio import PRIO_OPTIONS, job_ioprio, job_priority, set_thread_ioprio
-from cxlhm_apps.fio.cmdprio import CmdPrio, cmdprio_for, per_io_log_problem
+from cxlhm_apps.fio.cmdprio import CmdPrio, cmdprio_for
 from cxlhm_apps.fio.ioengine import IOENGINE_VERSION, Completed, EngineFlags, EngineJob, IOEngineOps
 from cxlhm_apps.fio.stats import submit_bucket
 
@@ -457,10 +457,6 @@ def _opener(name: str, cls: type[RawEngine]):
             except ValueError as exc:
                 engine.close()
                 raise job.error("cmdprio_bssplit", str(exc)) from None
-            problem = engine.cmdprio and per_io_log_problem(job.options, engine.cmdprio)
-            if problem:
-                engine.close()
-                raise job.error(*problem)
         return engine
     return open_
 

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from cxlhm_apps.fio import buffers, clocks, files, fiorand, flow, minrate, pacing, schedule, steadystate
+from cxlhm_apps.fio import buffers, clocks, cmdprio, files, fiorand, flow, minrate, pacing, schedule, steadystate
 from cxlhm_apps.fio import verify as VF
 from cxlhm_apps.fio.devices import describe_device, open_devices
 from cxlhm_apps.fio.notes import notes
@@ -376,7 +376,9 @@ class Worker:
         if done.count == 0:
             return
         if measuring and self.logs.active:
-            self.logs.record(chunk.direction, chunk.size, done.slat, done.clat, done.end_ns, chunk.offset)
+            tags = getattr(done, "prio", None)  # (an engine's command priorities, cmdprio.py)
+            self.logs.record(chunk.direction, chunk.size, done.slat, done.clat, done.end_ns, chunk.offset,
+                             None if tags is None else cmdprio.ioprio_of(tags))
         stats = self.stats
         for d in (READ, WRITE):
             mask = chunk.direction == d
