@@ -82,12 +82,20 @@ def test_bssplit_entries_take_their_share_and_other_sizes_none(entries):
 
 
 @pytest.mark.parametrize("text, says", [
-    ("1M/10/2/0/1", "priority hint"), ("64k/60:64k/50", "more than 100"), ("64k/10/4/0", "class must be 1-3"),
+    ("1M/10/2/0/1024", "priority hint"), ("1M/10/2/0/", "priority hint"), ("64k/60:64k/50", "more than 100"), ("64k/10/4/0", "class must be 1-3"),
     ("64k", "expected BS/PERCENT"),
 ])
 def test_bad_cmdprio_bssplit_says_what_is_accepted(text, says):
     with pytest.raises(ValueError, match=says):
         parse_cmdprio_bssplit(text, 1024)
+
+
+def test_a_priority_hint_is_accepted_and_the_entry_is_its_class_and_level():
+    """fio's cmdprio-bssplit example gives CDL hints; fio 3.33 runs it and reports the
+    priorities by class and level alone (a hint reaches only a drive with CDL on)."""
+    hinted = parse_cmdprio_bssplit("1M/10/2/0/1:1M/30/2/0/2:2M/90/2/0/0", 1024)
+    plain = parse_cmdprio_bssplit("1M/10/2/0:1M/30/2/0:2M/90/2/0", 1024)
+    assert hinted == plain
 
 
 @pytest.mark.skipif(libaio_unavailable() is not None, reason="no Linux native AIO here")

@@ -58,11 +58,13 @@ def _bssplit_dir(text: str, kb_base: int) -> tuple[BsEntry, ...]:
     entries = []
     for item in text.split(":"):
         fields = [f.strip() for f in item.split("/")]
-        if len(fields) == 5:
-            raise ValueError(f"{item!r}: a fifth field is a priority hint (Command Duration Limits), which needs "
-                             "a drive that supports CDL; give BS/PERCENT or BS/PERCENT/CLASS/LEVEL")
+        if len(fields) == 5:  # a priority hint (a Command Duration Limits descriptor): reaches only a drive
+            hint = V.parse_int(fields[4]) if fields[4] else -1  # with CDL on; fio 3.33 reports by class and
+            if not 0 <= hint <= 1023:                            # level alone, and so do the stats here
+                raise ValueError(f"{item!r}: the priority hint must be from 0 to 1023")
+            fields = fields[:4]
         if len(fields) not in (2, 4) or not all(fields):
-            raise ValueError(f"{item!r}: expected BS/PERCENT or BS/PERCENT/CLASS/LEVEL")
+            raise ValueError(f"{item!r}: expected BS/PERCENT, BS/PERCENT/CLASS/LEVEL or BS/PERCENT/CLASS/LEVEL/HINT")
         bs = V.parse_size(fields[0], kb_base=kb_base)
         pct = V.parse_int(fields[1])
         if bs <= 0 or not 0 <= pct <= 100:
@@ -107,7 +109,8 @@ OPTIONS = (
     Option("cmdprio", "int", _pair(0, 7, "an I/O priority level"), (None, None),
            "ioengine=libaio/io_uring: level (0-7) of the prioritised I/Os", group="engine"),
     Option("cmdprio_bssplit", "str", parse_cmdprio_bssplit, (None, None),
-           "ioengine=libaio/io_uring: priority share per block size, BS/PCT[/CLASS/LEVEL]:...", group="engine"),
+           "ioengine=libaio/io_uring: priority share per block size, BS/PCT[/CLASS/LEVEL[/HINT]]:... (a hint, "
+           "for drives with Command Duration Limits, is accepted and not sent)", group="engine"),
 )
 
 
