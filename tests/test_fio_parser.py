@@ -68,6 +68,8 @@ EXAMPLES = {
     "number_ios": ("100", 100), "random_distribution": ("zipf:1.2", DistSpec("zipf", 1.2)),
     "randseed": ("42", 42), "randrepeat": ("0", False), "norandommap": ("1", True), "kb_base": ("1000", 1000),
     "iodepth": ("32", 32), "iodepth_batch_submit": ("8", 8), "serialize_overlap": ("1", True), "numjobs": ("4", 4), "runtime": ("10s", 10**10), "time_based": ("1", True),
+    "latency_target": ("500", 500_000), "latency_window": ("5s", 5 * 10**9), "latency_percentile": ("99.9", 99.9),
+    "latency_run": ("1", True),
     "ramp_time": ("2", 2 * 10**9), "group_reporting": ("1", True), "stonewall": ("1", True), "new_group": ("1", True),
     "verify": ("md5", "md5"), "do_verify": ("0", False), "verify_fatal": ("1", True), "verify_backlog": ("64", 64),
     "verify_pattern": ("0xaa555aa5", "0xaa555aa5"), "verify_interval": ("512", 512),

@@ -32,8 +32,6 @@ NOT_MODELLED_WHY: dict[str, str] = {
     "thinkcycles": "thinkcycles is not modelled (thinktime is)",
     "steadystate_check_interval": "steadystate_check_interval is newer than fio 3.33 (steady state is "
     "sampled once a second)",
-    **{name: "fio's latency-target queue-depth search is not modelled (an engine's queue depth is fixed when "
-           "it opens)" for name in ("latency_target", "latency_window", "latency_percentile")},
     "buffer_pattern": "buffer_pattern is not modelled (dedupe and compression of the contents are)",
     "scramble_buffers": "scramble_buffers is not modelled (dedupe and compression of the contents are)",
     "verify_async": "asynchronous verify threads are not modelled", "verify_dump": "verify_dump is not modelled",

@@ -264,6 +264,18 @@ def _time_us(text: str, kb_base: int) -> int:
     return V.parse_time_ns(text, default_unit="us")
 
 
+def _latency_target(text: str, kb_base: int) -> int:
+    """fio keeps it in whole microseconds (rounded up: 1ns is 1us), compared in ns."""
+    return -(-_time_us(text, kb_base) // 1000) * 1000
+
+
+def _latency_percentile(text: str, kb_base: int) -> float:
+    pct = V.parse_float(text)
+    if not 0.0 < pct <= 100.0:
+        raise ValueError(f"must be above 0 and at most 100, got {text!r}")
+    return pct
+
+
 def _kb_base(text: str, kb_base: int) -> int:
     n = V.parse_int(text)
     if n not in (1000, 1024):
@@ -374,6 +386,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("time_based", "bool", _bool, False, "run for the whole runtime, wrapping around the region", flag=True, group="timing"),
     Option("ramp_time", "time", _time, 0, "run this long before recording statistics", group="timing"),
     Option("group_reporting", "bool", _bool, False, "report each group as one job", flag=True, group="timing"),
+    Option("latency_target", "time", _latency_target, 0,
+           "search for the highest queue depth whose latency meets this (microseconds unless a unit is given)",
+           group="timing"),
+    Option("latency_window", "time", _time_us, 0, "the latency-target search's measuring window", group="timing"),
+    Option("latency_percentile", "float", _latency_percentile, 100.0,
+           "share of I/Os (percent, above 0, at most 100) that must meet latency_target", group="timing"),
+    Option("latency_run", "bool", _bool, False, "keep searching after the depth is found (default: stop the job)",
+           flag=True, group="timing"),
     Option("stonewall", "bool", _bool, False, "wait for the jobs above to finish first; starts a new reporting group",
            aliases=("wait_for_previous",), flag=True, group="timing"),
     Option("new_group", "bool", _bool, False, "start a new reporting group", flag=True, group="timing"),

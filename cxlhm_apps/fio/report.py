@@ -57,6 +57,7 @@ class Unit:
 def _copy_stats(stats: JobStats) -> JobStats:
     fresh = JobStats(stats.name, stats.groupid, members=0, iodepth=stats.iodepth)
     fresh.merge(stats)
+    fresh.latency_depth = stats.latency_depth
     return fresh
 
 
@@ -147,6 +148,13 @@ def _dir_json(d: DirStats, group_agg: int, plist, job, *, bins: bool) -> dict:
     return out
 
 
+def _latency_search(s: JobStats, job) -> dict:
+    """fio's latency-target keys: the depth its search found (the job's iodepth when it
+    searched none); as fio 3.33, the target in nanoseconds and the window in microseconds."""
+    return {"latency_depth": s.latency_depth or job["iodepth"], "latency_target": job["latency_target"],
+            "latency_percentile": float(job["latency_percentile"]), "latency_window": job["latency_window"] // 1000}
+
+
 def _empty_dir_json() -> dict:
     zero = {"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0}
     return {"io_bytes": 0, "io_kbytes": 0, "bw_bytes": 0, "bw": 0, "iops": 0.0, "runtime": 0, "total_ios": 0,
@@ -196,8 +204,7 @@ def unit_json(unit: Unit, groups, *, bins: bool) -> dict:
                 "latency_ns": dict(zip(LAT_N_LABELS, percent_dist(s.lat_n, total, 0.01))),
                 "latency_us": dict(zip(LAT_N_LABELS, percent_dist(s.lat_u, total, 0.01))),
                 "latency_ms": dict(zip(LAT_M_LABELS, percent_dist(s.lat_m, total, 0.01))),
-                "latency_depth": job["iodepth"], "latency_target": 0, "latency_percentile": 100.0,
-                "latency_window": 0})
+                **_latency_search(s, job)})
     if unit.steady is not None:
         out["steadystate"] = unit.steady.to_json()
     if job["description"]:
@@ -358,7 +365,9 @@ def unit_text(unit: Unit, groups) -> str:
         out.append(f"     {name:<10}: " + ", ".join(f"{k}={v:3.1f}%" for k, v in zip(SUBMIT_LABELS, dist)) + "\n")
     out.append(f"     issued rwts: total={s.dirs[0].ios},{s.dirs[1].ios},0,0 short={s.dirs[0].short_ios},"
                f"{s.dirs[1].short_ios},0,0 dropped=0,0,0,0\n")
-    out.append(f"     latency   : target=0, window=0, percentile=100.00%, depth={unit.job['iodepth']}\n")
+    lat = _latency_search(s, unit.job)
+    out.append(f"     latency   : target={lat['latency_target']}, window={lat['latency_window']}, "
+               f"percentile={lat['latency_percentile']:.2f}%, depth={lat['latency_depth']}\n")
     if unit.steady is not None:
         out.append(unit.steady.text_line(num2str))
     if unit.job["verify"] not in ("0", "null"):

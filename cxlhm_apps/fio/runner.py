@@ -24,6 +24,7 @@ import numpy as np
 
 from cxlhm_apps.fio import buffers, clocks, cmdprio, files, fiorand, flow, minrate, pacing, schedule, steadystate
 from cxlhm_apps.fio import verify as VF
+from cxlhm_apps.fio.latency_target import DepthSearch, after_batch, set_engine_depth
 from cxlhm_apps.fio.devices import describe_device, open_devices
 from cxlhm_apps.fio.notes import notes
 from cxlhm_apps.fio.engines import DeviceShare, EngineError, IoArena, engine_of, open_engine
@@ -250,6 +251,9 @@ class Worker:
             pacer.restart(t0)
         if self.minrate is not None:
             self.minrate.restart(t0)
+        search = DepthSearch.of_job(job, engine.iodepth, t0, engine_of(job).uses_device)  # latency_target
+        if search is not None:
+            set_engine_depth(engine, search.depth)
         ramp_end = t0 + job["ramp_time"]
         job_end = ramp_end + job["runtime"] if job["runtime"] else NEVER
         measuring = job["ramp_time"] == 0
@@ -285,6 +289,8 @@ class Worker:
                 deadline = min(deadline, max(self.minrate.next_check_ns(), engine.now_ns() + 1))
             if self.steady is not None:  # (the once-a-second samples see counts at most this old)
                 deadline = min(deadline, engine.now_ns() + steadystate.BATCH_NS)
+            if search is not None and measuring:  # (a batch ends where the search's window does)
+                deadline = min(deadline, max(search.window_end(), engine.now_ns() + 1))
             done = engine.execute(batch, self.arena, deadline, keep_read_data=bool(self.verify_kind))
             if self.flow is not None:
                 self.flow.did(done.count)
@@ -300,6 +306,16 @@ class Worker:
                     self.messages.append(below)
                     self.stats.error, self.stats.error_text = errno.EIO, "check_min_rate: " + below
                     break
+            if search is not None and measuring and done.count:
+                event, text = after_batch(search, engine, done, now)
+                if event == "fatal":  # fio: the job fails with ETIMEDOUT
+                    self.messages.append("fio: " + text)
+                    self.stats.error, self.stats.error_text = errno.ETIMEDOUT, "max latency exceeded"
+                if event == "final":  # converged: statistics only from the depth found
+                    self._side.settle()
+                    self._reset_stats(now)
+                if event in ("fatal", "done"):
+                    break
             if not measuring and now >= ramp_end:
                 measuring = True
                 self._reset_stats(now)
@@ -307,6 +323,8 @@ class Worker:
                     pacer.restart(now)
                 if self.minrate is not None:
                     self.minrate.restart(now)
+                if search is not None:
+                    search.restart(now)
             self._sample(now)
             if self.verify_kind and job["verify_backlog"] and self.backlog_due >= job["verify_backlog"]:
                 self._side.settle()  # (the pass records into the same statistics)
@@ -328,6 +346,7 @@ class Worker:
         stats = self.stats  # a new object if ramp_time reset it
         run_ms = max(1, (end - self._measure_start) // 1_000_000)
         stats.run_ms = run_ms
+        stats.latency_depth = search.depth if search is not None else 0
         stats.elapsed_s = max(1, round((end - t0) / 1e9))
         # fio's runtime per direction: the job's phase for the directions it did, and the
         # verify phase's time added to the reads (job_runtime covers both)

@@ -253,6 +253,7 @@ class JobStats:
     verified_blocks: int = 0  # blocks read back and checked (fio does not count them)
     cpu_wall_s: float = 0.0  # wall seconds the CPU figures are shares of (0: run_ms)
     iodepth: int = 1
+    latency_depth: int = 0  # the depth fio's latency_target search found (0: no search)
 
     def record(self, direction: int, nbytes: int, ios: int, slat_ns, clat_ns, depth: int | None,
                prio_tags=None) -> None:

@@ -1,0 +1,147 @@
+"""fio's latency-target queue-depth search (latency_target, latency_window,
+latency_percentile, latency_run), with fio 3.33's rule.
+
+The job starts at depth 1. An I/O whose latency (submission to completion, fio's `lat`)
+exceeds latency_target counts as failed. At the end of each latency_window the share
+of I/Os that met the target is compared with latency_percentile: met, the depth goes
+up (doubled while nothing failed yet, else halfway to the lowest depth that failed);
+missed, it goes down (halfway to the highest depth that met it). With
+latency_percentile=100 one failed I/O lowers the depth at once, and at depth 1 it is
+fatal (ETIMEDOUT), as in fio. When a success leaves the depth where it was the search
+has converged: the statistics start again and the job runs one more window at that
+depth; a success there ends the job (latency_run=1: the search goes on instead).
+
+What differs from fio: fio looks at every completion; here the runner looks after
+each batch of I/Os an engine ran (a batch ends at the window's end), so a failure at
+latency_percentile=100 lowers the depth at the end of its batch, not at that I/O.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class SearchState:
+    """fio's td->latency_qd, latency_qd_low, latency_qd_high, latency_end_run."""
+    depth: int
+    low: int
+    high: int
+    max_depth: int
+    end_run: bool = False
+
+
+def start(max_depth: int) -> SearchState:
+    """lat_target_init: depth 1, searching 1..iodepth."""
+    return SearchState(depth=1, low=1, high=max_depth, max_depth=max_depth)
+
+
+def on_success(s: SearchState) -> str:
+    """lat_target_success; returns "" (go on), "final" (converged: start the final
+    window with fresh statistics) or "done" (the final window met the target)."""
+    before = s.depth
+    s.low = s.depth
+    if s.high != s.max_depth:
+        s.depth = (s.depth + s.high) // 2
+    else:
+        s.depth *= 2
+    s.depth = min(s.depth, s.max_depth)
+    if s.depth == before:
+        if s.end_run:
+            return "done"
+        s.end_run = True
+        return "final"
+    return ""
+
+
+def on_failure(s: SearchState) -> bool:
+    """__lat_target_failed; False at depth 1 (nothing lower to try), else lowers the depth."""
+    if s.depth == 1:
+        return False
+    s.high = s.depth
+    if s.depth == s.low:
+        s.low -= 1
+    s.depth = (s.depth + s.low) // 2
+    return True
+
+
+class DepthSearch:
+    """One job clone's search, fed the latencies of each batch of completions."""
+
+    def __init__(self, target_ns: int, window_ns: int, percentile: float, max_depth: int, keep_running: bool,
+                 now_ns: int):
+        self.target_ns, self.window_ns, self.percentile = target_ns, window_ns, percentile
+        self.keep_running = keep_running
+        self.state = start(max_depth)
+        self._new_cycle(now_ns)
+
+    @classmethod
+    def of_job(cls, job, max_depth: int, now_ns: int, on_device: bool) -> DepthSearch | None:
+        if not job["latency_target"]:
+            return None
+        if on_device:  # (its engine's queues and the model clock's loop are sized when it opens)
+            raise ValueError("latency_target: the queue-depth search runs on the file engines (psync, libaio, "
+                             "io_uring, ...), not on ioengine=cxlhm")
+        return cls(job["latency_target"], job["latency_window"], job["latency_percentile"], max_depth,
+                   bool(job["latency_run"]), now_ns)
+
+    @property
+    def depth(self) -> int:
+        return self.state.depth
+
+    def _new_cycle(self, now_ns: int) -> None:
+        self.window_start, self.ios, self.failed = now_ns, 0, 0
+
+    def window_end(self) -> int:
+        return self.window_start + self.window_ns
+
+    def restart(self, now_ns: int) -> None:
+        """The measured part begins (after ramp_time): a fresh window."""
+        self._new_cycle(now_ns)
+
+    def observe(self, lat_ns: np.ndarray, now_ns: int) -> str:
+        """Take a batch's latencies; returns "", "final", "done" or "fatal" (a failed
+        I/O at depth 1 with latency_percentile=100)."""
+        over = int(np.count_nonzero(lat_ns > self.target_ns))
+        if self.percentile == 100.0 and over:
+            if not on_failure(self.state):
+                return "fatal"
+            self._new_cycle(now_ns)
+            return ""
+        self.ios += int(lat_ns.shape[0])
+        self.failed += over
+        if now_ns - self.window_start < self.window_ns or self.ios == 0:
+            return ""
+        met = (self.ios - self.failed) / self.ios * 100.0
+        if met >= self.percentile:
+            event = on_success(self.state)
+            if event == "done" and self.keep_running:
+                event = ""
+            self._new_cycle(now_ns)
+            return event
+        if on_failure(self.state):
+            self._new_cycle(now_ns)
+        return ""
+
+
+def set_engine_depth(engine, depth: int) -> None:
+    """Let an engine keep `depth` I/Os in flight from its next batch on (at most the
+    iodepth it was opened with, which sized its queues)."""
+    engine.iodepth = depth
+    opened_batch = engine.__dict__.setdefault("_opened_submit_batch", getattr(engine, "submit_batch", None))
+    if opened_batch is not None:  # (io_uring's SQEs per submit: never more than are in flight)
+        engine.submit_batch = max(1, min(opened_batch, depth))
+
+
+def after_batch(search: DepthSearch, engine, done, now_ns: int) -> tuple[str, str]:
+    """Feed a batch's latencies (slat + clat) to the search and give the engine the
+    depth it chose; returns (event, fio's error text for "fatal")."""
+    lat = np.asarray(done.clat[:done.count], np.int64)
+    if done.slat is not None:
+        lat = lat + np.asarray(done.slat[:done.count], np.int64)
+    event = search.observe(lat, now_ns)
+    set_engine_depth(engine, search.depth)
+    if event == "fatal":
+        return event, f"latency of {int(lat.max())} nsec exceeds specified max ({search.target_ns} nsec)"
+    return event, ""
