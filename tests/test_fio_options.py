@@ -280,3 +280,14 @@ def test_invalidate_drops_each_file_jobs_region_from_the_page_cache_as_fio_does(
     dropped.clear()
     run(f"[j]\nfilename={tmp_path / 'img'}\nioengine=cxlhm\ncxlhm_dram=4m\nsize=1m\nrw=read\n")
     assert not [d for d in dropped if d[0] == str(tmp_path / "img")]
+
+
+def test_random_generator_is_accepted_and_a_non_default_one_is_said(tmp_path):
+    """fio's latency-profile example asks for random_generator=lfsr: it runs, and the note
+    says the offsets are cxlhm's (every block once per pass, not fio's LFSR sequence)."""
+    _, _, said = run(f"[j]\nfilename={tmp_path / 'f'}\nsize=64k\nrw=randread\nrandom_generator=lfsr\n")
+    assert any("random_generator=lfsr is accepted" in line for line in said)
+    _, _, said = run(f"[j]\nfilename={tmp_path / 'f'}\nsize=64k\nrw=randread\nrandom_generator=tausworthe\n")
+    assert not any("random_generator" in line for line in said)
+    with pytest.raises(Exception, match="random_generator"):
+        jobs_of(f"[j]\nfilename={tmp_path / 'f'}\nsize=64k\nrandom_generator=mt19937\n")

@@ -42,8 +42,7 @@ NOT_MODELLED_WHY: dict[str, str] = {
     "fsync": "fsync every N writes is not modelled",
     "continue_on_error": "continue_on_error is not modelled (a failed I/O ends the job)",
     "ignore_error": "ignore_error is not modelled (a failed I/O ends the job)",
-    "error_dump": "error_dump is not modelled", "random_generator": "only fio's default generator's "
-    "statistics are modelled (the sequence differs from fio's)",
+    "error_dump": "error_dump is not modelled",
     "random_sequence_stride": "random_sequence_stride is not modelled",
     "io_submit_mode": "io_submit_mode=offload (a pool of threads submitting the job's I/O) is not modelled; "
     "inline, fio's default, is how every job runs",

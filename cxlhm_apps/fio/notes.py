@@ -19,4 +19,9 @@ def notes(jobs: list[JobSpec]) -> list[str]:
                 path, line = job.where(name)
                 out.append(f"note: {path}:{line}: job {job.name!r}: {name} is accepted but not modelled "
                            "(placement only; the job runs where the OS puts it)")
+        if "random_generator" in job.given and job["random_generator"] != "tausworthe":
+            path, line = job.where("random_generator")
+            out.append(f"note: {path}:{line}: job {job.name!r}: random_generator={job['random_generator']} is "
+                       "accepted; its offsets come from cxlhm's generator (each block once per pass, the "
+                       "sequence not fio's)")
     return list(dict.fromkeys(out))

@@ -361,6 +361,10 @@ OPTIONS: tuple[Option, ...] = (
            group="pattern"),
     Option("randseed", "int", _int_at_least(0), 0x89, "seed for offsets, directions and block sizes", group="pattern"),
     Option("randrepeat", "bool", _bool, True, "repeatable random sequence across runs (0: seed from the clock)", group="pattern"),
+    Option("random_generator", "str", _choice("tausworthe", "lfsr", "tausworthe64"), "tausworthe",
+           "fio's generator of random offsets; accepted, and the offsets come from cxlhm's own generator "
+           "(every block once per pass, as fio's map or its LFSR give them; the sequence is not fio's)",
+           group="pattern"),
     Option("norandommap", "bool", _bool, False, "random offsets may repeat within a pass (default: every block once per pass)",
            flag=True, group="pattern"),
     Option("kb_base", "int", _kb_base, 1024, "1024: 4k = 4096 (fio's default); 1000: SI prefixes, KiB/MiB for powers of two",
