@@ -9,9 +9,11 @@ Semantics follow fio:
 - random offsets are aligned to the smallest block size of the job (or blockalign);
   uniform random I/O covers every block once per pass (fio's random map) unless
   norandommap, the skewed distributions never use the map (as in fio). With mixed
-  block sizes (bssplit, bsrange) the map works as fio's: cells of the smallest size, a
-  random cell (the next free one after it when it is taken), and an I/O shortened to
-  the free stretch of the map at its offset, so big blocks shrink as a pass fills up.
+  block sizes (bssplit, bsrange) the map works as fio 3.33's: cells of the smallest size
+  of all directions, but each direction draws and marks in its own min_bs units, an I/O
+  is shortened to the free stretch at its offset, and an offset fio cannot place ends the
+  pass short of its bytes (see _mapped_offsets). cxlhm draws with its own generator, so
+  where a pass ends differs from fio's run to run, as fio's own does from seed to seed.
 - `loops`: each pass of loop_bytes starts the direction rule's count again and, with
   randrepeat (fio seeds every generator again per pass), the same offsets, sizes and
   directions as the first pass.
@@ -119,13 +121,20 @@ class IoGenerator:
         self.uniform = distribution is None or distribution.kind == "random"
         self.randommap = randommap and self.uniform
         # fio's random map marks every block an I/O covers, so I/Os of one pass never
-        # overlap; with mixed sizes it is a bitmap of the smallest cells (fio's axmap)
+        # overlap; with mixed sizes it is fio's axmap: one cell per smallest block size of
+        # all directions (rw_min_bs), read and written in each direction's own units
         mixed = self.max_bs != min(c.min for c in active)
         self.unit = self.align
         self.bitmap = None
         if self.randommap and mixed and rw.random and max(1, rw.modifier) == 1:
-            self.bitmap = np.zeros(max(1, self.length // self.unit), bool)
-            self._map_free = self.bitmap.shape[0]
+            cell = min(sizes[READ].min, sizes[WRITE].min)
+            self.bitmap = np.zeros(max(1, self.length // cell), bool)
+            # per direction: its block (min_bs), its draw step (blockalign) and how many
+            # steps fio draws from (last_block: the last min_bs must fit in the region)
+            self._map_units = [sizes[d].min for d in (READ, WRITE)]
+            self._map_steps = [blockalign or sizes[d].min for d in (READ, WRITE)]
+            self._map_draws = [max(0, self.length - max(0, u - st)) // st
+                               for u, st in zip(self._map_units, self._map_steps)]
         self.nblocks = max(1, self.length // self.unit)
         self._seed_generators()
         self.seq_pos = [0, 0]  # per-direction sequential position (relative to the region)
@@ -141,12 +150,13 @@ class IoGenerator:
         self._pass, self._drawn = 0, 0  # random-map pass and position in it
         if self.bitmap is not None:
             self.bitmap[:] = False
-            self._map_free = self.bitmap.shape[0]
 
     def _new_loop(self) -> None:
         """The next `loops` pass (fio's clear_io_state): under randrepeat every generator
         starts again from its seed, so the pass repeats the first one's I/Os."""
         self.loop_left = self.loop_bytes
+        if self.bitmap is not None:  # fio's clear_io_state resets the file's map each pass
+            self.bitmap[:] = False
         if self.reseed_loops:
             self._seed_generators()
         if self.directions is not None:
@@ -184,7 +194,7 @@ class IoGenerator:
             if mask.any():
                 size[mask] = self.sizes[d].draw(int(mask.sum()), self.rng)
         if self.bitmap is not None:  # (shortens `size` where the map is taken, and at the budget)
-            offset, n = self._mapped_offsets(size)
+            offset, n = self._mapped_offsets(size, direction)
             direction, size, offset = direction[:n], size[:n], offset[:n]
         else:
             cap = self._bytes_cap()
@@ -264,38 +274,78 @@ class IoGenerator:
             self._zone_bytes += s
         return offset
 
-    def _mapped_offsets(self, size: np.ndarray) -> tuple[np.ndarray, int]:
-        """fio's random map with mixed sizes, one I/O at a time: a uniform random cell,
-        or the next free one after it (wrapping) when it is taken; the I/O covers at most
-        the free stretch from there (fio's mark_random_map shortens it) and what is left
-        of the byte budget. A full map starts a new pass. Returns the offsets and how
-        many of the I/Os there are (the budget may end them early)."""
-        bitmap, unit, cells = self.bitmap, self.unit, self.bitmap.shape[0]
+    def _mapped_offsets(self, size: np.ndarray, direction: np.ndarray) -> tuple[np.ndarray, int]:
+        """fio 3.33's random map with mixed sizes (io_u.c), one I/O at a time. The map has
+        a cell per rw_min_bs, but each direction counts in its own units: it draws a block
+        b among its last_block steps (blockalign, by default its min_bs) and, when cell b
+        is taken, moves b to the map's next free cell (axmap_next_free, wrapping); the I/O
+        goes at b steps. It then marks ceil(size / min_bs) cells from offset / min_bs,
+        stopping at the first taken one, and is shortened to what it marked
+        (mark_random_map). So a direction whose blocks are larger than the cells only ever
+        looks at the first cells, and an I/O whose offset falls past the region (or whose
+        smallest block no longer fits) ends the pass short of its bytes: fio marks the
+        file done. Under time_based fio resets the map and draws again instead.
+        Returns the offsets and how many of the I/Os there are."""
+        bitmap, cells = self.bitmap, self.bitmap.shape[0]
         offset = np.empty(size.shape[0], np.int64)
-        draws = self.rng.integers(0, cells, size.shape[0]).tolist()
-        sizes = size.tolist()
+        draws = self.rng.random(size.shape[0]).tolist()
+        sizes, dirs = size.tolist(), direction.tolist()
         left = self._bytes_cap()
-        for i, cell in enumerate(draws):
-            if left is not None:
-                if left <= 0:
-                    return offset, i
-            if self._map_free == 0:
+        for i, u in enumerate(draws):
+            if left is not None and left <= 0:
+                return offset, i
+            d = dirs[i]
+            placed = self._map_place(d, u, sizes[i])
+            if placed is None and left is None:  # time_based: a fresh map, and one more try
                 bitmap[:] = False
-                self._map_free = cells
-            if bitmap[cell]:
-                free = np.flatnonzero(~bitmap[cell:])
-                cell = int(free[0]) + cell if free.size else int(np.flatnonzero(~bitmap[:cell])[0])
-            want = max(1, sizes[i] // unit)
-            stretch = bitmap[cell:cell + want]
+                placed = self._map_place(d, u, sizes[i])
+            if placed is None:  # the pass ends here, short of its bytes
+                if self.loop_left is not None:
+                    self.loop_left = 0
+                elif self.bytes_left is not None:
+                    self.bytes_left = 0
+                return offset, i
+            rel, s = placed
+            unit = self._map_units[d]
+            block = rel // unit
+            stretch = bitmap[block:min(cells, block + -(-s // unit))]
             taken = np.flatnonzero(stretch)
             n = int(taken[0]) if taken.size else stretch.shape[0]
-            bitmap[cell:cell + n] = True
-            self._map_free -= n
-            size[i] = min(sizes[i], n * unit)
-            offset[i] = self.start + cell * unit
+            bitmap[block:block + n] = True
+            if n:
+                s = min(s, n * unit)
+            size[i] = s
+            offset[i] = self.start + rel
             if left is not None:
-                left -= int(size[i])
+                left -= s
         return offset, size.shape[0]
+
+    def _map_place(self, d: int, u: float, want: int) -> tuple[int, int] | None:
+        """Where fio puts direction `d`'s next I/O on the map, and its size (redrawn, as
+        fio's get_next_buflen does, while it would cross the region's end); None when fio
+        would find no offset (the map full, or the offset past the region)."""
+        bitmap, cells = self.bitmap, self.bitmap.shape[0]
+        steps = self._map_draws[d]
+        if steps == 0:
+            return None
+        b = int(u * steps)
+        if b >= cells or bitmap[b]:
+            if b >= cells:
+                return None
+            free = np.flatnonzero(~bitmap[b + 1:])
+            if free.size:
+                b = b + 1 + int(free[0])
+            else:
+                free = np.flatnonzero(~bitmap[:b + 1])
+                if not free.size:
+                    return None
+                b = int(free[0])
+        rel = b * self._map_steps[d]
+        if rel >= self.length or rel + self.sizes[d].min > self.length:
+            return None
+        while rel + want > self.length:
+            want = int(self.sizes[d].draw(1, self.rng)[0])
+        return rel, want
 
     def _backwards(self, d: int, sz: np.ndarray, hole: int) -> np.ndarray:
         """rw=read:-SIZE, fio's way: the first I/O at the region's start, each next one
