@@ -171,7 +171,7 @@ class Streams:
                         self._settle(job, status)
                     finally:  # even after an error: what the slice took or gave back is counted
                         counted, held = self._account(st, counted, held)
-                        state.note_victims()  # (its table changed only in this turn)
+                        state.note_victims(self.state.block_size)  # (its table changed only in this turn)
                         self.state.idle.notify_all()  # reads of this stream may have ended: threads waiting for their slots
                     if status == ss.DEVICE_FULL:
                         raise DeviceFull("no evictable device-DRAM slot: every slot is pinned or in use")
@@ -403,7 +403,7 @@ class Streams:
                         error = error or exc
                 finally:
                     counted, held = self._account(st, counted, held)
-                    job.state.note_victims()
+                    job.state.note_victims(self.state.block_size)
                     self.state.idle.notify_all()
             if status == ss.REAP_UNLOCKED:
                 try:
