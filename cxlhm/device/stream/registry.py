@@ -29,17 +29,22 @@ class StreamRegistry:
     def __init__(self, state: DeviceState):
         self.block_size = state.block_size
         self._states: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # per thread: its stream
+        # their weak references as others() walks them, gathered again at each register (a
+        # state gone since reads None): walking the dictionary itself cost ~1.5 us a turn
+        self._refs: list[weakref.ref] = []
+        self._registering = threading.Lock()  # (two threads registering at once: the last list has both)
         self.running = np.zeros(1, np.int64)  # stream_io calls running (changed under the lock)
 
     def register(self, stream: ss.StreamState) -> None:
         """The calling thread's stream state (it replaces the thread's last one)."""
-        self._states[threading.get_ident()] = stream
+        with self._registering:
+            self._states[threading.get_ident()] = stream
+            self._refs = self._states.valuerefs()
 
     def others(self, but: ss.StreamState | None) -> list[ss.StreamState]:
         """The threads' stream states but `but` (through the weak references: the
         dictionary's own iteration costs more than the rest of a round trip's look-ups)."""
-        return [stream for stream in (ref() for ref in self._states.valuerefs())
-                if stream is not None and stream is not but]
+        return [stream for stream in (ref() for ref in self._refs) if stream is not None and stream is not but]
 
     def victim_blocks(self, but: ss.StreamState | None = None) -> np.ndarray:
         """Under the lock: the blocks the device's streams (but `but`) are writing back,
