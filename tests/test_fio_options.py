@@ -291,3 +291,13 @@ def test_random_generator_is_accepted_and_a_non_default_one_is_said(tmp_path):
     assert not any("random_generator" in line for line in said)
     with pytest.raises(Exception, match="random_generator"):
         jobs_of(f"[j]\nfilename={tmp_path / 'f'}\nsize=64k\nrandom_generator=mt19937\n")
+
+
+def test_io_submit_mode_offload_runs_the_same_io_and_says_so(tmp_path):
+    """fio's fixed-rate and poisson-rate submission examples use io_submit_mode=offload: the
+    same I/O runs, submitted from the job's own thread, and the note says so."""
+    _, out, said = run(f"[j]\nfilename={tmp_path / 'f'}\nsize=256k\nrw=read\nio_submit_mode=offload\n")
+    assert out["jobs"][0]["read"]["io_bytes"] == 256 << 10
+    assert any("io_submit_mode=offload is accepted" in line for line in said)
+    with pytest.raises(Exception, match="io_submit_mode"):
+        jobs_of(f"[j]\nfilename={tmp_path / 'f'}\nsize=64k\nio_submit_mode=pool\n")

@@ -79,7 +79,7 @@ EXAMPLES = {
     "cxlhm_dram": ("64m", 64 << 20), "cxlhm_block_size": ("4k", 4096), "cxlhm_clock": ("wall", "wall"),
     "directory": ("/tmp", "/tmp"), "filename_format": ("f.$jobnum", "f.$jobnum"), "filesize": ("8m", 8 << 20),
     "buffered": ("0", False), "invalidate": ("0", False), "log_prio": ("1", True),
-    "random_generator": ("lfsr", "lfsr"), "thread": ("1", True), "offset_increment": ("1m", 1 << 20),
+    "random_generator": ("lfsr", "lfsr"), "io_submit_mode": ("offload", "offload"), "thread": ("1", True), "offset_increment": ("1m", 1 << 20),
     "blockalign": ("8k", (8192, 8192)), "loops": ("3", 3), "numa_cpu_nodes": ("0", "0"),
     "numa_mem_policy": ("local", "local"), "wait_for": ("w", "w"), "exitall": ("1", True),
     "exit_what": ("stonewall", "stonewall"), "write_lat_log": ("lat", "lat"), "write_bw_log": ("bw", "bw"),

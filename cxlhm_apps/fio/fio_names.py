@@ -44,8 +44,6 @@ NOT_MODELLED_WHY: dict[str, str] = {
     "ignore_error": "ignore_error is not modelled (a failed I/O ends the job)",
     "error_dump": "error_dump is not modelled",
     "random_sequence_stride": "random_sequence_stride is not modelled",
-    "io_submit_mode": "io_submit_mode=offload (a pool of threads submitting the job's I/O) is not modelled; "
-    "inline, fio's default, is how every job runs",
     "iodepth_batch_complete": "iodepth_batch_complete is not modelled",
     "gtod_reduce": "gtod_reduce is not modelled (every latency is measured)",
     "disable_lat": "disabling latency collection is not modelled",

@@ -361,6 +361,10 @@ OPTIONS: tuple[Option, ...] = (
            group="pattern"),
     Option("randseed", "int", _int_at_least(0), 0x89, "seed for offsets, directions and block sizes", group="pattern"),
     Option("randrepeat", "bool", _bool, True, "repeatable random sequence across runs (0: seed from the clock)", group="pattern"),
+    Option("io_submit_mode", "str", _choice("inline", "offload"), "inline",
+           "who submits the job's I/O: inline (its own thread) or offload (fio's pool of submitting threads); "
+           "accepted, and every job submits inline here (the same I/O; offload's hand-over cost is not added)",
+           group="timing"),
     Option("random_generator", "str", _choice("tausworthe", "lfsr", "tausworthe64"), "tausworthe",
            "fio's generator of random offsets; accepted, and the offsets come from cxlhm's own generator "
            "(every block once per pass, as fio's map or its LFSR give them; the sequence is not fio's)",
