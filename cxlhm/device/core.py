@@ -179,11 +179,7 @@ class Device:
 
     def access(self, ext_hpa: np.ndarray, ext_len: np.ndarray, user_addr: int, is_write: bool, owner: int = 0,
                issue_ns: float | None = None) -> float:
-        """Read (or write) the extents, laid end to end in the user buffer at `user_addr`,
-        as concurrent I/Os. Returns the latency in ns on the device's clock. On the model
-        clock `issue_ns` places the access in time (default: now, and the clock then
-        moves to its completion, as for a synchronous host). Host threads may call it
-        at once; on the wall clock their SSD reads overlap."""
+        """HostDevice.access, run by the access path (cxlhm/device/access.py, AccessPath.access)."""
         return self.access_path.access(ext_hpa, ext_len, user_addr, is_write, owner, issue_ns)
 
     def access_one(self, hpa: int, n: int, user_addr: int, is_write: bool, owner: int = 0,
