@@ -196,4 +196,4 @@ def test_the_device_engine_says_it_does_not_search(tmp_path):
     jobs, globals_ = _jobs(f"[j]\nfilename={tmp_path / 'd.img'}\nioengine=cxlhm\nsize=8m\nrw=randread\n"
                            "latency_target=1ms\n")
     result = run_jobs(jobs, log=lambda _: None)
-    assert result.failed and any("not on ioengine=cxlhm" in m for m in result.messages)
+    assert result.failed and any("not ioengine=cxlhm" in m for m in result.messages)

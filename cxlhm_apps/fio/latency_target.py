@@ -77,13 +77,16 @@ class DepthSearch:
         self._new_cycle(now_ns)
 
     @classmethod
-    def of_job(cls, job, max_depth: int, now_ns: int, on_device: bool) -> DepthSearch | None:
+    def of_job(cls, job, engine, now_ns: int, on_device: bool) -> DepthSearch | None:
+        """The job's search (None without latency_target), up to the depth `engine` was
+        opened with; an engine that keeps no adjustable depth (`iodepth`) is refused."""
         if not job["latency_target"]:
             return None
-        if on_device:  # (its engine's queues and the model clock's loop are sized when it opens)
-            raise ValueError("latency_target: the queue-depth search runs on the file engines (psync, libaio, "
-                             "io_uring, ...), not on ioengine=cxlhm")
-        return cls(job["latency_target"], job["latency_window"], job["latency_percentile"], max_depth,
+        if on_device or not isinstance(getattr(engine, "iodepth", None), int):
+            # (the device's queues and the model clock's loop are sized when it opens)
+            raise ValueError(f"latency_target: the queue-depth search needs an engine whose depth can change "
+                             f"(fio's file engines: psync, libaio, io_uring, ...), not ioengine={job['ioengine']}")
+        return cls(job["latency_target"], job["latency_window"], job["latency_percentile"], engine.iodepth,
                    bool(job["latency_run"]), now_ns)
 
     @property

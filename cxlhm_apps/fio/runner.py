@@ -251,7 +251,7 @@ class Worker:
             pacer.restart(t0)
         if self.minrate is not None:
             self.minrate.restart(t0)
-        search = DepthSearch.of_job(job, engine.iodepth, t0, engine_of(job).uses_device)  # latency_target
+        search = DepthSearch.of_job(job, engine, t0, engine_of(job).uses_device)  # latency_target
         if search is not None:
             set_engine_depth(engine, search.depth)
         ramp_end = t0 + job["ramp_time"]
