@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
-IOPRIO_CLASS_SHIFT, REALTIME = 13, 1  # Linux ioprio: class << 13 | level; class 1 is realtime
+from cxlhm_apps.fio.cmdprio import IOPRIO_CLASS_SHIFT
+
+REALTIME = 1  # the realtime ioprio class, the one fio's log marks with 1
 
 KINDS = ("lat", "clat", "slat", "bw", "iops")
 OPTION_OF = {"lat": "write_lat_log", "clat": "write_lat_log", "slat": "write_lat_log",
