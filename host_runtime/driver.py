@@ -47,8 +47,7 @@ class DeviceHandle:
 
     def __init__(self, device: HostDevice):
         self._device = device
-        self.config: DeviceConfig = device.cfg
-        self.cfg = device.cfg
+        self.cfg: DeviceConfig = device.cfg
         self.capacity = device.capacity
         self.block_size = device.block_size
         self.window = getattr(device, "window", None)  # cxlhm.window.Window in mode: window, else None
@@ -122,6 +121,11 @@ class DeviceHandle:
         if via == "none":
             return NullHints()
         raise ValueError(f"hint_sink: via must be 'mailbox', 'direct' or 'none', got {via!r}")
+
+    @property
+    def config(self) -> DeviceConfig:
+        """The device's configuration (the same object as `cfg`, HostDevice's name for it)."""
+        return self.cfg
 
     # ---------------------------------------------------------------- the device interface
     @property

@@ -6,8 +6,9 @@ of a never-written, sparse region would never reach the disk); jobs run in phase
 ramp_time unrecorded, then until its runtime, byte or I/O budget ends; a writing job
 with verify then reads back and checks what it wrote.
 
-Planning (clones, regions, phases, seeds) is cxlhm_apps/fio/plan.py. Devices (ioengine=cxlhm, cxlhm_apps/fio/devices.py) are shared by every clone whose
-filename is the same backing file, opened before the first phase and closed (dirty DRAM
+Planning (clones, regions, phases, seeds) is cxlhm_apps/fio/plan.py. Devices
+(ioengine=cxlhm, cxlhm_apps/fio/devices.py) are shared by every clone whose filename is
+the same backing file, opened before the first phase and closed (dirty DRAM
 flushed) after the last.
 """
 from __future__ import annotations
