@@ -736,6 +736,21 @@ def test_a_lease_on_a_chunk_removed_and_stored_again_never_unpins_the_new_one(de
     s.close()
 
 
+def test_a_plain_unpin_never_takes_a_leases_pin_nor_a_lease_a_plain_pin(dev_factory):
+    s, t, clock = leased_store(dev_factory, 4)
+    t.put_from(b"k", chunk(1))
+    lease = t.lease_pins([b"k"], 5)
+    assert t.unpin([b"k"]) == 0  # pinned by the lease alone: nothing of unpin()'s to take
+    assert t.stats()["pinned_bytes"] == CHUNK
+    assert t.pin([b"k"]) == 1
+    assert lease.release() == 1  # the lease's own pin ends ...
+    assert t.stats()["pinned_bytes"] == CHUNK  # ... the plain one stays
+    assert t.unpin([b"k"]) == 1 and t.unpin([b"k"]) == 0
+    assert t.stats()["pinned_bytes"] == 0
+    s.check()
+    s.close()
+
+
 def test_an_idle_store_releases_expired_leases_by_itself(dev_factory):
     import time
     s = small_store(dev_factory, 4)

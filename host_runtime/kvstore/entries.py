@@ -36,12 +36,13 @@ class PutStatus(enum.Enum):
 
 
 class Entry:
-    __slots__ = ("tenant", "key", "hpa", "nbytes", "pins", "leases", "protects", "active", "paused",
+    __slots__ = ("tenant", "key", "hpa", "nbytes", "pins", "plain_pins", "leases", "protects", "active", "paused",
                  "cls", "doomed", "stamp", "fp")
 
     def __init__(self, tenant: "Tenant", key: bytes, hpa: int, nbytes: int):
         self.tenant, self.key, self.hpa, self.nbytes = tenant, key, hpa, nbytes
         self.pins = self.leases = self.active = self.paused = 0
+        self.plain_pins = 0   # of `pins`, those taken by pin() (the rest are pin leases'): only unpin() drops these
         self.protects = 0     # prefetches protecting it from eviction (a removal still frees it at once)
         self.cls = COLD
         self.doomed = False   # removed while leased: freed when the last lease ends

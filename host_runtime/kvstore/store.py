@@ -315,7 +315,9 @@ class KVStore(EvictionMixin, PersistenceMixin):
         return self._pin_keys(t, keys, True)
 
     def unpin(self, t: Tenant, keys: list[bytes]) -> int:
-        """One pin fewer on each key of `t` that holds one (Tenant.unpin)."""
+        """One plain pin fewer on each key of `t` that holds one (Tenant.unpin). A pin
+        lease's pins are not a plain unpin's to drop: they end with the lease, so a
+        lease never takes away a pin that pin() gave."""
         return self._pin_keys(t, keys, False)
 
     def _pin_keys(self, t: Tenant, keys: list[bytes], pin: bool) -> int:
@@ -325,7 +327,13 @@ class KVStore(EvictionMixin, PersistenceMixin):
         with self._lock:
             for key in keys:
                 entry = t.index.get(key)
-                if entry is not None and (self._pin_entry(entry, ranges) if pin else self._unpin_entry(entry, ranges)):
+                if entry is None:
+                    continue
+                if pin and self._pin_entry(entry, ranges):
+                    entry.plain_pins += 1
+                    done += 1
+                elif not pin and entry.plain_pins and self._unpin_entry(entry, ranges):
+                    entry.plain_pins -= 1
                     done += 1
         if ranges:
             self._hint("pin" if pin else "unpin", coalesce(ranges))
@@ -556,7 +564,7 @@ class KVStore(EvictionMixin, PersistenceMixin):
         self._unplace(entry)
         if entry.pins:
             t.pinned_bytes -= self._extent_bytes(entry)
-            entry.pins = 0
+            entry.pins = entry.plain_pins = 0
             self._hint("unpin", [(entry.hpa, entry.nbytes)])
         if entry.leases:
             entry.doomed = True

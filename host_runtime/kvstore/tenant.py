@@ -314,6 +314,8 @@ class Tenant:
         return self.store.pin(self, [kvkeys.normalize_key(k) for k in keys])
 
     def unpin(self, keys: Sequence[Any]) -> int:
+        """Take back one pin() from each of these chunks; returns how many held one. A
+        chunk pinned only by a pin lease is left pinned: the lease's pins end with it."""
         return self.store.unpin(self, [kvkeys.normalize_key(k) for k in keys])
 
     def lease_pins(self, keys: Sequence[Any], lease_s: float, *, lease_id: Any = None) -> "PinLease":
