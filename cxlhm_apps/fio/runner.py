@@ -84,7 +84,7 @@ class Worker:
         self.plan, self.share, self.job = plan, share, plan.job
         job = self.job
         self.stats = JobStats(job.name, plan.groupid, iodepth=job["iodepth"])
-        self.verify_kind = VF.spec_of(job)
+        self.verify_kind = VF.spec_of(job, thread_number)
         sizes = size_choices(job.values)
         self.seed = seed
         rw = job["rw"]

@@ -275,10 +275,10 @@ class VerifyFailure:
                 f"(requested block: offset={offset}, length={length})")
 
 
-def spec_of(job):
-    """The job's verify as stamp_many / check_many take it: 0 (off), fio's type number,
-    or a verify_pattern.VerifySpec (a pattern, an interval, meta or pattern)."""
-    return VP.spec_of(job, TYPES)
+def spec_of(job, thread: int = 0):
+    """The job's verify as stamp_many / check_many take it: 0 (off) or a
+    verify_pattern.VerifySpec (its type, pattern, interval and the clone's thread number)."""
+    return VP.spec_of(job, TYPES, thread)
 
 
 def stamp(block: np.ndarray, kind: int, offset: int, seed: int, numberio: int, thread: int = 0) -> None:
@@ -325,7 +325,7 @@ def _payload_sum(data, words, at, length, kind, table, hw):
 
 
 @numba.njit(nogil=True, cache=True)
-def _stamp_many(data, words, starts, sizes, kind, offsets, seeds, numberios, table, hw):
+def _stamp_many(data, words, starts, sizes, kind, offsets, seeds, numberios, thread, table, hw):
     for b in range(starts.shape[0]):
         at, length = starts[b], sizes[b]
         for j in range(HEADER_BYTES):
@@ -335,6 +335,7 @@ def _stamp_many(data, words, starts, sizes, kind, offsets, seeds, numberios, tab
         _put(data, at + 4, length, 4)
         _put(data, at + 8, seeds[b], 8)
         _put(data, at + 16, offsets[b], 8)
+        _put(data, at + 32, thread & 0xFFFF, 2)
         _put(data, at + 34, numberios[b] & 0xFFFF, 2)
         _put(data, at + CRC_AT, _crc32c_at(data, words, at, at + CRC_AT, table, hw) ^ np.uint64(0xFFFFFFFF), 4)
         _put(data, at + HEADER_BYTES, _payload_sum(data, words, at, length, kind, table, hw), 4)
@@ -377,21 +378,25 @@ def _batch_args(data: np.ndarray, starts, sizes, offsets):
             np.ascontiguousarray(offsets, np.uint64), HW_CRC32C and words.shape[0] > 0)
 
 
-def stamp_many(data: np.ndarray, starts, sizes, kind, offsets, seeds: np.ndarray, numberios) -> None:
+def stamp_many(data: np.ndarray, starts, sizes, kind, offsets, seeds: np.ndarray, numberios,
+               thread: int = 0) -> None:
     """stamp() for many blocks of `data` (a flat uint8 array: block b is
     data[starts[b]:starts[b] + sizes[b]]), compiled for crc32c and xxhash; `seeds` uint64.
-    `kind`: fio's type number, or a VerifySpec (verify_pattern.py lays those out)."""
+    `kind`: fio's type number (the headers' thread field `thread`), or a VerifySpec
+    (verify_pattern.py lays out all but the plain ones)."""
     if isinstance(kind, VP.VerifySpec):
-        VP.stamp_spec(kind, data, starts, sizes, offsets, seeds, numberios)
-        return
+        if not kind.plain:
+            VP.stamp_spec(kind, data, starts, sizes, offsets, seeds, numberios)
+            return
+        kind, thread = kind.kind, kind.thread
     if kind not in (5, 15):  # md5: hashlib's, a block at a time
         for b in range(len(starts)):
             stamp(data[int(starts[b]):int(starts[b]) + int(sizes[b])], kind, int(offsets[b]), int(seeds[b]),
-                  int(numberios[b]))
+                  int(numberios[b]), thread)
         return
     words, starts, sizes, offsets, hw = _batch_args(data, starts, sizes, offsets)
     _stamp_many(data, words, starts, sizes, kind, offsets, np.ascontiguousarray(seeds, np.uint64),
-                np.ascontiguousarray(numberios, np.int64), _CRC32C_TABLE, hw)
+                np.ascontiguousarray(numberios, np.int64), thread, _CRC32C_TABLE, hw)
 
 
 def check_many(data: np.ndarray, starts, sizes, kind, offsets, seeds: np.ndarray | None = None,
@@ -399,7 +404,9 @@ def check_many(data: np.ndarray, starts, sizes, kind, offsets, seeds: np.ndarray
     """check() for many blocks of `data` (laid out as for stamp_many): the failures, as
     (block index, failure), in block order. `seeds` / `numberios` None: not checked."""
     if isinstance(kind, VP.VerifySpec):
-        return VP.check_spec(kind, data, starts, sizes, offsets, seeds, numberios)
+        if not kind.plain:
+            return VP.check_spec(kind, data, starts, sizes, offsets, seeds, numberios)
+        kind = kind.kind
     if kind not in (5, 15):
         found = []
         for b in range(len(starts)):

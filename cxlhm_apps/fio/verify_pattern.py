@@ -9,10 +9,14 @@ lays them out (verify.c, lib/pattern.c):
   block being written). At most 512 bytes.
 - A written block is filled with the pattern from its first byte, repeated, each `%o`
   holding the block's offset; then, unless verify=pattern (no header), a header is
-  written over the start of every `verify_interval` bytes (default: one per block),
-  naming its own offset and length (the interval; fio 3.33 applies it only where it
-  divides the block, one header per block otherwise). With a pattern, fio leaves the
-  header's rand_seed 0.
+  written over the start of every `verify_interval` bytes, naming its own offset and
+  length (the interval). The interval is fio 3.33's after its fixup (init.c): unset, it
+  is the smallest write size where the write sizes differ (one header per block where
+  they do not); it is cut to the smallest write (or read) size and to a divisor of the
+  smallest and largest write sizes. A block the interval does not divide (a bssplit
+  size between the two) gets one header here; fio's would run past the block. With a
+  pattern, fio leaves the header's rand_seed 0. Every header carries the job's thread
+  number (fio's td->thread_number, counted from 1 over all jobs and clones).
 - verify=meta (fio's VERIFY_HDR_ONLY) writes the header with no checksum after it and
   checks only the header (magic, length, rand_seed, offset, numberio, the header's
   crc32c, type), then the pattern after the header where one is given. verify_pattern
@@ -25,6 +29,7 @@ lays them out (verify.c, lib/pattern.c):
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 import numpy as np
@@ -106,6 +111,12 @@ class VerifySpec:
     kind: int  # fio's verify type number
     pattern: Pattern | None = None
     interval: int = 0  # a header every `interval` bytes (0: one per block)
+    thread: int = 0  # the headers' thread field (fio's thread number)
+
+    @property
+    def plain(self) -> bool:
+        """A header and checksum per block, nothing more (verify.py's compiled batches)."""
+        return self.pattern is None and not self.interval and self.kind not in (META, PATTERN, PATTERN_NO_HDR)
 
     def step(self, length: int) -> int:
         """The bytes each header covers: the interval where it divides the block (fio 3.33
@@ -113,19 +124,36 @@ class VerifySpec:
         return self.interval if self.interval and length % self.interval == 0 else length
 
 
-def spec_of(job, types: dict[str, int]):
-    """The job's verify: 0 (off), fio's type number (the plain case), or a VerifySpec.
-    verify_pattern without verify is fio's VERIFY_PATTERN: a header (type 17) then the
-    pattern, checked as meta is."""
-    name, text, interval = job["verify"], job["verify_pattern"], job["verify_interval"]
+def fio_interval(job) -> int:
+    """verify_interval as fio 3.33's fixup leaves it (init.c, fixup_options), 0 where
+    every read and write is one size and the interval is that size (a header per block)."""
+    from cxlhm_apps.fio.pattern import size_choices
+    read, write = size_choices(job.values)
+    lo, hi = write.min, write.max
+    interval = job["verify_interval"] or 0
+    if hi != lo and not interval:
+        interval = lo
+    if interval > lo:
+        interval = lo
+    elif job["rw"].reads and interval > read.min:
+        interval = read.min
+    if not interval or lo % interval or hi % interval:
+        interval = math.gcd(lo, hi)
+    one_size = {read.min, read.max, lo, hi} == {interval}
+    return 0 if one_size else interval
+
+
+def spec_of(job, types: dict[str, int], thread: int = 0):
+    """The job's verify: 0 (off) or a VerifySpec (`thread`: fio's thread number of the
+    clone, written into every header). verify_pattern without verify is fio's
+    VERIFY_PATTERN: a header (type 17) then the pattern, checked as meta is."""
+    name, text = job["verify"], job["verify_pattern"]
     if name in ("0", "null"):
         if text is None or "verify" in job.given:
             return 0
-        return VerifySpec(PATTERN, parse_pattern(text), interval or 0)
-    kind = types[name]
-    if text is None and not interval and kind not in (META, PATTERN_NO_HDR):
-        return kind
-    return VerifySpec(kind, None if text is None else parse_pattern(text), interval or 0)
+        return VerifySpec(PATTERN, parse_pattern(text), fio_interval(job), thread)
+    pattern = None if text is None else parse_pattern(text)
+    return VerifySpec(types[name], pattern, fio_interval(job), thread)
 
 
 def _sub_blocks(spec: VerifySpec, starts, sizes, offsets):
@@ -157,7 +185,8 @@ def stamp_spec(spec: VerifySpec, data: np.ndarray, starts, sizes, offsets, seeds
         return
     block, sub_starts, sub_sizes, sub_offsets, _ = _sub_blocks(spec, starts, sizes, offsets)
     seeds = np.zeros(block.shape[0], np.uint64) if spec.pattern is not None else np.asarray(seeds, np.uint64)[block]
-    VF.stamp_many(data, sub_starts, sub_sizes, spec.kind, sub_offsets, seeds, np.asarray(numberios, np.int64)[block])
+    VF.stamp_many(data, sub_starts, sub_sizes, spec.kind, sub_offsets, seeds, np.asarray(numberios, np.int64)[block],
+                  thread=spec.thread)
 
 
 def _pattern_failure(spec: VerifySpec, data, start, size, offset):
