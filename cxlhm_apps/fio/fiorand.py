@@ -1,18 +1,25 @@
-"""fio's own random sequence for the one choice whose result a report shows as a figure:
-the direction of each I/O of a mixed job (rw=randrw/rw, rwmixread).
+"""fio 3.33's random generators and seeds, and the one draw whose rule is its own: the
+direction of each I/O of a mixed job (rw=randrw/rw, rwmixread).
 
 fio seeds each job's generators from `randseed` (default 0x89) and the job's number
-(`thread_number`: jobs and clones counted from 1 in the order of the job file), draws a
-mixed job's directions from a 32-bit Tausworthe generator (taus88) of its own, and with
-`randrepeat=1` (the default) seeds it again at the start of every `loops` pass. Its rule
-(io_u.c, get_rw_ddir) is not one draw per I/O: the direction is drawn again only once the
-current one has issued `rwmix_issues` I/Os, which a change of direction sets to the I/Os the
-direction left behind has issued so far times the new one's share; a new pass sets it to 0.
-A job whose passes are short thus repeats the same few dozen draws: fio's fsx example
-(64 I/Os per pass, 50/50) reads 45.3% of its I/Os in every run. The offsets and sizes
-keep cxlhm's own (numpy) generators: only the statistics of those are fio's.
+(`thread_number`: jobs and clones counted from 1 in the order of the job file): 21 seeds
+(rand_seeds[]), one per generator, each a 32-bit Tausworthe generator (taus88), or the
+64-bit one (taus258) under `random_generator=tausworthe64`. With `randrepeat=1` (the
+default) fio seeds them all again at the start of every `loops` pass, and the offsets'
+generator takes 0xb1899bed times the job's number instead of its rand_seeds entry, so
+`randseed` does not move a repeatable job's offsets (only its sizes and directions).
+
+A mixed job's directions come from a taus88 of their own. fio's rule (io_u.c, get_rw_ddir)
+is not one draw per I/O: the direction is drawn again only once the current one has issued
+`rwmix_issues` I/Os, which a change of direction sets to the I/Os the direction left behind
+has issued so far times the new one's share; a new pass sets it to 0. A job whose passes
+are short thus repeats the same few dozen draws: fio's fsx example (64 I/Os per pass,
+50/50) reads 45.3% of its I/Os in every run. The offsets and block sizes are drawn in
+fiodraw.py from the seeds given here.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import numba
 import numpy as np
@@ -20,7 +27,10 @@ import numpy as np
 _M32 = 0xFFFFFFFF
 _M64 = (1 << 64) - 1
 _GOLDEN = 0x9E370001  # fio's seed multiplier (init.c, setup_random_seeds)
+RAND_BS_OFF, RAND_BS1_OFF = 0, 1  # fio.h: the block-size generators' seeds (reads, writes)
 RAND_MIX_OFF = 4  # fio.h: FIO_RAND_MIX_OFF, the index of the direction generator's seed
+RAND_BLOCK_OFF = 6  # fio.h: FIO_RAND_BLOCK_OFF, the offsets' generator
+FIO_RANDSEED = 0xB1899BED  # init.c: the offsets' seed per job number under randrepeat
 _NR_OFFS = 21  # fio.h: FIO_RAND_NR_OFFS in 3.33
 
 
@@ -37,7 +47,8 @@ def job_seeds(randseed: int, thread_number: int) -> list[int]:
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _taus88(state):
+def taus88_next(state):
+    """fio's __rand32 (taus88) on state[0:3]: the next 32-bit value."""
     s1, s2, s3 = state[0], state[1], state[2]
     m = np.uint64(0xFFFFFFFF)
     s1 = (((s1 & np.uint64(4294967294)) << np.uint64(12)) & m) ^ ((((s1 << np.uint64(13)) & m) ^ s1) >> np.uint64(19))
@@ -60,8 +71,72 @@ def taus88_state(seed: int) -> np.ndarray:
     s3 = at_least(((s2 * 69069) & _M32) ^ seed, 15) & _M32
     state = np.array([s1, s2, s3], np.uint64)
     for _ in range(6):
-        _taus88(state)
+        taus88_next(state)
     return state
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def taus258_next(state):
+    """fio's __rand64 (a five-word Tausworthe generator) on state[0:5]."""
+    s1, s2, s3, s4, s5 = state[0], state[1], state[2], state[3], state[4]
+    s1 = ((s1 & np.uint64(18446744073709551614)) << np.uint64(10)) ^ (((s1 << np.uint64(1)) ^ s1) >> np.uint64(53))
+    s2 = ((s2 & np.uint64(18446744073709551104)) << np.uint64(5)) ^ (((s2 << np.uint64(24)) ^ s2) >> np.uint64(50))
+    s3 = ((s3 & np.uint64(18446744073709547520)) << np.uint64(29)) ^ (((s3 << np.uint64(3)) ^ s3) >> np.uint64(23))
+    s4 = ((s4 & np.uint64(18446744073709420544)) << np.uint64(23)) ^ (((s4 << np.uint64(5)) ^ s4) >> np.uint64(24))
+    s5 = ((s5 & np.uint64(18446744073701163008)) << np.uint64(8)) ^ (((s5 << np.uint64(3)) ^ s5) >> np.uint64(33))
+    state[0], state[1], state[2], state[3], state[4] = s1, s2, s3, s4, s5
+    return s1 ^ s2 ^ s3 ^ s4 ^ s5
+
+
+def rand_state(seed: int, use64: bool) -> np.ndarray:
+    """fio's init_rand_seed: five words (taus88 uses the first three)."""
+    if not use64:
+        return np.concatenate((taus88_state(seed), np.zeros(2, np.uint64)))
+    seed &= _M64
+
+    def at_least(x: int, m: int) -> int:
+        return x + m if x < m else x
+
+    words, x = [], 53  # fio's LCG64((2^31) + (2^17) + (2^7), seed): ^ is xor there, 53
+    for m in (1, 7, 15, 33, 49):
+        x = at_least(((x * 6906969069) & _M64) ^ seed, m)
+        words.append(x)
+    state = np.array(words, np.uint64)
+    for _ in range(6):
+        taus258_next(state)
+    return state
+
+
+@dataclasses.dataclass(frozen=True)
+class FioSeeds:
+    """What fio seeds a job clone's generators from."""
+    randseed: int = 0x89
+    thread_number: int = 1  # the clone's number in the job file, from 1
+    randrepeat: bool = True  # seed again every pass; the offsets' seed from the job's number
+    rwmixread: int = 50
+    verify: bool = False  # fio then draws the writes' sizes from the reads' seed
+    generator: str = "tausworthe"  # random_generator: tausworthe, tausworthe64 or lfsr
+
+    @classmethod
+    def of_job(cls, job, thread_number: int, seed: int) -> "FioSeeds":
+        """A job's seeds; `seed` stands for fio's random ones when nothing makes them repeatable."""
+        repeatable = job["randrepeat"] or "randseed" in job.given
+        return cls(randseed=job["randseed"] if repeatable else seed, thread_number=thread_number,
+                   randrepeat=bool(job["randrepeat"]), rwmixread=job["rwmixread"],
+                   verify=job["verify"] not in ("0", "null"), generator=job["random_generator"])
+
+    def offset_seed(self) -> int:
+        if self.randrepeat:
+            return (FIO_RANDSEED * self.thread_number) & _M64
+        return job_seeds(self.randseed, self.thread_number)[RAND_BLOCK_OFF]
+
+    def size_seeds(self) -> tuple[int, int]:
+        seeds = job_seeds(self.randseed, self.thread_number)
+        read = seeds[RAND_BS_OFF]
+        return read, read if self.verify else seeds[RAND_BS1_OFF]
+
+    def directions(self) -> "MixedDirections":
+        return MixedDirections(self.randseed, self.thread_number, self.rwmixread)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -73,7 +148,7 @@ def _mixed_directions(state, counters, rwmixread, out):
     for i in range(out.shape[0]):
         cur = counters[3]
         if counters[cur] >= counters[2]:
-            r = _taus88(state)
+            r = taus88_next(state)
             v = 1 + np.int64(100.0 * (np.float64(r) / 4294967296.0))  # rand_between(1, 100)
             d = 0 if v <= mix0 else 1
             if d != cur:
@@ -85,8 +160,11 @@ def _mixed_directions(state, counters, rwmixread, out):
 
 
 def warm_up() -> None:
-    """Compile the rule now (about a second with a cold cache), not in a job's run time."""
+    """Compile the rule and fio's offset and size draws now (seconds with a cold cache),
+    not in a job's run time."""
     MixedDirections(0x89, 1, 50).draw(1)
+    from cxlhm_apps.fio import fiodraw  # (it draws from this module's generators)
+    fiodraw.warm_up()
 
 
 class MixedDirections:

@@ -6,14 +6,12 @@ Semantics follow fio:
   runner gives one (fiorand.MixedDirections); sequential directions keep their own
   position (fio's per-direction last_pos) and wrap at the end of the region.
 - bs / bsrange / bssplit per direction; bsrange sizes are multiples of the low end.
-- random offsets are aligned to the smallest block size of the job (or blockalign);
-  uniform random I/O covers every block once per pass (fio's random map) unless
-  norandommap, the skewed distributions never use the map (as in fio). With mixed
-  block sizes (bssplit, bsrange) the map works as fio 3.33's: cells of the smallest size
-  of all directions, but each direction draws and marks in its own min_bs units, an I/O
-  is shortened to the free stretch at its offset, and an offset fio cannot place ends the
-  pass short of its bytes (see _mapped_offsets). cxlhm draws with its own generator, so
-  where a pass ends differs from fio's run to run, as fio's own does from seed to seed.
+- uniform random jobs (one I/O per offset, random_generator tausworthe or tausworthe64)
+  take their offsets and block sizes from fio's own generators, seeds and random map
+  (fiodraw.py): the same job file issues fio's (offset, length, direction) sequence.
+  The rest draw with numpy: random offsets aligned to the smallest block size of the
+  job (or blockalign), every block once per pass with the map (lfsr, rw=randread:N),
+  the skewed distributions never use the map (as in fio); sequential jobs' sizes.
 - `loops`: each pass of loop_bytes starts the direction rule's count again and, with
   randrepeat (fio seeds every generator again per pass), the same offsets, sizes and
   directions as the first pass.
@@ -33,7 +31,8 @@ import dataclasses
 import numpy as np
 
 from cxlhm_apps.fio.distributions import BlockPermutation, BlockSampler, DistSpec
-from cxlhm_apps.fio.fiorand import MixedDirections
+from cxlhm_apps.fio.fiodraw import FioDraw
+from cxlhm_apps.fio.fiorand import FioSeeds, MixedDirections
 from cxlhm_apps.fio.options import READ, WRITE, RwMode
 
 
@@ -45,6 +44,7 @@ class SizeChoice:
     high: int = 0
     split_sizes: tuple[int, ...] = ()
     split_p: tuple[float, ...] = ()
+    split_pc: tuple[int, ...] = ()  # the percentages as fio keeps them (whole numbers)
 
     @property
     def min(self) -> int:
@@ -71,7 +71,8 @@ def size_choices(values: dict) -> tuple[SizeChoice, SizeChoice]:
         if split is not None:
             sizes = tuple(s for s, p in split if p > 0) or (split[0][0],)
             probs = np.array([p for s, p in split if p > 0] or [100.0])
-            out.append(SizeChoice(split_sizes=sizes, split_p=tuple(probs / probs.sum())))
+            out.append(SizeChoice(split_sizes=sizes, split_p=tuple(probs / probs.sum()),
+                                  split_pc=tuple(int(p) for s, p in split if p > 0) or (100,)))
         elif rng_ is not None and rng_[0] != rng_[1]:
             out.append(SizeChoice(low=rng_[0], high=rng_[1]))
         else:
@@ -101,8 +102,11 @@ class IoGenerator:
                  region_start: int, region_len: int, distribution: DistSpec | None, randommap: bool,
                  seed: int, bytes_budget: int | None, ios_budget: int | None, blockalign: int | None = None,
                  directions: MixedDirections | None = None, loop_bytes: int | None = None,
-                 reseed_loops: bool = False, zones: tuple[int, int, int, int] | None = None):
+                 reseed_loops: bool = False, zones: tuple[int, int, int, int] | None = None,
+                 fio: FioSeeds | None = None):
         self.rw, self.sequencer, self.rwmixread = rw, sequencer, rwmixread
+        if directions is None and fio is not None and rw.mixed:
+            directions = fio.directions()
         self.directions = directions if rw.mixed else None
         self.distribution = distribution
         self.loop_bytes, self.reseed_loops = loop_bytes, reseed_loops
@@ -120,22 +124,16 @@ class IoGenerator:
         self.seed = seed
         self.uniform = distribution is None or distribution.kind == "random"
         self.randommap = randommap and self.uniform
-        # fio's random map marks every block an I/O covers, so I/Os of one pass never
-        # overlap; with mixed sizes it is fio's axmap: one cell per smallest block size of
-        # all directions (rw_min_bs), read and written in each direction's own units
-        mixed = self.max_bs != min(c.min for c in active)
         self.unit = self.align
-        self.bitmap = None
-        if self.randommap and mixed and rw.random and max(1, rw.modifier) == 1:
-            cell = min(sizes[READ].min, sizes[WRITE].min)
-            self.bitmap = np.zeros(max(1, self.length // cell), bool)
-            # per direction: its block (min_bs), its draw step (blockalign) and how many
-            # steps fio draws from (last_block: the last min_bs must fit in the region)
-            self._map_units = [sizes[d].min for d in (READ, WRITE)]
-            self._map_steps = [blockalign or sizes[d].min for d in (READ, WRITE)]
-            self._map_draws = [max(0, self.length - max(0, u - st)) // st
-                               for u, st in zip(self._map_units, self._map_steps)]
         self.nblocks = max(1, self.length // self.unit)
+        # fio's own offsets and sizes (fiodraw.py); a generator made without the job's
+        # seeds takes fio's defaults for its randseed
+        fio = fio or FioSeeds(randseed=seed, rwmixread=rwmixread)
+        self.fio_draw = None
+        if rw.random and max(1, rw.modifier) == 1 and self.uniform and fio.generator != "lfsr":
+            self.fio_draw = FioDraw(fio, sizes, region_len, blockalign, randommap, time_based=bytes_budget is None)
+            self.randommap = False  # (the draw keeps fio's map)
+        self._restart = self._dead = False  # the pass ended where fio could not go on; nothing can issue
         self._seed_generators()
         self.seq_pos = [0, 0]  # per-direction sequential position (relative to the region)
         self.bytes_left = bytes_budget
@@ -148,15 +146,16 @@ class IoGenerator:
         self.sampler = BlockSampler(self.distribution, self.nblocks, seed + 1, block_bytes=self.align)
         self.permutation = BlockPermutation(self.nblocks, seed + 2) if self.randommap else None
         self._pass, self._drawn = 0, 0  # random-map pass and position in it
-        if self.bitmap is not None:
-            self.bitmap[:] = False
+        if self.fio_draw is not None:
+            self.fio_draw.reseed()
 
     def _new_loop(self) -> None:
         """The next `loops` pass (fio's clear_io_state): under randrepeat every generator
         starts again from its seed, so the pass repeats the first one's I/Os."""
         self.loop_left = self.loop_bytes
-        if self.bitmap is not None:  # fio's clear_io_state resets the file's map each pass
-            self.bitmap[:] = False
+        self._restart = False
+        if self.fio_draw is not None:  # fio opens the file again each pass, with a clear map
+            self.fio_draw.reset_map()
         if self.reseed_loops:
             self._seed_generators()
         if self.directions is not None:
@@ -169,15 +168,36 @@ class IoGenerator:
 
     @property
     def exhausted(self) -> bool:
-        return (self.bytes_left is not None and self.bytes_left <= 0) or (self.ios_left is not None and self.ios_left <= 0)
+        return (self._dead or (self.bytes_left is not None and self.bytes_left <= 0)
+                or (self.ios_left is not None and self.ios_left <= 0))
 
     def next_chunk(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Up to `n` I/Os: (direction, offset, size). Empty when the budget is spent."""
-        if self.exhausted:
-            empty = np.zeros(0, np.int64)
-            return empty.astype(np.int8), empty, empty
-        if self.loop_left is not None and self.loop_left <= 0:
-            self._new_loop()
+        """Up to `n` I/Os: (direction, offset, size). Empty when the budget is spent, or
+        when a fresh pass cannot place a single I/O."""
+        for _ in range(2):  # the second time: a new pass, after one that could not go on
+            if self.exhausted or n <= 0:
+                break
+            if self._restart or (self.loop_left is not None and self.loop_left <= 0):
+                self._new_loop()
+            out = self._chunk(n)
+            if out[0].size:
+                return out
+        else:
+            self._dead = True  # a fresh pass could not place a single I/O
+        empty = np.zeros(0, np.int64)
+        return empty.astype(np.int8), empty, empty
+
+    def _end_pass(self) -> None:
+        """fio could not place the next I/O: the pass ends short of its bytes (under
+        time_based the job goes on with a new pass)."""
+        if self.loop_left is not None:
+            self.loop_left = 0
+        elif self.bytes_left is not None:
+            self.bytes_left = 0
+        else:
+            self._restart = True
+
+    def _chunk(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self.ios_left is not None:
             n = min(n, self.ios_left)
         drawn_from, drawn = None, n
@@ -188,15 +208,18 @@ class IoGenerator:
             direction = (self.rng.random(n) * 100.0 >= self.rwmixread).astype(np.int8)
         else:
             direction = np.full(n, WRITE if self.rw.writes else READ, np.int8)
-        size = np.empty(n, np.int64)
-        for d in (READ, WRITE):
-            mask = direction == d
-            if mask.any():
-                size[mask] = self.sizes[d].draw(int(mask.sum()), self.rng)
-        if self.bitmap is not None:  # (shortens `size` where the map is taken, and at the budget)
-            offset, n = self._mapped_offsets(size, direction)
-            direction, size, offset = direction[:n], size[:n], offset[:n]
+        if self.fio_draw is not None:  # fio's offsets and sizes (stopping at the budget)
+            offset, size, n, failed = self.fio_draw.draw(direction, self._bytes_cap())
+            offset += self.start
+            direction = direction[:n]
+            if failed:
+                self._end_pass()
         else:
+            size = np.empty(n, np.int64)
+            for d in (READ, WRITE):
+                mask = direction == d
+                if mask.any():
+                    size[mask] = self.sizes[d].draw(int(mask.sum()), self.rng)
             cap = self._bytes_cap()
             if cap is not None:  # fio issues while fewer bytes than the budget went out:
                 # the I/O that reaches it is the last, whole (random sizes may overshoot)
@@ -273,79 +296,6 @@ class IoGenerator:
             pos[d] += s
             self._zone_bytes += s
         return offset
-
-    def _mapped_offsets(self, size: np.ndarray, direction: np.ndarray) -> tuple[np.ndarray, int]:
-        """fio 3.33's random map with mixed sizes (io_u.c), one I/O at a time. The map has
-        a cell per rw_min_bs, but each direction counts in its own units: it draws a block
-        b among its last_block steps (blockalign, by default its min_bs) and, when cell b
-        is taken, moves b to the map's next free cell (axmap_next_free, wrapping); the I/O
-        goes at b steps. It then marks ceil(size / min_bs) cells from offset / min_bs,
-        stopping at the first taken one, and is shortened to what it marked
-        (mark_random_map). So a direction whose blocks are larger than the cells only ever
-        looks at the first cells, and an I/O whose offset falls past the region (or whose
-        smallest block no longer fits) ends the pass short of its bytes: fio marks the
-        file done. Under time_based fio resets the map and draws again instead.
-        Returns the offsets and how many of the I/Os there are."""
-        bitmap, cells = self.bitmap, self.bitmap.shape[0]
-        offset = np.empty(size.shape[0], np.int64)
-        draws = self.rng.random(size.shape[0]).tolist()
-        sizes, dirs = size.tolist(), direction.tolist()
-        left = self._bytes_cap()
-        for i, u in enumerate(draws):
-            if left is not None and left <= 0:
-                return offset, i
-            d = dirs[i]
-            placed = self._map_place(d, u, sizes[i])
-            if placed is None and left is None:  # time_based: a fresh map, and one more try
-                bitmap[:] = False
-                placed = self._map_place(d, u, sizes[i])
-            if placed is None:  # the pass ends here, short of its bytes
-                if self.loop_left is not None:
-                    self.loop_left = 0
-                elif self.bytes_left is not None:
-                    self.bytes_left = 0
-                return offset, i
-            rel, s = placed
-            unit = self._map_units[d]
-            block = rel // unit
-            stretch = bitmap[block:min(cells, block + -(-s // unit))]
-            taken = np.flatnonzero(stretch)
-            n = int(taken[0]) if taken.size else stretch.shape[0]
-            bitmap[block:block + n] = True
-            if n:
-                s = min(s, n * unit)
-            size[i] = s
-            offset[i] = self.start + rel
-            if left is not None:
-                left -= s
-        return offset, size.shape[0]
-
-    def _map_place(self, d: int, u: float, want: int) -> tuple[int, int] | None:
-        """Where fio puts direction `d`'s next I/O on the map, and its size (redrawn, as
-        fio's get_next_buflen does, while it would cross the region's end); None when fio
-        would find no offset (the map full, or the offset past the region)."""
-        bitmap, cells = self.bitmap, self.bitmap.shape[0]
-        steps = self._map_draws[d]
-        if steps == 0:
-            return None
-        b = int(u * steps)
-        if b >= cells or bitmap[b]:
-            if b >= cells:
-                return None
-            free = np.flatnonzero(~bitmap[b + 1:])
-            if free.size:
-                b = b + 1 + int(free[0])
-            else:
-                free = np.flatnonzero(~bitmap[:b + 1])
-                if not free.size:
-                    return None
-                b = int(free[0])
-        rel = b * self._map_steps[d]
-        if rel >= self.length or rel + self.sizes[d].min > self.length:
-            return None
-        while rel + want > self.length:
-            want = int(self.sizes[d].draw(1, self.rng)[0])
-        return rel, want
 
     def _backwards(self, d: int, sz: np.ndarray, hole: int) -> np.ndarray:
         """rw=read:-SIZE, fio's way: the first I/O at the region's start, each next one

@@ -93,16 +93,12 @@ class Worker:
         if not job["time_based"]:
             budget = (job["io_size"] or plan.region_len) * job["loops"]
             loop_bytes = loop_pass_bytes(job, plan)
-        directions = None
-        if rw.mixed:  # fio's generator for the directions (its seeds: randseed and the job's number)
-            repeatable = job["randrepeat"] or "randseed" in job.given
-            directions = fiorand.MixedDirections(job["randseed"] if repeatable else seed, thread_number,
-                                                 job["rwmixread"])
+        fio_seeds = fiorand.FioSeeds.of_job(job, thread_number, seed)  # randseed and the job's number
         self.gen = IoGenerator(rw=rw, sequencer=job["rw_sequencer"], rwmixread=job["rwmixread"], sizes=sizes,
                                region_start=plan.region_start, region_len=plan.region_len,
                                distribution=job["random_distribution"], randommap=not job["norandommap"],
                                seed=seed, bytes_budget=budget, ios_budget=job["number_ios"],
-                               blockalign=blockalign(job), directions=directions, loop_bytes=loop_bytes,
+                               blockalign=blockalign(job), fio=fio_seeds, loop_bytes=loop_bytes,
                                reseed_loops=bool(job["randrepeat"]),
                                zones=((job["zonesize"], job["zonerange"], job["zoneskip"], zone_file_size(job, plan))
                                       if job["zonemode"] == "strided" else None))
@@ -542,8 +538,8 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None) -> RunRes
     shares = open_devices(plans, log)
     for kind in {VF.TYPES.get(plan.job["verify"], 0) for plan in plans}:
         VF.warm_up(kind)  # compiled now, not inside a job's runtime (a cold cache takes seconds)
-    if any(plan.job["rw"].mixed for plan in plans):
-        fiorand.warm_up()  # (the same for a mixed job's direction rule)
+    if any(plan.job["rw"].mixed or plan.job["rw"].random for plan in plans):
+        fiorand.warm_up()  # (the same for fio's direction, offset and size draws)
     workers: list[Worker] = []
     started = time.time()
     try:

@@ -1,0 +1,230 @@
+"""fio 3.33's offsets and block sizes for a uniform random job (rw=randread, randwrite,
+randrw; random_distribution=random), drawn as fio draws them (io_u.c), so a job issues
+fio's own (offset, length, direction) sequence for the same job file.
+
+For each I/O, after its direction (fiorand.MixedDirections):
+- offset (get_next_rand_offset): a block b = last_block x r / 2^32 from the offsets'
+  generator, where last_block counts the direction's `blockalign` steps (by default its
+  smallest block) that leave room for its smallest block. With the random map, a taken b
+  moves to the map's next free cell after it, wrapping (axmap_next_free); none free ends
+  the pass (under time_based fio clears the map and draws again). The offset is b steps;
+  one at or past the region's end ends the pass too.
+- size (get_next_buflen): fixed when the direction has one size; else a draw from the
+  direction's own generator, again while the block would cross the region's end: bsrange
+  takes min + max x r / 2^32, bssplit walks its entries sorted by percentage (fio sorts
+  them; equal ones keep their order) and takes the first whose cumulative share covers
+  r and that fits; then down to a multiple of the smallest block, at most the largest.
+  A direction whose smallest block does not fit at the offset ends the pass.
+- the map (mark_random_map) has a cell per smallest block of all directions, but each
+  direction reads and marks it in its own smallest-block units; an I/O marks the cells
+  from its offset until one is taken and is cut to what it marked.
+`blockalign` other than a direction's smallest block turns the map off, as in fio.
+
+What stays cxlhm's own: `random_generator=lfsr` (every block once per pass, cxlhm's
+order), `rw=randread:N` runs, and the skewed distributions (zipf, pareto, normal, zoned,
+zoned_abs; see distributions.py): their offsets and sizes follow fio's laws, not its
+sequence.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from cxlhm_apps.fio.fiorand import FioSeeds, rand_state, taus88_next, taus258_next
+from cxlhm_apps.fio.options import READ, WRITE
+
+_MAX_REDRAWS = 1 << 20  # a size that never fits ends the pass instead of hanging
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _rand(state, use64):
+    if use64:
+        return taus258_next(state)
+    return taus88_next(state)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _unit(r, use64):
+    """r / (rand_max + 1.0), as fio's double."""
+    if use64:
+        return np.float64(r) / 18446744073709551616.0
+    return np.float64(r) / 4294967296.0
+
+
+@numba.njit(nogil=True, cache=True)
+def _next_free(bitmap, nr_bits, b):
+    """axmap_next_free: the first free cell after b, else the first from the map's start."""
+    if b >= nr_bits:
+        return -1
+    start = b + 1
+    if start == nr_bits:
+        start = 0
+    for k in range(start, nr_bits):
+        if bitmap[k] == 0:
+            return k
+    if start != 0:
+        for k in range(0, nr_bits):
+            if bitmap[k] == 0:
+                return k
+    return -1
+
+
+@numba.njit(nogil=True, cache=True)
+def _set_nr(bitmap, nr_bits, block, nr):
+    """axmap_set_nr: mark up to nr cells from block, stopping at a taken one. fio's map is
+    words of 64 cells and marks the last word's spare cells like any other, but starts no
+    word past its last cell."""
+    done = 0
+    k = block
+    while done < nr:
+        if (done == 0 or k % 64 == 0) and (k > nr_bits or k >= bitmap.shape[0]):
+            break
+        if bitmap[k]:
+            break
+        bitmap[k] = 1
+        done += 1
+        k += 1
+    return done
+
+
+@numba.njit(nogil=True, cache=True)
+def _draw(dirs, off, size, rstate, r64, bstate, b64, minbs, maxbs, ba, lastb, split_bs, split_pc, nsplit,
+          length, bitmap, nr_bits, use_map, cap, reset_full):
+    """fio's offset and size for each direction in dirs (see the module's text), into off
+    (relative to the region) and size. Stops before an I/O once `cap` bytes went out
+    (cap < 0: no cap). Returns (I/Os drawn, 1 if the pass ended on an I/O fio could not place)."""
+    issued = 0
+    for i in range(dirs.shape[0]):
+        if cap >= 0 and issued >= cap:
+            return i, 0
+        d = dirs[i]
+        b = -1
+        for _attempt in range(2):
+            b = -1
+            if lastb[d] > 0:
+                r = _rand(rstate, r64)
+                b = np.int64(np.float64(lastb[d]) * _unit(r, r64))
+                if use_map and b <= nr_bits and b < bitmap.shape[0] and bitmap[b]:
+                    b = _next_free(bitmap, nr_bits, b)
+            if b >= 0 or not reset_full:
+                break
+            bitmap[:] = 0  # time_based: fio clears the map and draws again
+        if b < 0:
+            return i, 1
+        o = b * ba[d]
+        if o >= length:
+            return i, 1
+        lo, hi = minbs[d], maxbs[d]
+        s = lo
+        if lo != hi:
+            if o + lo > length:
+                return i, 1
+            rmax = np.uint64(0xFFFFFFFFFFFFFFFF) if b64 else np.uint64(0xFFFFFFFF)
+            tries = 0
+            while True:
+                r = _rand(bstate[d], b64)
+                if nsplit[d] == 0:
+                    s = lo + np.int64(np.float64(hi) * _unit(r, b64))
+                else:
+                    perc = np.uint64(0)
+                    for k in range(nsplit[d]):
+                        if split_pc[d, k] == 0:
+                            continue
+                        s = split_bs[d, k]
+                        perc += np.uint64(split_pc[d, k])
+                        if r // perc <= rmax // np.uint64(100) and o + s <= length:
+                            break
+                if lo & (lo - 1) == 0:
+                    s &= ~(lo - 1)
+                else:
+                    s -= s % lo
+                if s > hi:
+                    s = hi
+                if o + s <= length:
+                    break
+                tries += 1
+                if tries > _MAX_REDRAWS:
+                    return i, 1
+        if use_map:
+            got = _set_nr(bitmap, nr_bits, o // lo, (s + lo - 1) // lo)
+            if got > 0 and got * lo < s:
+                s = got * lo
+        off[i] = o
+        size[i] = s
+        issued += s
+    return dirs.shape[0], 0
+
+
+class FioDraw:
+    """One job clone's offsets and sizes as fio draws them (see the module's text).
+
+    sizes: the two directions' SizeChoice; length: the region's bytes (fio's io_size);
+    blockalign: the job's, or None; time_based: a full map is cleared, not the pass's end."""
+
+    def __init__(self, seeds: FioSeeds, sizes, length: int, blockalign: int | None, randommap: bool,
+                 time_based: bool):
+        self.seeds = seeds
+        self.length = int(length)
+        self.time_based = time_based
+        self.minbs = np.array([sizes[d].min for d in (READ, WRITE)], np.int64)
+        self.maxbs = np.array([sizes[d].max for d in (READ, WRITE)], np.int64)
+        self.ba = np.array([blockalign or sizes[d].min for d in (READ, WRITE)], np.int64)
+        # last_block: the steps of blockalign that leave room for the smallest block
+        self.lastb = np.array([max(0, self.length - max(0, int(m - a))) // int(a)
+                               for m, a in zip(self.minbs, self.ba)], np.int64)
+        width = max(1, max(len(sizes[d].split_sizes) for d in (READ, WRITE)))
+        self.split_bs = np.zeros((2, width), np.int64)
+        self.split_pc = np.zeros((2, width), np.int64)
+        self.nsplit = np.zeros(2, np.int64)
+        for d in (READ, WRITE):
+            entries = split_table(sizes[d])
+            self.nsplit[d] = len(entries)
+            for k, (bs, pc) in enumerate(entries):
+                self.split_bs[d, k], self.split_pc[d, k] = bs, pc
+        self.use_map = randommap and (blockalign is None or bool((self.ba == self.minbs).all()))
+        self.nr_bits = self.length // int(self.minbs.min())
+        self.bitmap = np.zeros(max(64, -(-self.nr_bits // 64) * 64), np.uint8)
+        self.use64 = seeds.generator == "tausworthe64"
+        # fio switches a tausworthe job to tausworthe64 when the map has more cells than 32
+        # bits count, after it seeded the first pass: that pass stays 32-bit
+        self._switch64 = seeds.generator == "tausworthe" and self.nr_bits > 0xFFFFFFFF
+        self.reseed(first=True)
+
+    def reseed(self, first: bool = False) -> None:
+        """fio's td_fill_rand_seeds: the offsets' and sizes' generators from their seeds."""
+        if self._switch64 and not first:
+            self.use64 = True
+        self.rstate = rand_state(self.seeds.offset_seed(), self.use64)
+        self.bstate = np.stack([rand_state(s, self.use64) for s in self.seeds.size_seeds()])
+
+    def reset_map(self) -> None:
+        self.bitmap[:] = 0
+
+    def draw(self, direction: np.ndarray, cap: int | None) -> tuple[np.ndarray, np.ndarray, int, bool]:
+        """Offsets (relative to the region) and sizes for the directions, stopping before an
+        I/O once `cap` bytes went out. Returns (offset, size, I/Os drawn, whether the pass
+        ended on an I/O fio could not place)."""
+        n = direction.shape[0]
+        off = np.empty(n, np.int64)
+        size = np.empty(n, np.int64)
+        got, failed = _draw(direction.astype(np.int64), off, size, self.rstate, self.use64, self.bstate,
+                            self.use64, self.minbs, self.maxbs, self.ba, self.lastb, self.split_bs,
+                            self.split_pc, self.nsplit, self.length, self.bitmap, self.nr_bits, self.use_map,
+                            -1 if cap is None else int(cap), self.time_based)
+        return off[:got], size[:got], int(got), bool(failed)
+
+
+def split_table(choice) -> list[tuple[int, int]]:
+    """A direction's bssplit as fio keeps it: whole percentages (fio reads them with atoi),
+    sorted by percentage, equal ones in the order given; [] without bssplit."""
+    if not choice.split_sizes:
+        return []
+    pcs = choice.split_pc or tuple(int(p * 100 + 1e-6) for p in choice.split_p)
+    return sorted(zip(choice.split_sizes, pcs), key=lambda e: e[1])
+
+
+def warm_up() -> None:
+    """Compile the draw now (seconds with a cold cache), not in a job's run time."""
+    from cxlhm_apps.fio.pattern import SizeChoice
+    sizes = (SizeChoice(split_sizes=(4096, 8192), split_p=(0.5, 0.5), split_pc=(50, 50)), SizeChoice(fixed=4096))
+    FioDraw(FioSeeds(), sizes, 1 << 20, None, True, False).draw(np.zeros(4, np.int8), None)
