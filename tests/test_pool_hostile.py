@@ -381,7 +381,7 @@ def test_close_flushes_the_device_first_even_when_the_layout_cannot_be_saved(tmp
     def full(*_):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(svc.layout, "save", full)
+    monkeypatch.setattr(svc.layout, "write", full)
     svc.close()  # logs the layout error, goes on
     assert svc.counts["layout_save_errors"] == 1
     handle = open_device({**DEVICE, "backend": {"path": str(tmp_path / "pool.img")}})
@@ -398,7 +398,7 @@ def test_attach_on_a_full_disk_is_a_clear_refusal(service, monkeypatch):
     def full(*_):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(service.layout, "save", full)
+    monkeypatch.setattr(service.layout, "write", full)
     with pytest.raises(AttachRefused, match="No space left on device"):
         attach(service, "new-host", ["new-tenant"])
     monkeypatch.undo()

@@ -17,6 +17,7 @@ import hmac
 import json
 import re
 import secrets
+import threading
 from pathlib import Path
 
 from cxlhm.pool import statefiles
@@ -67,6 +68,7 @@ class Identities:
     def __init__(self, state_dir: Path | None = None, grants: dict[str, list[str]] | None = None,
                  pool_key: bytes | None = None):
         self.state_dir = state_dir
+        self._grant_lock = threading.Lock()
         self.keys: dict[str, bytes] = {}
         self.grants: dict[str, list[str]] = {}
         if pool_key is not None and len(pool_key) < MIN_KEY_BYTES:
@@ -102,10 +104,15 @@ class Identities:
             statefiles.write_atomic(self.state_dir / "grants.json", json.dumps(self.grants, indent=1).encode())
 
     def grant(self, host: str, tenants: list[str], *, save: bool = True) -> bytes:
-        """Grant `tenants` to `host` (added to what it had); returns its key, made if new."""
+        """Grant `tenants` to `host` (added to what it had); returns its key, made if new.
+        Grants are made one at a time, under a lock of their own (attaches only read)."""
         check_name(host)
         for t in tenants:
             check_name(t, "tenant")
+        with self._grant_lock:
+            return self._grant(host, tenants, save)
+
+    def _grant(self, host: str, tenants: list[str], save: bool) -> bytes:
         if host not in self.keys:
             if self.state_dir is not None:
                 folder = self.state_dir / "hosts"

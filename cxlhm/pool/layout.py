@@ -1,17 +1,25 @@
 """How the pooled device's HDM range is cut: one partition per tenant, `partition_bytes`
-each, numbered in order of first use; hosts and tenants get stable small ids. A ring
-allocator per partition hands out chunk space (oldest chunks are overwritten first,
+each, at the lowest free slot at first use; hosts and tenants get stable small ids. A
+ring allocator per partition hands out chunk space (oldest chunks are overwritten first,
 which a best-effort cache may do: the directory entries of an overwritten chunk then
 fail verification and read as misses).
 
-The layout is saved (atomically) at every flush and whenever a tenant or host is added,
-so a restarted service reopens the same partitions; a cursor older than the last flush
-only means space written since then is handed out again.
+A new tenant's partition is first *reserved* (counted taken, not saved), then prepared by
+its owner, then *recorded*, or *released* if preparing failed: a reservation never
+reaches pool.json, so a start interrupted while preparing prepares again.
+
+The layout is saved (atomically) at every flush and before a host is answered with a
+tenant or host id it added, so a restarted service reopens the same partitions and gives
+the same ids; a cursor older than the last flush only means space written since then is
+handed out again. The tables change under their owner's lock; `LayoutSaver` copies them
+under it and writes the file outside it.
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
+import threading
 from pathlib import Path
 
 from cxlhm.pool import statefiles
@@ -47,6 +55,8 @@ class TenantPartition:
 
 
 class Layout:
+    """The tables; not thread-safe: its owner changes and snapshots them under one lock."""
+
     def __init__(self, capacity: int, block_size: int, partition_bytes: int, path: Path | None):
         if partition_bytes <= 0 or partition_bytes % block_size:
             raise LayoutError(f"partition_bytes must be a positive multiple of the block size ({block_size}), "
@@ -57,7 +67,11 @@ class Layout:
         self.max_tenants = capacity // partition_bytes
         self.path = path
         self.tenants: dict[str, TenantPartition] = {}
+        self.reserved: dict[str, TenantPartition] = {}  # being prepared: taken, not recorded
         self.hosts: dict[str, int] = {}
+        self.version = 0  # bumped by every change a save must carry
+        self.saved = 0    # the version pool.json holds
+        self._added: dict[tuple[str, str], int] = {}  # ("host"|"tenant", name) -> version, until saved
         if path is not None and path.exists():
             self._load()
 
@@ -75,31 +89,28 @@ class Layout:
                 raise
             raise LayoutError(f"{self.path}: unreadable pool layout ({exc})") from None
 
-    def save(self) -> None:
-        if self.path is None:
-            return
-        state = {"partition_bytes": self.partition_bytes, "block_size": self.block_size,
-                 "tenants": [dataclasses.asdict(t) for t in self.tenants.values()], "hosts": self.hosts}
-        statefiles.write_atomic(self.path, json.dumps(state).encode())  # never through a planted link
+    # ------------------------------------------------------------ changes (under the owner's lock)
+    def reserve(self, name: str) -> TenantPartition:
+        """A partition for new tenant `name`, at the lowest free slot: taken from now on,
+        recorded only by `record`."""
+        if name in self.tenants or name in self.reserved:
+            raise LayoutError(f"tenant {name!r} has a partition already")
+        if len(self.tenants) + len(self.reserved) >= self.max_tenants:
+            raise LayoutError(f"tenant {name!r}: the device holds {self.max_tenants} partitions of "
+                              f"{self.partition_bytes} bytes, all taken")
+        used = {t.id for t in self.tenants.values()} | {t.id for t in self.reserved.values()}
+        tid = next(i for i in itertools.count() if i not in used)
+        found = self.reserved[name] = TenantPartition(name, tid, tid * self.partition_bytes)
+        return found
 
-    def tenant(self, name: str, prepare=None) -> TenantPartition:
-        """The tenant's partition; a new one is numbered next, `prepare(partition)`d,
-        and only then recorded (a start interrupted while preparing prepares again)."""
-        found = self.tenants.get(name)
-        if found is None:
-            if len(self.tenants) >= self.max_tenants:
-                raise LayoutError(f"tenant {name!r}: the device holds {self.max_tenants} partitions of "
-                                  f"{self.partition_bytes} bytes, all taken")
-            tid = len(self.tenants)
-            found = TenantPartition(name, tid, tid * self.partition_bytes)
-            if prepare is not None:
-                prepare(found)
-            self.tenants[name] = found
-            try:
-                self.save()
-            except BaseException:
-                del self.tenants[name]
-                raise
+    def release(self, name: str) -> None:
+        """Give a reserved partition back (preparing it failed)."""
+        del self.reserved[name]
+
+    def record(self, name: str) -> TenantPartition:
+        """The reserved partition, prepared: recorded (saved with the next save)."""
+        found = self.tenants[name] = self.reserved.pop(name)
+        self._add("tenant", name)
         return found
 
     def host_id(self, name: str) -> int:
@@ -107,5 +118,76 @@ class Layout:
             if len(self.hosts) >= 0xFFFF:
                 raise LayoutError("65535 hosts attached already")
             self.hosts[name] = len(self.hosts) + 1
-            self.save()
+            self._add("host", name)
         return self.hosts[name]
+
+    def _add(self, kind: str, name: str) -> None:
+        self.version += 1
+        self._added[kind, name] = self.version
+
+    def unsaved(self, host: str, tenants: list[str]) -> int:
+        """The version a save must reach before `host` may be told its id and its tenants'
+        (0: saved already)."""
+        return max([self._added.get(("host", host), 0)] + [self._added.get(("tenant", t), 0) for t in tenants])
+
+    def snapshot(self) -> tuple[int, dict]:
+        """(version, a copy of what pool.json holds): cheap, for under the owner's lock."""
+        return self.version, {"partition_bytes": self.partition_bytes, "block_size": self.block_size,
+                              "tenants": [dataclasses.asdict(t) for t in self.tenants.values()],
+                              "hosts": dict(self.hosts)}
+
+    def mark_saved(self, version: int) -> None:
+        self.saved = max(self.saved, version)
+        self._added = {k: v for k, v in self._added.items() if v > self.saved}
+
+    # ------------------------------------------------------------ the file (no lock needed)
+    def write(self, state: dict) -> None:
+        if self.path is not None:
+            statefiles.write_atomic(self.path, json.dumps(state).encode())  # never through a planted link
+
+    def save(self) -> None:
+        """Snapshot and write at once (for a caller that is the layout's only user)."""
+        version, state = self.snapshot()
+        self.write(state)
+        self.mark_saved(version)
+
+
+class LayoutSaver:
+    """Saves a layout that other threads change under `lock`, without holding `lock`
+    over the write: the tables are copied under it, written and fsynced outside, one
+    write at a time (each a later copy than the one before: the last copy wins). A caller
+    that finds a save in progress waits for it, and writes only if that save did not
+    carry what it needs: a host that records names in a loop costs the others at most a
+    write's wait, and its own attaches a write each."""
+
+    def __init__(self, layout: Layout, lock: threading.Lock):
+        self.layout, self._lock = layout, lock
+        self._write_lock = threading.Lock()
+        self.writes = 0
+
+    def save(self, need: int | None = None) -> None:
+        """Make version `need` of the layout durable (None: the layout as it is now, its
+        cursors included). OSError if the file cannot be written."""
+        if need is not None:
+            with self._lock:
+                if self.layout.saved >= need:
+                    return  # (without waiting for a write in progress)
+        with self._write_lock:
+            with self._lock:
+                if need is None:
+                    self.layout.version += 1  # the cursors move without a version: this save carries them
+                    need = self.layout.version
+                if self.layout.saved >= need:
+                    return
+                version, state = self.layout.snapshot()
+            self.layout.write(state)
+            self.writes += 1
+            with self._lock:
+                self.layout.mark_saved(version)
+
+    def save_for(self, host: str, tenants: list[str]) -> None:
+        """Make durable what `host` is about to be told: its id and its tenants'."""
+        with self._lock:
+            need = self.layout.unsaved(host, tenants)
+        if need:
+            self.save(need)

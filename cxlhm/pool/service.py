@@ -2,8 +2,10 @@
 attach to at once. It is one file because its request paths - the socket's and the
 rings' - share its lock, its tenants and hosts tables, and the order of mirror updates
 against device changes; apart, each would borrow that state from the others. What stands
-alone lives beside it: identity.py, statefiles.py, layout.py, mirror.py, rings.py,
-hitlog.py, hitreplay.py, wire.py.
+alone lives beside it: identity.py, statefiles.py, layout.py, tenants.py, mirror.py,
+rings.py, hitlog.py, hitreplay.py, wire.py. Its lock guards tables only: no device I/O,
+fsync or socket wait happens under it (a new tenant's fill and the layout's writes run
+outside it, tenants.py and layout.py say how).
 
 It owns the device (firmware, SSD back end, device DRAM) and listens on a Unix socket.
 A host proves who it is (cxlhm/pool/identity.py: a challenge answered with its own key)
@@ -54,28 +56,19 @@ from cxlhm.pool.statefiles import claim_socket, machine_memory
 from cxlhm.pool.hitlog import REPORT_INTERVAL_S, HitLog
 from cxlhm.pool.hitreplay import HitReplay
 from cxlhm.pool.identity import Identities, IdentityError, check_name
-from cxlhm.pool.layout import Layout, LayoutError
+from cxlhm.pool.layout import Layout, LayoutError, LayoutSaver
 from cxlhm.pool.mirror import HEADER, MirrorWriter, ServiceLife, read_only_fd
 from cxlhm.pool.port import HostPort, PinBudget
 from cxlhm.pool.rings import PAYLOAD, ServiceRings
+from cxlhm.pool.tenants import Tenant, TenantTable, zero_fill
 
 log = logging.getLogger("cxlhm.pool")
 ATTACH_MAX = 64 << 10
 HOST_IDLE_POLL_S = 0.05  # a host's mailbox thread, idle: 20 polls a second (not 200), many hosts stay cheap
 
 
-class _Tenant:
-    """Service-side state of one partition: its mirror, its pin budget, and the lock
-    that orders device changes against mirror updates."""
-
-    def __init__(self, partition, mirror: MirrorWriter, pins: PinBudget):
-        self.partition, self.mirror, self.pins = partition, mirror, pins
-        self.lock = threading.Lock()
-        self.dirty = False  # written since the last device flush
-
-
 class _HostSession:
-    def __init__(self, name: str, host_id: int, tenants: list[_Tenant], mailbox: Mailbox, port: HostPort,
+    def __init__(self, name: str, host_id: int, tenants: list[Tenant], mailbox: Mailbox, port: HostPort,
                  hits: HitLog, rings: ServiceRings):
         self.name, self.host_id, self.tenants, self.mailbox, self.port = name, host_id, tenants, mailbox, port
         self.hits, self.rings = hits, rings
@@ -139,9 +132,10 @@ class PoolService:
         self.max_sessions_per_host = max(1, min(max_hosts, max_sessions_per_host if max_sessions_per_host
                                                 else max_hosts // 4))
         self.auth_deadline_s, self.flush_interval_s = auth_deadline_s, flush_interval_s
-        self._tenants: dict[str, _Tenant] = {}
         self._hosts: dict[int, _HostSession] = {}
-        self._lock = threading.Lock()  # layout, tenants, hosts, connections
+        self._lock = threading.Lock()  # layout, tenants, hosts, connections (tables only, never I/O)
+        self._tenants = TenantTable(self.layout, self._lock, self._zero_fill, self._new_tenant)
+        self.saver = LayoutSaver(self.layout, self._lock)
         self._flush_lock = threading.Lock()
         self._stop = threading.Event()
         self._sock: socket.socket | None = None
@@ -164,8 +158,7 @@ class PoolService:
 
     def grant(self, host: str, tenants: list[str]) -> bytes:
         """Grant `tenants` to `host` from now on; returns its key."""
-        with self._lock:
-            return self.identities.grant(host, tenants)
+        return self.identities.grant(host, tenants)
 
     # ------------------------------------------------------------ lifetime
     def start(self) -> "PoolService":
@@ -230,13 +223,13 @@ class PoolService:
             self.handle.close()  # flushes device DRAM to the SSD
         finally:
             try:
-                self.layout.save()
+                self.saver.save()
             except OSError as exc:
                 self.counts["layout_save_errors"] += 1
                 log.error("pool: the device is flushed and closed, but the layout could not be saved (%s); "
                           "after a restart, ring space written since the last saved layout is handed out again",
                           exc)
-            for tenant in self._tenants.values():
+            for tenant in self._tenants.ready.values():
                 tenant.mirror.close()
             if self._sock is not None:
                 self._sock.close()
@@ -291,24 +284,22 @@ class PoolService:
             pass
         conn.close()
 
-    def _tenant(self, name: str) -> _Tenant:
-        found = self._tenants.get(name)
-        if found is None:
-            part = self.layout.tenant(name, prepare=self._zero_fill)
-            found = self._tenants[name] = _Tenant(part, MirrorWriter(name, self.mirror_entries, self.block_size),
-                                                  PinBudget(self.pin_blocks))
-        return found
+    def _zero_fill(self, part) -> None:  # a new partition's, outside the lock (tenants.py says why)
+        zero_fill(self.handle, part, self.layout.partition_bytes, P.MAX_MESSAGE, self._stop)
 
-    def _zero_fill(self, part) -> None:
-        """A new partition is written with zeros and flushed before any host gets it:
-        the device then holds a checksum for every block of it (a zero block's), so a
-        byte flipped on the image in a block no host ever wrote is poison when read,
-        never silently returned."""
-        size = self.layout.partition_bytes
-        zeros = np.zeros(min(size, P.MAX_MESSAGE), np.uint8)
-        for off in range(0, size, zeros.shape[0]):
-            self.handle.write_from(part.base + off, zeros[:min(zeros.shape[0], size - off)])
-        self.handle.flush()
+    def _new_tenant(self, part) -> Tenant:
+        return Tenant(part, MirrorWriter(part.name, self.mirror_entries, self.block_size), PinBudget(self.pin_blocks))
+
+    def _no_room(self, name: str) -> str | None:
+        """Why the service takes no more attachments (of host `name`); under the lock."""
+        if self._stop.is_set():
+            return "the service is closing"
+        if len(self._hosts) >= self.max_hosts:
+            return f"the service serves at most {self.max_hosts} hosts at once; all attached"
+        if sum(h.name == name for h in self._hosts.values()) >= self.max_sessions_per_host:
+            return (f"host {name!r} has {self.max_sessions_per_host} attachments already, the most "
+                    "one host name may hold at once; close one first")
+        return None
 
     def _attach(self, conn: socket.socket) -> _HostSession | None:
         """The handshake (under the caller's deadline): challenge, proof, grants, reply
@@ -338,28 +329,37 @@ class PoolService:
         if refused:
             return refuse(f"host {name!r} is not granted tenant(s) {refused}")
         with self._lock:
-            if len(self._hosts) >= self.max_hosts:
-                self.counts["refused_busy"] += 1
-                return refuse(f"the service serves at most {self.max_hosts} hosts at once; all attached")
-            if sum(h.name == name for h in self._hosts.values()) >= self.max_sessions_per_host:
-                self.counts["refused_busy"] += 1
-                return refuse(f"host {name!r} has {self.max_sessions_per_host} attachments already, the most "
-                              "one host name may hold at once; close one first")
-            try:
-                host_id = self.layout.host_id(name)
-                ts = [self._tenant(t) for t in tenants]
-            except LayoutError as exc:
-                return refuse(str(exc))
-            except OSError as exc:  # the layout could not be saved: the state folder's disk is full, ...
-                return refuse(f"the service cannot record host {name!r}: {exc.strerror or exc} "
-                              f"(its state folder {self.state_dir})")
-            port = HostPort(self.device, [t.partition for t in ts], self.layout.partition_bytes,
-                            pins={t.partition.id: t.pins for t in ts})
-            hits, rings = HitLog(name), ServiceRings(name)
-            mailbox = Mailbox(port, idle_poll_s=HOST_IDLE_POLL_S).start()
-            session = _HostSession(name, host_id, ts, mailbox, port, hits, rings)
-            session.conn = conn
-            self._hosts[id(session)] = session
+            why = busy = self._no_room(name)
+            if not busy:
+                try:
+                    host_id = self.layout.host_id(name)
+                except LayoutError as exc:
+                    why = str(exc)
+        if why:
+            self.counts["refused_busy"] += bool(busy)
+            return refuse(why)
+        try:  # outside the lock: a new tenant's fill and a layout write take a while
+            ts = [self._tenants.get(t) for t in tenants]
+            self.saver.save_for(name, tenants)  # its ids are durable before it is told them
+        except LayoutError as exc:
+            return refuse(str(exc))
+        except OSError as exc:  # the layout could not be saved: the state folder's disk is full, ...
+            return refuse(f"the service cannot record host {name!r}: {exc.strerror or exc} "
+                          f"(its state folder {self.state_dir})")
+        port = HostPort(self.device, [t.partition for t in ts], self.layout.partition_bytes,
+                        pins={t.partition.id: t.pins for t in ts})
+        hits, rings = HitLog(name), ServiceRings(name)
+        mailbox = Mailbox(port, idle_poll_s=HOST_IDLE_POLL_S).start()
+        session = _HostSession(name, host_id, ts, mailbox, port, hits, rings)
+        session.conn = conn
+        with self._lock:
+            full = self._no_room(name)  # again: others may have attached while its tenants were made
+            if not full:
+                self._hosts[id(session)] = session
+        if full:
+            mailbox.close(), hits.close(), rings.close()
+            self.counts["refused_busy"] += 1
+            return refuse(full)
         fds = [read_only_fd(self.life.fd), os.dup(hits.fd), *rings.fds()] + [read_only_fd(t.mirror.fd) for t in ts]
         try:
             wire.send(conn, json.dumps({
@@ -472,13 +472,13 @@ class PoolService:
             return P.reply(P.Status.TOO_LARGE, payload=f"{n} bytes exceed one message ({P.MAX_MESSAGE})".encode())
         return None
 
-    def _read(self, s: _HostSession, tenant: _Tenant, offset: int, n: int) -> bytes:
+    def _read(self, s: _HostSession, tenant: Tenant, offset: int, n: int) -> bytes:
         bad = self._check(offset, n)
         if bad:
             return bad
         return P.reply(payload=self._read_blocks(s, tenant, offset, n).tobytes())
 
-    def _read_blocks(self, s: _HostSession, tenant: _Tenant, offset: int, n: int) -> np.ndarray:
+    def _read_blocks(self, s: _HostSession, tenant: Tenant, offset: int, n: int) -> np.ndarray:
         """The bytes (a view of a buffer of the service's own), the whole blocks around
         them read from the device and installed in the mirror."""
         bs = self.block_size
@@ -545,7 +545,7 @@ class PoolService:
             v1 = len(message)
         r.complete(tag, status, v1, v2)
 
-    def _write_locked(self, tenant: _Tenant, offset: int, data: memoryview) -> None:
+    def _write_locked(self, tenant: Tenant, offset: int, data: memoryview) -> None:
         bs = self.block_size
         n = len(data)
         first, last = offset // bs, (offset + n - 1) // bs
@@ -557,7 +557,7 @@ class PoolService:
         if whole_hi > whole_lo:
             tenant.mirror.install(whole_lo, arr[whole_lo * bs - offset:whole_hi * bs - offset])
 
-    def _write(self, s: _HostSession, tenant: _Tenant, offset: int, data: memoryview) -> bytes:
+    def _write(self, s: _HostSession, tenant: Tenant, offset: int, data: memoryview) -> bytes:
         bad = self._check(offset, len(data))
         if bad:
             return bad
@@ -567,7 +567,7 @@ class PoolService:
         s.bytes_written += len(data)
         return P.reply()
 
-    def _put(self, s: _HostSession, tenant: _Tenant, chunk: memoryview) -> bytes:
+    def _put(self, s: _HostSession, tenant: Tenant, chunk: memoryview) -> bytes:
         """Allocate room for a whole chunk (header + payload, built by the host) and write it."""
         size = self.layout.partition_bytes
         if not len(chunk) or len(chunk) > min(size, P.MAX_MESSAGE):
@@ -602,7 +602,7 @@ class PoolService:
         (a layout that cannot be saved is logged and counted; the device is flushed)."""
         with self._flush_lock:
             with self._lock:
-                tenants = list(self._tenants.values())
+                tenants = list(self._tenants.ready.values())
             for t in tenants:  # no write is half-done while the device flushes
                 t.lock.acquire()
             try:
@@ -614,8 +614,7 @@ class PoolService:
                 for t in tenants:
                     t.lock.release()
             try:
-                with self._lock:
-                    self.layout.save()
+                self.saver.save()  # outside the lock: hosts attach meanwhile
             except OSError as exc:
                 self.counts["layout_save_errors"] += 1
                 log.error("pool: the device is flushed, but the layout could not be saved: %s", exc)
@@ -630,7 +629,7 @@ class PoolService:
                     "tenants": {t.partition.name: self._tenant_stats(t) for t in s.tenants}}
 
     @staticmethod
-    def _tenant_stats(t: _Tenant) -> dict:
+    def _tenant_stats(t: Tenant) -> dict:
         return {"id": t.partition.id, "allocations": t.partition.allocations,
                 "mirror_installs": t.mirror.installs, "mirror_invalidations": t.mirror.invalidations,
                 "pinned_blocks": t.pins.pinned, "pin_budget_blocks": t.pins.limit}
@@ -642,5 +641,5 @@ class PoolService:
                       "ops": dict(h.ops), "bytes_read": h.bytes_read, "bytes_written": h.bytes_written,
                       "hints_delivered": h.port.hints_delivered, "hints_declined": h.port.hints_declined}
                      for h in self._hosts.values()]
-            tenants = {name: self._tenant_stats(t) for name, t in self._tenants.items()}
+            tenants = {name: self._tenant_stats(t) for name, t in self._tenants.ready.items()}
         return {"hosts": hosts, "tenants": tenants, "service": dict(self.counts), "device": self.handle.stats()}
