@@ -6,7 +6,7 @@ VENV ?= .venv
 STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 
-.PHONY: run test test-all bench clean fuzz fio-compat test-engines-next
+.PHONY: run test test-all bench clean fuzz fio-compat fio-newer test-engines-next
 
 SOURCES := pyproject.toml setup.py native/cxlhm_native.c native/cxlhm_native.h native/cxlhm_uffd.c native/cxlhm_uffd.h native/cxlhm_copy.c native/cxlhm_copy.h native/build_native.py
 
@@ -70,6 +70,11 @@ fuzz: $(STAMP) $(ENGINES)  ## every untrusted input at volume (FUZZ_CASES each, 
 
 fio-compat: $(STAMP)  ## fio's own examples through real fio and cxlhm fio, compared (FIO_EXAMPLES, FIO_SOURCE, or fetched)
 	$(VENV)/bin/python -m cxlhm_apps.fio.compat --fetch-if-missing $(ARGS)
+
+# real fio built from source at the corpus manifest's commit (needs gcc make libaio-dev zlib1g-dev;
+# FIO_GIT: a clone of fio to build from where GitHub is unreachable); then ARGS="--fio built"
+fio-newer: $(RUN_STAMP)  ## fio at the examples' commit, built once into ~/.cache/cxlhm/fio-build/<commit>/
+	$(VENV)/bin/python -m cxlhm_apps.fio.fio_build
 
 clean:
 	rm -rf $(VENV) build *.egg-info cxlhm/_native*.so

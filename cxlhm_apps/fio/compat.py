@@ -44,6 +44,12 @@ TIME_OPTIONS = ("runtime", "timeout")
 FIO_TIMEOUT_S = 60
 # keys our JSON has that fio's does not (cxlhm's device summary, verify counts)
 OUR_EXTRA_KEYS = {"cxlhm_verify", "cachehit"}
+# job keys fio's JSON gained after 3.33 (the layout cxlhm's follows): the job's start time
+# and the latency target / window in other units; a newer fio's report has them, ours not
+NEWER_FIO_KEYS = {"job_start", "latency_target_ns", "latency_window_us"}
+# what the examples' ${VAR}s stand for, the same for fio and cxlhm fio: sprandom.fio's and
+# the xnvme examples' own instructions (FIO_BS the drive's mapping unit, 4 KiB there)
+EXAMPLE_ENV = {"FIO_BS": "4096", "FIO_RW": "randread", "FIO_IODEPTH": "1"}
 BS_TOLERANCE = 0.10  # mean block size: random draws of bssplit/bsrange
 MIX_TOLERANCE = 5.0  # read share of a mixed job, percentage points
 RUNTIME_TOLERANCE = 0.15
@@ -283,20 +289,21 @@ def clip_lines(lines: list[str], limit: int) -> str:
 
 
 def run_fio(fio: str, job: Path, cwd: Path) -> Outcome:
-    proc = _run([fio, "--output-format=json", str(job)], cwd)
+    proc = _run([fio, "--output-format=json", str(job)], cwd, dict(os.environ, **EXAMPLE_ENV))
     if proc is None:
         return Outcome(False, None, f"fio did not finish in {FIO_TIMEOUT_S} s")
     report = _json_of(proc.stdout)
     if proc.returncode != 0 or report is None or any(j.get("error") for j in report.get("jobs", [])):
         text = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
-        reason = next((t for t in text if "error" in t.lower() or "fio:" in t), text[-1] if text else "no output")
+        reason = next((t for t in text if "error=" in t), None) or next(
+            (t for t in text if "error" in t.lower() or "fio:" in t), text[-1] if text else "no output")
         return Outcome(False, report, clip(reason.strip(), 160))
     return Outcome(True, report, "")
 
 
 def run_ours(job: Path, cwd: Path) -> Outcome:
     code = "import sys; from cxlhm_apps.cli import main; sys.exit(main(sys.argv[1:]))"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2])] +
+    env = dict(os.environ, **EXAMPLE_ENV, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2])] +
                                                       [p for p in [os.environ.get("PYTHONPATH")] if p]))
     proc = _run([sys.executable, "-c", code, "fio", "--output-format=json", "--eta=never", str(job)], cwd, env)
     if proc is None:
@@ -341,7 +348,7 @@ def compare(fio: dict, ours: dict, *, runtime_cap_s: int) -> list[str]:
         who = f["jobname"]
         if f["jobname"] != o["jobname"] or f["groupid"] != o["groupid"]:
             diffs.append(f"{who}: name/group fio {f['jobname']}/{f['groupid']}, cxlhm {o['jobname']}/{o['groupid']}")
-        missing = set(f) - set(o)
+        missing = set(f) - set(o) - NEWER_FIO_KEYS
         extra = set(o) - set(f) - OUR_EXTRA_KEYS
         for d in ("read", "write"):
             missing |= {f"{d}.{k}" for k in set(f[d]) - set(o[d])}
@@ -481,6 +488,18 @@ def table(rows: list[Row], *, markdown: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def resolve_fio(choice: str, manifest: Manifest) -> str | None:
+    """The fio binary `--fio` names: `built` (fio_build's, at the manifest's commit), a
+    path, or a name on PATH; None when there is none."""
+    if choice == "built":
+        from cxlhm_apps.fio.fio_build import built
+        path = built(manifest.commit)
+        return str(path) if path else None
+    if os.sep in choice:
+        return choice if os.access(choice, os.X_OK) else None
+    return shutil.which(choice)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cxlhm_apps.fio.compat", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -491,6 +510,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runtime", type=int, default=2, help="cap for runtime in seconds (default 2, at most 5)")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (docs/fio.md)")
     parser.add_argument("--engine", help="run cxlhm's side with every job on this ioengine (e.g. cxlhm: the device)")
+    parser.add_argument("--fio", default="fio", help="real fio to compare with: a path, a name on PATH (default fio), "
+                        "or `built`: the one `make fio-newer` builds at the manifest's commit")
     args = parser.parse_args(argv)
     manifest = read_manifest()
     if args.fetch or (args.fetch_if_missing and corpus_dir() is None):
@@ -504,9 +525,10 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print(f"{folder} is not fio {manifest.commit[:12]}'s examples: " + "; ".join(problems[:5]), file=sys.stderr)
         return 2
-    fio = shutil.which("fio")
+    fio = resolve_fio(args.fio, manifest)
     if fio is None:
-        print("real fio is not installed (apt-get install fio)", file=sys.stderr)
+        print("real fio is not installed (apt-get install fio)" if args.fio == "fio" else
+              f"--fio {args.fio}: no fio there (`make fio-newer` builds the one --fio built names)", file=sys.stderr)
         return 2
     size_cap = min(V.parse_size(args.size), 1 << 30)
     runtime_cap = max(1, min(args.runtime, 5))

@@ -1,0 +1,102 @@
+"""The acceptance corpus against fio built at the examples' own commit (`make fio-newer`,
+cxlhm_apps/fio/fio_build.py; `python -m cxlhm_apps.fio.compat --fio built`): how the
+harness picks its fio, what it tolerates of a newer fio's JSON, and golden runs of
+the examples fio 3.33 refuses (skipped only where that fio is not built, or the
+examples are absent)."""
+from __future__ import annotations
+
+import copy
+import stat
+
+import pytest
+
+from cxlhm_apps.fio import compat, fio_build
+
+MANIFEST = compat.read_manifest()
+BUILT = fio_build.built(MANIFEST.commit)
+needs_built_fio = pytest.mark.skipif(BUILT is None, reason="fio at the manifest's commit is not built (make fio-newer)")
+
+
+def test_resolve_fio_takes_a_path_a_name_or_the_built_one(tmp_path, monkeypatch):
+    exe = tmp_path / "myfio"
+    exe.write_text("#!/bin/sh\necho fio-9.99\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    assert compat.resolve_fio(str(exe), MANIFEST) == str(exe)
+    assert compat.resolve_fio(str(tmp_path / "absent"), MANIFEST) is None
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert compat.resolve_fio("myfio", MANIFEST) == str(exe)
+    assert compat.resolve_fio("nofio", MANIFEST) is None
+    # `built`: fio_build's binary at the manifest's commit, only once it is there and runs
+    monkeypatch.setattr(fio_build, "BUILD_ROOT", tmp_path / "build")
+    assert compat.resolve_fio("built", MANIFEST) is None
+    (tmp_path / "build" / MANIFEST.commit).mkdir(parents=True)
+    target = tmp_path / "build" / MANIFEST.commit / "fio"
+    target.write_bytes(exe.read_bytes())
+    target.chmod(0o755)
+    assert compat.resolve_fio("built", MANIFEST) == str(target)
+
+
+def test_built_refuses_a_binary_that_does_not_run(tmp_path):
+    (tmp_path / "abc").mkdir()
+    broken = tmp_path / "abc" / "fio"
+    broken.write_text("#!/bin/sh\nexit 3\n")
+    broken.chmod(0o755)
+    assert fio_build.built("abc", tmp_path) is None
+    assert fio_build.binary("abc", tmp_path) == broken
+
+
+def test_version_name_is_the_release_default_with_the_commit(tmp_path):
+    (tmp_path / "FIO-VERSION-GEN").write_text("#!/bin/sh\n\nGVF=FIO-VERSION-FILE\nDEF_VER=fio-3.42\n")
+    assert fio_build.version_name(tmp_path, "f5344384f7c7b6e9e6aa") == "fio-3.42-gf5344384f7c7"
+
+
+def test_missing_build_tools_names_libaio_dev(monkeypatch, tmp_path):
+    monkeypatch.setattr(fio_build, "LIBAIO_HEADER", tmp_path / "libaio.h")
+    assert "libaio-dev" in fio_build.missing_build_tools()
+    (tmp_path / "libaio.h").write_text("")
+    assert "libaio-dev" not in fio_build.missing_build_tools()
+
+
+def _report(keys=()):
+    d = {"io_bytes": 4 << 20, "total_ios": 1024, "runtime": 100}
+    job = {"jobname": "j", "groupid": 0, "job options": {"rw": "read"}, "read": dict(d),
+           "write": {"io_bytes": 0, "total_ios": 0, "runtime": 0}, "job_runtime": 100,
+           "iodepth_level": {"1": 0.0, "4": 100.0}}
+    job.update({k: 0 for k in keys})
+    return {"jobs": [job]}
+
+
+def test_keys_only_a_newer_fio_writes_are_not_missing_but_others_are():
+    ours = _report()
+    newer = _report(compat.NEWER_FIO_KEYS)
+    assert compat.compare(newer, ours, runtime_cap_s=2) == []
+    other = _report(["job_finish"])
+    assert any("keys missing ['job_finish']" in d for d in compat.compare(other, copy.deepcopy(ours), runtime_cap_s=2))
+
+
+def test_both_sides_get_the_examples_environment(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(compat, "_run", lambda args, cwd, env=None: seen.append(env) or None)
+    compat.run_fio("fio", tmp_path / "x.fio", tmp_path)
+    compat.run_ours(tmp_path / "x.fio", tmp_path)
+    assert all(env is not None and all(env[k] == v for k, v in compat.EXAMPLE_ENV.items()) for env in seen)
+    assert len(seen) == 2
+
+
+def _corpus(names):
+    folder = compat.corpus_dir()
+    if folder is None or compat.check_corpus(folder, MANIFEST, names):
+        pytest.skip("fio's examples are not here (python -m cxlhm_apps.fio.compat --fetch)")
+    return folder
+
+
+# examples that agree with fio 3.33 and with fio at the examples' commit alike
+SANITY = ("fio-rand-read.fio", "basic-verify.fio")
+
+
+@needs_built_fio
+@pytest.mark.parametrize("example", SANITY)
+def test_an_example_that_agrees_with_fio_333_agrees_with_the_newer_fio(example, tmp_path):
+    folder = _corpus([example])
+    row = compat.run_example(folder / example, str(BUILT), size_cap=1 << 20, runtime_cap_s=1, keep=tmp_path)
+    assert row.status == "agrees", row.detail
