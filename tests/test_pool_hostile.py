@@ -877,5 +877,5 @@ def test_a_layout_with_every_host_id_taken_still_loads(tmp_path):
     assert path.stat().st_size > 4 << 20
     again = Layout(1 << 21, BLOCK, PARTITION, path)
     assert len(again.hosts) == 0xFFFF
-    with pytest.raises(LayoutError, match="65535 hosts"):
+    with pytest.raises(LayoutError, match="recorded 65535 host names, its max_host_names"):
         again.host_id("one-more")

@@ -285,3 +285,23 @@ class TenantTableMachine(RuleBasedStateMachine):
 
 TestTenantTable = TenantTableMachine.TestCase
 TestTenantTable.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+def test_host_names_recorded_are_bounded_by_max_host_names(tmp_path):
+    """Any holder of an open pool's key names itself: one cycling through new names is
+    refused past `max_host_names` (the refusal names it), names used before still attach."""
+    svc = in_process_service(tmp_path, max_host_names=3)
+    try:
+        hosts = [attach(svc, f"n{i}", ["t"]) for i in range(3)]
+        with pytest.raises(AttachRefused, match="recorded 3 host names, its max_host_names"):
+            attach(svc, "n3", ["t"])
+        hosts[0].close()
+        again = attach(svc, "n0", ["t"])
+        again.tenant("t").store(0, b"ok")
+        assert set(saved_layout(svc)["hosts"]) == {"n0", "n1", "n2"}
+        for h in hosts[1:] + [again]:
+            h.close()
+    finally:
+        svc.close()
+    with pytest.raises(LayoutError, match="max_host_names must be 1..65535"):
+        Layout(1 << 21, BLOCK, PARTITION, None, max_host_names=0x10000)

@@ -27,6 +27,7 @@ from cxlhm.pool import statefiles
 
 # 65535 host names of up to 64 characters, and the tenants: what the layout can hold
 MAX_LAYOUT_BYTES = 16 << 20
+MAX_HOST_IDS = 0xFFFF  # host ids are 16-bit in the content directory's locations
 
 
 class LayoutError(ValueError):
@@ -57,7 +58,11 @@ class TenantPartition:
 class Layout:
     """The tables; not thread-safe: its owner changes and snapshots them under one lock."""
 
-    def __init__(self, capacity: int, block_size: int, partition_bytes: int, path: Path | None):
+    def __init__(self, capacity: int, block_size: int, partition_bytes: int, path: Path | None,
+                 max_host_names: int = MAX_HOST_IDS):
+        if not 1 <= max_host_names <= MAX_HOST_IDS:
+            raise LayoutError(f"max_host_names must be 1..{MAX_HOST_IDS}, got {max_host_names}")
+        self.max_host_names = max_host_names
         if partition_bytes <= 0 or partition_bytes % block_size:
             raise LayoutError(f"partition_bytes must be a positive multiple of the block size ({block_size}), "
                               f"got {partition_bytes}")
@@ -115,8 +120,11 @@ class Layout:
 
     def host_id(self, name: str) -> int:
         if name not in self.hosts:
-            if len(self.hosts) >= 0xFFFF:
-                raise LayoutError("65535 hosts attached already")
+            if len(self.hosts) >= self.max_host_names:
+                raise LayoutError(f"host {name!r}: the pool has recorded {len(self.hosts)} host names, its "
+                                  f"max_host_names; names stay recorded (their ids are in the content "
+                                  "directory): attach under a name used before, or raise the limit "
+                                  f"(at most {MAX_HOST_IDS})")
             self.hosts[name] = len(self.hosts) + 1
             self._add("host", name)
         return self.hosts[name]

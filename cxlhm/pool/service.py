@@ -3,9 +3,8 @@ attach to at once. It is one file because its request paths - the socket's and t
 rings' - share its lock, its tenants and hosts tables, and the order of mirror updates
 against device changes; apart, each would borrow that state from the others. What stands
 alone lives beside it: identity.py, statefiles.py, layout.py, tenants.py, mirror.py,
-rings.py, hitlog.py, hitreplay.py, wire.py. Its lock guards tables only: no device I/O,
-fsync or socket wait happens under it (a new tenant's fill and the layout's writes run
-outside it, tenants.py and layout.py say how).
+rings.py, hitlog.py, hitreplay.py, wire.py. Its lock guards tables only: a new tenant's
+fill, the layout's writes and every socket wait happen outside it (tenants.py, layout.py).
 
 It owns the device (firmware, SSD back end, device DRAM) and listens on a Unix socket.
 A host proves who it is (cxlhm/pool/identity.py: a challenge answered with its own key)
@@ -22,12 +21,13 @@ checked against the host's grants and the partition bounds on every call.
 
 What no host can do to the others: stop the accept loop (each connection is served by a
 thread of its own, the whole handshake has one deadline, a listen backlog of 128, at most
-`max_pending` handshakes and `max_hosts` hosts at once, of which one host name holds at
-most `max_sessions_per_host`), hold more than the bytes it has
-actually sent (messages are read in pieces as they arrive, at most MAX_MESSAGE each),
-see another host's counters (STATS answers with the asking host's own and its tenants'),
-or make the device flush in a loop (FLUSH does nothing while the host's tenants hold no
-unflushed write, and one host's flushes are spaced `flush_interval_s` apart).
+`max_pending` handshakes and `max_hosts` hosts at once, one host name at most
+`max_sessions_per_host` of them, `max_host_names` names recorded in all), hold more than
+the bytes it has actually sent (messages are read in pieces as they arrive, at most
+MAX_MESSAGE each), see another host's counters (STATS answers with the asking host's own
+and its tenants'), or make the device flush in a loop (FLUSH does nothing while the
+host's tenants hold no unflushed write, and one host's flushes are spaced
+`flush_interval_s` apart).
 
 What is simplified against a multi-headed device: writes go through the service (so the
 mirror stays coherent without a hardware coherence protocol), the mirror is a copy kept
@@ -89,7 +89,7 @@ class PoolService:
                  partition_bytes: int | None = None, mirror_bytes: int = 16 << 20,
                  grants: dict[str, list[str]] | None = None, authkey: bytes | None = None,
                  max_hosts: int = 32, max_sessions_per_host: int | None = None, max_pending: int = 16,
-                 auth_deadline_s: float = 5.0,
+                 auth_deadline_s: float = 5.0, max_host_names: int = 0xFFFF,
                  flush_interval_s: float = 0.5, pin_fraction: float = 0.25, socket_mode: int = 0o600):
         self.handle = handle
         self.device = handle  # it offers the device interface its ports and hit replay use (HostDevice)
@@ -104,7 +104,8 @@ class PoolService:
             if partition_bytes is None:
                 partition_bytes = max(self.block_size, handle.capacity // 16 // self.block_size * self.block_size)
             self.layout = Layout(handle.capacity, self.block_size, partition_bytes,
-                                 self.state_dir / "pool.json" if self.state_dir is not None else None)
+                                 self.state_dir / "pool.json" if self.state_dir is not None else None,
+                                 max_host_names)
             # a mirror larger than a partition would never fill: it is cut to one
             self.mirror_entries = max(1, min(mirror_bytes, partition_bytes) // self.block_size)
             need = max(mirror_bytes, self.mirror_entries * (HEADER + self.block_size) * self.layout.max_tenants)
