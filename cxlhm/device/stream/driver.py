@@ -53,6 +53,8 @@ class _StreamJob(NamedTuple):
     ring: int
     fd: int
     owner: int
+    head: tuple  # run's first arguments, the same every slice: the device's tables and the I/Os
+    fixed: tuple  # and those after its `stop` and `deadline_ns`: outputs, the stream's arrays, its ring
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,8 +148,12 @@ class Streams:
         reads_total = int(ext_len.sum()) if writes is None else int(ext_len[kinds == 0].sum())
         st[ss.BYPASS_CACHES] = copyengine.bypasses_caches(reads_total)
         failed = np.zeros(n, np.int64)
-        job = _StreamJob(run, complete, state, ext_hpa, ext_len, addrs, kinds, slat, clat, failed,
-                         *self.state.media.ssd.stream_ring(), owner)
+        ring, fd = self.state.media.ssd.stream_ring()
+        dev = self.state
+        job = _StreamJob(run, complete, state, ext_hpa, ext_len, addrs, kinds, slat, clat, failed, ring, fd, owner,
+                         (dev.bt, dev.ps, dev.counters, dev.ticks, dev.write_mode_code, dev.dram.base_address,
+                          dev.block_size, ext_hpa, ext_len, addrs, kinds),
+                         (slat, clat, failed, state.arrays(), ring, fd))
         stop, version = self._stop(ext_hpa, ext_len, n)
         self.state.media.checksums.unrecorded = self.registry.unrecorded_sums  # what a compaction must keep of the streams' logs
         hits0, misses0 = self._hits_misses()
@@ -226,9 +232,13 @@ class Streams:
         driver (write-backs to log, record or retry, written blocks to log, a reap to
         verify)."""
         state = job.state
-        self._count_logged(state)
-        self._log(state)
-        self._writebacks(state)
+        st = state.st
+        if st[ss.LOG_RECORDS] or st[ss.LOG_SHORT]:
+            self._count_logged(state)
+        if st[ss.WB_STAGED] != st[ss.WB_LOGGED] or st[ss.WRITTEN]:
+            self._log(state)
+        if st[ss.WB_FAILED_N] or st[ss.WB_LANDED]:
+            self._writebacks(state)
         if status == ss.VERIFY:
             self._verify(state, job.complete, job.hpas, job.lens, job.addrs, job.kinds, job.clat, job.failed)
 
@@ -285,10 +295,15 @@ class Streams:
         must see every landing)."""
         if log_ctl[0] == ss.LOG_IN_DRIVER:
             return _NO_RECORD
-        sums, dirty = self.state.media.checksums.sums.table, self.state.media.checksums.dirty
-        sums.reserve(state.wb_rows.shape[0])
-        dirty.reserve(state.wblocks.shape[0])
-        return (*sums.compiled(), *dirty.compiled())
+        checksums = self.state.media.checksums
+        sums, dirty = checksums.sums.table, checksums.dirty
+        more = state.wb_rows.shape[0]
+        if 2 * (sums.meta[0] + more) > sums.keys.shape[0]:  # (SumTable.reserve's test, without its calls)
+            sums.reserve(more)
+        more = state.wblocks.shape[0]
+        if 2 * (dirty.meta[0] + more) > dirty.keys.shape[0]:
+            dirty.reserve(more)
+        return sums.keys, sums.values, sums.meta, dirty.keys, dirty.values, dirty.meta
 
     def _writebacks(self, state: ss.StreamState) -> None:
         """The stream's dirty victims that left its ring: landed ones get their checksums
@@ -380,12 +395,10 @@ class Streams:
         self.behind.settle()  # its slots are BUSY: no stream plans over them
         log_ctl = self._log_ctl()
         record = self._record(job.state, log_ctl)  # (first: it may grow the sum table)
-        return job.run(self.state.bt, self.state.ps, self.state.counters, self.state.ticks, self.state.write_mode_code, self.state.dram.base_address,
-                       self.state.block_size, job.hpas, job.lens, job.addrs, job.kinds, stop, deadline_ns, job.slat, job.clat,
-                       job.failed, job.state.arrays(), job.ring, job.fd, self.state.media.ssd.async_room() + counted,
-                       self.state.inflight_slots - held, self.state.n_slots, job.owner, *self._verify_mode(record),
-                       self.registry.victim_blocks(but=job.state), log_ctl, record, self.state.lock.waiting, self.state.t0_ns,
-                       self.registry.running)
+        dev = self.state
+        return job.run(*job.head, stop, deadline_ns, *job.fixed, dev.media.ssd.async_room() + counted,
+                       dev.inflight_slots - held, dev.n_slots, job.owner, *self._verify_mode(record),
+                       job.state.victim_row.arrays, log_ctl, record, dev.lock.waiting, dev.t0_ns, self.registry.running)
 
     def _drain(self, job: "_StreamJob", counted: int, held: int) -> None:
         """After an error: issue nothing more, wait for the stream's fills in flight and

@@ -20,11 +20,12 @@ from cxlhm.device.stream.state import (
     VERIFY_HERE, VERIFY_ALL, REAP_AT_ONCE, SLICE_NS, SLICE_MAX_NS, SHARED_SLICE_NS, NEXT, IN_FLIGHT, SLOTS, FILLS, PARKED_WBS, DONE,
     FAILED, HITS, MISSES, REAPED, ERRNO, QUEUED, PEAK, WRITTEN, W_HITS, W_MISSES, N_PARKED, N_READY, WB_USED,
     WB_STAGED, WB_LANDED, WB_LOGGED, WRITTEN_LOGGED, BYPASS_CACHES, WB_FAILED_N, RING, STAGE_SHARE, STAGE_BYTES,
-    WB_STAGE, WB_LAND, WB_FAIL, WIDE_BLOCK, ring_reap, monotonic_ns, copy_write_in, in_sorted, touches_writebacks,
+    WB_STAGE, WB_LAND, WB_FAIL, WIDE_BLOCK, ring_reap, monotonic_ns, copy_write_in, touches_writebacks,
     queue_all, submit_bucket, AT_WB_ROWS, AT_WB_STATE, AT_WB_OWNER, AT_WB_FREE, AT_WB_STAGED, AT_WB_LANDED,
     AT_WB_FAILED, AT_TAG_WBS, AT_COPY_JOBS, AT_COPY_OF, AT_COPY_EXPECTED, AT_COPY_CHECKED, landed_sum,
     writeback_done, record_landed, queue_writebacks, native_copy_out_many, native_copy_many, copy_piece, piece_job,
     log_staged)
+from cxlhm.device.stream.victims import touches_others
 
 _policy = policies.get("lru")  # the policy of this copy
 _firmware = fw.kernels_for(_policy)
@@ -205,7 +206,8 @@ def step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addr
     slots or the I/Os run out). An I/O with dirty victims is parked: its victims are
     staged for the driver to log their checksums (WRITE_BACK), go on the ring with
     the next step, and the I/O is issued when the last one lands - meanwhile the
-    stream keeps planning. `victims`: blocks other streams are writing back."""
+    stream keeps planning. `victims`: the streams' victim table, this stream's row
+    (victims.py: the blocks other streams are writing back)."""
     st, tag_read, tag_pending, tag_k, tag_failed, tag_issued, tag_slots, tag_installed, row_pos, row_bad, \
         free_tags, writebacks, fills = arrays[:13]
     ts, wblocks, parked = arrays[14], arrays[19], arrays[20]
@@ -240,7 +242,7 @@ def step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addr
         # driver recorded their checksum (nothing out: only the recording is left)
         if st[WB_USED] and touches_writebacks(wb_rows, wb_state, hpas[i], lens[i], block_size):
             return wait if out else WRITE_BACK
-        if busy or in_sorted(victims, hpas[i], lens[i], block_size):
+        if busy or touches_others(victims, hpas[i], lens[i], block_size):
             return wait if out else BLOCKED
         room = n_slots - bt.scalars[btm.N_PINNED] - other_slots - st[SLOTS]
         if blocks > room or st[FILLS] + blocks > ring_room:

@@ -12,7 +12,8 @@ import numpy as np
 from numba.types import int32, int64, intp, uint32, uint64
 
 from cxlhm import _native, sumtable
-from cxlhm.device.stream import copyengine
+from cxlhm.device.stream import copyengine, victims
+from cxlhm.device.stream.victims import VictimRow
 from cxlhm import firmware as fw
 from cxlhm.jit import c_function, njit
 
@@ -126,6 +127,7 @@ _SUM_KIND, _DIRTY_KIND = ord("S"), ord("D")
 
 # state of a write-back row (StreamState.wb_state)
 WB_FREE, WB_STAGE, WB_RING, WB_LAND, WB_FAIL = range(5)
+assert victims.WB_FREE == WB_FREE
 
 # Written blocks a stream gathers before the driver logs them (LOG_WRITES)
 WBLOCKS = 4096
@@ -193,16 +195,6 @@ def piece_job(jobs, row, base, block_size, slot, block, hpa, length, addr):
 
 
 @njit(cache=False)
-def in_sorted(special, hpa, length, block_size):
-    """Whether [hpa, hpa+length) touches one of `special` (sorted blocks)."""
-    if special.shape[0] == 0:
-        return False
-    first = hpa // block_size
-    j = np.searchsorted(special, first)
-    return j < special.shape[0] and special[j] <= (hpa + length - 1) // block_size
-
-
-@njit(cache=False)
 def touches_writebacks(wb_rows, wb_state, hpa, length, block_size):
     """Whether [hpa, hpa+length) touches a block whose write-back this stream holds (a
     victim staged, on the ring, or landed with its checksum not yet recorded): it may not
@@ -237,9 +229,6 @@ def submit_bucket(n):
         bucket += 1
         bound *= 2
     return bucket
-
-
-_NO_OFFSETS = np.zeros(0, np.int64)
 
 
 class StreamState:
@@ -287,9 +276,9 @@ class StreamState:
         self.wb_landed = np.zeros(rows, np.int64)
         self.wb_failed = np.zeros(rows, np.int64)
         # the blocks of the rows in use, sorted, as the stream last let the lock go (note_victims):
-        # what the other streams plan around, gathered once per slice of this one, not once
-        # per slice of each of the others
-        self.victims = _NO_OFFSETS
+        # what the other streams plan around - its row of the registry's victim table
+        # (victims.py; a row of its own until it is registered)
+        self.victim_row = VictimRow(rows)
         # a logged batch of write-backs, gathered to go to the kernel in one enter (their rows, tags)
         self.wb_out = fw.new_io_rows(rows)
         self.wb_out_tags = np.zeros(rows, np.int64)
@@ -323,7 +312,7 @@ class StreamState:
         another order on the stack), so only a stream that ended with rows in use (an
         error) needs them reset - resetting them every time was most of this call's cost
         in a KV get."""
-        self.victims = _NO_OFFSETS
+        self.victim_row.clear()
         if self.st[WB_USED]:
             self.wb_state[:] = WB_FREE
             self.wb_owner[:] = -1
@@ -340,13 +329,16 @@ class StreamState:
         """The byte offsets of the blocks of the write-back rows in use (a new array)."""
         return self.wb_rows[:, 2][self.wb_state != WB_FREE]
 
+    @property
+    def victims(self) -> np.ndarray:
+        """Its victims' blocks as it last noted them, sorted (a view of its table row)."""
+        return self.victim_row.blocks()
+
     def note_victims(self, block_size: int) -> None:
         """Under the lock, at the end of each of the stream's turns (its table changes only
-        then): keep its victims' blocks, sorted, for the other parts
-        (StreamRegistry.victim_blocks) - in one compiled call: with streams taking turns
-        every ~1 ms this runs once per turn, and three numpy calls cost ~10 us there."""
-        self.victims = _sorted_victim_blocks(self.wb_rows, self.wb_state, block_size) if self.st[WB_USED] \
-            else _NO_OFFSETS
+        then): its victims' blocks, sorted, into its row of the victim table, in place, for
+        the other streams' loops and the other parts (StreamRegistry.victim_blocks)."""
+        self.victim_row.note(self.wb_rows, self.wb_state, block_size, bool(self.st[WB_USED]))
 
     def free_landed(self, rows: np.ndarray) -> None:
         """Release write-back rows that landed and whose checksums the driver recorded
@@ -364,22 +356,6 @@ class StreamState:
     def staged_rows(self) -> np.ndarray:
         """Indices of the write-back rows staged and not yet logged."""
         return self.wb_staged[int(self.st[WB_LOGGED]):int(self.st[WB_STAGED])]
-
-
-@njit(refcounts=True)
-def _sorted_victim_blocks(wb_rows, wb_state, block_size):
-    """The blocks of the write-back rows in use, sorted (a new array)."""
-    n = 0
-    for r in range(wb_state.shape[0]):
-        n += wb_state[r] != WB_FREE
-    out = np.empty(n, np.int64)
-    k = 0
-    for r in range(wb_state.shape[0]):
-        if wb_state[r] != WB_FREE:
-            out[k] = wb_rows[r, 2] // block_size
-            k += 1
-    out.sort()
-    return out
 
 
 # positions of the write-back table in StreamState.arrays()
