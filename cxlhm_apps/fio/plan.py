@@ -86,15 +86,41 @@ def loop_pass_bytes(job: JobSpec, plan: ClonePlan) -> int | None:
     when the whole job is one pass. fio ends a pass once the bytes it counts as issued
     reach `size` (`io_size` if larger, for random writes without the random map) - and
     counts only I/Os an engine queues: a synchronous engine's completed I/Os are never
-    counted, so under psync, sync, pvsync, pvsync2 or mmap every loop runs in one pass."""
+    counted, so under psync, sync, pvsync, pvsync2 or mmap a pass ends only where the
+    next I/O cannot be placed: a random job's map is full or a sequential job is at the
+    file's end (taken as the region's), a region's bytes on. Without the map that never
+    happens: all loops are one pass, as they are here for a sequential job of both
+    directions (fio's pass ends where either direction reaches the file's end)."""
     from cxlhm_apps.fio.raw_engines import ENGINE_OPS
     ops = ENGINE_OPS.get(job["ioengine"])
-    if job["loops"] <= 1 or job["time_based"] or (ops is not None and ops.sync):
+    if job["loops"] <= 1 or job["time_based"]:
         return None
     rw = job["rw"]
+    if ops is not None and ops.sync:
+        dist = job["random_distribution"]
+        random_map = not job["norandommap"] and (dist is None or dist.kind == "random")
+        return plan.region_len if (random_map if rw.random else not rw.mixed) else None
     if rw.writes and rw.random and job["norandommap"] and job["io_size"]:
         return max(plan.region_len, job["io_size"])
     return plan.region_len
+
+
+def loop_budget(job: JobSpec, plan: ClonePlan) -> int | None:
+    """The bytes a job issues over all its `loops` (None: time_based). fio's do_io stops
+    at `io_size` (else `size`) times loops in all; keep_running gives it `loops` passes,
+    then more while the bytes done fall short of one `io_size` by a block or more."""
+    if job["time_based"]:
+        return None
+    limit = job["io_size"] or plan.region_len
+    budget = limit * job["loops"]
+    per_pass = loop_pass_bytes(job, plan)
+    if per_pass:
+        passes = job["loops"]
+        largest = max(choice.max for choice in size_choices(job.values))
+        if limit - passes * per_pass >= largest:
+            passes = -(-(limit - largest + 1) // per_pass)
+        budget = min(budget, passes * per_pass)
+    return budget
 
 
 def blockalign(job: JobSpec) -> int | None:

@@ -32,7 +32,8 @@ from cxlhm_apps.fio.engines import DeviceShare, EngineError, IoArena, engine_of,
 from cxlhm_apps.fio.jobfile import JobSpec
 from cxlhm_apps.fio.logs import JobLogs
 from cxlhm_apps.fio.options import READ, WRITE
-from cxlhm_apps.fio.plan import ClonePlan, blockalign, loop_pass_bytes, plan_clones, seed_for, zone_file_size
+from cxlhm_apps.fio.plan import (ClonePlan, blockalign, loop_budget, loop_pass_bytes, plan_clones, seed_for,
+                                 zone_file_size)
 from cxlhm_apps.fio.pattern import Chunk, IoGenerator, size_choices
 from cxlhm_apps.fio.progress import Progress
 from cxlhm_apps.fio.sidework import SideWork
@@ -91,7 +92,7 @@ class Worker:
         budget = None
         loop_bytes = None
         if not job["time_based"]:
-            budget = (job["io_size"] or plan.region_len) * job["loops"]
+            budget = loop_budget(job, plan)
             loop_bytes = loop_pass_bytes(job, plan)
         fio_seeds = fiorand.FioSeeds.of_job(job, thread_number, seed)  # randseed and the job's number
         self.gen = IoGenerator(rw=rw, sequencer=job["rw_sequencer"], rwmixread=job["rwmixread"], sizes=sizes,
