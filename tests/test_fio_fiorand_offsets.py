@@ -347,3 +347,11 @@ def test_a_pass_ends_where_fios_ends(randseed):
     d, o, s = _drain(_generator(reads, SizeChoice(fixed=M), size=256 * M, randommap=True, seed=randseed))
     got = (int(s[d == READ].sum()), int((d == READ).sum()), int(s[d == WRITE].sum()), int((d == WRITE).sum()))
     assert got == FIO_256M_BSSPLIT[randseed]
+
+
+def test_only_lfsr_is_said_to_be_cxlhms_own():
+    from cxlhm_apps.fio.notes import notes
+    for generator, said in (("tausworthe64", False), ("lfsr", True)):
+        jobs, _ = build_jobs([read_sections(f"[j]\nfilename=f\nsize=64k\nrw=randread\nrandom_generator={generator}\n",
+                                            "t.fio")])
+        assert any("random_generator" in line for line in notes(jobs)) == said

@@ -23,7 +23,7 @@ def notes(jobs: list[JobSpec]) -> list[str]:
             path, line = job.where("io_submit_mode")
             out.append(f"note: {path}:{line}: job {job.name!r}: io_submit_mode=offload is accepted; the job "
                        "submits its I/O from its own thread (the same I/O, without offload's hand-over)")
-        if "random_generator" in job.given and job["random_generator"] != "tausworthe":
+        if "random_generator" in job.given and job["random_generator"] == "lfsr":
             path, line = job.where("random_generator")
             out.append(f"note: {path}:{line}: job {job.name!r}: random_generator={job['random_generator']} is "
                        "accepted; its offsets come from cxlhm's generator (each block once per pass, the "

@@ -366,8 +366,9 @@ OPTIONS: tuple[Option, ...] = (
            "accepted, and every job submits inline here (the same I/O; offload's hand-over cost is not added)",
            group="timing"),
     Option("random_generator", "str", _choice("tausworthe", "lfsr", "tausworthe64"), "tausworthe",
-           "fio's generator of random offsets; accepted, and the offsets come from cxlhm's own generator "
-           "(every block once per pass, as fio's map or its LFSR give them; the sequence is not fio's)",
+           "fio's generator of random offsets and block sizes: tausworthe and tausworthe64 draw fio's own "
+           "sequence; lfsr is accepted, and its offsets come from cxlhm's generator (every block once per "
+           "pass, as fio's LFSR gives them; the sequence is not fio's)",
            group="pattern"),
     Option("norandommap", "bool", _bool, False, "random offsets may repeat within a pass (default: every block once per pass)",
            flag=True, group="pattern"),
