@@ -100,3 +100,12 @@ def test_an_example_that_agrees_with_fio_333_agrees_with_the_newer_fio(example, 
     folder = _corpus([example])
     row = compat.run_example(folder / example, str(BUILT), size_cap=1 << 20, runtime_cap_s=1, keep=tmp_path)
     assert row.status == "agrees", row.detail
+
+
+def test_a_bare_flags_empty_value_from_a_newer_fio_is_not_a_difference():
+    ours = _report()
+    newer = _report()
+    newer["jobs"][0]["job options"]["stonewall"] = ""  # fio after 3.33 writes empty strings; 3.33 left them out
+    assert compat.compare(newer, ours, runtime_cap_s=2) == []
+    ours["jobs"][0]["job options"]["stonewall"] = "1"
+    assert any("stonewall (fio '', cxlhm '1')" in d for d in compat.compare(newer, ours, runtime_cap_s=2))

@@ -79,7 +79,7 @@ def test_a_bandwidth_limit_takes_fios_size_suffixes():
 
 @pytest.mark.parametrize("text, words", [
     ("ss=iops\n", "a threshold is needed"),
-    ("ss=latency:5%\n", "must be one of iops, iops_slope, bw, bw_slope"),
+    ("ss=latency:5%\n", "must be one of iops, iops_slope, bw, bw_slope, lat, lat_slope"),
     ("ss=iops:-1%\n", "finite number >= 0"),
     ("ss_dur=500ms\n", "at least 1s"),
     ("ss_dur=10\nioengine=cxlhm\ncxlhm_clock=model\n", "needs wall time"),

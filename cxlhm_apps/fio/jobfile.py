@@ -21,7 +21,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from cxlhm_apps.fio import clocks
+from cxlhm_apps.fio import clocks, steadystate
 from cxlhm_apps.fio import options as O
 
 MAX_INCLUDE_DEPTH = 16
@@ -416,7 +416,7 @@ def _steadystate_groups(jobs: list[JobSpec]) -> list[JobFileError]:
                          if n in job.given), "steadystate_duration")
             out.append(job.error(name, f"steady-state options must be the same for every job of a reporting "
                                        f"group (job {first[0].name!r} has others)"))
-    return out
+    return out + [job.error(name, why) for job, name, why in steadystate.interval_problems(jobs)]
 
 
 def build_jobs(files: list[list[Section]], problems: _Collector | None = None) -> tuple[list[JobSpec], list[RawOption]]:

@@ -448,6 +448,9 @@ OPTIONS: tuple[Option, ...] = (
            group="timing"),
     Option("steadystate_ramp_time", "time", _time, 0, "time before steady-state samples are taken (plus 1 s)",
            aliases=("ss_ramp",), group="timing"),
+    Option("steadystate_check_interval", "time", _time, 1_000_000_000, "steady-state sampling interval (whole "
+           "seconds, at least 1, the same for every job; ss_dur a multiple of it)", aliases=("ss_interval",),
+           group="timing"),
     Option("wait_for", "str", _text, None, "start once every clone of the named (earlier) job has finished",
            group="timing"),
     Option("exitall", "bool", _bool, False, "when this job finishes, end the others (exit_what says which)",
