@@ -15,9 +15,9 @@ For each I/O, after its direction (fiorand.MixedDirections):
   them; equal ones keep their order) and takes the first whose cumulative share covers
   r and that fits; then down to a multiple of the smallest block, at most the largest.
   A direction whose smallest block does not fit at the offset ends the pass.
-- the map (mark_random_map) has a cell per smallest block of all directions, but each
-  direction reads and marks it in its own smallest-block units; an I/O marks the cells
-  from its offset until one is taken and is cut to what it marked.
+- the map (mark_random_map; fio's axmap, fioaxmap.py) has a cell per smallest block of
+  all directions, but each direction reads and marks it in its own smallest-block units;
+  an I/O marks the cells from its offset until one is taken and is cut to what it marked.
 `blockalign` other than a direction's smallest block turns the map off, as in fio.
 
 What stays cxlhm's own: `random_generator=lfsr` (every block once per pass, cxlhm's
@@ -30,6 +30,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from cxlhm_apps.fio.fioaxmap import is_set, new_map, next_free, set_run
 from cxlhm_apps.fio.fiorand import FioSeeds, rand_state, taus88_next, taus258_next
 from cxlhm_apps.fio.options import READ, WRITE
 
@@ -52,44 +53,8 @@ def _unit(r, use64):
 
 
 @numba.njit(nogil=True, cache=True)
-def _next_free(bitmap, nr_bits, b):
-    """axmap_next_free: the first free cell after b, else the first from the map's start."""
-    if b >= nr_bits:
-        return -1
-    start = b + 1
-    if start == nr_bits:
-        start = 0
-    for k in range(start, nr_bits):
-        if bitmap[k] == 0:
-            return k
-    if start != 0:
-        for k in range(0, nr_bits):
-            if bitmap[k] == 0:
-                return k
-    return -1
-
-
-@numba.njit(nogil=True, cache=True)
-def _set_nr(bitmap, nr_bits, block, nr):
-    """axmap_set_nr: mark up to nr cells from block, stopping at a taken one. fio's map is
-    words of 64 cells and marks the last word's spare cells like any other, but starts no
-    word past its last cell."""
-    done = 0
-    k = block
-    while done < nr:
-        if (done == 0 or k % 64 == 0) and (k > nr_bits or k >= bitmap.shape[0]):
-            break
-        if bitmap[k]:
-            break
-        bitmap[k] = 1
-        done += 1
-        k += 1
-    return done
-
-
-@numba.njit(nogil=True, cache=True)
 def _draw(dirs, off, size, rstate, r64, bstate, b64, minbs, maxbs, ba, lastb, split_bs, split_pc, nsplit,
-          length, bitmap, nr_bits, use_map, cap, reset_full):
+          length, words, level_at, nr_bits, use_map, cap, reset_full):
     """fio's offset and size for each direction in dirs (see the module's text), into off
     (relative to the region) and size. Stops before an I/O once `cap` bytes went out
     (cap < 0: no cap). Returns (I/Os drawn, 1 if the pass ended on an I/O fio could not place)."""
@@ -104,11 +69,11 @@ def _draw(dirs, off, size, rstate, r64, bstate, b64, minbs, maxbs, ba, lastb, sp
             if lastb[d] > 0:
                 r = _rand(rstate, r64)
                 b = np.int64(np.float64(lastb[d]) * _unit(r, r64))
-                if use_map and b <= nr_bits and b < bitmap.shape[0] and bitmap[b]:
-                    b = _next_free(bitmap, nr_bits, b)
+                if use_map and is_set(words, level_at, nr_bits, b):
+                    b = next_free(words, level_at, nr_bits, b)
             if b >= 0 or not reset_full:
                 break
-            bitmap[:] = 0  # time_based: fio clears the map and draws again
+            words[:] = 0  # time_based: fio clears the map and draws again
         if b < 0:
             return i, 1
         o = b * ba[d]
@@ -146,7 +111,7 @@ def _draw(dirs, off, size, rstate, r64, bstate, b64, minbs, maxbs, ba, lastb, sp
                 if tries > _MAX_REDRAWS:
                     return i, 1
         if use_map:
-            got = _set_nr(bitmap, nr_bits, o // lo, (s + lo - 1) // lo)
+            got = set_run(words, level_at, nr_bits, o // lo, (s + lo - 1) // lo)
             if got > 0 and got * lo < s:
                 s = got * lo
         off[i] = o
@@ -183,7 +148,7 @@ class FioDraw:
                 self.split_bs[d, k], self.split_pc[d, k] = bs, pc
         self.use_map = randommap and (blockalign is None or bool((self.ba == self.minbs).all()))
         self.nr_bits = self.length // int(self.minbs.min())
-        self.bitmap = np.zeros(max(64, -(-self.nr_bits // 64) * 64), np.uint8)
+        self.words, self.level_at = new_map(self.nr_bits)
         self.use64 = seeds.generator == "tausworthe64"
         # fio switches a tausworthe job to tausworthe64 when the map has more cells than 32
         # bits count, after it seeded the first pass: that pass stays 32-bit
@@ -198,7 +163,7 @@ class FioDraw:
         self.bstate = np.stack([rand_state(s, self.use64) for s in self.seeds.size_seeds()])
 
     def reset_map(self) -> None:
-        self.bitmap[:] = 0
+        self.words[:] = 0
 
     def draw(self, direction: np.ndarray, cap: int | None) -> tuple[np.ndarray, np.ndarray, int, bool]:
         """Offsets (relative to the region) and sizes for the directions, stopping before an
@@ -209,7 +174,8 @@ class FioDraw:
         size = np.empty(n, np.int64)
         got, failed = _draw(direction.astype(np.int64), off, size, self.rstate, self.use64, self.bstate,
                             self.use64, self.minbs, self.maxbs, self.ba, self.lastb, self.split_bs,
-                            self.split_pc, self.nsplit, self.length, self.bitmap, self.nr_bits, self.use_map,
+                            self.split_pc, self.nsplit, self.length, self.words, self.level_at,
+                            self.nr_bits, self.use_map,
                             -1 if cap is None else int(cap), self.time_based)
         return off[:got], size[:got], int(got), bool(failed)
 
