@@ -5,9 +5,10 @@ fio seeds each job's generators from `randseed` (default 0x89) and the job's num
 (`thread_number`: jobs and clones counted from 1 in the order of the job file): 21 seeds
 (rand_seeds[]), one per generator, each a 32-bit Tausworthe generator (taus88), or the
 64-bit one (taus258) under `random_generator=tausworthe64`. With `randrepeat=1` (the
-default) fio seeds them all again at the start of every `loops` pass, and the offsets'
-generator takes 0xb1899bed times the job's number instead of its rand_seeds entry, so
-`randseed` does not move a repeatable job's offsets (only its sizes and directions).
+default) the offsets' generator takes 0xb1899bed times the job's number instead of its
+rand_seeds entry, so `randseed` does not move those offsets (only sizes and directions),
+and fio seeds every generator again at the start of each `loops` pass - unless the job
+sets `randseed`, which turns randrepeat off only after the first seeding.
 
 A mixed job's directions come from a taus88 of their own. fio's rule (io_u.c, get_rw_ddir)
 is not one draw per I/O: the direction is drawn again only once the current one has issued
@@ -112,7 +113,8 @@ class FioSeeds:
     """What fio seeds a job clone's generators from."""
     randseed: int = 0x89
     thread_number: int = 1  # the clone's number in the job file, from 1
-    randrepeat: bool = True  # seed again every pass; the offsets' seed from the job's number
+    randrepeat: bool = True  # the offsets' seed from the job's number
+    reseed_passes: bool = True  # seed again every `loops` pass
     rwmixread: int = 50
     verify: bool = False  # fio then draws the writes' sizes from the reads' seed
     generator: str = "tausworthe"  # random_generator: tausworthe, tausworthe64 or lfsr
@@ -121,8 +123,11 @@ class FioSeeds:
     def of_job(cls, job, thread_number: int, seed: int) -> "FioSeeds":
         """A job's seeds; `seed` stands for fio's random ones when nothing makes them repeatable."""
         repeatable = job["randrepeat"] or "randseed" in job.given
+        # fio seeds a job before it turns randrepeat off for a job that sets randseed: the
+        # offsets' seed follows randrepeat, but no pass is seeded again
         return cls(randseed=job["randseed"] if repeatable else seed, thread_number=thread_number,
-                   randrepeat=bool(job["randrepeat"]), rwmixread=job["rwmixread"],
+                   randrepeat=bool(job["randrepeat"]),
+                   reseed_passes=bool(job["randrepeat"]) and "randseed" not in job.given, rwmixread=job["rwmixread"],
                    verify=job["verify"] not in ("0", "null"), generator=job["random_generator"])
 
     def offset_seed(self) -> int:

@@ -100,7 +100,7 @@ class Worker:
                                distribution=job["random_distribution"], randommap=not job["norandommap"],
                                seed=seed, bytes_budget=budget, ios_budget=job["number_ios"],
                                blockalign=blockalign(job), fio=fio_seeds, loop_bytes=loop_bytes,
-                               reseed_loops=bool(job["randrepeat"]),
+                               reseed_loops=fio_seeds.reseed_passes,
                                zones=((job["zonesize"], job["zonerange"], job["zoneskip"], zone_file_size(job, plan))
                                       if job["zonemode"] == "strided" else None))
         qd = job["iodepth"]
