@@ -6,7 +6,9 @@
   mirror      the per-tenant blocks hosts load directly from shared memory; the service's life counter
   rings       the data plane: per-host submission/completion rings and a payload buffer
   hitlog      mirror hits, reported back to the firmware in batches
-  layout      tenant partitions, host ids, the chunk ring allocator (saved across restarts)
+  layout      tenant partitions, host ids, the chunk ring allocator; saved across restarts,
+              written outside the service's lock (LayoutSaver)
+  tenants     each tenant's service-side state; a new one zero-filled outside the service's lock
   statefiles  the state folder: ownership checks, the one-service lock, atomic no-follow writes
   protocol    the request/reply format; wire: its framing on the socket
 The host side is host_runtime/pool_client.py; docs/pool.md describes the whole.
