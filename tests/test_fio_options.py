@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import example, given
-from hypothesis import strategies as st
 
 from cxlhm_apps.fio import report
 from cxlhm_apps.fio.jobfile import build_jobs, read_sections
@@ -171,15 +169,6 @@ def test_logs_are_written_in_fios_format(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("*.0.log"))  # clones count from 1
 
 
-def test_flow_keeps_the_jobs_io_counts_in_the_ratio_of_their_weights(tmp_path):
-    text = (f"[global]\nfilename={tmp_path / 'f'}\nsize=8m\nbs=4k\ntime_based\nruntime=1\nflow_sleep=100\n"
-            "[w]\nrw=write\nflow=1\n[r]\nrw=randread\nflow=3\n")
-    _, out, _ = run(text)
-    writes = out["jobs"][0]["write"]["total_ios"]
-    reads = out["jobs"][1]["read"]["total_ios"]
-    assert writes > 0 and 2.5 < reads / writes < 3.5
-
-
 def test_backwards_sequential_io_goes_down_the_file_as_fio_does(tmp_path):
     from cxlhm_apps.fio.runner import Worker
     jobs, _ = jobs_of(f"[b]\nfilename={tmp_path / 'f'}\nsize=64k\nbs=4k\nrw=read:-8k\n")
@@ -189,12 +178,6 @@ def test_backwards_sequential_io_goes_down_the_file_as_fio_does(tmp_path):
     finally:
         worker.arena.close()
     assert (offsets // 4096).tolist() == [0] + list(range(14, -1, -1))  # fio 3.33's order (the last block unread)
-
-
-def test_a_flow_job_of_a_later_phase_holds_no_one_back(tmp_path):
-    _, out, _ = run(f"[global]\nfilename={tmp_path / 'f'}\nsize=256k\n[a]\nrw=write\nflow=1\n"
-                    "[b]\nstonewall\nrw=read\nflow=5\n")
-    assert [j["write"]["io_bytes"] + j["read"]["io_bytes"] for j in out["jobs"]] == [256 << 10] * 2
 
 
 def test_a_device_image_is_not_shared_with_fios_engines_in_one_run(tmp_path):
@@ -236,27 +219,6 @@ def test_a_reported_group_shows_its_last_jobs_options_as_fio_does(tmp_path):
                     "[first]\nrw=read\nbs=8k\n[second]\nrw=write\nbs=16k\n")
     (group,) = out["jobs"]
     assert group["jobname"] == "first" and group["job options"] == {"rw": "write", "bs": "16k"}
-
-
-@given(mine=st.integers(0, 10_000), others=st.integers(0, 10_000), weight=st.integers(1, 64),
-       rest=st.integers(0, 64))
-@example(mine=0, others=1715, weight=64, rest=1)  # far behind with 64/65 of the group: ~110k in a row
-def test_flow_allowance_is_fios_check_before_each_io_counted_ahead(mine, others, weight, rest):
-    from cxlhm_apps.fio.flow import FlowTicket
-    total, count = weight + rest, mine + others
-    got = FlowTicket.allowance(mine, count, weight, total)
-    if rest == 0:
-        assert got is None  # alone in its group
-        return
-    j, cap = 0, 100_000  # fio: an I/O goes while the job's share of the group's count is not above its weight's
-    while j < cap and (count + j == 0 or (mine + j) * total <= weight * (count + j)):
-        j += 1
-    if count and mine * total > weight * count:
-        return  # ahead: wait_turn sleeps instead of asking
-    if j == cap:  # (a weight near the group's total lets a job far behind run this many and more)
-        assert got >= cap
-    else:
-        assert got == max(1, j)
 
 
 def test_invalidate_drops_each_file_jobs_region_from_the_page_cache_as_fio_does(tmp_path, monkeypatch):

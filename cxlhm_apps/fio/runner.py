@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from cxlhm_apps.fio import buffers, clocks, cmdprio, files, fiorand, flow, minrate, pacing, schedule, steadystate
+from cxlhm_apps.fio import buffers, clocks, cmdprio, files, fiorand, flow, minrate, pacing, schedule, sprandom, steadystate
 from cxlhm_apps.fio import verify as VF
 from cxlhm_apps.fio.latency_target import DepthSearch, after_batch, set_engine_depth
 from cxlhm_apps.fio.devices import describe_device, open_devices
@@ -103,6 +103,7 @@ class Worker:
                                reseed_loops=fio_seeds.reseed_passes,
                                zones=((job["zonesize"], job["zonerange"], job["zoneskip"], zone_file_size(job, plan))
                                       if job["zonemode"] == "strided" else None))
+        sprandom.attach(self.gen, job, plan.region_len, fio_seeds)  # (sprandom: its offsets and io_size)
         qd = job["iodepth"]
         # dedupe / compression: every write's bytes made for it (None: the arena's as they are)
         self.buffers = buffers.JobBuffers.of_job(job, thread_index=thread_number - 1, threads=threads,
@@ -249,7 +250,7 @@ class Worker:
             pacer.restart(t0)
         if self.minrate is not None:
             self.minrate.restart(t0)
-        search = DepthSearch.of_job(job, engine, t0, engine_of(job).uses_device)  # latency_target
+        search = DepthSearch.of_job(job, engine, t0)  # latency_target
         if search is not None:
             set_engine_depth(engine, search.depth)
         ramp_end = t0 + job["ramp_time"]
@@ -273,7 +274,7 @@ class Worker:
             deadline = min(job_end, self._window[0] + SAMPLE_WINDOW_NS, NEVER if measuring else ramp_end)
             allowed = None  # I/Os flow control lets the job issue before it is ahead again (None: any)
             if self.flow is not None:
-                allowed = self.flow.wait_turn(job_end)
+                allowed = self.flow.wait_turn(job_end, len(pending), engine.now_ns)
             batch = pending
             if pacer is not None:
                 admitted = pacer.admit(pending, engine.now_ns, job_end)
@@ -288,7 +289,7 @@ class Worker:
             if self.steady is not None:  # (the once-a-second samples see counts at most this old)
                 deadline = min(deadline, engine.now_ns() + steadystate.BATCH_NS)
             if search is not None and measuring:  # (a batch ends where the search's window does)
-                deadline = min(deadline, max(search.window_end(), engine.now_ns() + 1))
+                deadline = min(deadline, search.batch_deadline(engine.now_ns()))
             done = engine.execute(batch, self.arena, deadline, keep_read_data=bool(self.verify_kind))
             if self.flow is not None:
                 self.flow.did(done.count)
@@ -378,7 +379,7 @@ class Worker:
         chunk = Chunk(direction, offset, size, slot)
         if self.buffers is not None:
             writes = np.flatnonzero(direction == WRITE)
-            self.buffers.fill(self.arena.data, slot[writes] * self.arena.slot_bytes, size[writes])
+            self.buffers.fill(self.arena.data, slot[writes] * self.arena.slot_bytes, size[writes], offset[writes])
         if self.verify_kind:
             chunk.serial = np.full(n, -1, np.int64)
             writes = np.flatnonzero(direction == WRITE)

@@ -2,11 +2,14 @@
 (a job starts once every clone of the named, earlier job has finished) and `exitall`
 with `exit_what` (a job that finishes ends the others: those of its reporting group,
 every running one (`stonewall`, the next phase still runs), or every one (`all`, no
-later phase runs)), as fio does.
+later phase runs)), as fio does. The phase's flow jobs join their flow groups before
+any of them starts (flow.join_phase).
 """
 from __future__ import annotations
 
 import threading
+
+from cxlhm_apps.fio import flow
 
 
 def run_phase(workers: list) -> bool:
@@ -19,6 +22,8 @@ def run_phase(workers: list) -> bool:
         left[w.job.name] = left.get(w.job.name, 0) + 1
     lock = threading.Lock()
     end_all = threading.Event()
+    waiting = {id(w) for w in workers if w.job["wait_for"] in finished and w.job["wait_for"] != w.job.name}
+    flow.join_phase(workers, waiting)
 
     def one(w) -> None:
         try:
@@ -30,6 +35,8 @@ def run_phase(workers: list) -> bool:
             else:
                 w.run()
         finally:
+            if w.flow is not None:  # (one ended before it began holds its flow group back no longer)
+                w.flow.leave()
             with lock:
                 left[w.job.name] -= 1
                 if left[w.job.name] == 0:
