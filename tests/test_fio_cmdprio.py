@@ -1,6 +1,7 @@
 """fio's command priorities (cmdprio_percentage / cmdprio_class / cmdprio / cmdprio_bssplit,
-prioclass / prio) on libaio and io_uring: which I/Os carry a priority, that libaio hands it
-to the kernel, and the per-priority latencies in fio 3.33's JSON shape."""
+prioclass / prio) on libaio, io_uring and the device engine: which I/Os carry a priority,
+that libaio hands it to the kernel, the per-priority latencies in fio 3.33's JSON shape,
+and that the device engine says it does not order I/Os by priority."""
 from __future__ import annotations
 
 import errno
@@ -169,7 +170,7 @@ def _check_fio_shape(report):
     assert keys.index("lat_ns") + 1 == keys.index("prios")  # where fio puts it
 
 
-@pytest.mark.parametrize("engine", ["libaio", "io_uring"])
+@pytest.mark.parametrize("engine", ["libaio", "io_uring", "cxlhm"])
 def test_cxlhm_writes_fios_per_priority_latencies(tmp_path, engine):
     rc, report, said = IOEngineConformance.fio(str(_job(tmp_path, engine)))
     assert rc == 0, said
@@ -263,3 +264,45 @@ def test_text_output_has_fios_per_priority_lines(tmp_path):
     assert len(at) == 2 and "prio 3/0" in lines[at[0]] and at[1] == at[0] + 1
     shares = [float(m) for m in re.findall(r"    clat prio [13]/0 \((\d+\.\d\d)% of IOs\) percentiles", text)]
     assert len(shares) == 2 and abs(sum(shares) - 100) < 0.02 and 0 < shares[1] < 60  # (the share itself: tests above; a 300 ms job under load does few I/Os)
+
+
+DEVICE_NOTE = "the device model does not order I/Os by priority"
+
+
+def test_the_device_engine_keeps_each_ios_priority_in_its_logs_and_says_it_does_not_order_by_it(tmp_path):
+    """ioengine=cxlhm: the priorities libaio would send reach fio's per-priority statistics
+    and log_prio's column, with a note that the device serves them alike (not a silent
+    substitution); the note is the device's only."""
+    job = _job(tmp_path, "cxlhm")
+    job.write_text(job.read_text().replace("[randread]", f"write_lat_log={tmp_path / 'lg'}\nlog_prio=1\n[randread]"))
+    rc, report, said = IOEngineConformance.fio(str(job))
+    assert rc == 0, said
+    notes = [line for line in said.splitlines() if DEVICE_NOTE in line]
+    assert len(notes) == 1 and notes[0].startswith(f"note: {job}:") and "job 'randread'" in notes[0], said
+    assert "prioclass/cmdprio_percentage/cmdprio_class" in notes[0]
+    column = _log_column(tmp_path / "lg_clat.1.log")
+    assert set(column) == {ioprio_value(1, 0), ioprio_value(3, 0)}  # cmdprio_class=1 level 0, prioclass=3
+    realtime = next(p for p in report["jobs"][0]["read"]["prios"] if p["prioclass"] == 1)
+    assert column.count(ioprio_value(1, 0)) == realtime["clat_ns"]["N"]
+    n = len(column)
+    assert abs(realtime["clat_ns"]["N"] / n - 0.2) <= 5 * (0.16 / n) ** 0.5  # cmdprio_percentage=20
+    rc, _report, said = IOEngineConformance.fio(str(_job(tmp_path, "libaio")))
+    assert rc == 0 and DEVICE_NOTE not in said
+
+
+def test_the_device_engine_splits_priorities_by_block_size_and_refuses_what_fio_refuses(tmp_path):
+    from cxlhm_apps.fio.jobfile import JobFileError, build_jobs, read_sections
+    base = (f"[j]\nfilename={tmp_path / 'd.img'}\nioengine=cxlhm\nsize=4m\nrw=randread\nruntime=200ms\n"
+            "time_based\niodepth=4\nbssplit=4k/50:16k/50\n")
+    job = tmp_path / "split.fio"
+    job.write_text(base + "cmdprio_bssplit=4k/100/1/2:16k/0\nprioclass=2\nprio=7\n")
+    rc, report, said = IOEngineConformance.fio(str(job))
+    assert rc == 0, said
+    read = report["jobs"][0]["read"]
+    prios = {(p["prioclass"], p["prio"]): p["clat_ns"]["N"] for p in read["prios"]}
+    assert list(prios) == [(2, 7), (1, 2)] and sum(prios.values()) == read["total_ios"]
+    assert abs(prios[(1, 2)] / read["total_ios"] - 0.5) < 0.2  # every 4k read (half by count), no 16k one
+    with pytest.raises(JobFileError, match="exclusive"):
+        jobs, _ = build_jobs([read_sections(base + "cmdprio_bssplit=4k/10\ncmdprio_percentage=5\n", "t.fio")])
+        from cxlhm_apps.fio.runner import run_jobs
+        run_jobs(jobs, log=lambda _: None)

@@ -18,13 +18,15 @@ BUILT_IN = ("cxlhm", "psync", "sync", "pvsync", "pvsync2", "mmap", "posixaio", "
 
 
 PRIO_VALUES = {"prioclass": "2", "prio": "4"}  # (the job's priority: an option of every file engine)
+CMDPRIO_VALUES = {"cmdprio_percentage": "20,30", "cmdprio_class": "2", "cmdprio": "3",
+                  "cmdprio_bssplit": "64k/25/1/1:64k/75/3/2,4k/10", "prioclass": "3", "prio": "4"}
 
 
 class TestCxlhmEngine(IOEngineConformance):
     engine = "cxlhm"
     job_lines = "cxlhm_dram=1m\ncxlhm_block_size=4k\n"
     option_values = {"cxlhm_profile": "cmm-h", "cxlhm_policy": "lru", "cxlhm_dram": "1m", "cxlhm_block_size": "4k",
-                     "cxlhm_clock": "wall"}
+                     "cxlhm_clock": "wall", **CMDPRIO_VALUES}
 
 
 class TestPsyncEngine(IOEngineConformance):
@@ -55,10 +57,6 @@ class TestMmapEngine(IOEngineConformance):
 class TestPosixaioEngine(IOEngineConformance):
     engine = "posixaio"
     option_values = PRIO_VALUES
-
-
-CMDPRIO_VALUES = {"cmdprio_percentage": "20,30", "cmdprio_class": "2", "cmdprio": "3",
-                  "cmdprio_bssplit": "64k/25/1/1:64k/75/3/2,4k/10", "prioclass": "3", "prio": "4"}
 
 
 class TestLibaioEngine(IOEngineConformance):

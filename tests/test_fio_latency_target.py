@@ -1,6 +1,8 @@
 """fio's latency-target queue-depth search (cxlhm_apps/fio/latency_target.py): its
 decisions against a transcription of fio 3.33's rule (io_u.c), a real run on a plain
-file compared with fio, and the values refused."""
+file compared with fio, runs on the device engine (the model clock's, decided window by
+window as fio's rule says; the wall clock's stream kept within the search's depth), and
+the values refused."""
 from __future__ import annotations
 
 import json
@@ -24,11 +26,12 @@ WINDOW = 100 * MS
 
 class FioModel:
     """fio 3.33's lat_target_init / lat_target_check / lat_target_success /
-    __lat_target_failed, line by line (td->latency_qd, _low, _high, _end_run)."""
+    __lat_target_failed, line by line (td->latency_qd, _low, _high, _end_run,
+    latency_stable_count; o->latency_run)."""
 
-    def __init__(self, iodepth: int):
+    def __init__(self, iodepth: int, latency_run: bool = False):
         self.iodepth, self.qd, self.low, self.high, self.end_run, self.done = iodepth, 1, 1, iodepth, False, False
-
+        self.latency_run, self.stable_count = latency_run, 0
         self.ios = self.failed = 0  # since lat_new_cycle
 
     def window(self, ios: int, failed: int, percentile: float) -> None:
@@ -38,10 +41,15 @@ class FioModel:
         if (self.ios - self.failed) / self.ios * 100.0 >= percentile:
             qd = self.qd
             self.low = self.qd
+            if self.qd + 1 == self.high:
+                self.stable_count += 1
+                if self.stable_count >= 3:
+                    self.high += 1
+                    self.stable_count = 0
             self.qd = (self.qd + self.high) // 2 if self.high != self.iodepth else self.qd * 2
             if self.qd > self.iodepth:
                 self.qd = self.iodepth
-            if self.qd == qd:
+            if not self.latency_run and self.qd == qd:
                 if self.end_run:
                     self.done = True
                 else:
@@ -52,6 +60,7 @@ class FioModel:
             if self.qd == self.low:
                 self.low -= 1
             self.qd = (self.qd + self.low) // 2
+            self.stable_count = 0
             self.ios = self.failed = 0
 
 
@@ -62,21 +71,37 @@ def _window_latencies(n: int, failed: int) -> np.ndarray:
 
 
 @settings(max_examples=300, deadline=None)
-@given(iodepth=st.integers(1, 256), percentile=st.floats(50.0, 99.9),
+@given(iodepth=st.integers(1, 256), percentile=st.floats(50.0, 99.9), latency_run=st.booleans(),
        windows=st.lists(st.integers(0, 100), min_size=1, max_size=40))
-def test_each_window_decides_the_depth_as_fios_rule(iodepth, percentile, windows):
-    search = DepthSearch(TARGET, WINDOW, percentile, iodepth, keep_running=False, now_ns=0)
-    model = FioModel(iodepth)
+def test_each_window_decides_the_depth_as_fios_rule(iodepth, percentile, latency_run, windows):
+    search = DepthSearch(TARGET, WINDOW, percentile, iodepth, keep_running=latency_run, now_ns=0)
+    model = FioModel(iodepth, latency_run)
     now = 0
     for failed in windows:  # `failed` of 100 I/Os missed the target in this window
         now += WINDOW
+        end_run = model.end_run
         event = search.observe(_window_latencies(100, failed), now)
         model.window(100, failed, percentile)
         assert search.depth == model.qd and 1 <= search.depth <= iodepth
-        assert (search.state.low, search.state.high, search.state.end_run) == (model.low, model.high, model.end_run)
+        assert (search.state.low, search.state.high, search.state.end_run, search.state.stable) == \
+            (model.low, model.high, model.end_run, model.stable_count)
         assert (event == "done") == model.done
+        assert (event == "final") == (model.end_run and not end_run)  # (fio resets the statistics there)
         if model.done:
             break
+
+
+def test_with_latency_run_a_depth_just_below_a_failing_one_is_tried_again_after_three_successes():
+    """fio 3.33's latency_stable_count: stuck one below the lowest failing depth, the
+    third success in a row raises that ceiling by one and the depth goes up to it."""
+    search = DepthSearch(TARGET, WINDOW, 99.0, 16, keep_running=True, now_ns=0)
+    now, depths = 0, []
+    for failed in [0, 0, 50, 0, 0, 0, 0]:  # 1 -> 2 -> 4; 4 misses -> 3; 3 meets the target four times
+        now += WINDOW
+        search.observe(_window_latencies(100, failed), now)
+        depths.append(search.depth)
+    assert depths == [2, 4, 3, 3, 3, 4, 4]
+    assert search.state.high == 5
 
 
 @settings(max_examples=100, deadline=None)
@@ -115,10 +140,24 @@ def test_a_window_is_judged_only_when_it_has_ended_and_percentile_100_fails_at_o
     assert at_one.observe(_window_latencies(10, 1), 1) == "fatal"  # fio: ETIMEDOUT
 
 
-def test_latency_run_keeps_searching_after_the_final_window():
+def test_latency_run_keeps_searching_and_never_restarts_the_statistics():
+    """fio skips its final window (and its statistics reset) under latency_run."""
     search = DepthSearch(TARGET, WINDOW, 99.0, 4, keep_running=True, now_ns=0)
     events = [search.observe(_window_latencies(100, 0), WINDOW * (i + 1)) for i in range(6)]
-    assert events[:4] == ["", "", "final", ""] and "done" not in events and search.depth == 4
+    assert set(events) == {""} and search.depth == 4
+    converging = DepthSearch(TARGET, WINDOW, 99.0, 4, keep_running=False, now_ns=0)
+    events = [converging.observe(_window_latencies(100, 0), WINDOW * (i + 1)) for i in range(4)]
+    assert events == ["", "", "final", "done"]
+
+
+def test_a_window_that_ended_before_the_next_batch_gives_that_batch_a_moment_to_run():
+    """The last batch ended before the window's end and the next starts after it: that
+    batch must still run some I/O (a deadline in the past runs none, and the window
+    would never be judged: the job spun without I/O until its run time ended)."""
+    from cxlhm_apps.fio.latency_target import LATE_WINDOW_NS
+    search = DepthSearch(TARGET, WINDOW, 99.0, 4, keep_running=False, now_ns=0)
+    assert search.batch_deadline(WINDOW // 2) == WINDOW
+    assert search.batch_deadline(WINDOW + 5) == WINDOW + 5 + LATE_WINDOW_NS
 
 
 def _jobs(text: str):
@@ -192,8 +231,97 @@ def test_a_target_missed_at_depth_1_fails_the_job_as_fio(tmp_path):
         assert (fio["error"], fio["latency_depth"], fio["latency_target"]) == (110, 1, 1000)
 
 
-def test_the_device_engine_says_it_does_not_search(tmp_path):
-    jobs, globals_ = _jobs(f"[j]\nfilename={tmp_path / 'd.img'}\nioengine=cxlhm\nsize=8m\nrw=randread\n"
-                           "latency_target=1ms\n")
+class _FixedTime:
+    """A model-clock device handle stand-in: time starts at 0."""
+
+    def now_ns(self) -> float:
+        return 0.0
+
+
+def test_the_model_clocks_loop_keeps_at_most_the_depth_it_is_set_to_in_flight():
+    from cxlhm_apps.fio.clocks import ModelTimeScheduler
+    loop = ModelTimeScheduler(_FixedTime()).open_loop(4)  # opened at iodepth 4
+    for latency in (10.0, 20.0, 30.0, 40.0):  # four at t=0, completing at 10, 20, 30, 40
+        loop.issue(lambda t, lat=latency: lat)
+    loop.set_depth(2)  # the next goes when only one is still out: at 30 (at depth 4 it would go at 10)
+    issued = []
+    loop.issue(lambda t: issued.append(t) or 100.0)
+    assert issued == [30.0]
+    loop.set_depth(4)  # two more free at once, at the loop's time
+    loop.issue(lambda t: issued.append(t) or 100.0)
+    loop.issue(lambda t: issued.append(t) or 100.0)
+    assert issued == [30.0, 30.0, 30.0]
+    assert loop.next_issue_ns() == 40.0  # the fourth slot: the I/O completing at 40
+    assert loop.drain() == 130.0
+
+
+def _device_job(tmp_path, lines: str) -> str:
+    return (f"[j]\nfilename={tmp_path / 'd.img'}\nioengine=cxlhm\nsize=4m\nbs=4k\nrw=randread\n"
+            f"time_based\n{lines}")
+
+
+def test_the_device_engine_on_the_model_clock_moves_the_depth_as_fios_rule(tmp_path, monkeypatch):
+    """Real device latencies (the timing model's: deeper queues wait longer at the SSD)
+    decide the depth window by window exactly as fio 3.33's rule does with them."""
+    import cxlhm_apps.fio.latency_target as LT
+    model = FioModel(16)
+    judged = []  # (depth after the window, fio's depth after it)
+    pending = [0, 0]  # I/Os and failures since the window began
+    real = LT.DepthSearch.observe
+
+    def observe(self, lat, now):
+        ends = now - self.window_start >= self.window_ns
+        pending[0] += lat.shape[0]
+        pending[1] += int((lat > self.target_ns).sum())
+        event = real(self, lat, now)
+        if ends:
+            at_one, met = model.qd == 1, (pending[0] - pending[1]) * 100 >= self.percentile * pending[0]
+            model.window(pending[0], pending[1], self.percentile)
+            judged.append((self.depth, model.qd))
+            if met or not at_one:
+                pending[:] = [0, 0]  # (a new cycle; at depth 1 a missed window goes on)
+        return event
+    monkeypatch.setattr(LT.DepthSearch, "observe", observe)
+    jobs, globals_ = _jobs(_device_job(tmp_path, "cxlhm_clock=model\ncxlhm_dram=1m\niodepth=16\nruntime=150ms\n"
+                                                 "latency_target=80us\nlatency_window=10ms\nlatency_percentile=90\n"))
     result = run_jobs(jobs, log=lambda _: None)
-    assert result.failed and any("not ioengine=cxlhm" in m for m in result.messages)
+    job = report.to_json(result, globals_)["jobs"][0]
+    assert job["error"] == 0
+    assert len(judged) >= 4 and all(ours == fios for ours, fios in judged), judged
+    depths = [d for d, _ in judged]
+    assert max(depths) > 1 and any(b < a for a, b in zip(depths, depths[1:]))  # up, and down again: a real search
+    assert job["latency_depth"] == judged[-1][0] and job["latency_target"] == 80_000
+    assert (job["latency_percentile"], job["latency_window"]) == (90.0, 10_000)
+
+
+def test_the_device_engine_on_the_wall_clock_keeps_the_searchs_depth_in_flight(tmp_path, monkeypatch):
+    """The device opens at iodepth; each stream it runs is asked for the depth the search
+    chose, and never has more I/Os at the SSD than that."""
+    import cxlhm_apps.fio.latency_target as LT
+    from host_runtime.driver import DeviceHandle
+    streams, chosen = [], [1]
+    real_stream, real_set = DeviceHandle.stream_io, LT.set_engine_depth
+
+    def stream_io(self, hpa, lens, addrs, depth, **options):
+        ran = real_stream(self, hpa, lens, addrs, depth, **options)
+        streams.append((depth, ran.peak_in_flight, ran.count))
+        return ran
+
+    def set_depth(engine, depth):
+        chosen.append(depth)
+        real_set(engine, depth)
+    monkeypatch.setattr(DeviceHandle, "stream_io", stream_io)
+    monkeypatch.setattr(LT, "set_engine_depth", set_depth)
+    jobs, globals_ = _jobs(_device_job(tmp_path, "cxlhm_dram=1m\niodepth=16\nruntime=3s\nlatency_target=2s\nlatency_window=50ms\n"
+                                                 "latency_percentile=90\n"))
+    result = run_jobs(jobs, log=lambda _: None)
+    job = report.to_json(result, globals_)["jobs"][0]
+    assert job["error"] == 0
+    # every window meets a 2 s target: 1, 2, 4, 8, 16, a final window at 16, and the job ends
+    assert list(dict.fromkeys(chosen)) == [1, 2, 4, 8, 16] and job["latency_depth"] == 16
+    assert job["job_runtime"] < 2500  # (it ended on the search, not the run time)
+    ran = [(depth, peak) for depth, peak, count in streams if count]
+    assert {depth for depth, _ in ran} == {1, 2, 4, 8, 16}
+    assert all(peak <= depth for depth, peak in ran), ran
+    assert max(peak for depth, peak in ran if depth == 16) > 8, ran  # (the raised cap is used: mostly misses)
+    assert "latency   : target=2000000000, window=50000, percentile=90.00%, depth=16\n" in report.format_normal(result)

@@ -103,6 +103,19 @@ class ModelLoop:
         heapq.heapreplace(self._free, issue_ns + latency)
         self._now = max(self._now, issue_ns)
 
+    def set_depth(self, depth: int) -> None:
+        """Keep at most `depth` I/Os in flight from the next issue on (fio's latency-target
+        search lowers and raises it): fewer slots wait for the latest completions, so the
+        next I/O goes once only depth-1 are still out; more are free at the loop's time."""
+        with self.clock._turn:
+            if self.closed:
+                return
+            free = sorted(self._free)
+            depth = max(1, depth)
+            self._free = free[-depth:] if depth <= len(free) else sorted(free + [self._now] * (depth - len(free)))
+            self.clock._next[self.id] = (self._free[0], self.id)  # (a sorted list is a heap)
+            self.clock._turn.notify_all()
+
     def reach(self, t_ns: float) -> None:
         """Time passes to `t_ns` (a deadline before the next issue) with I/Os in flight."""
         self._now = max(self._now, min(t_ns, self._free[0]))

@@ -1,5 +1,6 @@
-"""fio's command priorities on libaio and io_uring: `cmdprio_percentage`, `cmdprio_class`,
-`cmdprio`, `cmdprio_bssplit`, with the job's default priority `prioclass` / `prio`.
+"""fio's command priorities on libaio, io_uring and the device engine (cxlhm):
+`cmdprio_percentage`, `cmdprio_class`, `cmdprio`, `cmdprio_bssplit`, with the job's default
+priority `prioclass` / `prio`.
 
 An I/O priority (Linux ioprio) is a class (1 realtime, 2 best effort, 3 idle) and a level
 (0-7), one 16-bit value `class << 13 | level`. As fio's engines/cmdprio.c:
@@ -15,6 +16,11 @@ priority of the direction's entries in the order given (fio's clat_prio index). 
 is tagged with `index << 16 | ioprio` so the statistics keep fio's order (stats.py).
 The draw uses the job's own seeded generator, not fio's: the same share of I/Os, not the
 same ones.
+
+libaio hands each I/O's priority to the kernel and the file engines run the job's thread
+at prioclass/prio; ioengine=cxlhm keeps the tags for the statistics and logs only, as a
+file whose device has no priority scheduling: the device model serves every I/O alike
+(`device_notes` says so in the run's output).
 """
 from __future__ import annotations
 
@@ -94,22 +100,23 @@ def parse_cmdprio_bssplit(text: str, kb_base: int):
 PRIO_OPTIONS = (
     Option("prioclass", "int", lambda t, kb: _range(t, 0, 3, "prioclass"), None,
            "the job's I/O priority class (0 none, 1 realtime, 2 best effort, 3 idle), set on its thread "
-           "(ioprio_set)", group="engine"),
+           "(ioprio_set; ioengine=cxlhm: in the per-priority statistics only)", group="engine"),
     Option("prio", "int", lambda t, kb: _range(t, 0, 7, "prio"), None,
-           "the job's I/O priority level (0-7), set on its thread (ioprio_set)", group="engine"),
+           "the job's I/O priority level (0-7), set on its thread (ioprio_set; ioengine=cxlhm: in the "
+           "per-priority statistics only)", group="engine"),
 )
 
 OPTIONS = (
     Option("cmdprio_percentage", "int", _pair(0, 100, "a percentage"), (None, None),
-           "ioengine=libaio/io_uring: share of I/Os (per direction) issued with priority cmdprio_class/cmdprio",
+           "ioengine=libaio/io_uring/cxlhm: share of I/Os (per direction) issued with priority cmdprio_class/cmdprio",
            group="engine"),
     Option("cmdprio_class", "int", _pair(1, 3, "an I/O priority class"), (None, None),
-           "ioengine=libaio/io_uring: class of the prioritised I/Os (1 realtime, 2 best effort, 3 idle)",
+           "ioengine=libaio/io_uring/cxlhm: class of the prioritised I/Os (1 realtime, 2 best effort, 3 idle)",
            group="engine"),
     Option("cmdprio", "int", _pair(0, 7, "an I/O priority level"), (None, None),
-           "ioengine=libaio/io_uring: level (0-7) of the prioritised I/Os", group="engine"),
+           "ioengine=libaio/io_uring/cxlhm: level (0-7) of the prioritised I/Os", group="engine"),
     Option("cmdprio_bssplit", "str", parse_cmdprio_bssplit, (None, None),
-           "ioengine=libaio/io_uring: priority share per block size, BS/PCT[/CLASS/LEVEL[/HINT]]:... (a hint, "
+           "ioengine=libaio/io_uring/cxlhm: priority share per block size, BS/PCT[/CLASS/LEVEL[/HINT]]:... (a hint, "
            "for drives with Command Duration Limits, is accepted and not sent)", group="engine"),
 )
 
@@ -183,6 +190,30 @@ def cmdprio_for(values, clone: int) -> CmdPrio | None:
     """The job's priorities, or None when it sets none."""
     prio = CmdPrio(values, seed=(int(values.get("randseed") or 0x89) * 1000003 + clone) & 0xFFFFFFFF)
     return prio if prio.active or prio.default else None
+
+
+def job_cmdprio(job) -> CmdPrio | None:
+    """For an engine's opener (an ioengine.EngineJob): the clone's priorities, None when
+    the job sets none; a combination fio refuses is the job file's error."""
+    try:
+        return cmdprio_for(job.options, job.clone)
+    except ValueError as exc:
+        raise job.error("cmdprio_bssplit", str(exc)) from None
+
+
+PRIORITY_NAMES = tuple(opt.name for opt in PRIO_OPTIONS + OPTIONS)
+
+
+def device_note(job) -> str | None:
+    """What the run says of a device job (ioengine=cxlhm, a jobfile.JobSpec) that sets
+    priorities: they are counted, not applied (None: it sets none)."""
+    given = [name for name in PRIORITY_NAMES if name in job.given]
+    if not given:
+        return None
+    path, line = job.where(given[0])
+    return (f"note: {path}:{line}: job {job.name!r}: {'/'.join(given)}: each I/O's priority is kept in the "
+            "per-priority statistics and logs, but the device model does not order I/Os by priority (as a file "
+            "whose device has no priority scheduling)")
 
 
 # ioprio_set(2) / ioprio_get(2) have no libc wrapper: their system call numbers

@@ -10,6 +10,10 @@
   its completion is seen.
   Model clock: the job is an event loop over N outstanding I/Os (clocks.ModelLoop);
   each I/O is issued at the model time the one it replaces completes.
+  N is opened at the job's iodepth; fio's latency-target search lowers and raises how
+  many of them the job keeps in flight (`iodepth`, at most the opened `queue_depth`).
+  Command priorities (cmdprio.py) tag each I/O for fio's per-priority statistics; the
+  device model does not order I/Os by priority.
   It is the IOEngineOps `CXLHM` (cxlhm_apps.fio.ioengine); it uses the device only
   through the host driver's handle and its declared interface (stream_io,
   thread_hits_misses, write_mode, access_one, now_ns).
@@ -29,8 +33,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from cxlhm_apps.fio import cmdprio
 from cxlhm_apps.fio import options as O
 from cxlhm_apps.fio import values as V
+from cxlhm_apps.fio.cmdprio import CmdPrio
 from cxlhm_apps.fio.clocks import ModelTimeScheduler
 from cxlhm_apps.fio.ioengine import (ENGINES, IOENGINE_VERSION, Completed, EngineFlags, EngineJob, IOEngineOps,
                                      engine_ops)
@@ -100,9 +106,11 @@ class _Tally:
 
 class CxlhmEngine:
     name = "cxlhm"
+    cmdprio: CmdPrio | None = None  # the job's command priorities (set by the opener): tags only, see the module doc
 
     def __init__(self, share: DeviceShare, iodepth: int, max_bs: int):
-        self.share, self.iodepth = share, iodepth
+        self.share = share
+        self.queue_depth = self._issue_depth = iodepth  # what the engine was opened for; what it keeps in flight
         self.clock = share.clock
         self._loop = self.clock.open_loop(iodepth) if isinstance(self.clock, ModelTimeScheduler) else None
         # A device that streams (wall clock, real data, no fault injector) keeps the I/Os
@@ -121,6 +129,31 @@ class CxlhmEngine:
         self._next = 0
         self._stop = False
 
+    @property
+    def iodepth(self) -> int:
+        """How many I/Os the job keeps in flight: the opened depth, or less while fio's
+        latency-target search holds it lower."""
+        return self._issue_depth
+
+    @iodepth.setter
+    def iodepth(self, depth: int) -> None:
+        if not 1 <= depth <= self.queue_depth:
+            raise ValueError(f"an issue depth of {depth} is outside 1..{self.queue_depth}, the depth the engine "
+                             "was opened with")
+        self._issue_depth = depth
+        if self._loop is not None:
+            self._loop.set_depth(depth)
+
+    def _shares(self) -> tuple[list[int], list[np.ndarray]]:
+        """The current depth shared out over the submitters (first ones deeper), each with
+        its staging buffer (sized at open for its share of the opened depth, no smaller
+        than its share of a lower one)."""
+        depth = self._issue_depth
+        if depth == self.queue_depth:
+            return self._depths, self._staging
+        n = min(len(self._depths), depth)
+        return [depth // n + (i < depth % n) for i in range(n)], self._staging[:n]
+
     def now_ns(self) -> int:
         return self._loop.now_ns() if self._loop is not None else self.clock.now_ns()
 
@@ -136,11 +169,10 @@ class CxlhmEngine:
         slat = np.zeros(n_total, np.int64)
         clat = np.zeros(n_total, np.int64)
         self._next, self._stop = 0, False
-        if len(self._depths) > 1 and not _overlapping_writes(chunk):
-            depths, staging = self._depths, self._staging
-        else:  # writes that overlap must land in issue order (the last one wins): one submitter
+        depths, staging = self._shares()
+        if len(depths) > 1 and _overlapping_writes(chunk):  # (in issue order, the last one wins: one submitter)
             if self._serial_staging is None:
-                self._serial_staging = np.empty(self.iodepth * self._max_bs, np.uint8)
+                self._serial_staging = np.empty(self.queue_depth * self._max_bs, np.uint8)
             depths, staging = [self.iodepth], [self._serial_staging]
         args = (chunk, arena, deadline_ns, keep_read_data, slat, clat)
         helpers = [self._pool.submit(self._helper, depths[i], staging[i], *args) for i in range(1, len(depths))]
@@ -154,7 +186,14 @@ class CxlhmEngine:
         submits = sum(t.submits for t in tallies)
         cache = sum(t.cache for t in tallies)
         return Completed(done, slat[:done], clat[:done], self.clock.now_ns(), min(self.iodepth, max(done, 1)),
-                         submits, cache)
+                         submits, cache, self._tags(chunk, done))
+
+    def _tags(self, chunk: Chunk, done: int) -> np.ndarray | None:
+        """The priority tags of the chunk's first `done` I/Os (None: the job sets none).
+        They go to the statistics only: the device serves every I/O alike."""
+        if self.cmdprio is None:
+            return None
+        return self.cmdprio.tags(chunk.direction, chunk.size)[:done]
 
     def _helper(self, *args) -> _Tally:
         before = resource.getrusage(resource.RUSAGE_THREAD)
@@ -298,7 +337,7 @@ class CxlhmEngine:
         submits = np.zeros(7, np.int64)
         submits[submit_bucket(1)] += done  # one I/O per submission, as the loop issues them
         return Completed(done, np.zeros(done, np.int64), clat[:done], loop.now_ns(), min(self.iodepth, max(done, 1)),
-                         submits, cache)
+                         submits, cache, self._tags(chunk, done))
 
     def close(self) -> None:
         if self._pool is not None:
@@ -359,7 +398,10 @@ def _groups(direction: np.ndarray, offset: np.ndarray, size: np.ndarray):
 def _open_cxlhm(job: EngineJob) -> CxlhmEngine:
     if job.share is None:
         raise job.error("ioengine", "ioengine=cxlhm: the runner opened no device for this job")
-    return CxlhmEngine(job.share, job.iodepth, job.max_bs)
+    prios = cmdprio.job_cmdprio(job)  # (before the engine: a bad combination opens nothing)
+    engine = CxlhmEngine(job.share, job.iodepth, job.max_bs)
+    engine.cmdprio = prios
+    return engine
 
 
 def _text(text: str, kb_base: int) -> str:
@@ -395,7 +437,7 @@ DEVICE_OPTIONS = (
 
 CXLHM = IOEngineOps(
     "cxlhm", IOENGINE_VERSION, _open_cxlhm, EngineFlags.USES_DEVICE | EngineFlags.MEASURES_SLAT,
-    options=DEVICE_OPTIONS,
+    options=DEVICE_OPTIONS + cmdprio.PRIO_OPTIONS + cmdprio.OPTIONS,
     help="the emulated CXL-HM device through the host driver (its cxlhm_* options configure it)")
 
 

@@ -1,5 +1,5 @@
 """fio's latency-target queue-depth search (latency_target, latency_window,
-latency_percentile, latency_run), with fio 3.33's rule.
+latency_percentile, latency_run), with fio 3.33's rule (io_u.c, lat_target_*).
 
 The job starts at depth 1. An I/O whose latency (submission to completion, fio's `lat`)
 exceeds latency_target counts as failed. At the end of each latency_window the share
@@ -9,7 +9,13 @@ missed, it goes down (halfway to the highest depth that met it). With
 latency_percentile=100 one failed I/O lowers the depth at once, and at depth 1 it is
 fatal (ETIMEDOUT), as in fio. When a success leaves the depth where it was the search
 has converged: the statistics start again and the job runs one more window at that
-depth; a success there ends the job (latency_run=1: the search goes on instead).
+depth; a success there ends the job. With latency_run=1 none of that: the search goes
+on to the end of the run, and, as fio's, after three successes in a row just below the
+lowest failing depth it tries that depth again (the ceiling moves up by one).
+
+The depth caps how many I/Os the job keeps in flight (fio's queue_full); the engine was
+opened at the job's iodepth, the search's maximum, and keeps at most the search's depth
+in flight from its next batch on (`set_engine_depth`).
 
 What differs from fio: fio looks at every completion; here the runner looks after
 each batch of I/Os an engine ran (a batch ends at the window's end), so a failure at
@@ -22,6 +28,9 @@ import dataclasses
 import numpy as np
 
 
+LATE_WINDOW_NS = 1_000_000  # a batch after a window's end runs this long before the window is judged
+
+
 @dataclasses.dataclass
 class SearchState:
     """fio's td->latency_qd, latency_qd_low, latency_qd_high, latency_end_run."""
@@ -30,6 +39,7 @@ class SearchState:
     high: int
     max_depth: int
     end_run: bool = False
+    stable: int = 0  # fio's latency_stable_count: successes in a row just below the ceiling
 
 
 def start(max_depth: int) -> SearchState:
@@ -37,17 +47,23 @@ def start(max_depth: int) -> SearchState:
     return SearchState(depth=1, low=1, high=max_depth, max_depth=max_depth)
 
 
-def on_success(s: SearchState) -> str:
+def on_success(s: SearchState, keep_running: bool = False) -> str:
     """lat_target_success; returns "" (go on), "final" (converged: start the final
-    window with fresh statistics) or "done" (the final window met the target)."""
+    window with fresh statistics) or "done" (the final window met the target).
+    `keep_running` (latency_run): never converged, the search goes on."""
     before = s.depth
     s.low = s.depth
+    if s.depth + 1 == s.high:  # stuck below the ceiling: after 3 successes in a row, raise it
+        s.stable += 1
+        if s.stable >= 3:
+            s.high += 1
+            s.stable = 0
     if s.high != s.max_depth:
         s.depth = (s.depth + s.high) // 2
     else:
         s.depth *= 2
     s.depth = min(s.depth, s.max_depth)
-    if s.depth == before:
+    if s.depth == before and not keep_running:
         if s.end_run:
             return "done"
         s.end_run = True
@@ -63,6 +79,7 @@ def on_failure(s: SearchState) -> bool:
     if s.depth == s.low:
         s.low -= 1
     s.depth = (s.depth + s.low) // 2
+    s.stable = 0
     return True
 
 
@@ -77,15 +94,15 @@ class DepthSearch:
         self._new_cycle(now_ns)
 
     @classmethod
-    def of_job(cls, job, engine, now_ns: int, on_device: bool) -> DepthSearch | None:
+    def of_job(cls, job, engine, now_ns: int) -> DepthSearch | None:
         """The job's search (None without latency_target), up to the depth `engine` was
-        opened with; an engine that keeps no adjustable depth (`iodepth`) is refused."""
+        opened with (its `iodepth`, which the search then lowers and raises); an engine
+        that keeps no adjustable depth is refused."""
         if not job["latency_target"]:
             return None
-        if on_device or not isinstance(getattr(engine, "iodepth", None), int):
-            # (the device's queues and the model clock's loop are sized when it opens)
+        if not isinstance(getattr(engine, "iodepth", None), int):
             raise ValueError(f"latency_target: the queue-depth search needs an engine whose depth can change "
-                             f"(fio's file engines: psync, libaio, io_uring, ...), not ioengine={job['ioengine']}")
+                             f"(an `iodepth` it keeps in flight), not ioengine={job['ioengine']}")
         return cls(job["latency_target"], job["latency_window"], job["latency_percentile"], engine.iodepth,
                    bool(job["latency_run"]), now_ns)
 
@@ -98,6 +115,14 @@ class DepthSearch:
 
     def window_end(self) -> int:
         return self.window_start + self.window_ns
+
+    def batch_deadline(self, now_ns: int) -> int:
+        """Where the engine's next batch ends: at the window's end, or, when that has passed
+        unjudged (the last batch ended before it, this one starts after), a moment later -
+        a deadline already past would run no I/O, and the window is judged only after a
+        batch that ran some."""
+        end = self.window_end()
+        return end if end > now_ns else now_ns + LATE_WINDOW_NS
 
     def restart(self, now_ns: int) -> None:
         """The measured part begins (after ramp_time): a fresh window."""
@@ -118,9 +143,7 @@ class DepthSearch:
             return ""
         met = (self.ios - self.failed) / self.ios * 100.0
         if met >= self.percentile:
-            event = on_success(self.state)
-            if event == "done" and self.keep_running:
-                event = ""
+            event = on_success(self.state, self.keep_running)
             self._new_cycle(now_ns)
             return event
         if on_failure(self.state):
@@ -130,7 +153,7 @@ class DepthSearch:
 
 def set_engine_depth(engine, depth: int) -> None:
     """Let an engine keep `depth` I/Os in flight from its next batch on (at most the
-    iodepth it was opened with, which sized its queues)."""
+    iodepth it was opened with, which sized its queues; the device engine checks that)."""
     engine.iodepth = depth
     opened_batch = engine.__dict__.setdefault("_opened_submit_batch", getattr(engine, "submit_batch", None))
     if opened_batch is not None:  # (io_uring's SQEs per submit: never more than are in flight)

@@ -1,5 +1,6 @@
 """What fio says about a run's jobs before it runs them: an iodepth a synchronous engine
-caps at 1, and options accepted but not applied here (placement only)."""
+caps at 1, and options accepted but not applied here (placement only, priorities the
+device does not order by)."""
 from __future__ import annotations
 
 from cxlhm_apps.fio.jobfile import JobSpec
@@ -8,6 +9,7 @@ from cxlhm_apps.fio.jobfile import JobSpec
 def notes(jobs: list[JobSpec]) -> list[str]:
     """What fio would say about the jobs before running them, and options accepted but
     not applied here."""
+    from cxlhm_apps.fio.cmdprio import device_note
     from cxlhm_apps.fio.options import NOT_MODELLED
     from cxlhm_apps.fio.ioengine import engine_ops
     out = []
@@ -19,6 +21,8 @@ def notes(jobs: list[JobSpec]) -> list[str]:
                 path, line = job.where(name)
                 out.append(f"note: {path}:{line}: job {job.name!r}: {name} is accepted but not modelled "
                            "(placement only; the job runs where the OS puts it)")
+        if engine_ops(job["ioengine"]).uses_device and (prio_note := device_note(job)):
+            out.append(prio_note)
         if job["io_submit_mode"] == "offload":
             path, line = job.where("io_submit_mode")
             out.append(f"note: {path}:{line}: job {job.name!r}: io_submit_mode=offload is accepted; the job "
