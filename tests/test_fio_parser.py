@@ -91,6 +91,7 @@ EXAMPLES = {
     "rate_iops_min": (",50", (None, 50)), "rate_cycle": ("250", 250),
     "steadystate": ("bw_slope:1%", SteadySpec(False, True, 1.0, True)), "steadystate_duration": ("30", 30 * 10**9),
     "steadystate_ramp_time": ("5s", 5 * 10**9), "steadystate_check_interval": ("1000ms", 10**9),
+    "sprandom": ("1", True), "spr_op": ("0.21", 0.21), "spr_num_regions": ("400", 400), "spr_cs": ("1m", 1 << 20),
     "dedupe_percentage": ("30", 30),
     "dedupe_mode": ("working_set", "working_set"), "dedupe_working_set_percentage": ("20", 20),
     "dedupe_global": ("1", True), "buffer_compress_percentage": ("50", 50), "buffer_compress_chunk": ("4k", 4096),
@@ -98,7 +99,7 @@ EXAMPLES = {
     "zoneskip": ("2g", 2 << 30), "log_offset": ("1", True),
 }
 NEEDS = {"time_based": "runtime=1\n", "verify_backlog": "verify=crc32c\n",
-         "steadystate_duration": "new_group\n"}  # (fio: one reporting group, the same steady-state options)
+         "steadystate_duration": "new_group\n", "sprandom": "rw=randwrite\n"}  # (fio: one reporting group, the same steady-state options)
 
 
 def test_examples_cover_every_option():

@@ -54,7 +54,6 @@ NOT_MODELLED_WHY: dict[str, str] = {
     "cpus_allowed_policy": "CPU placement is not modelled", "cpus_allowed": "CPU placement is not modelled",
     "cpumask": "CPU placement is not modelled", "mem": "buffer memory types are not modelled",
     "grace_time": _ENGINE, "ttl": _ENGINE, "skip_bad": "MTD devices are not modelled",
-"cont": _ENGINE, "sprandom": "sprandom is not modelled",
-    "spr_op": "sprandom is not modelled", "spr_num_regions": "sprandom is not modelled",
+"cont": _ENGINE,
     "sync": "sync=1 (O_SYNC writes) is not modelled",
 }

@@ -21,7 +21,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from cxlhm_apps.fio import clocks, steadystate
+from cxlhm_apps.fio import clocks, sprandom, steadystate
 from cxlhm_apps.fio import options as O
 
 MAX_INCLUDE_DEPTH = 16
@@ -398,6 +398,7 @@ def _check_job(job: JobSpec):
             read, write = v[name]
             if read is None and write is None:
                 yield job.error(name, "gives no block size")
+    yield from (job.error(name, why) for name, why in sprandom.problems(job))
 
 
 def _steadystate_groups(jobs: list[JobSpec]) -> list[JobFileError]:

@@ -14,6 +14,7 @@ from typing import Any
 from cxlhm_apps.fio import values as V
 from cxlhm_apps.fio.distributions import parse_distribution
 from cxlhm_apps.fio.steadystate import DEFAULT as _SS_DEFAULT
+from cxlhm_apps.fio.sprandom import parse_op as _spr_op
 from cxlhm_apps.fio.steadystate import parse_steadystate
 
 DIRECTIONS = ("read", "write", "trim")
@@ -370,6 +371,10 @@ OPTIONS: tuple[Option, ...] = (
            "sequence; lfsr is accepted, and its offsets come from cxlhm's generator (every block once per "
            "pass, as fio's LFSR gives them; the sequence is not fio's)",
            group="pattern"),
+    Option("sprandom", "bool", _bool, False, "SPRandom preconditioning (rw=randwrite): sprandom.py", group="target"),
+    Option("spr_op", "float", _spr_op, 0.15, "SPRandom's over-provisioning ratio, in (0, 1)", group="target"),
+    Option("spr_num_regions", "int", _int_at_least(1), 100, "SPRandom's number of regions", group="target"),
+    Option("spr_cs", "size", _size, 0, "SPRandom's device cache size (bytes; 0: none)", group="target"),
     Option("norandommap", "bool", _bool, False, "random offsets may repeat within a pass (default: every block once per pass)",
            flag=True, group="pattern"),
     Option("kb_base", "int", _kb_base, 1024, "1024: 4k = 4096 (fio's default); 1000: SI prefixes, KiB/MiB for powers of two",

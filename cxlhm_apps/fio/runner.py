@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from cxlhm_apps.fio import buffers, clocks, cmdprio, files, fiorand, flow, minrate, pacing, schedule, steadystate
+from cxlhm_apps.fio import buffers, clocks, cmdprio, files, fiorand, flow, minrate, pacing, schedule, sprandom, steadystate
 from cxlhm_apps.fio import verify as VF
 from cxlhm_apps.fio.latency_target import DepthSearch, after_batch, set_engine_depth
 from cxlhm_apps.fio.devices import describe_device, open_devices
@@ -103,6 +103,7 @@ class Worker:
                                reseed_loops=fio_seeds.reseed_passes,
                                zones=((job["zonesize"], job["zonerange"], job["zoneskip"], zone_file_size(job, plan))
                                       if job["zonemode"] == "strided" else None))
+        sprandom.attach(self.gen, job, plan.region_len, fio_seeds)  # (sprandom: its offsets and io_size)
         qd = job["iodepth"]
         # dedupe / compression: every write's bytes made for it (None: the arena's as they are)
         self.buffers = buffers.JobBuffers.of_job(job, thread_index=thread_number - 1, threads=threads,
@@ -378,7 +379,7 @@ class Worker:
         chunk = Chunk(direction, offset, size, slot)
         if self.buffers is not None:
             writes = np.flatnonzero(direction == WRITE)
-            self.buffers.fill(self.arena.data, slot[writes] * self.arena.slot_bytes, size[writes])
+            self.buffers.fill(self.arena.data, slot[writes] * self.arena.slot_bytes, size[writes], offset[writes])
         if self.verify_kind:
             chunk.serial = np.full(n, -1, np.int64)
             writes = np.flatnonzero(direction == WRITE)
