@@ -222,6 +222,8 @@ _SERVE = ["device", "serve", "--socket", "/nonexistent/pool.sock", "--state"]
 DEVICE += [
     ("grant without tenant", _SERVE + ["/nonexistent/state", "--grant", "host="]),
     ("mirror bytes text", _SERVE + ["/nonexistent/state", "--mirror-bytes", "lots"]),
+    ("no host names", _SERVE + ["/nonexistent/state", "--max-host-names", "0"]),
+    ("host names past 16 bits", _SERVE + ["/nonexistent/state", "--max-host-names", "65536"]),
     ("state is a file", _SERVE + [f"{H}/tiny.jsonl"]),
     ("state not creatable", _SERVE + [f"{H}/tiny.jsonl/state"]),
 ]

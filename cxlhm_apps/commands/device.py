@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--max-hosts", type=int, default=32, metavar="N", help="hosts attached at once (default 32)")
     serve.add_argument("--max-per-host", type=int, default=None, metavar="N",
                        help="attachments one host name may hold at once (default: a quarter of --max-hosts)")
+    serve.add_argument("--max-host-names", type=int, default=0xFFFF, metavar="N",
+                       help="host names the pool records in all; an attach under a new name past it is "
+                            "refused (default and most 65535: a host's id is 16 bits in content locations)")
     serve.add_argument("--socket-mode", default="600", choices=["600", "660"],
                        help="who may connect: this user's processes (600, default) or its group's too (660); "
                             "each host still proves its own key")
@@ -117,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"--max-hosts must be at least 1, got {args.max_hosts}")
     if args.max_per_host is not None and not 1 <= args.max_per_host <= args.max_hosts:
         return _fail(f"--max-per-host must be 1..--max-hosts ({args.max_hosts}), got {args.max_per_host}")
+    if not 1 <= args.max_host_names <= 0xFFFF:
+        return _fail(f"--max-host-names must be 1..65535, got {args.max_host_names}")
     try:
         statefiles.make_folder(state)
         key = authkey(state)
@@ -143,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         service = PoolService(handle, args.socket, state_dir=state, partition_bytes=partition, mirror_bytes=mirror,
                               grants=grants, authkey=key, max_hosts=args.max_hosts,
-                              max_sessions_per_host=args.max_per_host,
+                              max_sessions_per_host=args.max_per_host, max_host_names=args.max_host_names,
                               socket_mode=int(args.socket_mode, 8)).start()
     except (LayoutError, IdentityError, OSError) as exc:
         handle.close()
