@@ -98,7 +98,7 @@ rw=randread
 bs=4k
 size=64k
 time_based
-runtime=100ms
+runtime=1s
 
 [verify-range]
 rw=randwrite
@@ -113,8 +113,20 @@ bssplit=4k/50:8k/50
 size=64k
 loops=3
 randseed=7
+
+[zoned-pct]
+rw=randread
+bs=4k
+random_distribution=zoned:50/5:30/15:20/
+
+[zoned-abs-rw]
+rw=randrw
+bssplit=4k/50:16k/50
+random_distribution=zoned_abs:60/256k:40/768k
 """
-TIMED_PREFIX = 200  # time_based: fio's I/O count depends on the clock; its first I/Os do not
+# time_based: fio's I/O count depends on the clock (thousands in its 1 s here, hundreds on a
+# loaded machine); its first I/Os do not
+TIMED_PREFIX = 200
 
 
 def _with_files(text: str, tmp_path, iolog: bool) -> str:
@@ -171,7 +183,8 @@ def fio_and_cxlhm(tmp_path_factory):
 
 
 NAMES = ["rr4k", "rw-range", "rw-split", "rw-split-nomap", "rr-range-seed", "big-split", "aligned", "t64",
-         "loops-norepeat", "loops-repeat", "loops-seed"]  # (randseed: fio seeds no pass again)
+         "loops-norepeat", "loops-repeat", "loops-seed",  # (randseed: fio seeds no pass again)
+         "zoned-pct", "zoned-abs-rw"]
 
 
 @pytest.mark.parametrize("name", NAMES)

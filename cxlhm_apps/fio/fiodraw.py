@@ -1,6 +1,6 @@
-"""fio 3.33's offsets and block sizes for a uniform random job (rw=randread, randwrite,
-randrw; random_distribution=random), drawn as fio draws them (io_u.c), so a job issues
-fio's own (offset, length, direction) sequence for the same job file.
+"""fio 3.33's offsets and block sizes for a random job (rw=randread, randwrite, randrw;
+random_distribution random, zoned or zoned_abs), drawn as fio draws them (io_u.c), so a
+job issues fio's own (offset, length, direction) sequence for the same job file.
 
 For each I/O, after its direction (fiorand.MixedDirections):
 - offset (get_next_rand_offset): a block b = last_block x r / 2^32 from the offsets'
@@ -20,10 +20,13 @@ For each I/O, after its direction (fiorand.MixedDirections):
   an I/O marks the cells from its offset until one is taken and is cut to what it marked.
 `blockalign` other than a direction's smallest block turns the map off, as in fio.
 
+random_distribution=zoned / zoned_abs first draws a zone (its own generator: a value of
+1-100 picks the zone whose access percentages cover it), then a block of the zone's part
+of last_block as above (fio keeps no map for them).
+
 What stays cxlhm's own: `random_generator=lfsr` (every block once per pass, cxlhm's
-order), `rw=randread:N` runs, and the skewed distributions (zipf, pareto, normal, zoned,
-zoned_abs; see distributions.py): their offsets and sizes follow fio's laws, not its
-sequence.
+order), `rw=randread:N` runs, and zipf, pareto and normal (see distributions.py): their
+offsets and sizes follow fio's laws, not its sequence.
 """
 from __future__ import annotations
 
@@ -53,8 +56,34 @@ def _unit(r, use64):
 
 
 @numba.njit(nogil=True, cache=True)
+def _block(d, rstate, r64, lastb, ba, zmode, zstate, ztab, words, level_at, nr_bits, use_map):
+    """get_next_rand_offset: direction d's next block (in its blockalign steps), or -1."""
+    lb = lastb[d]
+    if lb <= 0:
+        return -1
+    base = 0
+    if zmode[d] != 0:  # a zone by rand_between(1, 100), then a block inside it
+        v = np.int64(100.0 * _unit(taus88_next(zstate), False))
+        z0, z1 = ztab[d, v, 0], ztab[d, v, 1]
+        if zmode[d] == 1:  # zoned: percentages of last_block
+            base = z0 * lb // 100
+            lb = lb * (z1 - z0) // 100
+        else:  # zoned_abs: bytes, in blockalign steps
+            base = z0 // ba[d]
+            if z1 // ba[d] > lb:
+                return -1
+            lb = z1 // ba[d] - base
+    b = np.int64(np.float64(lb) * _unit(_rand(rstate, r64), r64))
+    if use_map and is_set(words, level_at, nr_bits, b):
+        b = next_free(words, level_at, nr_bits, b)
+        if b < 0:
+            return -1
+    return b + base
+
+
+@numba.njit(nogil=True, cache=True)
 def _draw(dirs, off, size, rstate, r64, bstate, b64, minbs, maxbs, ba, lastb, split_bs, split_pc, nsplit,
-          length, words, level_at, nr_bits, use_map, cap, reset_full):
+          zmode, zstate, ztab, length, words, level_at, nr_bits, use_map, cap, reset_full):
     """fio's offset and size for each direction in dirs (see the module's text), into off
     (relative to the region) and size. Stops before an I/O once `cap` bytes went out
     (cap < 0: no cap). Returns (I/Os drawn, 1 if the pass ended on an I/O fio could not place)."""
@@ -65,12 +94,7 @@ def _draw(dirs, off, size, rstate, r64, bstate, b64, minbs, maxbs, ba, lastb, sp
         d = dirs[i]
         b = -1
         for _attempt in range(2):
-            b = -1
-            if lastb[d] > 0:
-                r = _rand(rstate, r64)
-                b = np.int64(np.float64(lastb[d]) * _unit(r, r64))
-                if use_map and is_set(words, level_at, nr_bits, b):
-                    b = next_free(words, level_at, nr_bits, b)
+            b = _block(d, rstate, r64, lastb, ba, zmode, zstate, ztab, words, level_at, nr_bits, use_map)
             if b >= 0 or not reset_full:
                 break
             words[:] = 0  # time_based: fio clears the map and draws again
@@ -124,10 +148,11 @@ class FioDraw:
     """One job clone's offsets and sizes as fio draws them (see the module's text).
 
     sizes: the two directions' SizeChoice; length: the region's bytes (fio's io_size);
-    blockalign: the job's, or None; time_based: a full map is cleared, not the pass's end."""
+    blockalign: the job's, or None; time_based: a full map is cleared, not the pass's end;
+    distribution: None (uniform) or a zoned / zoned_abs DistSpec."""
 
     def __init__(self, seeds: FioSeeds, sizes, length: int, blockalign: int | None, randommap: bool,
-                 time_based: bool):
+                 time_based: bool, distribution=None):
         self.seeds = seeds
         self.length = int(length)
         self.time_based = time_based
@@ -146,7 +171,16 @@ class FioDraw:
             self.nsplit[d] = len(entries)
             for k, (bs, pc) in enumerate(entries):
                 self.split_bs[d, k], self.split_pc[d, k] = bs, pc
-        self.use_map = randommap and (blockalign is None or bool((self.ba == self.minbs).all()))
+        self.zmode = np.zeros(2, np.int64)
+        self.ztab = np.zeros((2, 100, 2), np.int64)
+        kind = distribution.kind if distribution is not None else "random"
+        if kind in ("zoned", "zoned_abs"):
+            for d in (READ, WRITE):
+                self.zmode[d] = 1 if kind == "zoned" else 2
+                self.ztab[d] = zone_table(distribution.zones[d])
+        # fio keeps no map for a skewed distribution, nor with blockalign off a smallest block
+        self.use_map = (randommap and kind == "random"
+                        and (blockalign is None or bool((self.ba == self.minbs).all())))
         self.nr_bits = self.length // int(self.minbs.min())
         self.words, self.level_at = new_map(self.nr_bits)
         self.use64 = seeds.generator == "tausworthe64"
@@ -161,6 +195,7 @@ class FioDraw:
             self.use64 = True
         self.rstate = rand_state(self.seeds.offset_seed(), self.use64)
         self.bstate = np.stack([rand_state(s, self.use64) for s in self.seeds.size_seeds()])
+        self.zstate = rand_state(self.seeds.zone_seed(), False)  # (fio's zone generator is 32-bit)
 
     def reset_map(self) -> None:
         self.words[:] = 0
@@ -174,10 +209,27 @@ class FioDraw:
         size = np.empty(n, np.int64)
         got, failed = _draw(direction.astype(np.int64), off, size, self.rstate, self.use64, self.bstate,
                             self.use64, self.minbs, self.maxbs, self.ba, self.lastb, self.split_bs,
-                            self.split_pc, self.nsplit, self.length, self.words, self.level_at,
+                            self.split_pc, self.nsplit, self.zmode, self.zstate, self.ztab, self.length,
+                            self.words, self.level_at,
                             self.nr_bits, self.use_map,
                             -1 if cap is None else int(cap), self.time_based)
         return off[:got], size[:got], int(got), bool(failed)
+
+
+def zone_table(zones) -> np.ndarray:
+    """fio's zone_state_index for one direction: for each of the 100 values of
+    rand_between(1, 100), the zone's start and end (percentages for zoned, bytes for
+    zoned_abs), each zone taking as many values as its access percentage (whole numbers)."""
+    table = np.zeros((100, 2), np.int64)
+    j, start = 0, 0
+    for access, size in zones:
+        end = start + int(size)
+        for _ in range(int(access)):
+            if j < 100:
+                table[j] = start, end
+                j += 1
+        start = end
+    return table
 
 
 def split_table(choice) -> list[tuple[int, int]]:

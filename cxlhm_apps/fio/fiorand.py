@@ -31,6 +31,7 @@ _GOLDEN = 0x9E370001  # fio's seed multiplier (init.c, setup_random_seeds)
 RAND_BS_OFF, RAND_BS1_OFF = 0, 1  # fio.h: the block-size generators' seeds (reads, writes)
 RAND_MIX_OFF = 4  # fio.h: FIO_RAND_MIX_OFF, the index of the direction generator's seed
 RAND_BLOCK_OFF = 6  # fio.h: FIO_RAND_BLOCK_OFF, the offsets' generator
+RAND_ZONE_OFF = 16  # fio.h: FIO_RAND_ZONE_OFF, the zoned distributions' zone generator
 FIO_RANDSEED = 0xB1899BED  # init.c: the offsets' seed per job number under randrepeat
 _NR_OFFS = 21  # fio.h: FIO_RAND_NR_OFFS in 3.33
 
@@ -139,6 +140,9 @@ class FioSeeds:
         seeds = job_seeds(self.randseed, self.thread_number)
         read = seeds[RAND_BS_OFF]
         return read, read if self.verify else seeds[RAND_BS1_OFF]
+
+    def zone_seed(self) -> int:
+        return job_seeds(self.randseed, self.thread_number)[RAND_ZONE_OFF]
 
     def directions(self) -> "MixedDirections":
         return MixedDirections(self.randseed, self.thread_number, self.rwmixread)

@@ -130,8 +130,11 @@ class IoGenerator:
         # seeds takes fio's defaults for its randseed
         fio = fio or FioSeeds(randseed=seed, rwmixread=rwmixread)
         self.fio_draw = None
-        if rw.random and max(1, rw.modifier) == 1 and self.uniform and fio.generator != "lfsr":
-            self.fio_draw = FioDraw(fio, sizes, region_len, blockalign, randommap, time_based=bytes_budget is None)
+        fio_kinds = ("random", "zoned", "zoned_abs")
+        if rw.random and max(1, rw.modifier) == 1 and fio.generator != "lfsr" and \
+                (distribution is None or distribution.kind in fio_kinds):
+            self.fio_draw = FioDraw(fio, sizes, region_len, blockalign, randommap, time_based=bytes_budget is None,
+                                    distribution=distribution)
             self.randommap = False  # (the draw keeps fio's map)
         self._restart = self._dead = False  # the pass ended where fio could not go on; nothing can issue
         self._seed_generators()

@@ -379,7 +379,7 @@ class Worker:
         chunk = Chunk(direction, offset, size, slot)
         if self.buffers is not None:
             writes = np.flatnonzero(direction == WRITE)
-            self.buffers.fill(self.arena.data, slot[writes] * self.arena.slot_bytes, size[writes], offset[writes])
+            self.buffers.fill(self.arena.data, slot[writes] * self.arena.slot_bytes, size[writes])
         if self.verify_kind:
             chunk.serial = np.full(n, -1, np.int64)
             writes = np.flatnonzero(direction == WRITE)

@@ -315,9 +315,8 @@ class KVStore(EvictionMixin, PersistenceMixin):
         return self._pin_keys(t, keys, True)
 
     def unpin(self, t: Tenant, keys: list[bytes]) -> int:
-        """One plain pin fewer on each key of `t` that holds one (Tenant.unpin). A pin
-        lease's pins are not a plain unpin's to drop: they end with the lease, so a
-        lease never takes away a pin that pin() gave."""
+        """One pin() fewer on each key of `t` that holds one (Tenant.unpin); a lease's
+        pins end with the lease only, so neither takes away the other's."""
         return self._pin_keys(t, keys, False)
 
     def _pin_keys(self, t: Tenant, keys: list[bytes], pin: bool) -> int:
@@ -327,13 +326,9 @@ class KVStore(EvictionMixin, PersistenceMixin):
         with self._lock:
             for key in keys:
                 entry = t.index.get(key)
-                if entry is None:
-                    continue
-                if pin and self._pin_entry(entry, ranges):
-                    entry.plain_pins += 1
-                    done += 1
-                elif not pin and entry.plain_pins and self._unpin_entry(entry, ranges):
-                    entry.plain_pins -= 1
+                if entry is not None and (self._pin_entry(entry, ranges) if pin
+                                          else entry.plain_pins and self._unpin_entry(entry, ranges)):
+                    entry.plain_pins += 1 if pin else -1
                     done += 1
         if ranges:
             self._hint("pin" if pin else "unpin", coalesce(ranges))
