@@ -306,3 +306,17 @@ def test_the_device_engine_splits_priorities_by_block_size_and_refuses_what_fio_
         jobs, _ = build_jobs([read_sections(base + "cmdprio_bssplit=4k/10\ncmdprio_percentage=5\n", "t.fio")])
         from cxlhm_apps.fio.runner import run_jobs
         run_jobs(jobs, log=lambda _: None)
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="real fio is not installed")
+@pytest.mark.parametrize("example", ["cmdprio-percentage.fio", "latency-profile.fio"])
+def test_fios_priority_and_latency_examples_run_on_the_device(example, tmp_path):
+    """fio's own examples with ioengine=cxlhm swapped in agree with fio (they were refused
+    on the device: priorities, and the latency search's depth)."""
+    from cxlhm_apps.fio import compat
+    folder = compat.corpus_dir()
+    if folder is None or compat.check_corpus(folder, compat.read_manifest(), (example,)):
+        pytest.skip("fio's examples are not here (python -m cxlhm_apps.fio.compat --fetch)")
+    row = compat.run_example(folder / example, shutil.which("fio"), size_cap=1 << 20, runtime_cap_s=1, keep=tmp_path,
+                             engine="cxlhm")
+    assert row.status == "agrees", row.detail
