@@ -325,3 +325,29 @@ def test_the_device_engine_on_the_wall_clock_keeps_the_searchs_depth_in_flight(t
     assert all(peak <= depth for depth, peak in ran), ran
     assert max(peak for depth, peak in ran if depth == 16) > 8, ran  # (the raised cap is used: mostly misses)
     assert "latency   : target=2000000000, window=50000, percentile=90.00%, depth=16\n" in report.format_normal(result)
+
+
+class _BatchDevice:
+    """A device handle stand-in that does not stream (as one with injected faults):
+    the engine shares its depth over submitter threads."""
+
+    class caps:
+        streams_io = False
+
+
+@settings(max_examples=200, deadline=None)
+@given(opened=st.integers(1, 64), data=st.data())
+def test_a_lower_depth_is_shared_over_the_submitters_within_their_buffers(opened, data):
+    from cxlhm_apps.fio.clocks import WallClock
+    from cxlhm_apps.fio.engines import CxlhmEngine, DeviceShare
+    engine = CxlhmEngine(DeviceShare(_BatchDevice(), WallClock()), opened, 4096)
+    try:
+        depth = data.draw(st.integers(1, opened))
+        engine.iodepth = depth
+        depths, staging = engine._shares()
+        assert sum(depths) == depth and min(depths) >= 1 and len(depths) == len(staging)
+        assert all(buf.shape[0] >= d * 4096 for d, buf in zip(depths, staging))
+        with pytest.raises(ValueError, match="outside 1.."):
+            engine.iodepth = opened + 1
+    finally:
+        engine.close()
