@@ -123,6 +123,15 @@ random_distribution=zoned:50/5:30/15:20/
 rw=randrw
 bssplit=4k/50:16k/50
 random_distribution=zoned_abs:60/256k:40/768k
+
+[runs-of-four]
+rw=randread:4
+bs=4k
+
+[same-three]
+rw=randrw:3
+rw_sequencer=identical
+bssplit=4k/50:8k/50
 """
 # time_based: fio's I/O count depends on the clock (thousands in its 1 s here, hundreds on a
 # loaded machine); its first I/Os do not
@@ -184,7 +193,7 @@ def fio_and_cxlhm(tmp_path_factory):
 
 NAMES = ["rr4k", "rw-range", "rw-split", "rw-split-nomap", "rr-range-seed", "big-split", "aligned", "t64",
          "loops-norepeat", "loops-repeat", "loops-seed",  # (randseed: fio seeds no pass again)
-         "zoned-pct", "zoned-abs-rw"]
+         "zoned-pct", "zoned-abs-rw", "runs-of-four", "same-three"]
 
 
 @pytest.mark.parametrize("name", NAMES)

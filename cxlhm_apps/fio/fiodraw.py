@@ -24,8 +24,13 @@ random_distribution=zoned / zoned_abs first draws a zone (its own generator: a v
 1-100 picks the zone whose access percentages cover it), then a block of the zone's part
 of last_block as above (fio keeps no map for them).
 
+rw=randread:N (and randwrite, randrw): the first I/O and every N-th one after it draw as
+above, the others go on from where their direction's last one ended (with
+rw_sequencer=identical: at the same offset), drawing a random one where that is past the
+region's end. fio marks none of them in the map.
+
 What stays cxlhm's own: `random_generator=lfsr` (every block once per pass, cxlhm's
-order), `rw=randread:N` runs, and zipf, pareto and normal (see distributions.py): their
+order), and zipf, pareto and normal (see distributions.py): their
 offsets and sizes follow fio's laws, not its sequence.
 """
 from __future__ import annotations
@@ -83,24 +88,44 @@ def _block(d, rstate, r64, lastb, ba, zmode, zstate, ztab, words, level_at, nr_b
 
 @numba.njit(nogil=True, cache=True)
 def _draw(dirs, off, size, rstate, r64, bstate, b64, minbs, maxbs, ba, lastb, split_bs, split_pc, nsplit,
-          zmode, zstate, ztab, length, words, level_at, nr_bits, use_map, cap, reset_full):
+          zmode, zstate, ztab, seq, seq_nr, identical, length, words, level_at, nr_bits, use_map, cap,
+          reset_full):
     """fio's offset and size for each direction in dirs (see the module's text), into off
     (relative to the region) and size. Stops before an I/O once `cap` bytes went out
-    (cap < 0: no cap). Returns (I/Os drawn, 1 if the pass ended on an I/O fio could not place)."""
+    (cap < 0: no cap). rw=randread:N: every seq_nr-th I/O takes a random offset, the
+    others the next one of their direction (or, `identical`, the same again) and are not
+    marked in the map; seq holds fio's count to the next random one, then each
+    direction's next and last offset. Returns (I/Os drawn, 1 if the pass ended on an I/O fio could
+    not place)."""
     issued = 0
     for i in range(dirs.shape[0]):
         if cap >= 0 and issued >= cap:
             return i, 0
         d = dirs[i]
-        b = -1
-        for _attempt in range(2):
-            b = _block(d, rstate, r64, lastb, ba, zmode, zstate, ztab, words, level_at, nr_bits, use_map)
-            if b >= 0 or not reset_full:
-                break
-            words[:] = 0  # time_based: fio clears the map and draws again
-        if b < 0:
-            return i, 1
-        o = b * ba[d]
+        seq[0] -= 1
+        o = -1
+        hit = seq[0] == 0
+        if hit:
+            seq[0] = seq_nr
+        else:
+            if identical:
+                o = seq[3 + d] if seq[3 + d] >= 0 else 0
+            elif reset_full and seq[1 + d] >= length:
+                seq[1 + d] = 0  # time_based: back to the start
+                o = 0
+            elif seq[1 + d] < length:
+                o = seq[1 + d]
+        if o < 0:  # a random offset (also for a direction past the end)
+            b = -1
+            for _attempt in range(2):
+                b = _block(d, rstate, r64, lastb, ba, zmode, zstate, ztab, words, level_at, nr_bits, use_map)
+                if b >= 0 or not reset_full:
+                    break
+                words[:] = 0  # time_based: fio clears the map and draws again
+                seq[1], seq[2], seq[3], seq[4] = 0, 0, -1, -1
+            if b < 0:
+                return i, 1
+            o = b * ba[d]
         if o >= length:
             return i, 1
         lo, hi = minbs[d], maxbs[d]
@@ -134,12 +159,15 @@ def _draw(dirs, off, size, rstate, r64, bstate, b64, minbs, maxbs, ba, lastb, sp
                 tries += 1
                 if tries > _MAX_REDRAWS:
                     return i, 1
-        if use_map:
+        if o + s > length:  # (fio: past the file's end, taken to be the region's)
+            return i, 1
+        if use_map and hit:
             got = set_run(words, level_at, nr_bits, o // lo, (s + lo - 1) // lo)
             if got > 0 and got * lo < s:
                 s = got * lo
         off[i] = o
         size[i] = s
+        seq[1 + d], seq[3 + d] = o + s, o
         issued += s
     return dirs.shape[0], 0
 
@@ -152,7 +180,7 @@ class FioDraw:
     distribution: None (uniform) or a zoned / zoned_abs DistSpec."""
 
     def __init__(self, seeds: FioSeeds, sizes, length: int, blockalign: int | None, randommap: bool,
-                 time_based: bool, distribution=None):
+                 time_based: bool, distribution=None, per_offset: int = 1, identical: bool = False):
         self.seeds = seeds
         self.length = int(length)
         self.time_based = time_based
@@ -183,6 +211,10 @@ class FioDraw:
                         and (blockalign is None or bool((self.ba == self.minbs).all())))
         self.nr_bits = self.length // int(self.minbs.min())
         self.words, self.level_at = new_map(self.nr_bits)
+        self.seq_nr, self.identical = max(1, int(per_offset)), bool(identical)
+        # fio's count to the next random offset (from 1: the first is random), each
+        # direction's next offset and last one
+        self.seq = np.array([1, 0, 0, -1, -1], np.int64)
         self.use64 = seeds.generator == "tausworthe64"
         # fio switches a tausworthe job to tausworthe64 when the map has more cells than 32
         # bits count, after it seeded the first pass: that pass stays 32-bit
@@ -198,7 +230,9 @@ class FioDraw:
         self.zstate = rand_state(self.seeds.zone_seed(), False)  # (fio's zone generator is 32-bit)
 
     def reset_map(self) -> None:
+        """A new pass: fio opens the file again, with a clear map, at its start."""
         self.words[:] = 0
+        self.seq[1:] = 0, 0, -1, -1
 
     def draw(self, direction: np.ndarray, cap: int | None) -> tuple[np.ndarray, np.ndarray, int, bool]:
         """Offsets (relative to the region) and sizes for the directions, stopping before an
@@ -209,7 +243,8 @@ class FioDraw:
         size = np.empty(n, np.int64)
         got, failed = _draw(direction.astype(np.int64), off, size, self.rstate, self.use64, self.bstate,
                             self.use64, self.minbs, self.maxbs, self.ba, self.lastb, self.split_bs,
-                            self.split_pc, self.nsplit, self.zmode, self.zstate, self.ztab, self.length,
+                            self.split_pc, self.nsplit, self.zmode, self.zstate, self.ztab, self.seq,
+                            self.seq_nr, self.identical, self.length,
                             self.words, self.level_at,
                             self.nr_bits, self.use_map,
                             -1 if cap is None else int(cap), self.time_based)

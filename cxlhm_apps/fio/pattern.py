@@ -6,12 +6,13 @@ Semantics follow fio:
   runner gives one (fiorand.MixedDirections); sequential directions keep their own
   position (fio's per-direction last_pos) and wrap at the end of the region.
 - bs / bsrange / bssplit per direction; bsrange sizes are multiples of the low end.
-- uniform random jobs (one I/O per offset, random_generator tausworthe or tausworthe64)
-  take their offsets and block sizes from fio's own generators, seeds and random map
-  (fiodraw.py): the same job file issues fio's (offset, length, direction) sequence.
-  The rest draw with numpy: random offsets aligned to the smallest block size of the
-  job (or blockalign), every block once per pass with the map (lfsr, rw=randread:N),
-  the skewed distributions never use the map (as in fio); sequential jobs' sizes.
+- random jobs (random_distribution random, zoned or zoned_abs; random_generator
+  tausworthe or tausworthe64; rw=randread:N included) take their offsets and block sizes
+  from fio's own generators, seeds and random map (fiodraw.py): the same job file
+  issues fio's (offset, length, direction) sequence. The rest draw with numpy: random
+  offsets aligned to the smallest block size of the job (or blockalign), every block
+  once per pass with the map (lfsr), zipf, pareto and normal never use the map (as in
+  fio); sequential jobs' sizes.
 - `loops`: each pass of loop_bytes starts the direction rule's count again and, with
   randrepeat (fio seeds every generator again per pass), the same offsets, sizes and
   directions as the first pass.
@@ -131,10 +132,10 @@ class IoGenerator:
         fio = fio or FioSeeds(randseed=seed, rwmixread=rwmixread)
         self.fio_draw = None
         fio_kinds = ("random", "zoned", "zoned_abs")
-        if rw.random and max(1, rw.modifier) == 1 and fio.generator != "lfsr" and \
-                (distribution is None or distribution.kind in fio_kinds):
+        if rw.random and fio.generator != "lfsr" and (distribution is None or distribution.kind in fio_kinds):
             self.fio_draw = FioDraw(fio, sizes, region_len, blockalign, randommap, time_based=bytes_budget is None,
-                                    distribution=distribution)
+                                    distribution=distribution, per_offset=max(1, rw.modifier),
+                                    identical=sequencer == "identical")
             self.randommap = False  # (the draw keeps fio's map)
         self._restart = self._dead = False  # the pass ended where fio could not go on; nothing can issue
         self._seed_generators()
