@@ -90,8 +90,11 @@ def _corpus(names):
     return folder
 
 
-# examples that agree with fio 3.33 and with fio at the examples' commit alike
-SANITY = ("fio-rand-read.fio", "basic-verify.fio")
+# examples that agree with fio 3.33 and with fio at the examples' commit alike, and ones
+# that fio 3.33 refuses (a steady state on latency) or does not finish (offload) and agree
+# with the newer fio
+SANITY = ("fio-rand-read.fio", "basic-verify.fio", "example_latency_steadystate.fio")
+SLOW = ("poisson-rate-submission.fio", "steadystate.fio")
 
 
 @needs_built_fio
@@ -109,3 +112,12 @@ def test_a_bare_flags_empty_value_from_a_newer_fio_is_not_a_difference():
     assert compat.compare(newer, ours, runtime_cap_s=2) == []
     ours["jobs"][0]["job options"]["stonewall"] = "1"
     assert any("stonewall (fio '', cxlhm '1')" in d for d in compat.compare(newer, ours, runtime_cap_s=2))
+
+
+@needs_built_fio
+@pytest.mark.slow
+@pytest.mark.parametrize("example", SLOW)
+def test_a_slower_example_agrees_with_the_newer_fio(example, tmp_path):
+    folder = _corpus([example])
+    row = compat.run_example(folder / example, str(BUILT), size_cap=1 << 20, runtime_cap_s=1, keep=tmp_path)
+    assert row.status == "agrees", row.detail
