@@ -6,7 +6,10 @@ examples are absent)."""
 from __future__ import annotations
 
 import copy
+import io
 import stat
+import subprocess
+import tarfile
 
 import pytest
 
@@ -121,3 +124,32 @@ def test_a_slower_example_agrees_with_the_newer_fio(example, tmp_path):
     folder = _corpus([example])
     row = compat.run_example(folder / example, str(BUILT), size_cap=1 << 20, runtime_cap_s=1, keep=tmp_path)
     assert row.status == "agrees", row.detail
+
+
+def _no_github(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError("no route to codeload.github.com")
+    monkeypatch.setattr(fio_build.urllib.request, "urlopen", refuse)
+
+
+def test_without_github_or_a_clone_the_build_says_what_to_set(monkeypatch):
+    _no_github(monkeypatch)
+    monkeypatch.delenv("FIO_GIT", raising=False)
+    with pytest.raises(RuntimeError, match="set FIO_GIT to a clone of fio that has commit"):
+        fio_build.source_tarball("axboe/fio", "f" * 40)
+
+
+def test_without_github_the_source_comes_from_the_clone_in_fio_git(monkeypatch, tmp_path):
+    _no_github(monkeypatch)
+    repo = tmp_path / "fio"
+    repo.mkdir()
+    (repo / "FIO-VERSION-GEN").write_text("DEF_VER=fio-9.1\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "x"]):
+        subprocess.run(git + args, check=True, capture_output=True)
+    commit = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    monkeypatch.setenv("FIO_GIT", str(repo / ".git"))
+    with tarfile.open(fileobj=io.BytesIO(fio_build.source_tarball("axboe/fio", commit)), mode="r:gz") as tar:
+        assert tar.extractfile(f"fio-{commit}/FIO-VERSION-GEN").read() == b"DEF_VER=fio-9.1\n"
+    with pytest.raises(RuntimeError, match="git archive of"):
+        fio_build.source_tarball("axboe/fio", "0" * 40)

@@ -13,8 +13,12 @@ block size per direction, the bytes per direction (where the job ends on its siz
 on its run time), the run time (where it ends on its run time), and the depth most of
 the I/O ran at (iodepth_level). Speed is not compared here (bench/ does that).
 
+Real fio is `fio` on PATH unless `--fio` names another: a path, or `built`, the fio that
+`make fio-newer` (fio_build.py) builds at the manifest's commit, for which the examples
+were written. The examples' ${VAR}s get the same values (EXAMPLE_ENV) on both sides.
+
     python -m cxlhm_apps.fio.compat [--fetch | --fetch-if-missing] [--size 16m] [--runtime 2] [--markdown]
-                                    [--engine cxlhm] [EXAMPLE...]
+                                    [--engine cxlhm] [--fio fio|PATH|built] [EXAMPLE...]
 """
 from __future__ import annotations
 
