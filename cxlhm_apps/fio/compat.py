@@ -547,7 +547,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {rows[-1].status}", file=sys.stderr)
     side = f"cxlhm fio with ioengine={args.engine}" if args.engine else "cxlhm fio"
     print(f"{version} vs {side}; fio's examples at {manifest.commit[:12]}; sizes capped at {args.size}, "
-          f"run time at {runtime_cap} s; file names made local\n")
+          f"run time at {runtime_cap} s; file names made local; "
+          f"{', '.join(f'{k}={v}' for k, v in EXAMPLE_ENV.items())} for the examples' ${{VAR}}s\n")
     print(table(rows, markdown=args.markdown), end="")
     return 0
 
