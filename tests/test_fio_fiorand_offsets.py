@@ -132,6 +132,18 @@ bs=4k
 rw=randrw:3
 rw_sequencer=identical
 bssplit=4k/50:8k/50
+
+[io-size-over]
+rw=randread
+bs=4k
+size=64k
+io_size=256k
+
+[io-size-short]
+rw=randrw
+bssplit=4k/50:16k/50
+size=128k
+io_size=512k
 """
 # time_based: fio's I/O count depends on the clock (thousands in its 1 s here, hundreds on a
 # loaded machine); its first I/Os do not
@@ -193,7 +205,8 @@ def fio_and_cxlhm(tmp_path_factory):
 
 NAMES = ["rr4k", "rw-range", "rw-split", "rw-split-nomap", "rr-range-seed", "big-split", "aligned", "t64",
          "loops-norepeat", "loops-repeat", "loops-seed",  # (randseed: fio seeds no pass again)
-         "zoned-pct", "zoned-abs-rw", "runs-of-four", "same-three"]
+         "zoned-pct", "zoned-abs-rw", "runs-of-four", "same-three",
+         "io-size-over", "io-size-short"]  # (io_size: passes on past short ones)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -386,3 +399,10 @@ def test_only_lfsr_is_said_to_be_cxlhms_own():
         jobs, _ = build_jobs([read_sections(f"[j]\nfilename=f\nsize=64k\nrw=randread\nrandom_generator={generator}\n",
                                             "t.fio")])
         assert any("random_generator" in line for line in notes(jobs)) == said
+
+
+@settings(max_examples=30, deadline=None)
+@given(randseed=st.integers(0, 2**64 - 1), thread=st.integers(1, 4096))
+def test_one_seed_is_the_seeds_entry(randseed, thread):
+    from cxlhm_apps.fio.fiorand import job_seed, job_seeds
+    assert [job_seed(randseed, thread, k) for k in range(21)] == job_seeds(randseed, thread)

@@ -36,6 +36,13 @@ FIO_RANDSEED = 0xB1899BED  # init.c: the offsets' seed per job number under rand
 _NR_OFFS = 21  # fio.h: FIO_RAND_NR_OFFS in 3.33
 
 
+def job_seed(randseed: int, thread_number: int, index: int) -> int:
+    """fio's rand_seeds[index] for any index (3.33 has 21; newer fios add more, e.g.
+    SPRandom's): randseed x 0x9e370001^(4 + index) x the job's number + index."""
+    scaled = (randseed * pow(_GOLDEN, 4 + index, 1 << 64)) & _M64
+    return (scaled * thread_number + index) & _M64
+
+
 def job_seeds(randseed: int, thread_number: int) -> list[int]:
     """fio's per-job seeds (rand_seeds[]) for `randseed` and the job's number (from 1)."""
     seed = randseed & _M64

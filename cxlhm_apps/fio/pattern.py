@@ -138,6 +138,8 @@ class IoGenerator:
                                     identical=sequencer == "identical")
             self.randommap = False  # (the draw keeps fio's map)
         self._restart = self._dead = False  # the pass ended where fio could not go on; nothing can issue
+        # io_size past the region: fio's keep_running starts another pass after one that ended short
+        self._more_passes = bytes_budget is not None and bytes_budget > region_len
         self._seed_generators()
         self.seq_pos = [0, 0]  # per-direction sequential position (relative to the region)
         self.bytes_left = bytes_budget
@@ -193,9 +195,12 @@ class IoGenerator:
 
     def _end_pass(self) -> None:
         """fio could not place the next I/O: the pass ends short of its bytes (under
-        time_based the job goes on with a new pass)."""
+        time_based, or while io_size leaves a block or more to do, the job goes on with a
+        new pass)."""
         if self.loop_left is not None:
             self.loop_left = 0
+        elif self._more_passes and self.bytes_left >= self.max_bs:
+            self._restart = True
         elif self.bytes_left is not None:
             self.bytes_left = 0
         else:
