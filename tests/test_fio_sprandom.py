@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cxlhm_apps.fio import compat, fio_build, fiorand, sprandom
 from cxlhm_apps.fio.jobfile import JobFileError, build_jobs, read_sections
@@ -148,3 +150,36 @@ def test_a_sprandom_job_agrees_with_the_newer_fio(tmp_path):
     theirs = compat.run_fio(str(BUILT), tmp_path / "fio" / "s.fio", tmp_path / "fio")
     assert theirs.ok, theirs.message
     assert compat.compare(theirs.report, _cxlhm_fio(tmp_path / "ours" / "s.fio"), runtime_cap_s=2) == []
+
+
+def _interp_linear_scan(x, xs, ys):
+    """fio's linear_interp as written: the first interval that holds x."""
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    for i in range(len(xs) - 1):
+        if xs[i] <= x <= xs[i + 1]:
+            if abs(xs[i + 1] - xs[i]) < 1e-9:
+                return ys[i]
+            return ys[i] + (ys[i + 1] - ys[i]) * ((x - xs[i]) / (xs[i + 1] - xs[i]))
+    return 0.0
+
+
+@given(steps=st.lists(st.floats(1e-6, 10.0), min_size=1, max_size=30), x=st.floats(-5.0, 400.0),
+       ys=st.lists(st.floats(0.0, 1.0), min_size=31, max_size=31))
+def test_the_interpolation_takes_fios_interval(steps, x, ys):
+    xs, acc = [], 0.0
+    for step in steps:
+        acc += step
+        xs.append(acc)
+    for probe in [x] + xs:  # (at a knot the first interval that holds it counts)
+        assert sprandom._interp(probe, xs, ys[:len(xs)]) == _interp_linear_scan(probe, xs, ys[:len(xs)])
+
+
+def test_many_regions_are_computed_and_too_many_refused():
+    shares = sprandom.invalid_shares(200_000, 0.15)  # (one pass over the curve, not one per region)
+    assert len(shares) == 200_000 and shares[0] == 2479 and shares[-1] == 0
+    with pytest.raises(JobFileError) as err:
+        build_jobs([read_sections("[j]\nsize=1m\nrw=randwrite\nsprandom=1\nspr_num_regions=20000000\n", "t.fio")])
+    assert "option 'spr_num_regions'" in str(err.value) and "from 1 to 16777216" in str(err.value)

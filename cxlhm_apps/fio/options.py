@@ -373,7 +373,7 @@ OPTIONS: tuple[Option, ...] = (
            group="pattern"),
     Option("sprandom", "bool", _bool, False, "SPRandom preconditioning (rw=randwrite): sprandom.py", group="target"),
     Option("spr_op", "float", _spr_op, 0.15, "SPRandom's over-provisioning ratio, in (0, 1)", group="target"),
-    Option("spr_num_regions", "int", _int_at_least(1), 100, "SPRandom's number of regions", group="target"),
+    Option("spr_num_regions", "int", _int_at_least(1, 1 << 24), 100, "SPRandom's number of regions", group="target"),
     Option("spr_cs", "size", _size, 0, "SPRandom's device cache size (bytes; 0: none)", group="target"),
     Option("norandommap", "bool", _bool, False, "random offsets may repeat within a pass (default: every block once per pass)",
            flag=True, group="pattern"),

@@ -30,6 +30,8 @@ kept writes for six standard deviations and aborts past it; here it is unbounded
 """
 from __future__ import annotations
 
+import bisect
+import collections
 import dataclasses
 import math
 
@@ -60,16 +62,15 @@ def _linspace(start: float, end: float, n: int) -> list[float]:
 
 
 def _interp(x: float, xs: list[float], ys: list[float]) -> float:
+    """fio's linear_interp: in the first interval [xs[i], xs[i+1]] that holds x (xs rise)."""
     if x <= xs[0]:
         return ys[0]
     if x >= xs[-1]:
         return ys[-1]
-    for i in range(len(xs) - 1):
-        if xs[i] <= x <= xs[i + 1]:
-            if abs(xs[i + 1] - xs[i]) < 1e-9:
-                return ys[i]
-            return ys[i] + (ys[i + 1] - ys[i]) * ((x - xs[i]) / (xs[i + 1] - xs[i]))
-    return 0.0
+    i = bisect.bisect_left(xs, x) - 1
+    if abs(xs[i + 1] - xs[i]) < 1e-9:
+        return ys[i]
+    return ys[i] + (ys[i + 1] - ys[i]) * ((x - xs[i]) / (xs[i + 1] - xs[i]))
 
 
 def validity_distribution(regions: int, op: float) -> list[float]:
@@ -137,7 +138,7 @@ class Sequence:
         self.state = fiorand.taus88_state(seed)
         self._draw_buf = np.empty(0, np.int64)
         self._draw_at = 0
-        self.kept: list[int] = []  # fio's phase circular buffer: committed ones first
+        self.kept: collections.deque[int] = collections.deque()  # fio's phase buffer: committed ones first
         self.committed = 0  # how many at the front of `kept` are committed (readable)
         self.count = [0, 0]  # invalid_count per phase
         self.phase = 0
@@ -162,7 +163,7 @@ class Sequence:
         if not self.committed:
             return None
         self.committed -= 1
-        return self.kept.pop(0)
+        return self.kept.popleft()
 
     def next(self) -> int | None:
         if self.done:
