@@ -94,9 +94,9 @@ def _corpus(names):
 
 
 # examples that agree with fio 3.33 and with fio at the examples' commit alike, and ones
-# that fio 3.33 refuses (a steady state on latency) or does not finish (offload) and agree
+# that fio 3.33 refuses (a steady state on latency, SPRandom) or does not finish (offload) and agree
 # with the newer fio
-SANITY = ("fio-rand-read.fio", "basic-verify.fio", "example_latency_steadystate.fio")
+SANITY = ("fio-rand-read.fio", "basic-verify.fio", "example_latency_steadystate.fio", "sprandom.fio")
 SLOW = ("poisson-rate-submission.fio", "steadystate.fio")
 
 

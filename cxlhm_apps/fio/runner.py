@@ -343,6 +343,7 @@ class Worker:
         end = engine.drain()  # the job's last I/O has completed
         self._sample(end, final=True)
         stats = self.stats  # a new object if ramp_time reset it
+        sprandom.settle(self.gen, stats, getattr(engine, "iodepth", 1))  # (fio's report of its end)
         run_ms = max(1, (end - self._measure_start) // 1_000_000)
         stats.run_ms = run_ms
         stats.latency_depth = search.depth if search is not None else 0

@@ -277,3 +277,18 @@ def attach(gen, job, region_len: int, seeds: "fiorand.FioSeeds") -> None:
     gen.fio_draw, gen.randommap = Draw(sequence, bs, align), False
     if gen.bytes_left is not None:  # (not time_based)
         gen.bytes_left = gen.loop_left = gen.loop_bytes = sequence.physical
+
+
+def settle(gen, stats, depth: int) -> None:
+    """fio's report of a sprandom job whose sequence ran out: fio sets td->done then, and
+    with td->done it reaps no more completions (ioengines.c, td_io_getevents), so the
+    writes still in flight - depth - 1 of them with a full queue - count as issued
+    (total_ios) and not as done (io_bytes). The same here: the job's last depth - 1
+    writes leave its write bytes, not its I/O count; their latencies stay in the
+    statistics (fio has none for them). A job that ended on its io_size keeps all."""
+    draw = getattr(gen, "fio_draw", None)
+    if not isinstance(draw, Draw) or not draw.sequence.done:
+        return
+    writes = stats.dirs[1]
+    unreaped = min(max(0, int(depth) - 1), writes.ios)
+    writes.bytes -= unreaped * draw.bs
