@@ -406,3 +406,21 @@ def test_only_lfsr_is_said_to_be_cxlhms_own():
 def test_one_seed_is_the_seeds_entry(randseed, thread):
     from cxlhm_apps.fio.fiorand import job_seed, job_seeds
     assert [job_seed(randseed, thread, k) for k in range(21)] == job_seeds(randseed, thread)
+
+
+@settings(max_examples=40, deadline=None)
+@given(per=st.integers(2, 6), identical=st.booleans(), mb=st.integers(1, 4), seed=st.integers(0, 2**32),
+       rw=st.sampled_from(["randread", "randwrite"]))
+def test_runs_of_n_go_on_from_their_last_io_or_repeat_it(per, identical, mb, seed, rw):
+    size = mb * M
+    gen = IoGenerator(rw=parse_rw(f"{rw}:{per}", 1024), sequencer="identical" if identical else "sequential",
+                      rwmixread=50, sizes=(SizeChoice(fixed=4 * K), SizeChoice(fixed=4 * K)), region_start=0,
+                      region_len=size, distribution=None, randommap=True, seed=seed, bytes_budget=size,
+                      ios_budget=None, fio=FioSeeds(randseed=seed))
+    d, o, s = _drain(gen)
+    assert (o % (4 * K) == 0).all() and (o + s <= size).all()
+    for k in range(1, o.shape[0]):
+        if k % per == 0:
+            continue  # (a random one)
+        want = o[k - 1] if identical else o[k - 1] + s[k - 1]
+        assert o[k] == want or (not identical and want >= size)
