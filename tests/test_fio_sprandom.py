@@ -94,10 +94,9 @@ def test_physical_size_and_regions_as_fio_computes_them():
 
 
 def test_the_seed_is_the_jobs_seed_at_fios_index():
-    # seed k = randseed x G^(4+k) x job + k: the same derivation gives job_seeds' own entries
-    for k in (0, 6, 20):
-        base = (0x89 * pow(fiorand._GOLDEN, k, 1 << 64)) & fiorand._M64
-        assert (fiorand.job_seeds(base, 3)[0] + k) & fiorand._M64 == fiorand.job_seeds(0x89, 3)[k]
+    # seed k = randseed x G^(4+k) x job + k (fio's setup_random_seeds), k = 22 at that commit
+    assert sprandom.sprandom_seed(0x89, 3) == (0x89 * pow(0x9E370001, 26, 1 << 64) * 3 + 22) % (1 << 64)
+    assert fiorand.job_seed(0x89, 3, 6) == fiorand.job_seeds(0x89, 3)[6]
 
 
 @pytest.mark.parametrize("text, option, words", [

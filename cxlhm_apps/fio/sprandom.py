@@ -92,10 +92,8 @@ def invalid_shares(regions: int, op: float) -> list[int]:
 
 
 def sprandom_seed(randseed: int, thread_number: int) -> int:
-    """fio's rand_seeds[FIO_RAND_SPRANDOM_OFF]: seed k of a job is randseed x G^(4+k) x
-    job number + k, so it is the first seed of randseed x G^k, plus k."""
-    base = (randseed * pow(fiorand._GOLDEN, SPRANDOM_SEED_INDEX, 1 << 64)) & fiorand._M64
-    return (fiorand.job_seeds(base, thread_number)[0] + SPRANDOM_SEED_INDEX) & fiorand._M64
+    """fio's rand_seeds[FIO_RAND_SPRANDOM_OFF] for the job."""
+    return fiorand.job_seed(randseed, thread_number, SPRANDOM_SEED_INDEX)
 
 
 @numba.njit(nogil=True, cache=True)
