@@ -12,6 +12,9 @@ part is built from:
                      generated copy per policy, cached on disk)
     state.py         a stream's state (`StreamState`), the loop's status codes and
                      scalar positions, its write-back table and the ring calls
+    victims.py       the streams' victim table: a row per stream of the blocks it is
+                     writing back, which every other stream's loop reads directly
+    registry.py      the streams as the device's other parts see them (StreamRegistry)
     copyengine.py    the copy engine: copies and checksums between device DRAM and host
                      buffers on two threads (the access path uses it too)
 

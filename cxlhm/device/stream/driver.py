@@ -223,7 +223,8 @@ class Streams:
         none in and another stream shares the device); the loop completes what this took
         when it runs next."""
         state = job.state
-        got = loop.reap_unlocked(job.ring, state.st, state.reaped_tags, state.reaped_res)
+        got = loop.reap_unlocked(job.ring, job.fd, state.st, state.reaped_tags, state.reaped_res, state.pend_rows,
+                                 state.pend_tags)
         if got < 0:
             raise MediaError(-got, f"io_uring reap failed: {os.strerror(-got)}")
 

@@ -21,7 +21,7 @@ from cxlhm.device.stream.state import (
     FAILED, HITS, MISSES, REAPED, ERRNO, QUEUED, PEAK, WRITTEN, W_HITS, W_MISSES, N_PARKED, N_READY, WB_USED,
     WB_STAGED, WB_LANDED, WB_LOGGED, WRITTEN_LOGGED, BYPASS_CACHES, WB_FAILED_N, RING, STAGE_SHARE, STAGE_BYTES,
     WB_STAGE, WB_LAND, WB_FAIL, WIDE_BLOCK, ring_reap, monotonic_ns, copy_write_in, touches_writebacks,
-    queue_all, submit_bucket, AT_WB_ROWS, AT_WB_STATE, AT_WB_OWNER, AT_WB_FREE, AT_WB_STAGED, AT_WB_LANDED,
+    submit, flush_pending, DEFER, AT_PEND_ROWS, AT_PEND_TAGS, submit_bucket, AT_WB_ROWS, AT_WB_STATE, AT_WB_OWNER, AT_WB_FREE, AT_WB_STAGED, AT_WB_LANDED,
     AT_WB_FAILED, AT_TAG_WBS, AT_COPY_JOBS, AT_COPY_OF, AT_COPY_EXPECTED, AT_COPY_CHECKED, landed_sum,
     writeback_done, record_landed, queue_writebacks, native_copy_out_many, native_copy_many, copy_piece, piece_job,
     log_staged)
@@ -186,8 +186,7 @@ def _issue(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, ad
         tag_read[tag] = -1
         free_tags[tag_k.shape[0] - 1 - st[IN_FLIGHT] - st[N_PARKED]] = tag  # a stack over the tags in use
         return
-    tag_fills = fills[tag * max_blocks:(tag + 1) * max_blocks]
-    queue_all(ring, fd, tag_fills.ctypes.data, n_fill, fill_tags.ctypes.data)
+    submit(arrays, ring, fd, fills[tag * max_blocks:(tag + 1) * max_blocks], n_fill, fill_tags)
     st[RING] += n_fill
     tag_pending[tag] = n_fill
     tag_issued[tag] = submitted
@@ -310,6 +309,27 @@ def step(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addr
 def run(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, stop, deadline_ns,
         slat, clat, failed_out, arrays, ring, fd, ring_room, other_slots, n_slots, owner, verify, sum_keys,
         sum_values, victims, log_ctl, record, waiting, clock_base, shared):
+    """One time slice of the stream (_slice). While another stream shares the device
+    its I/Os are prepared for the ring but left off it (state.py's submit) until the
+    driver waits for completions without the lock (REAP_UNLOCKED, or SLICE: loop.py's
+    reap_unlocked puts them on the ring first); whatever else the slice returns, they go
+    on the ring before it does, and what an earlier slice left pending goes first."""
+    st, pend_rows, pend_tags = arrays[0], arrays[AT_PEND_ROWS], arrays[AT_PEND_TAGS]
+    flush_pending(st, ring, fd, pend_rows, pend_tags)
+    st[DEFER] = 1 if shared[0] > 1 else 0
+    status = _slice(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, stop,
+                    deadline_ns, slat, clat, failed_out, arrays, ring, fd, ring_room, other_slots, n_slots, owner,
+                    verify, sum_keys, sum_values, victims, log_ctl, record, waiting, clock_base, shared)
+    st[DEFER] = 0
+    if status != REAP_UNLOCKED and status != SLICE:
+        flush_pending(st, ring, fd, pend_rows, pend_tags)
+    return status
+
+
+@njit(cache=False)
+def _slice(bt, ps, counters, clock, write_mode, base, block_size, hpas, lens, addrs, kinds, stop, deadline_ns,
+           slat, clat, failed_out, arrays, ring, fd, ring_room, other_slots, n_slots, owner, verify, sum_keys,
+           sum_values, victims, log_ctl, record, waiting, clock_base, shared):
     """The stream's loop for one time slice (see the module docstring). A reap goes
     back to the driver for verification: always (VERIFY_ALL), or when one of its
     blocks does not match its record in the sum table (VERIFY_HERE). Staged victims'

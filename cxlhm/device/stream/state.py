@@ -98,7 +98,9 @@ LOG_RECORDS = 26  # SUM records the loop wrote to the integrity log itself, not 
 LOG_SHORT = 27  # a short write of the integrity log by the loop: 1 + the bytes that went in (0: none)
 WRITTEN_LOGGED = 28  # of the blocks in wblocks, the first WRITTEN_LOGGED were logged dirty by the loop
 BYPASS_CACHES = 29  # 1: the stream's reads are too large for the caches, their copies out stream past them
-N_SCALARS = 30
+DEFER = 30  # 1: this slice leaves its I/Os off the ring, in `pend_rows` (run sets it; see submit)
+N_PEND = 31  # rows in pend_rows / pend_tags: prepared for the ring, not yet on it
+N_SCALARS = 32
 
 # Staged victims the loop gathers before logging their checksums (one write(2) of the
 # integrity log, or one interpreter round trip where the driver logs them), unless
@@ -221,6 +223,35 @@ def queue_all(ring, fd, rows, n, tags):
 
 
 @njit(cache=False)
+def submit(arrays, ring, fd, rows, n, tags):
+    """Put `n` I/O rows (`rows`, their `tags`) on the ring - or, while the slice defers
+    them (st[DEFER]: another stream shares the device), in the stream's pending rows,
+    which go on the ring in one call when the driver waits for completions without the
+    lock (flush_pending): entering the kernel to submit (the block layer, the disk's
+    doorbell) is most of a turn's kernel time, and needs no device lock."""
+    st = arrays[0]
+    if st[DEFER] == 0:
+        queue_all(ring, fd, rows.ctypes.data, n, tags.ctypes.data)
+        return
+    pend_rows, pend_tags = arrays[AT_PEND_ROWS], arrays[AT_PEND_TAGS]
+    at = st[N_PEND]
+    for r in range(n):
+        for c in range(rows.shape[1]):
+            pend_rows[at + r, c] = rows[r, c]
+        pend_tags[at + r] = tags[r]
+    st[N_PEND] = at + n
+
+
+@njit(cache=False)
+def flush_pending(st, ring, fd, pend_rows, pend_tags):
+    """The pending rows (submit) go on the ring, handed to the kernel in one call."""
+    n = st[N_PEND]
+    if n:
+        queue_all(ring, fd, pend_rows.ctypes.data, n, pend_tags.ctypes.data)
+        st[N_PEND] = 0
+
+
+@njit(cache=False)
 def submit_bucket(n):
     """fio's submit rows (cxlhm_apps.fio.stats.submit_bucket): 1-4 -> 1, 5-8 -> 2, ... >64 -> 6."""
     bucket = 1
@@ -291,6 +322,11 @@ class StreamState:
         self.copy_checked = np.zeros(depth * max_blocks, np.uint8)
         # one frame of records: a DIRTY for every written block, a SUM for every write-back row (log_staged)
         self.log_frame = np.zeros(_FRAME_BYTES + _RECORD_BYTES * (rows + self.wblocks.shape[0]), np.uint8)
+        # I/Os prepared for the ring while a slice defers them (submit): at most every fill of
+        # the tags in flight and every write-back row, each once (a row is prepared once
+        # before it completes)
+        self.pend_rows = fw.new_io_rows(rows + depth * max_blocks)
+        self.pend_tags = np.zeros(rows + depth * max_blocks, np.int64)
         self._arrays = self._all_arrays()
 
     def arrays(self) -> tuple:
@@ -304,7 +340,8 @@ class StreamState:
                 self.fills, self.fill_tags, self.ts, self.reaped_tags, self.reaped_res, self.bad, self.submits,
                 self.wblocks, self.parked, self.wb_rows, self.wb_state, self.wb_owner, self.wb_free,
                 self.wb_staged, self.wb_landed, self.wb_failed, self.wb_out_tags, self.tag_wbs, self.wb_sum,
-                self.copy_jobs, self.copy_of, self.copy_expected, self.copy_checked, self.log_frame, self.wb_out)
+                self.copy_jobs, self.copy_of, self.copy_expected, self.copy_checked, self.log_frame, self.wb_out,
+                self.pend_rows, self.pend_tags)
 
     def reset(self) -> None:
         """For a new stream: no I/O, no write-back. A row freed goes back FREE, without an
@@ -362,6 +399,7 @@ class StreamState:
 AT_WB_ROWS, AT_WB_STATE, AT_WB_OWNER, AT_WB_FREE, AT_WB_STAGED, AT_WB_LANDED, AT_WB_FAILED, AT_WB_OUT_TAGS, AT_TAG_WBS, AT_WB_SUM = \
     range(21, 31)
 AT_COPY_JOBS, AT_COPY_OF, AT_COPY_EXPECTED, AT_COPY_CHECKED, AT_LOG_FRAME, AT_WB_OUT = range(31, 37)
+AT_PEND_ROWS, AT_PEND_TAGS = 37, 38
 
 
 @njit(cache=False, inline="always")
@@ -507,7 +545,7 @@ def queue_writebacks(arrays, ring, fd):
         wb_state[w] = WB_RING
         st[RING] += 1
     if logged:
-        queue_all(ring, fd, out.ctypes.data, logged, out_tags.ctypes.data)
+        submit(arrays, ring, fd, out, logged, out_tags)
         rest = st[WB_STAGED] - logged
         for r in range(rest):
             wb_staged[r] = wb_staged[logged + r]
