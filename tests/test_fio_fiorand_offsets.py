@@ -144,6 +144,15 @@ rw=randrw
 bssplit=4k/50:16k/50
 size=128k
 io_size=512k
+
+[short-passes-seeded]
+ioengine=libaio
+iodepth=1
+rw=randrw
+bssplit=64k/40:1m/60,1m/100
+size=8m
+loops=12
+randseed=3
 """
 # time_based: fio's I/O count depends on the clock (thousands in its 1 s here, hundreds on a
 # loaded machine); its first I/Os do not
@@ -206,7 +215,8 @@ def fio_and_cxlhm(tmp_path_factory):
 NAMES = ["rr4k", "rw-range", "rw-split", "rw-split-nomap", "rr-range-seed", "big-split", "aligned", "t64",
          "loops-norepeat", "loops-repeat", "loops-seed",  # (randseed: fio seeds no pass again)
          "zoned-pct", "zoned-abs-rw", "runs-of-four", "same-three",
-         "io-size-over", "io-size-short"]  # (io_size: passes on past short ones)
+         "io-size-over", "io-size-short",  # (io_size: passes on past short ones)
+         "short-passes-seeded"]  # (fio drew the direction of the I/O that ended each pass)
 
 
 @pytest.mark.parametrize("name", NAMES)

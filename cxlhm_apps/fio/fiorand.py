@@ -118,7 +118,7 @@ def rand_state(seed: int, use64: bool) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class FioSeeds:
-    """What fio seeds a job clone's generators from."""
+    """What fio seeds a job clone's generators from, and how many passes it runs them."""
     randseed: int = 0x89
     thread_number: int = 1  # the clone's number in the job file, from 1
     randrepeat: bool = True  # the offsets' seed from the job's number
@@ -126,6 +126,8 @@ class FioSeeds:
     rwmixread: int = 50
     verify: bool = False  # fio then draws the writes' sizes from the reads' seed
     generator: str = "tausworthe"  # random_generator: tausworthe, tausworthe64 or lfsr
+    loops: int = 1
+    io_size: int = 0  # the job's io_size (0: none)
 
     @classmethod
     def of_job(cls, job, thread_number: int, seed: int) -> "FioSeeds":
@@ -136,7 +138,8 @@ class FioSeeds:
         return cls(randseed=job["randseed"] if repeatable else seed, thread_number=thread_number,
                    randrepeat=bool(job["randrepeat"]),
                    reseed_passes=bool(job["randrepeat"]) and "randseed" not in job.given, rwmixread=job["rwmixread"],
-                   verify=job["verify"] not in ("0", "null"), generator=job["random_generator"])
+                   verify=job["verify"] not in ("0", "null"), generator=job["random_generator"],
+                   loops=max(1, int(job["loops"])), io_size=int(job["io_size"] or 0))
 
     def offset_seed(self) -> int:
         if self.randrepeat:
@@ -208,3 +211,10 @@ class MixedDirections:
 
     def restore(self, snap: tuple[np.ndarray, np.ndarray]) -> None:
         self.state, self.counters = snap[0].copy(), snap[1].copy()
+
+    def draw_unissued(self) -> int:
+        """The direction fio draws for an I/O it then cannot place (the pass ends there):
+        the rule moves on, but the I/O never counts as issued."""
+        d = int(self.draw(1)[0])
+        self.counters[d] -= 1
+        return d

@@ -138,8 +138,9 @@ class IoGenerator:
                                     identical=sequencer == "identical")
             self.randommap = False  # (the draw keeps fio's map)
         self._restart = self._dead = False  # the pass ended where fio could not go on; nothing can issue
-        # io_size past the region: fio's keep_running starts another pass after one that ended short
-        self._more_passes = bytes_budget is not None and bytes_budget > region_len
+        # what fio's keep_running weighs before another pass of fio's draws
+        self._fio, self._region_len = fio, region_len
+        self._passes, self._short, self._bytes_done = 0, False, 0
         self._seed_generators()
         self.seq_pos = [0, 0]  # per-direction sequential position (relative to the region)
         self.bytes_left = bytes_budget
@@ -184,6 +185,9 @@ class IoGenerator:
             if self.exhausted or n <= 0:
                 break
             if self._restart or (self.loop_left is not None and self.loop_left <= 0):
+                if not self._keep_running():
+                    self._dead = True
+                    break
                 self._new_loop()
             out = self._chunk(n)
             if out[0].size:
@@ -197,19 +201,30 @@ class IoGenerator:
         """fio could not place the next I/O: the pass ends short of its bytes (under
         time_based, or while io_size leaves a block or more to do, the job goes on with a
         new pass)."""
+        self._short = True
         if self.loop_left is not None:
             self.loop_left = 0
-        elif self._more_passes and self.bytes_left >= self.max_bs:
-            self._restart = True
-        elif self.bytes_left is not None:
-            self.bytes_left = 0
         else:
             self._restart = True
+
+    def _keep_running(self) -> bool:
+        """fio's keep_running, for a job of fio's draws whose pass just ended: `loops`
+        passes, then more while the bytes done fall short of io_size (else size) by a
+        block or more - and, without io_size, not after a pass that ended short."""
+        if self.fio_draw is None or self.bytes_left is None:
+            return True  # (time_based; the others' budgets count whole passes)
+        self._passes += 1
+        short, self._short = self._short, False
+        if self._passes < self._fio.loops:
+            return True
+        limit = self._fio.io_size or self._region_len
+        left = limit - self._bytes_done
+        return left >= self.max_bs and (bool(self._fio.io_size) or not short)
 
     def _chunk(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self.ios_left is not None:
             n = min(n, self.ios_left)
-        drawn_from, drawn = None, n
+        drawn_from, drawn, failed = None, n, False
         if self.directions is not None:
             drawn_from = self.directions.snapshot()
             direction = self.directions.draw(n)
@@ -243,6 +258,9 @@ class IoGenerator:
         if drawn_from is not None and n < drawn:  # fio drew only for the I/Os it issued
             self.directions.restore(drawn_from)
             self.directions.draw(n)
+            if failed:  # (and for the one it could not place)
+                self.directions.draw_unissued()
+        self._bytes_done += int(size.sum())
         if self.bytes_left is not None:
             self.bytes_left -= int(size.sum())
         if self.loop_left is not None:
