@@ -95,6 +95,8 @@ EXAMPLES = {
     "dedupe_percentage": ("30", 30),
     "dedupe_mode": ("working_set", "working_set"), "dedupe_working_set_percentage": ("20", 20),
     "dedupe_global": ("1", True), "buffer_compress_percentage": ("50", 50), "buffer_compress_chunk": ("4k", 4096),
+    "scramble_buffers": ("0", False), "refill_buffers": ("1", True), "zero_buffers": ("1", True),
+    "buffer_pattern": ('"ab"0x01', b"ab\x01"),
     "zonemode": ("none", "none"), "zonesize": ("256m", 256 << 20), "zonerange": ("512m", 512 << 20),
     "zoneskip": ("2g", 2 << 30), "log_offset": ("1", True),
 }

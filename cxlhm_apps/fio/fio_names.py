@@ -30,8 +30,6 @@ NOT_MODELLED_WHY: dict[str, str] = {
     # workload features not modelled
     "rate_ignore_thinktime": "rate_ignore_thinktime is not modelled (think time counts against the rate)",
     "thinkcycles": "thinkcycles is not modelled (thinktime is)",
-    "buffer_pattern": "buffer_pattern is not modelled (dedupe and compression of the contents are)",
-    "scramble_buffers": "scramble_buffers is not modelled (dedupe and compression of the contents are)",
     "verify_async": "asynchronous verify threads are not modelled", "verify_dump": "verify_dump is not modelled",
     "verify_write_sequence": "verify_write_sequence is not modelled",
     "startdelay": "startdelay is not modelled", "nrfiles": "several files per job are not modelled",

@@ -16,6 +16,7 @@ from cxlhm_apps.fio.distributions import parse_distribution
 from cxlhm_apps.fio.steadystate import DEFAULT as _SS_DEFAULT
 from cxlhm_apps.fio.sprandom import parse_op as _spr_op
 from cxlhm_apps.fio.steadystate import parse_steadystate
+from cxlhm_apps.fio.verify_pattern import parse_buffer_pattern, verify_pattern_option
 
 DIRECTIONS = ("read", "write", "trim")
 READ, WRITE = 0, 1
@@ -213,12 +214,6 @@ def _time(text: str, kb_base: int) -> int:
     if text.strip().startswith("-"):
         raise ValueError(f"must not be negative, got {text!r}")
     return V.parse_time_ns(text)
-
-
-def _verify_pattern(text: str, kb_base: int) -> str:
-    from cxlhm_apps.fio.verify_pattern import parse_pattern
-    parse_pattern(text)  # (refused here, with where it stops and what is accepted)
-    return text
 
 
 def _verify_interval(text: str, kb_base: int) -> int:
@@ -467,7 +462,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("verify", "str", _choice("0", "null", "crc32c", "crc32c-intel", "md5", "xxhash", "meta", "pattern"), "0",
            "checksum written blocks (header + checksum) and check them when read: crc32c, md5, xxhash; meta: the "
            "header alone; pattern: verify_pattern alone, no header (0: off)", group="verify"),
-    Option("verify_pattern", "str", _verify_pattern, None, "fill written blocks with this pattern (0x hex, decimal, "
+    Option("verify_pattern", "str", verify_pattern_option, None, "fill written blocks with this pattern (0x hex, decimal, "
            "\"string\", %o: the block's offset); checked by verify=meta|pattern", group="verify"),
     Option("fill_device", "bool", _bool, False, "write until the file system is full (fio's meaning); here "
            "bounded by size= / filesize=, which must fit in the free space", aliases=("fill_fs",), group="target"),
@@ -493,6 +488,10 @@ OPTIONS: tuple[Option, ...] = (
            "share of each buffer_compress_chunk of a written block that is zero (the rest random)", group="pattern"),
     Option("buffer_compress_chunk", "int", _positive_size, 512, "the unit buffer_compress_percentage applies to",
            group="pattern"),
+    Option("scramble_buffers", "bool", _bool, True, "write each buffer's offset and time into every 512 bytes of it", group="pattern"),
+    Option("refill_buffers", "bool", _bool, False, "fresh contents in a buffer before every write", flag=True, group="pattern"),
+    Option("zero_buffers", "bool", _bool, False, "buffers start all zero (then not scrambled)", flag=True, group="pattern"),
+    Option("buffer_pattern", "str", parse_buffer_pattern, None, "fill write buffers with this pattern (verify_pattern's form, no %o)", group="pattern"),
     # reporting
     Option("clat_percentiles", "bool", _bool, True, "show completion-latency percentiles", group="report"),
     Option("lat_percentiles", "bool", _bool, False, "also show total-latency percentiles", group="report"),

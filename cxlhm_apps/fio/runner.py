@@ -115,11 +115,12 @@ class Worker:
         # it submits it, while the others are in flight).
         self._halves, self._half = 1, 0
         if self.verify_kind or self.buffers is not None:  # (each I/O of a chunk its own slot)
-            slots = max(qd, min(CHUNK_IOS // 4, VERIFY_ARENA_BYTES // self.gen.max_bs))
+            arena = self.buffers.arena_bytes(qd, self.gen.max_bs) if self.buffers else VERIFY_ARENA_BYTES
+            slots = max(qd, min(CHUNK_IOS // 4, arena // self.gen.max_bs))
             self.chunk_ios = slots - slots % qd if slots >= qd else qd
             if job["verify_fatal"]:  # check after every batch, to stop at the first bad block
                 self.chunk_ios = qd
-            elif slots >= 4 * qd:
+            elif slots >= 4 * qd and (self.verify_kind or self.buffers.ahead):
                 self._halves = 2
                 half = slots // 2
                 self.chunk_ios = half - half % qd
@@ -380,7 +381,7 @@ class Worker:
         chunk = Chunk(direction, offset, size, slot)
         if self.buffers is not None:
             writes = np.flatnonzero(direction == WRITE)
-            self.buffers.fill(self.arena.data, slot[writes] * self.arena.slot_bytes, size[writes])
+            self.buffers.fill(self.arena.data, slot[writes] * self.arena.slot_bytes, size[writes], offset[writes])
         if self.verify_kind:
             chunk.serial = np.full(n, -1, np.int64)
             writes = np.flatnonzero(direction == WRITE)

@@ -104,6 +104,22 @@ def parse_pattern(text: str) -> Pattern:
     return Pattern(bytes(out), tuple(offsets))
 
 
+def verify_pattern_option(text: str, kb_base: int = 1024) -> str:
+    """verify_pattern as the option table keeps it: the text, once it parses (else refused
+    with where it stops and what is accepted)."""
+    parse_pattern(text)
+    return text
+
+
+def parse_buffer_pattern(text: str, kb_base: int = 1024) -> bytes:
+    """buffer_pattern, parsed as fio parses it: verify_pattern's tokens but `%o`."""
+    pattern = parse_pattern(text)
+    if pattern.offset_at:
+        raise ValueError(f"%o (an offset) is not accepted here (fio 3.33 refuses it); accepted: {ACCEPTED}"
+                         .replace(", %o (the block's offset)", ""))
+    return pattern.data
+
+
 @dataclasses.dataclass(frozen=True)
 class VerifySpec:
     """How a job's verify writes and checks blocks when it sets a pattern, an interval,
