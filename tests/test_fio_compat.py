@@ -60,6 +60,20 @@ def test_compare_agrees_with_itself_and_names_each_difference():
     assert any("keys fio lacks ['extra']" in d for d in diffs)
 
 
+def test_compare_takes_a_run_cut_short_by_the_cap_as_speed_but_not_a_short_finish():
+    fio = _report()
+    ours = copy.deepcopy(fio)
+    ours["jobs"][0]["read"].update(io_bytes=1 << 20, total_ios=256, runtime=1900)  # cut short by the 2 s cap
+    assert compat.compare(fio, ours, runtime_cap_s=2) == []
+    fio_cut = copy.deepcopy(fio)
+    fio_cut["jobs"][0]["read"].update(io_bytes=8 << 20, total_ios=2048, runtime=1950)  # fio cut short, ours ended sooner
+    diffs = compat.compare(fio_cut, copy.deepcopy(fio), runtime_cap_s=2)
+    assert any("cxlhm ended on its size with less" in d for d in diffs)
+    ours_small = copy.deepcopy(fio)
+    ours_small["jobs"][0]["read"].update(io_bytes=2 << 20, total_ios=512)  # both ended on their size: bytes compared
+    assert any("read bytes fio 4194304, cxlhm 2097152" in d for d in compat.compare(fio, ours_small, runtime_cap_s=2))
+
+
 def test_the_manifest_pins_fios_examples():
     manifest = compat.read_manifest()
     assert manifest.repository == "axboe/fio" and len(manifest.commit) == 40
