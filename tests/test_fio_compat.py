@@ -60,6 +60,18 @@ def test_compare_agrees_with_itself_and_names_each_difference():
     assert any("keys fio lacks ['extra']" in d for d in diffs)
 
 
+def test_compare_takes_a_near_tie_of_two_depths_as_either():
+    fio = _report()
+    fio["jobs"][0]["iodepth_level"] = {"1": 49.3, "2": 50.2, "4": 0.5}
+    ours = copy.deepcopy(fio)
+    ours["jobs"][0]["iodepth_level"] = {"1": 50.4, "2": 49.6, "4": 0.0}
+    assert compat.compare(fio, ours, runtime_cap_s=2) == []
+    ours["jobs"][0]["iodepth_level"] = {"1": 60.0, "2": 40.0, "4": 0.0}
+    assert compat.compare(fio, ours, runtime_cap_s=2) == []  # fio's 1 is within the tie of its 2
+    ours["jobs"][0]["iodepth_level"] = {"1": 10.0, "2": 10.0, "4": 80.0}
+    assert any("I/O depth fio 2, cxlhm 4" in d for d in compat.compare(fio, ours, runtime_cap_s=2))
+
+
 def test_compare_takes_a_run_cut_short_by_the_cap_as_speed_but_not_a_short_finish():
     fio = _report()
     ours = copy.deepcopy(fio)
