@@ -193,3 +193,45 @@ def test_the_verify_phase_counts_io_depths_as_fio(tmp_path):
     levels = out["iodepth_level"]
     assert levels == pytest.approx({"1": 0.1, "2": 0.1, "4": 0.195312, "8": 0.390625, "16": 99.267578, "32": 0.0,
                                     ">=64": 0.0}, abs=1e-5)
+
+
+def test_the_verify_phase_begins_as_fios_with_an_fsync_then_the_pages_dropped(tmp_path, monkeypatch):
+    from cxlhm_apps.fio import files, raw_engines
+    events = []
+    real_execute, real_flush, real_drop = raw_engines.RawEngine.execute, raw_engines.RawEngine.flush, files.drop_cached
+
+    def execute(self, chunk, arena, deadline_ns, *, keep_read_data):
+        events.append("write" if chunk.direction.any() else "read")
+        return real_execute(self, chunk, arena, deadline_ns, keep_read_data=keep_read_data)
+
+    def flush(self):
+        events.append("flush")
+        return real_flush(self)
+
+    def drop(path, offset, length):
+        events.append(("drop", offset, length))
+        return real_drop(path, offset, length)
+
+    monkeypatch.setattr(raw_engines.RawEngine, "execute", execute)
+    monkeypatch.setattr(raw_engines.RawEngine, "flush", flush)
+    monkeypatch.setattr(files, "drop_cached", drop)
+    result, out = run(job(tmp_path / "f.img", "write") + "ioengine=psync\ninvalidate=0\n")
+    assert out["error"] == 0, result.messages[:3]
+    ran = [e for i, e in enumerate(events) if i == 0 or e != events[i - 1]]  # runs of one kind, once
+    assert ran == ["write", "flush", ("drop", 0, 1 << 20), "read"]  # (invalidate=0 drops nothing at the start)
+
+
+def test_the_device_engines_verify_reads_find_no_dirty_block(tmp_path, monkeypatch):
+    from cxlhm_apps.fio import engines
+    dirty_when_reads_began = []
+    real_execute = engines.CxlhmEngine.execute
+
+    def execute(self, chunk, arena, deadline_ns, *, keep_read_data):
+        if not chunk.direction.any() and not dirty_when_reads_began:  # the first reads: the verify phase
+            dirty_when_reads_began.append(self.share.handle.stats()["dirty_blocks"])
+        return real_execute(self, chunk, arena, deadline_ns, keep_read_data=keep_read_data)
+
+    monkeypatch.setattr(engines.CxlhmEngine, "execute", execute)
+    result, out = run(job(tmp_path / "f.img", "randwrite") + DEVICE)
+    assert out["error"] == 0 and out["cxlhm_verify"]["blocks_checked"] == 128, result.messages[:3]
+    assert dirty_when_reads_began == [0]  # the flush wrote back what the write phase left in device DRAM

@@ -339,6 +339,13 @@ class CxlhmEngine:
         return Completed(done, np.zeros(done, np.int64), clat[:done], loop.now_ns(), min(self.iodepth, max(done, 1)),
                          submits, cache, self._tags(chunk, done))
 
+    def flush(self) -> int:
+        """fio's fio_io_sync on the device: every dirty block of its DRAM written back and
+        made durable (the device's flush; the clones sharing it share it too)."""
+        self.drain()
+        self.share.handle.flush()
+        return self.now_ns()
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)

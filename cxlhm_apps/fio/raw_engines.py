@@ -74,6 +74,11 @@ class RawEngine:
     def drain(self) -> int:
         return time.monotonic_ns()
 
+    def flush(self) -> int:
+        """fio's fio_io_sync on a file engine: fsync."""
+        os.fsync(self.fd)
+        return time.monotonic_ns()
+
     cmdprio: CmdPrio | None = None  # libaio/io_uring: the job's command priorities (set by the opener)
     _tags: np.ndarray | None = None  # the chunk's priority tags while it runs
 
@@ -190,6 +195,11 @@ class MmapEngine(_SyncLoop):
         else:
             buf[:] = self._view[offset:offset + n]
         return n
+
+    def flush(self) -> int:
+        """fio's mmap engine syncs with msync(MS_SYNC): the mapping's dirty pages written."""
+        self._map.flush()
+        return super().flush()
 
     def close(self) -> None:
         self._view = None

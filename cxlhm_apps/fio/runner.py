@@ -338,6 +338,7 @@ class Worker:
         if self.verify_kind and job["do_verify"] and len(self.vlog) and not self._stop.is_set() and not self.stats.error:
             self.state = "V"
             main_end = verify_start = engine.drain()
+            self._before_verify()
             # fio draws the writes' seeds again from the start for its verify phase
             self._verify_pass(self.vlog.take(), record=True, seeds_from=0 if self.check_seed else None)
             self._side.settle()  # (its statistics are recorded on the side thread)
@@ -364,6 +365,17 @@ class Worker:
         if stats.verify_errors:
             stats.error = errno.EILSEQ
             stats.error_text = f"{stats.verify_errors} verification failure(s)"
+
+    def _before_verify(self) -> None:
+        """As fio's verify phase begins: what the job wrote made durable (the engine's
+        flush: an fsync, or the device's write-back), then the file's cached pages dropped
+        so the reads come from the disk (fio does both whatever `invalidate` says; its time
+        is the verify phase's)."""
+        flush = getattr(self.engine, "flush", None)
+        if flush is not None:
+            flush()
+        if not engine_of(self.job).uses_device:
+            files.drop_cached(self.plan.filename, self.plan.region_start, self.plan.region_len)
 
     def _chunk_ahead(self) -> Chunk:
         """The next chunk, made before the current one ran: progress counts its bytes as
