@@ -339,9 +339,10 @@ class CxlhmEngine:
         return Completed(done, np.zeros(done, np.int64), clat[:done], loop.now_ns(), min(self.iodepth, max(done, 1)),
                          submits, cache, self._tags(chunk, done))
 
-    def flush(self) -> int:
-        """fio's fio_io_sync on the device: every dirty block of its DRAM written back and
-        made durable (the device's flush; the clones sharing it share it too)."""
+    def flush(self, data_only: bool = False) -> int:
+        """fio's sync on the device: every dirty block of its DRAM written back and made
+        durable (the device's flush, for fsync and fdatasync alike: it has no metadata;
+        the clones sharing the device share it too)."""
         self.drain()
         self.share.handle.flush()
         return self.now_ns()

@@ -14,8 +14,8 @@ One engine is one `IOEngineOps`, as one fio engine is one `struct ioengine_ops`:
                                 and hands back per-I/O latencies of the prefix it ran (one
                                 Python call per I/O would cost more than the I/O itself)
     close_file, cleanup         IOEngine.drain() (time of the last completion), close()
-    DDIR_SYNC (fio_io_sync)     IOEngine.flush(), optional: what the clone wrote made
-                                durable (the verify phase starts with it, as fio's)
+    DDIR_SYNC, DDIR_DATASYNC    IOEngine.flush(data_only), optional: what the clone wrote
+                                made durable (fsync=N, end_fsync, the verify phase's start)
 
 `cxlhm fio` parses a job, checks the engine's options against the engine's own
 declaration (`engine_problems`), opens the engine per clone and drives it; everything
@@ -107,10 +107,11 @@ class IOEngine(Protocol):
     def drain(self) -> int:
         """No more I/O: the time the last one completes."""
 
-    # flush(self) -> int, optional (an engine without it has nothing volatile to make
-    # durable): fio's fio_io_sync, with no I/O in flight - an fsync of the file, or the
-    # device's dirty DRAM written back. Returns the time it completed; an error raises
-    # OSError with its errno.
+    # flush(self, data_only: bool = False) -> int, optional (an engine without it cannot
+    # run fsync, fdatasync or end_fsync, and starts verify without a sync): fio's
+    # fio_io_sync, with no I/O in flight - an fsync (data_only: fdatasync) of the file, or
+    # the device's dirty DRAM written back. Returns the time it completed; an error
+    # raises OSError with its errno.
 
     def close(self) -> None:
         """Release what open() took (files, rings, threads)."""

@@ -314,6 +314,15 @@ OPTIONS: tuple[Option, ...] = (
            "default (buffered reads then come from the disk, not from pages a layout or an earlier job "
            "left cached); 0 keeps them. The device (ioengine=cxlhm) has no host page cache",
            group="target"),
+    Option("fsync", "int", _int_at_least(0), 0,
+           "fsync the file before the next I/O after every N writes (the device: write its dirty DRAM back); "
+           "each sync's latency in the report's sync statistics (0: never)", group="target"),
+    Option("fdatasync", "int", _int_at_least(0), 0,
+           "as fsync, with fdatasync (metadata not synced); fsync's N wins where both fall due", group="target"),
+    Option("end_fsync", "bool", _bool, False, "sync the file once when the job's I/O ends (inside its run time)",
+           group="target"),
+    Option("fsync_on_close", "bool", _bool, False, "sync the file as the job closes it (after its run time)",
+           group="target"),
     Option("thread", "bool", _bool, False,
            "jobs as threads instead of processes; every job runs in a thread of this process either way",
            aliases=("threads",), flag=True, group="target"),

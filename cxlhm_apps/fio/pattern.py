@@ -146,6 +146,7 @@ class IoGenerator:
         self.bytes_left = bytes_budget
         self.ios_left = ios_budget
         self.issued = 0
+        self.pass_starts: list[int] = []  # the I/O (its number among those issued) each later pass began at
 
     def _seed_generators(self) -> None:
         seed = self.seed
@@ -161,6 +162,8 @@ class IoGenerator:
         starts again from its seed, so the pass repeats the first one's I/Os."""
         self.loop_left = self.loop_bytes
         self._restart = False
+        self.pass_starts.append(self.issued)
+        self.seq_pos = [0, 0]  # (fio's clear_io_state: each pass starts at the region's start)
         if self.fio_draw is not None:  # fio opens the file again each pass, with a clear map
             self.fio_draw.reset_map()
         if self.reseed_loops:
@@ -211,10 +214,12 @@ class IoGenerator:
         """fio's keep_running, for a job of fio's draws whose pass just ended: `loops`
         passes, then more while the bytes done fall short of io_size (else size) by a
         block or more - and, without io_size, not after a pass that ended short."""
-        if self.fio_draw is None or self.bytes_left is None:
-            return True  # (time_based; the others' budgets count whole passes)
+        if self.bytes_left is None:
+            return True  # (time_based)
         self._passes += 1
         short, self._short = self._short, False
+        if self.fio_draw is None and not short:
+            return True  # (a whole pass: the budgets of the others count whole passes)
         if self._passes < self._fio.loops:
             return True
         limit = self._fio.io_size or self._region_len
@@ -253,8 +258,11 @@ class IoGenerator:
                 offset = self._random_offsets(size, direction)
             elif self.zones is not None:
                 offset = self._strided_offsets(size, direction)
-            else:
-                offset = self._sequential_offsets(size, direction)
+            else:  # (sized: fio's pass ends at the first I/O that does not fit before the region's end)
+                offset, fits = self._sequential_offsets(size, direction, stop_at_end=self.bytes_left is not None)
+                if fits < n:
+                    n, direction, size, offset = fits, direction[:fits], size[:fits], offset[:fits]
+                    self._end_pass()
         if drawn_from is not None and n < drawn:  # fio drew only for the I/Os it issued
             self.directions.restore(drawn_from)
             self.directions.draw(n)
@@ -271,9 +279,16 @@ class IoGenerator:
         return direction, offset, size
 
     # ------------------------------------------------------------ offsets
-    def _sequential_offsets(self, size: np.ndarray, direction: np.ndarray) -> np.ndarray:
-        offset = np.empty(size.shape[0], np.int64)
+    def _sequential_offsets(self, size: np.ndarray, direction: np.ndarray, *,
+                            stop_at_end: bool = False) -> tuple[np.ndarray, int]:
+        """Offsets of the I/Os, and how many of them fit: all, unless `stop_at_end` (a
+        job with a size, not time_based), where an I/O that would cross the region's end
+        is the first that does not (fio does not wrap it to the start: the pass ends, and
+        the bytes short of a block at the end are never done)."""
         hole = self.rw.modifier
+        if stop_at_end and hole >= 0:
+            return self._sequential_until_end(size, direction)
+        offset = np.empty(size.shape[0], np.int64)
         for d in (READ, WRITE):
             idx = np.flatnonzero(direction == d)
             if not idx.size:
@@ -299,7 +314,27 @@ class IoGenerator:
                         pos = 0
                 self.seq_pos[d] = pos
             offset[idx] = self.start + rel
-        return offset
+        return offset, size.shape[0]
+
+    def _sequential_until_end(self, size: np.ndarray, direction: np.ndarray) -> tuple[np.ndarray, int]:
+        offset = np.empty(size.shape[0], np.int64)
+        fits = size.shape[0]
+        rel, step = [None, None], [None, None]
+        for d in (READ, WRITE):
+            idx = np.flatnonzero(direction == d)
+            if idx.size:
+                step[d] = size[idx] + self.rw.modifier
+                rel[d] = self.seq_pos[d] + np.cumsum(step[d]) - step[d]
+                over = np.flatnonzero(rel[d] + size[idx] > self.length)
+                if over.size:
+                    fits = min(fits, int(idx[over[0]]))
+        for d in (READ, WRITE):
+            idx = np.flatnonzero(direction[:fits] == d)
+            if idx.size:
+                offset[idx] = self.start + rel[d][:idx.size]
+                pos = int(rel[d][idx.size - 1] + step[d][idx.size - 1])
+                self.seq_pos[d] = 0 if pos >= self.length else pos
+        return offset, fits
 
     def _strided_offsets(self, size: np.ndarray, direction: np.ndarray) -> np.ndarray:
         """fio's strided zones, one I/O at a time (see the module's text)."""

@@ -74,9 +74,9 @@ class RawEngine:
     def drain(self) -> int:
         return time.monotonic_ns()
 
-    def flush(self) -> int:
-        """fio's fio_io_sync on a file engine: fsync."""
-        os.fsync(self.fd)
+    def flush(self, data_only: bool = False) -> int:
+        """fio's sync on a file engine: fsync, or fdatasync."""
+        (os.fdatasync if data_only else os.fsync)(self.fd)
         return time.monotonic_ns()
 
     cmdprio: CmdPrio | None = None  # libaio/io_uring: the job's command priorities (set by the opener)
@@ -196,10 +196,10 @@ class MmapEngine(_SyncLoop):
             buf[:] = self._view[offset:offset + n]
         return n
 
-    def flush(self) -> int:
+    def flush(self, data_only: bool = False) -> int:
         """fio's mmap engine syncs with msync(MS_SYNC): the mapping's dirty pages written."""
         self._map.flush()
-        return super().flush()
+        return super().flush(data_only)
 
     def close(self) -> None:
         self._view = None

@@ -177,9 +177,15 @@ def _fio_name(raw) -> str:
     return O.FIO_NAME.get(raw.canonical, raw.canonical)
 
 
-def _depth_json(counts: np.ndarray, labels) -> dict:
-    total = int(counts.sum())
+def _depth_json(counts: np.ndarray, labels, total: int | None = None) -> dict:
+    total = int(counts.sum()) if total is None else total
     return dict(zip(labels, percent_dist(counts, total, 0.1)))
+
+
+def _depth_total(s) -> int:
+    """What fio's IO depths are shares of: the reads and writes, though its syncs are
+    marked in them too (a write job at fsync=4 shows depth 1 at 123.4%)."""
+    return int(s.depth_map.sum()) - s.sync.n
 
 
 def unit_json(unit: Unit, groups, *, bins: bool) -> dict:
@@ -193,12 +199,12 @@ def unit_json(unit: Unit, groups, *, bins: bool) -> dict:
     for d, name, g in ((READ, "read", read_g), (WRITE, "write", write_g)):
         out[name] = _dir_json(s.dirs[d], g.agg, plist, job, bins=bins) if s.dirs[d].ios else _empty_dir_json()
     out["trim"] = _empty_dir_json()
-    out["sync"] = {"total_ios": 0, "lat_ns": {"min": 0, "max": 0, "mean": 0.0, "stddev": 0.0, "N": 0}}
+    out["sync"] = {"total_ios": s.fsyncs, "lat_ns": _lat_json(s.sync, plist, bins=bins, percentiles=True)}
     total = s.total_ios
     usr, sys_ = s.cpu_percent()
     out.update({"job_runtime": s.run_ms, "usr_cpu": usr, "sys_cpu": sys_,
                 "ctx": s.ctx, "majf": s.majf, "minf": s.minf,
-                "iodepth_level": _depth_json(s.depth_map, DEPTH_LABELS),
+                "iodepth_level": _depth_json(s.depth_map, DEPTH_LABELS, _depth_total(s)),
                 "iodepth_submit": _depth_json(s.submit_map, SUBMIT_LABELS),
                 "iodepth_complete": _depth_json(s.complete_map, SUBMIT_LABELS),
                 "latency_ns": dict(zip(LAT_N_LABELS, percent_dist(s.lat_n, total, 0.01))),
@@ -356,14 +362,17 @@ def unit_text(unit: Unit, groups) -> str:
     out.append(_lat_dist_text(s.lat_n, LAT_N_LABELS, "nsec", total))
     out.append(_lat_dist_text(s.lat_u, LAT_N_LABELS, "usec", total))
     out.append(_lat_dist_text(s.lat_m, LAT_M_LABELS, "msec", total))
+    if s.sync.n:
+        out.append("  fsync/fdatasync/sync_file_range:\n" + _lat_line("sync", s.sync) +
+                   _percentile_block("sync", s.sync, unit.percentiles))
     usr, sys_ = s.cpu_percent()
     out.append(f"  cpu          : usr={usr:3.2f}%, sys={sys_:3.2f}%, ctx={s.ctx}, majf={s.majf}, minf={s.minf}\n")
-    depth = percent_dist(s.depth_map, int(s.depth_map.sum()), 0.1)
+    depth = percent_dist(s.depth_map, _depth_total(s), 0.1)
     out.append("  IO depths    : " + ", ".join(f"{k}={v:3.1f}%" for k, v in zip(DEPTH_LABELS, depth)) + "\n")
     for name, counts in (("submit", s.submit_map), ("complete", s.complete_map)):
         dist = percent_dist(counts, int(counts.sum()), 0.1)
         out.append(f"     {name:<10}: " + ", ".join(f"{k}={v:3.1f}%" for k, v in zip(SUBMIT_LABELS, dist)) + "\n")
-    out.append(f"     issued rwts: total={s.dirs[0].ios},{s.dirs[1].ios},0,0 short={s.dirs[0].short_ios},"
+    out.append(f"     issued rwts: total={s.dirs[0].ios},{s.dirs[1].ios},0,{s.fsyncs} short={s.dirs[0].short_ios},"
                f"{s.dirs[1].short_ios},0,0 dropped=0,0,0,0\n")
     lat = _latency_search(s, unit.job)
     out.append(f"     latency   : target={lat['latency_target']}, window={lat['latency_window']}, "

@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from cxlhm_apps.fio import buffers, clocks, cmdprio, files, fiorand, flow, minrate, pacing, schedule, sprandom, steadystate
+from cxlhm_apps.fio import syncs
 from cxlhm_apps.fio import verify as VF
 from cxlhm_apps.fio.latency_target import DepthSearch, after_batch, set_engine_depth
 from cxlhm_apps.fio.devices import describe_device, open_devices
@@ -156,6 +157,7 @@ class Worker:
         pacer = pacing.Pacer(job, (sizes[READ].min, sizes[WRITE].min), same_sizes, seed, self._stop)
         self.pacer = pacer if pacer.paced else None
         self.minrate = minrate.MinRate.of_job(job)  # rate_min / rate_iops_min (None: no minimum)
+        self.syncs = syncs.SyncSchedule.of(job, self.gen.pass_starts)  # fsync=N / fdatasync=N (None: none)
         self.steady = steadystate.SteadyState.of_job(job)  # ss_dur: sampled by the run's steadystate.Monitor
         self.logs = JobLogs()  # none; run_jobs gives the clone its own (numbered) where the job asks
         self._side = SideWork(f"cxlhm-fio-{job.name}.{plan.clone}-side")
@@ -251,6 +253,8 @@ class Worker:
             pacer.restart(t0)
         if self.minrate is not None:
             self.minrate.restart(t0)
+        if self.syncs is not None or job["end_fsync"] or job["fsync_on_close"]:
+            _check_can_sync(job, engine)
         search = DepthSearch.of_job(job, engine, t0)  # latency_target
         if search is not None:
             set_engine_depth(engine, search.depth)
@@ -267,9 +271,16 @@ class Worker:
                 pending = ahead.result() if ahead is not None else self._next_chunk()
                 ahead, self._ahead_bytes = None, 0
                 if len(pending) == 0:
+                    # fio looks for one more I/O while bytes of the size are left that no
+                    # block fits in, and its sync comes first
+                    if self.syncs is not None and self.syncs.due() and (self.gen.bytes_left or 0) > 0:
+                        self._sync(self.syncs.due(), measuring)
                     break
             if now >= job_end:
                 break
+            if self.syncs is not None and self.syncs.due():
+                now = self._sync(self.syncs.due(), measuring)
+                continue  # (the run time may have ended meanwhile)
             if ahead is None and (not (self.verify_kind or self.buffers) or self._halves == 2):  # (the other half)
                 ahead = self._side.submit(self._chunk_ahead)
             deadline = min(job_end, self._window[0] + SAMPLE_WINDOW_NS, NEVER if measuring else ramp_end)
@@ -285,6 +296,8 @@ class Worker:
                 deadline = min(deadline, pacer.deadline())
             if allowed is not None and len(batch) > allowed:
                 batch = batch.take(0, max(1, allowed))
+            if self.syncs is not None:
+                batch = batch.take(0, self.syncs.run_length(batch.direction))
             if self.minrate is not None and measuring:
                 deadline = min(deadline, max(self.minrate.next_check_ns(), engine.now_ns() + 1))
             if self.steady is not None:  # (the once-a-second samples see counts at most this old)
@@ -295,6 +308,8 @@ class Worker:
             if self.flow is not None:
                 self.flow.did(done.count)
             executed, pending = pending.take(0, done.count), pending.take(done.count)
+            if self.syncs is not None:
+                self.syncs.did_ios(executed.direction)
             if pacer is not None:
                 pacer.did(executed)
             now = done.end_ns
@@ -331,6 +346,9 @@ class Worker:
                 self._verify_pass(self.vlog.take(self.backlog_due), record=measuring, seeds_from=None)
                 self.backlog_due = 0
         self._side.settle()
+        if job["end_fsync"] and not self.stats.error:  # (fio: as its I/O ends, inside the run time, not counted)
+            engine.drain()
+            engine.flush()
         if self.flow is not None:  # (run() also lets go of it when the job fails)
             self.flow.leave()
         main_ios = [d.ios for d in self.stats.dirs]  # what the job's own phase did, per direction
@@ -365,6 +383,19 @@ class Worker:
         if stats.verify_errors:
             stats.error = errno.EILSEQ
             stats.error_text = f"{stats.verify_errors} verification failure(s)"
+        if job["fsync_on_close"] and not stats.error:  # (fio: as the file closes, after the run time)
+            engine.flush()
+
+    def _sync(self, kind: int, measuring: bool) -> int:
+        """A sync fsync=N / fdatasync=N made due: the I/Os in flight complete, then the
+        engine's flush; its latency goes to the sync statistics. Returns its end."""
+        engine = self.engine
+        start = engine.drain()
+        end = engine.flush(data_only=kind == syncs.FDATASYNC)
+        self.syncs.did_sync()
+        if measuring:
+            self._side.submit(self.stats.record_sync, end - start, kind == syncs.FSYNC)
+        return end
 
     def _before_verify(self) -> None:
         """As fio's verify phase begins: what the job wrote made durable (the engine's
@@ -536,6 +567,17 @@ class Worker:
 
 
 # ---------------------------------------------------------------- the whole run
+
+def _check_can_sync(job: JobSpec, engine) -> None:
+    """fsync, fdatasync, end_fsync and fsync_on_close need the engine's flush, and on the
+    device the wall clock (a sync's time on the model clock is not modelled)."""
+    if getattr(engine, "flush", None) is None:
+        raise EngineError(errno.EINVAL, f"ioengine={job['ioengine']} cannot sync its file (it has no flush()): "
+                                        "fsync, fdatasync, end_fsync and fsync_on_close need one")
+    if isinstance(getattr(engine, "clock", None), clocks.ModelTimeScheduler):
+        raise EngineError(errno.EINVAL, "fsync, fdatasync, end_fsync and fsync_on_close need wall time (a sync's "
+                                        "time is not modelled on the model clock); use cxlhm_clock=wall")
+
 
 def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None) -> RunResult:
     """Run every job; raises JobFileError for problems found while setting up."""

@@ -254,6 +254,8 @@ class JobStats:
     cpu_wall_s: float = 0.0  # wall seconds the CPU figures are shares of (0: run_ms)
     iodepth: int = 1
     latency_depth: int = 0  # the depth fio's latency_target search found (0: no search)
+    sync: LatencyStat = dataclasses.field(default_factory=LatencyStat)  # fsync=N / fdatasync=N syncs (syncs.py)
+    fsyncs: int = 0  # of them, fsyncs (fio's sync total_ios)
 
     def record(self, direction: int, nbytes: int, ios: int, slat_ns, clat_ns, depth: int | None,
                prio_tags=None) -> None:
@@ -281,6 +283,12 @@ class JobStats:
         if depth is not None:  # (None: the caller marks the batch's depths with mark_depth)
             self.depth_map[depth_bucket(depth)] += ios
 
+    def record_sync(self, latency_ns: int, fsync: bool) -> None:
+        """One fsync=N / fdatasync=N sync (fio marks it in the depth histogram at depth 1)."""
+        self.sync.add(np.array([latency_ns], np.int64))
+        self.fsyncs += fsync
+        self.depth_map[0] += 1
+
     def mark_depth(self, ios: int, depth: int) -> None:
         """The IO depths of a batch the engine ran from empty (see depth_counts)."""
         self.depth_map += depth_counts(ios, depth)
@@ -305,6 +313,8 @@ class JobStats:
         self.verify_errors += other.verify_errors
         self.verified_blocks += other.verified_blocks
         self.cpu_wall_s += other.cpu_wall_s
+        self.sync.merge(other.sync)
+        self.fsyncs += other.fsyncs
 
     def cpu_percent(self) -> tuple[float, float]:
         """usr and sys CPU as percentages of the job's run time on the wall clock (a
