@@ -1,6 +1,7 @@
 """The `cxlhm` command line. Subcommands live in cxlhm_apps/commands/, one module each;
 packages add more through the ``cxlhm.commands`` entry-point group (a module with NAME,
-HELP, add_arguments(parser) and run(args)). A command that fails to load is reported on
+HELP, add_arguments(parser) and run(args); optionally split_argv(words) -> (words for its
+parser, the rest, as args.extra_words)). A command that fails to load is reported on
 stderr by its entry point and the others still work.
 
 Exit status: 0 done; 2 bad input, including a firmware policy whose hook numba cannot
@@ -64,8 +65,17 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(_named_command(argv))
+    command = _named_command(argv)
+    parser = build_parser(command)
+    # a command may take words argparse cannot (fio's job options): it splits them off first
+    split = getattr(COMMANDS.get(command), "split_argv", None) if command is not None else None
+    rest: list[str] = []
+    if split is not None:
+        own, rest = split(argv[1:])
+        argv = [argv[0], *own]
     args = parser.parse_args(argv)
+    if split is not None:
+        args.extra_words = rest
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2

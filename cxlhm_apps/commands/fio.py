@@ -21,7 +21,17 @@ examples:
   echo -e "[j]\\nrw=randread\\nsize=64m\\nruntime=5" | cxlhm fio -
   cxlhm fio --cmdhelp            # every supported option
   cxlhm fio --cmdhelp iodepth
+  cxlhm fio --name=etcd --rw=write --ioengine=sync --fdatasync=1 --size=22m --bs=2300
+
+Job options on the command line are fio's: --name=NAME starts a job, the options before
+the first --name apply to every job ([global]); --key=value, --key value or a bare --flag.
 """
+
+
+def split_argv(words: list[str]) -> tuple[list[str], list[str]]:
+    """cxlhm fio's own arguments, and the fio job options among them (cmdline.py)."""
+    from cxlhm_apps.fio.cmdline import split_argv as split
+    return split(words)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cxlhm_apps.fio import compare, report
+    from cxlhm_apps.fio import cmdline, compare, report
     from cxlhm_apps.fio.jobfile import JobFileError, load_jobs
     from cxlhm_apps.fio.options import cmdhelp
     from cxlhm_apps.fio.runner import run_jobs
@@ -53,12 +63,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"cxlhm fio: error: no option named {args.cmdhelp!r}; `cxlhm fio --cmdhelp` lists them", file=sys.stderr)
             return 2
         return 0
-    if not args.jobfiles:
-        print("cxlhm fio: error: no job file given (use - for standard input, --cmdhelp for the options)", file=sys.stderr)
+    job_words = getattr(args, "extra_words", [])
+    if not args.jobfiles and not job_words:
+        print("cxlhm fio: error: no job file given (use - for standard input, --name=NAME and fio's options for a "
+              "job on the command line, --cmdhelp for the options)", file=sys.stderr)
         return 2
     try:
-        jobs, global_options = load_jobs(args.jobfiles)
-    except JobFileError as exc:
+        jobs, global_options = load_jobs(args.jobfiles, cmdline.job_text(job_words) if job_words else "")
+    except (JobFileError, cmdline.NoJobDefined) as exc:
         print(f"cxlhm fio: error: {exc}", file=sys.stderr)
         return 2
     fio = None

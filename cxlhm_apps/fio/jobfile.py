@@ -456,7 +456,13 @@ def build_jobs(files: list[list[Section]], problems: _Collector | None = None) -
     return jobs, list(all_globals.values())
 
 
-def load_jobs(paths: list[str]) -> tuple[list[JobSpec], list[RawOption]]:
-    """The jobs of the files; every problem of every file in one JobFileError."""
+def load_jobs(paths: list[str], command_line: str = "") -> tuple[list[JobSpec], list[RawOption]]:
+    """The jobs of the files, then of `command_line` (job-file text made of the command
+    line's job options, cxlhm_apps/fio/cmdline.py); every problem of every file in one
+    JobFileError."""
+    from cxlhm_apps.fio.cmdline import SOURCE
     problems = _Collector()
-    return build_jobs([read_job_file(p, problems) for p in paths], problems)
+    sources = [read_job_file(p, problems) for p in paths]
+    if command_line:
+        sources.append(read_sections(command_line, SOURCE, problems=problems))
+    return build_jobs(sources, problems)
