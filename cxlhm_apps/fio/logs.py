@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from cxlhm_apps.fio.cmdprio import IOPRIO_CLASS_SHIFT
+from cxlhm_apps.fio.stats import unmeasured
 
 REALTIME = 1  # the realtime ioprio class, the one fio's log marks with 1
 
@@ -43,6 +44,7 @@ class JobLogs:
         self.offsets = bool(job["log_offset"]) if job is not None else False  # fio's log_offset column
         self.prio_values = bool(job["log_prio"]) if job is not None else False  # fio's log_prio
         self.start_ns = start_ns
+        self.unmeasured = unmeasured(job) if job is not None else frozenset()  # (no per-I/O entries of those)
         for kind in KINDS if job is not None else ():
             prefix = job[OPTION_OF[kind]]
             if prefix is True:  # written bare: fio names the log after the job
@@ -67,6 +69,8 @@ class JobLogs:
             return
         lat = clat + (slat if slat is not None else 0)
         values = {"lat": lat, "clat": clat, "slat": slat}
+        for kind in self.unmeasured & values.keys():
+            values[kind] = None
         if self.avg_ns:
             self._average(direction, size, values, end_ns)
             return
@@ -78,7 +82,7 @@ class JobLogs:
         else:
             prio = (ioprio >> IOPRIO_CLASS_SHIFT == REALTIME).astype(np.int64).tolist()
         for kind, f in self.files.items():
-            if kind == "slat" and slat is None:
+            if kind in self.unmeasured or values.get(kind, 0) is None:
                 continue
             if kind == "bw":  # (fio: the I/O's bytes over its completion latency in us, x1000)
                 column = size * 1_000_000 // np.maximum(clat, 1)

@@ -503,6 +503,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("buffer_pattern", "str", parse_buffer_pattern, None, "fill write buffers with this pattern (verify_pattern's form, no %o)", group="pattern"),
     # reporting
     Option("clat_percentiles", "bool", _bool, True, "show completion-latency percentiles", group="report"),
+    Option("gtod_reduce", "bool", _bool, False,
+           "keep no latencies (disable_lat, disable_clat, disable_slat and disable_bw_measurement at once): "
+           "the report's latencies are zeros and its latency lines go, as fio's", group="report"),
+    Option("disable_lat", "bool", _bool, False, "keep no total latencies (lat)", group="report"),
+    Option("disable_clat", "bool", _bool, False,
+           "keep no completion latencies (clat, the latency distribution, the syncs' latencies)", group="report"),
+    Option("disable_slat", "bool", _bool, False, "keep no submission latencies (slat)", group="report"),
+    Option("disable_bw_measurement", "bool", _bool, False,
+           "write no per-I/O bandwidth log entries (the report's bandwidth samples stay, as in fio)",
+           aliases=("disable_bw",), group="report"),
     Option("lat_percentiles", "bool", _bool, False, "also show total-latency percentiles", group="report"),
     Option("slat_percentiles", "bool", _bool, False, "also show submission-latency percentiles", group="report"),
     Option("write_lat_log", "str", _text, None,

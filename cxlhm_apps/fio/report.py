@@ -55,7 +55,7 @@ class Unit:
 
 
 def _copy_stats(stats: JobStats) -> JobStats:
-    fresh = JobStats(stats.name, stats.groupid, members=0, iodepth=stats.iodepth)
+    fresh = JobStats(stats.name, stats.groupid, members=0, iodepth=stats.iodepth, unmeasured=stats.unmeasured)
     fresh.merge(stats)
     fresh.latency_depth = stats.latency_depth
     return fresh
@@ -185,7 +185,7 @@ def _depth_json(counts: np.ndarray, labels, total: int | None = None) -> dict:
 def _depth_total(s) -> int:
     """What fio's IO depths are shares of: the reads and writes, though its syncs are
     marked in them too (a write job at fsync=4 shows depth 1 at 123.4%)."""
-    return int(s.depth_map.sum()) - s.sync.n
+    return int(s.depth_map.sum()) - s.syncs
 
 
 def unit_json(unit: Unit, groups, *, bins: bool) -> dict:

@@ -38,7 +38,7 @@ from cxlhm_apps.fio.plan import (ClonePlan, blockalign, loop_budget, loop_pass_b
 from cxlhm_apps.fio.pattern import Chunk, IoGenerator, size_choices
 from cxlhm_apps.fio.progress import Progress
 from cxlhm_apps.fio.sidework import SideWork
-from cxlhm_apps.fio.stats import SAMPLE_WINDOW_NS, JobStats
+from cxlhm_apps.fio.stats import SAMPLE_WINDOW_NS, JobStats, unmeasured
 
 # I/Os generated per chunk (bounded by memory when verifying). A chunk's reads are one
 # stream that drains at its end (~1.4 ms with no read in flight while the next chunk is
@@ -85,7 +85,7 @@ class Worker:
                  threads: int = 1):
         self.plan, self.share, self.job = plan, share, plan.job
         job = self.job
-        self.stats = JobStats(job.name, plan.groupid, iodepth=job["iodepth"])
+        self.stats = JobStats(job.name, plan.groupid, iodepth=job["iodepth"], unmeasured=unmeasured(job))
         self.verify_kind = VF.spec_of(job, thread_number)
         sizes = size_choices(job.values)
         self.seed = seed
@@ -539,7 +539,8 @@ class Worker:
                 pos += len(executed)
 
     def _reset_stats(self, now: int) -> None:
-        self.stats = JobStats(self.job.name, self.plan.groupid, iodepth=self.job["iodepth"])
+        self.stats = JobStats(self.job.name, self.plan.groupid, iodepth=self.job["iodepth"],
+                              unmeasured=unmeasured(self.job))
         self._measure_start = now
         self._window = [now, [0, 0], [0, 0]]
 

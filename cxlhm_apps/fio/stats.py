@@ -227,6 +227,18 @@ class DirStats:
         return 100.0 * self.cache_hits / total if total else None
 
 
+def unmeasured(job) -> frozenset[str]:
+    """What fio's gtod_reduce and disable_* options leave unmeasured, of "lat", "clat"
+    (with the latency distribution and the syncs' latencies), "slat", "bw" (the per-I/O
+    bandwidth log) and "iops" (the per-I/O IOPS log: only with clat, slat and bw all off,
+    fio's gtod_reduce()). The once-a-window bandwidth and IOPS samples stay, as in fio."""
+    off = {kind for kind, option in (("lat", "disable_lat"), ("clat", "disable_clat"), ("slat", "disable_slat"),
+                                     ("bw", "disable_bw_measurement")) if job["gtod_reduce"] or job[option]}
+    if {"clat", "slat", "bw"} <= off:
+        off.add("iops")
+    return frozenset(off)
+
+
 @dataclasses.dataclass
 class JobStats:
     """What one job clone did; merged per group under group_reporting."""
@@ -255,7 +267,9 @@ class JobStats:
     iodepth: int = 1
     latency_depth: int = 0  # the depth fio's latency_target search found (0: no search)
     sync: LatencyStat = dataclasses.field(default_factory=LatencyStat)  # fsync=N / fdatasync=N syncs (syncs.py)
+    syncs: int = 0  # every one of them, its latency kept or not
     fsyncs: int = 0  # of them, fsyncs (fio's sync total_ios)
+    unmeasured: frozenset = frozenset()  # latencies the job does not keep (unmeasured())
 
     def record(self, direction: int, nbytes: int, ios: int, slat_ns, clat_ns, depth: int | None,
                prio_tags=None) -> None:
@@ -264,13 +278,20 @@ class JobStats:
         d = self.dirs[direction]
         d.ios += ios
         d.bytes += nbytes
+        if depth is not None:  # (None: the caller marks the batch's depths with mark_depth)
+            self.depth_map[depth_bucket(depth)] += ios
         clat = np.asarray(clat_ns, np.int64)
+        off = self.unmeasured
         if d.slat_measured and slat_ns is not None:
             slat = np.asarray(slat_ns, np.int64)
-            d.slat.add(slat)
-            d.lat.add(clat + slat)
-        else:
+            if "slat" not in off:
+                d.slat.add(slat)
+            if "lat" not in off:
+                d.lat.add(clat + slat)
+        elif "lat" not in off:
             d.lat.add(clat)
+        if "clat" in off:
+            return
         d.clat.add(clat)
         if prio_tags is not None:
             tags = np.asarray(prio_tags, np.int64)
@@ -280,12 +301,12 @@ class JobStats:
         self.lat_n += n
         self.lat_u += u
         self.lat_m += m
-        if depth is not None:  # (None: the caller marks the batch's depths with mark_depth)
-            self.depth_map[depth_bucket(depth)] += ios
 
     def record_sync(self, latency_ns: int, fsync: bool) -> None:
         """One fsync=N / fdatasync=N sync (fio marks it in the depth histogram at depth 1)."""
-        self.sync.add(np.array([latency_ns], np.int64))
+        if "clat" not in self.unmeasured:
+            self.sync.add(np.array([latency_ns], np.int64))
+        self.syncs += 1
         self.fsyncs += fsync
         self.depth_map[0] += 1
 
@@ -314,6 +335,7 @@ class JobStats:
         self.verified_blocks += other.verified_blocks
         self.cpu_wall_s += other.cpu_wall_s
         self.sync.merge(other.sync)
+        self.syncs += other.syncs
         self.fsyncs += other.fsyncs
 
     def cpu_percent(self) -> tuple[float, float]:
