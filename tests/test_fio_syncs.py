@@ -164,3 +164,4 @@ def test_the_schedule_in_any_batches_is_fios_loop(directions, fsync_every, fdata
     if sched.due():  # bytes left at the end that no block fits in
         got.append(sched.due())
     assert got == want
+

@@ -89,14 +89,16 @@ def _block(d, rstate, r64, lastb, ba, zmode, zstate, ztab, words, level_at, nr_b
 @numba.njit(nogil=True, cache=True)
 def _draw(dirs, off, size, rstate, r64, bstate, b64, minbs, maxbs, ba, lastb, split_bs, split_pc, nsplit,
           zmode, zstate, ztab, seq, seq_nr, identical, length, words, level_at, nr_bits, use_map, cap,
-          reset_full):
+          reset_full, wraps):
     """fio's offset and size for each direction in dirs (see the module's text), into off
     (relative to the region) and size. Stops before an I/O once `cap` bytes went out
     (cap < 0: no cap). rw=randread:N: every seq_nr-th I/O takes a random offset, the
     others the next one of their direction (or, `identical`, the same again) and are not
     marked in the map; seq holds fio's count to the next random one, then each
-    direction's next and last offset. Returns (I/Os drawn, 1 if the pass ended on an I/O fio could
-    not place)."""
+    direction's next and last offset. Where a time_based pass starts again (a direction back
+    at the start, a full map cleared: where fio drops a buffered file's cached pages) the
+    I/O's index goes to wraps[1 + wraps[0]], wraps[0] counting them. Returns (I/Os drawn, 1
+    if the pass ended on an I/O fio could not place)."""
     issued = 0
     for i in range(dirs.shape[0]):
         if cap >= 0 and issued >= cap:
@@ -113,6 +115,8 @@ def _draw(dirs, off, size, rstate, r64, bstate, b64, minbs, maxbs, ba, lastb, sp
             elif reset_full and seq[1 + d] >= length:
                 seq[1 + d] = 0  # time_based: back to the start
                 o = 0
+                wraps[0] += 1
+                wraps[wraps[0]] = i
             elif seq[1 + d] < length:
                 o = seq[1 + d]
         if o < 0:  # a random offset (also for a direction past the end)
@@ -123,6 +127,8 @@ def _draw(dirs, off, size, rstate, r64, bstate, b64, minbs, maxbs, ba, lastb, sp
                     break
                 words[:] = 0  # time_based: fio clears the map and draws again
                 seq[1], seq[2], seq[3], seq[4] = 0, 0, -1, -1
+                wraps[0] += 1
+                wraps[wraps[0]] = i
             if b < 0:
                 return i, 1
             o = b * ba[d]
@@ -215,6 +221,7 @@ class FioDraw:
         # fio's count to the next random offset (from 1: the first is random), each
         # direction's next offset and last one
         self.seq = np.array([1, 0, 0, -1, -1], np.int64)
+        self.wraps = np.zeros(0, np.int64)  # the last draw's time_based restarts (draw())
         self.use64 = seeds.generator == "tausworthe64"
         # fio switches a tausworthe job to tausworthe64 when the map has more cells than 32
         # bits count, after it seeded the first pass: that pass stays 32-bit
@@ -237,17 +244,20 @@ class FioDraw:
     def draw(self, direction: np.ndarray, cap: int | None) -> tuple[np.ndarray, np.ndarray, int, bool]:
         """Offsets (relative to the region) and sizes for the directions, stopping before an
         I/O once `cap` bytes went out. Returns (offset, size, I/Os drawn, whether the pass
-        ended on an I/O fio could not place)."""
+        ended on an I/O fio could not place); `wraps` then holds the indices of the I/Os a
+        time_based pass started again at."""
         n = direction.shape[0]
         off = np.empty(n, np.int64)
         size = np.empty(n, np.int64)
+        wraps = np.zeros(n + 1, np.int64)
         got, failed = _draw(direction.astype(np.int64), off, size, self.rstate, self.use64, self.bstate,
                             self.use64, self.minbs, self.maxbs, self.ba, self.lastb, self.split_bs,
                             self.split_pc, self.nsplit, self.zmode, self.zstate, self.ztab, self.seq,
                             self.seq_nr, self.identical, self.length,
                             self.words, self.level_at,
                             self.nr_bits, self.use_map,
-                            -1 if cap is None else int(cap), self.time_based)
+                            -1 if cap is None else int(cap), self.time_based, wraps)
+        self.wraps = wraps[1:1 + wraps[0]]
         return off[:got], size[:got], int(got), bool(failed)
 
 

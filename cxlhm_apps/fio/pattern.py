@@ -143,10 +143,16 @@ class IoGenerator:
         self._passes, self._short, self._bytes_done = 0, False, 0
         self._seed_generators()
         self.seq_pos = [0, 0]  # per-direction sequential position (relative to the region)
+        self._seq_started = [False, False]  # whether a direction's first sequential I/O was placed
         self.bytes_left = bytes_budget
         self.ios_left = ios_budget
         self.issued = 0
         self.pass_starts: list[int] = []  # the I/O (its number among those issued) each later pass began at
+        # where fio drops a file's cached pages among the I/Os (as pass_starts), when the runner
+        # asks: at each later pass (fio opens the file again), at each time_based restart
+        # (buffered I/O: fio's loop_cache_invalidate)
+        self.drop_at_passes = self.drop_at_restarts = False
+        self.cache_drops: list[int] = []
 
     def _seed_generators(self) -> None:
         seed = self.seed
@@ -163,6 +169,8 @@ class IoGenerator:
         self.loop_left = self.loop_bytes
         self._restart = False
         self.pass_starts.append(self.issued)
+        if self.drop_at_passes:
+            self.cache_drops.append(self.issued)
         self.seq_pos = [0, 0]  # (fio's clear_io_state: each pass starts at the region's start)
         if self.fio_draw is not None:  # fio opens the file again each pass, with a clear map
             self.fio_draw.reset_map()
@@ -239,6 +247,8 @@ class IoGenerator:
             direction = np.full(n, WRITE if self.rw.writes else READ, np.int8)
         if self.fio_draw is not None:  # fio's offsets and sizes (stopping at the budget)
             offset, size, n, failed = self.fio_draw.draw(direction, self._bytes_cap())
+            if self.drop_at_restarts and self.fio_draw.wraps.shape[0]:
+                self.cache_drops.extend((self.issued + self.fio_draw.wraps).tolist())
             offset += self.start
             direction = direction[:n]
             if failed:
@@ -314,6 +324,12 @@ class IoGenerator:
                         pos = 0
                 self.seq_pos[d] = pos
             offset[idx] = self.start + rel
+            restarts = idx[rel == 0]  # (back at the start: a time_based restart, but for the first I/O)
+            if not self._seq_started[d]:
+                self._seq_started[d] = True
+                restarts = restarts[restarts != idx[0]]
+            if self.drop_at_restarts and restarts.shape[0]:
+                self.cache_drops.extend((self.issued + restarts).tolist())
         return offset, size.shape[0]
 
     def _sequential_until_end(self, size: np.ndarray, direction: np.ndarray) -> tuple[np.ndarray, int]:

@@ -105,6 +105,11 @@ class Worker:
                                zones=((job["zonesize"], job["zonerange"], job["zoneskip"], zone_file_size(job, plan))
                                       if job["zonemode"] == "strided" else None))
         sprandom.attach(self.gen, job, plan.region_len, fio_seeds)  # (sprandom: its offsets and io_size)
+        # fio drops a file's cached pages again as it opens it for a new pass, and, buffered,
+        # at each time_based restart (the device has no host page cache)
+        page_cache = job["invalidate"] and not engine_of(job).uses_device
+        self.gen.drop_at_passes, self.gen.drop_at_restarts = page_cache, page_cache and not job["direct"]
+        self._ios_done = self._drops_done = 0  # I/Os the job ran; of gen.cache_drops, those behind it
         qd = job["iodepth"]
         # dedupe / compression: every write's bytes made for it (None: the arena's as they are)
         self.buffers = buffers.JobBuffers.of_job(job, thread_index=thread_number - 1, threads=threads,
@@ -278,6 +283,11 @@ class Worker:
                     break
             if now >= job_end:
                 break
+            next_drop = self._next_cache_drop()
+            if next_drop == self._ios_done:
+                files.drop_cached(self.plan.filename, self.plan.region_start, self.plan.region_len)
+                self._drops_done += 1
+                continue
             if self.syncs is not None and self.syncs.due():
                 now = self._sync(self.syncs.due(), measuring)
                 continue  # (the run time may have ended meanwhile)
@@ -298,6 +308,8 @@ class Worker:
                 batch = batch.take(0, max(1, allowed))
             if self.syncs is not None:
                 batch = batch.take(0, self.syncs.run_length(batch.direction))
+            if next_drop is not None:
+                batch = batch.take(0, min(len(batch), next_drop - self._ios_done))
             if self.minrate is not None and measuring:
                 deadline = min(deadline, max(self.minrate.next_check_ns(), engine.now_ns() + 1))
             if self.steady is not None:  # (the once-a-second samples see counts at most this old)
@@ -308,6 +320,7 @@ class Worker:
             if self.flow is not None:
                 self.flow.did(done.count)
             executed, pending = pending.take(0, done.count), pending.take(done.count)
+            self._ios_done += done.count
             if self.syncs is not None:
                 self.syncs.did_ios(executed.direction)
             if pacer is not None:
@@ -385,6 +398,13 @@ class Worker:
             stats.error_text = f"{stats.verify_errors} verification failure(s)"
         if job["fsync_on_close"] and not stats.error:  # (fio: as the file closes, after the run time)
             engine.flush()
+
+    def _next_cache_drop(self) -> int | None:
+        """The number of the I/O before which the file's cached pages go next (None: none due)."""
+        drops = self.gen.cache_drops
+        while self._drops_done < len(drops) and drops[self._drops_done] < self._ios_done:
+            self._drops_done += 1
+        return drops[self._drops_done] if self._drops_done < len(drops) else None
 
     def _sync(self, kind: int, measuring: bool) -> int:
         """A sync fsync=N / fdatasync=N made due: the I/Os in flight complete, then the

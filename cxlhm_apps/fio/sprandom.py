@@ -232,6 +232,8 @@ class Draw:
     (IoGenerator's fio_draw: draw / reseed / reset_map). Once the sequence is done, the
     job is: fio sets td->done, under time_based and loops too."""
 
+    wraps = np.zeros(0, np.int64)  # (the sequence never starts again: no time_based restarts)
+
     def __init__(self, sequence: Sequence, bs: int, align: int):
         self.sequence, self.bs, self.align = sequence, bs, align
 
