@@ -48,6 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="list the supported job options, or describe one")
     parser.add_argument("--eta", choices=("auto", "always", "never"), default="auto",
                         help="progress line on stderr while running (auto: when stderr is a terminal)")
+    parser.add_argument("--eta-newline", metavar="TIME",
+                        help="fio's: a new progress line every TIME; taken so fio's command lines run, the progress "
+                             "line is cxlhm's own (redrawn in place, --eta says when)")
+    parser.add_argument("--eta-interval", metavar="TIME", help="fio's: how often the progress updates; taken as --eta-newline")
+    parser.add_argument("--readonly", action="store_true",
+                        help="as fio's: refuse to run a job that writes (a safety check against writing to a device)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,6 +78,11 @@ def run(args: argparse.Namespace) -> int:
         jobs, global_options = load_jobs(args.jobfiles, cmdline.job_text(job_words) if job_words else "")
     except (JobFileError, cmdline.NoJobDefined) as exc:
         print(f"cxlhm fio: error: {exc}", file=sys.stderr)
+        return 2
+    writers = sorted({job.name for job in jobs if job["rw"].writes})
+    if args.readonly and writers:
+        print(f"cxlhm fio: error: --readonly: job(s) {', '.join(writers)} write (fio: write bit set, but "
+              "fio is in read-only mode); drop --readonly or make them read", file=sys.stderr)
         return 2
     fio = None
     if args.compare_fio:

@@ -13,8 +13,8 @@ from cxlhm_apps.fio.options import lookup
 
 SOURCE = "<command line>"
 # cxlhm fio's own arguments (argparse's): those that take a value as the next word
-OWN_WITH_VALUE = {"--output-format", "--output", "--eta"}
-OWN = OWN_WITH_VALUE | {"--compare-fio", "--cmdhelp", "-h", "--help"}
+OWN_WITH_VALUE = {"--output-format", "--output", "--eta", "--eta-newline", "--eta-interval"}
+OWN = OWN_WITH_VALUE | {"--compare-fio", "--cmdhelp", "--readonly", "-h", "--help"}
 
 
 def _takes_value(key: str) -> bool:

@@ -7,6 +7,7 @@ create_serialize=0 is accepted and changes nothing here). fill_device is honoure
 size= / filesize= (check_fill_device)."""
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import stat
@@ -116,20 +117,40 @@ def check_profile(job) -> None:
                                          f"{MAX_PROFILE_BYTES >> 10} KiB of YAML")
 
 
-def extend(job, path: str, end: int) -> None:
-    """Give a written file its size up front (fio allocates it before the job), so a
-    size the file system cannot hold is an error about `size` before anything runs."""
+_FALLOC_FL_KEEP_SIZE = 1
+
+
+def extend(job, path: str, end: int, fallocate: str = "truncate") -> None:
+    """Give a written file that is too small what fio's `fallocate` mode gives it before
+    the job (fio 3.33's extend_file, a job that only writes): native / posix / 1 allocate
+    and size it, keep allocates its blocks and leaves its size, truncate sizes it sparse,
+    none / 0 leaves it as it is for the writes to extend. A size the file system cannot
+    hold is an error about `size` before anything runs."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
         raise setup_error(job, path, exc, "cannot create") from None
     try:
         if os.fstat(fd).st_size < end:
-            os.ftruncate(fd, end)
+            if fallocate in ("native", "posix", "1"):
+                os.posix_fallocate(fd, 0, end)
+            elif fallocate == "keep":
+                _keep_size_fallocate(fd, end)
+            elif fallocate == "truncate":
+                os.ftruncate(fd, end)
     except OSError as exc:
-        raise setup_error(job, path, exc, f"cannot size to {end} bytes:") from None
+        raise setup_error(job, path, exc, f"cannot allocate {end} bytes (fallocate={fallocate}):") from None
     finally:
         os.close(fd)
+
+
+def _keep_size_fallocate(fd: int, end: int) -> None:
+    """fallocate(2) with FALLOC_FL_KEEP_SIZE: blocks for [0, end), the size left alone."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    if libc.fallocate(fd, _FALLOC_FL_KEEP_SIZE, 0, end) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 def setup_error(job, path: str, exc: OSError, what: str):

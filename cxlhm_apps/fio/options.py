@@ -309,6 +309,16 @@ OPTIONS: tuple[Option, ...] = (
            group="target"),
     Option("buffered", "bool", _bool, True, "the inverse of direct (the later of the two written wins)",
            group="target"),
+    Option("fallocate", "str", _choice("native", "posix", "keep", "truncate", "none", "0", "1"), "native",
+           "how a written file the job needs larger is allocated before it starts, as fio on Linux: native "
+           "(fallocate, the default) or posix (posix_fallocate; 1) size and allocate it, keep allocates and "
+           "keeps its size, truncate sizes it sparse, none (0) leaves it to the writes", group="target"),
+    Option("overwrite", "bool", _bool, False,
+           "lay a written file out (write it whole) before the job, as for a job that reads, so the writes "
+           "overwrite data", group="target"),
+    Option("create_on_open", "bool", _bool, False,
+           "fio creates the file when the job opens it; here every file is set up before any job starts "
+           "(the I/O and the report are the same)", group="target"),
     Option("invalidate", "bool", _bool, True,
            "drop the page cache of the job's region of its file before the job starts, as fio does by "
            "default (buffered reads then come from the disk, not from pages a layout or an earlier job "

@@ -607,13 +607,14 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None) -> RunRes
         log(note)
     plans = plan_clones(jobs)
     for plan in plans:
-        if plan.job["rw"].reads:
+        if plan.job["rw"].reads or plan.job["overwrite"]:
             try:
                 files.lay_out(plan.filename, plan.region_start, plan.file_end, log)
             except OSError as exc:
                 raise files.setup_error(plan.job, plan.filename, exc, "cannot lay out") from None
-        else:
-            files.extend(plan.job, plan.filename, plan.file_end)
+        else:  # (a device's image: its own size, sparse)
+            mode = "truncate" if engine_of(plan.job).uses_device else plan.job["fallocate"]
+            files.extend(plan.job, plan.filename, plan.file_end, mode)
     shares = open_devices(plans, log)
     for kind in {VF.TYPES.get(plan.job["verify"], 0) for plan in plans}:
         VF.warm_up(kind)  # compiled now, not inside a job's runtime (a cold cache takes seconds)

@@ -1,0 +1,74 @@
+"""How a job's file is set up before it runs, as fio 3.33 does it for a job that only
+writes: `fallocate` (native by default on Linux), `overwrite`, `create_on_open`; and fio's
+own --readonly and --eta-newline arguments on the command line."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from cxlhm_apps.cli import main
+from cxlhm_apps.fio import report
+from cxlhm_apps.fio.jobfile import build_jobs, read_sections
+from cxlhm_apps.fio.runner import run_jobs
+
+FIO = shutil.which("fio")
+SIZE = 1 << 20
+
+
+def _run(path, lines: str, log=None):
+    text = f"[j]\nfilename={path}\nsize=1m\nrw=randwrite\nbs=4k\nnumber_ios=1\nioengine=psync\n{lines}"
+    jobs, globals_ = build_jobs([read_sections(text, "t.fio")])
+    result = run_jobs(jobs, log=log or (lambda _: None))
+    return report.to_json(result, globals_)["jobs"][0]
+
+
+def _shape(path) -> tuple[bool, bool]:
+    """(sized to the job's 1 MiB, its blocks allocated)"""
+    st = os.stat(path)
+    return st.st_size == SIZE, st.st_blocks * 512 >= SIZE
+
+
+# fallocate mode -> (sized, allocated), as fio 3.33 leaves a new file before its one 4 KiB write
+MODES = {"native": (True, True), "posix": (True, True), "1": (True, True), "keep": (False, True),
+         "truncate": (True, False), "none": (False, False), "0": (False, False)}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_fallocate_leaves_the_file_as_fio_does(tmp_path, mode):
+    path = tmp_path / "f"
+    job = _run(path, f"fallocate={mode}\n")
+    assert job["error"] == 0 and job["write"]["total_ios"] == 1
+    assert _shape(path) == MODES[mode]
+    if FIO is not None:
+        theirs = tmp_path / "fio"
+        text = f"[j]\nfilename={theirs}\nsize=1m\nrw=randwrite\nbs=4k\nnumber_ios=1\nioengine=psync\nfallocate={mode}\n"
+        subprocess.run([FIO, "--output-format=json", "-"], input=text, capture_output=True, text=True, timeout=60)
+        assert _shape(theirs) == MODES[mode]
+
+
+def test_fios_default_is_native(tmp_path):
+    _run(tmp_path / "f", "")
+    assert _shape(tmp_path / "f") == (True, True)
+
+
+def test_overwrite_lays_the_file_out_before_a_writing_job(tmp_path):
+    said = []
+    _run(tmp_path / "f", "overwrite=1\nfallocate=none\n", log=said.append)
+    assert any("Laying out IO file" in s for s in said)
+    data = (tmp_path / "f").read_bytes()
+    assert len(data) == SIZE and data.count(0) < SIZE // 2  # written whole, not a hole
+
+
+def test_create_on_open_runs_the_same_job(tmp_path):
+    assert _run(tmp_path / "f", "create_on_open=1\n")["write"]["total_ios"] == 1
+
+
+def test_readonly_refuses_a_writing_job_and_runs_a_reading_one(tmp_path, capsys):
+    words = ["--readonly", f"--filename={tmp_path / 'f'}", "--size=64k", "--eta-newline=1", "--name=w", "--rw=write"]
+    assert main(["fio", *words]) == 2
+    assert "--readonly: job(s) w write" in capsys.readouterr().err
+    words[-1] = "--rw=read"
+    assert main(["fio", *words, "--output-format=json"]) == 0
