@@ -72,3 +72,11 @@ def test_readonly_refuses_a_writing_job_and_runs_a_reading_one(tmp_path, capsys)
     assert "--readonly: job(s) w write" in capsys.readouterr().err
     words[-1] = "--rw=read"
     assert main(["fio", *words, "--output-format=json"]) == 0
+
+
+def test_completion_batching_is_taken_with_a_note_that_says_it_is_not_applied(tmp_path):
+    said = []
+    job = _run(tmp_path / "f", "iodepth_batch_complete_min=4\niodepth_batch_complete_max=8\n", log=said.append)
+    assert job["error"] == 0
+    assert any("iodepth_batch_complete_min is accepted, not applied" in s for s in said)
+    assert any("iodepth_batch_complete_max is accepted, not applied" in s for s in said)

@@ -40,7 +40,6 @@ NOT_MODELLED_WHY: dict[str, str] = {
     "ignore_error": "ignore_error is not modelled (a failed I/O ends the job)",
     "error_dump": "error_dump is not modelled",
     "random_sequence_stride": "random_sequence_stride is not modelled",
-    "iodepth_batch_complete": "iodepth_batch_complete is not modelled",
     "block_error_percentiles": "block error percentiles need trim/error counters not modelled",
     "allow_file_create": "allow_file_create is not modelled", "unlink": "unlink is not modelled",
     "log_offset": "log_offset is not modelled (logs carry time, value, direction, size)",

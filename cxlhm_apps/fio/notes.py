@@ -1,6 +1,6 @@
 """What fio says about a run's jobs before it runs them: an iodepth a synchronous engine
 caps at 1, and options accepted but not applied here (placement only, priorities the
-device does not order by)."""
+device does not order by, completion batching)."""
 from __future__ import annotations
 
 from cxlhm_apps.fio.jobfile import JobSpec
@@ -23,6 +23,11 @@ def notes(jobs: list[JobSpec]) -> list[str]:
                            "(placement only; the job runs where the OS puts it)")
         if engine_ops(job["ioengine"]).uses_device and (prio_note := device_note(job)):
             out.append(prio_note)
+        for name in ("iodepth_batch_complete_min", "iodepth_batch_complete_max"):
+            if name in job.given:
+                path, line = job.where(name)
+                out.append(f"note: {path}:{line}: job {job.name!r}: {name} is accepted, not applied: completions "
+                           "are reaped as they come (the I/O is the same; iodepth_complete shows the batches taken)")
         if job["io_submit_mode"] == "offload":
             path, line = job.where("io_submit_mode")
             out.append(f"note: {path}:{line}: job {job.name!r}: io_submit_mode=offload is accepted; the job "

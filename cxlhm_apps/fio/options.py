@@ -395,6 +395,12 @@ OPTIONS: tuple[Option, ...] = (
            group="pattern"),
     # queueing and timing
     Option("iodepth", "int", _int_at_least(1, 4096), 1, "I/Os in flight per job clone (the device sees them as concurrent)", group="timing"),
+    Option("iodepth_batch_complete_min", "int", _int_at_least(0, 4096), 1,
+           "fio: wait for at least N completions at a time; accepted, completions are reaped as they come "
+           "(a note says so)", aliases=("iodepth_batch_complete",), group="timing"),
+    Option("iodepth_batch_complete_max", "int", _int_at_least(0, 4096), 0,
+           "fio: take at most N completions at a time (0: iodepth); accepted, as iodepth_batch_complete_min",
+           group="timing"),
     Option("iodepth_batch_submit", "int", _int_at_least(0, 4096), 1,
            "I/Os prepared before one submit (0: iodepth). ioengine=io_uring: SQEs per io_uring_enter, as in fio; "
            "ioengine=cxlhm: the device takes each I/O as it comes and submits its own SSD I/O one at a time",

@@ -45,6 +45,8 @@ from cxlhm_apps.fio.stats import SAMPLE_WINDOW_NS, JobStats, unmeasured
 # made), so chunks are long; at low depth shorter (CHUNK_IOS_PER_DEPTH per unit of
 # iodepth), so progress and rate limits still see a chunk end every fraction of a second.
 CHUNK_IOS = 16384
+# a batch of fewer I/Os has its statistics recorded on the job's own thread (Worker._record)
+INLINE_IOS = 64
 CHUNK_IOS_PER_DEPTH = 512
 VERIFY_ARENA_BYTES = 64 << 20
 # I/Os a job with flow control runs between two looks at its share (fio looks before
@@ -399,6 +401,16 @@ class Worker:
         if job["fsync_on_close"] and not stats.error:  # (fio: as the file closes, after the run time)
             engine.flush()
 
+    def _record(self, small: bool, fn, *args) -> None:
+        """Statistics work: on the side thread while the engine runs the next batch, or,
+        after a batch of a few I/Os, here: a side task would hold the interpreter's lock
+        through the next I/O's measured time (fsync=1 made each write read 3x fio's)."""
+        if small:
+            self._side.settle()
+            fn(*args)
+        else:
+            self._side.submit(fn, *args)
+
     def _next_cache_drop(self) -> int | None:
         """The number of the I/O before which the file's cached pages go next (None: none due)."""
         drops = self.gen.cache_drops
@@ -414,7 +426,7 @@ class Worker:
         end = engine.flush(data_only=kind == syncs.FDATASYNC)
         self.syncs.did_sync()
         if measuring:
-            self._side.submit(self.stats.record_sync, end - start, kind == syncs.FSYNC)
+            self._record(True, self.stats.record_sync, end - start, kind == syncs.FSYNC)
         return end
 
     def _before_verify(self) -> None:
@@ -463,6 +475,7 @@ class Worker:
             self.logs.record(chunk.direction, chunk.size, done.slat, done.clat, done.end_ns, chunk.offset,
                              None if tags is None else cmdprio.ioprio_of(tags))
         stats = self.stats
+        small = done.count < INLINE_IOS
         for d in (READ, WRITE):
             mask = chunk.direction == d
             if not mask.any():
@@ -475,12 +488,12 @@ class Worker:
             if measuring:
                 slat = done.slat[mask] if done.slat is not None else None  # (copies: the side thread's own)
                 prio = getattr(done, "prio", None)  # (an engine's command priorities, cmdprio.py)
-                self._side.submit(stats.record, d, nbytes, nios, slat, done.clat[mask], None,
+                self._record(small, stats.record, d, nbytes, nios, slat, done.clat[mask], None,
                                   None if prio is None else prio[mask])
                 stats.dirs[d].cache_hits += int(done.cache[d][0])
                 stats.dirs[d].cache_misses += int(done.cache[d][1])
         if measuring:
-            self._side.submit(stats.mark_depth, done.count, done.depth)
+            self._record(small, stats.mark_depth, done.count, done.depth)
             stats.submit_map += done.submits
             stats.complete_map += done.submits
         if self.verify_kind:
@@ -534,9 +547,10 @@ class Worker:
                 if record:  # (on the side thread, as the job's own I/O: the checks below need the job's)
                     stats = self.stats
                     slat = None if done.slat is None else np.array(done.slat, np.int64)  # (the side thread's own)
-                    self._side.submit(stats.record, READ, int(executed.size.sum()), len(executed), slat,
+                    small = len(executed) < INLINE_IOS
+                    self._record(small, stats.record, READ, int(executed.size.sum()), len(executed), slat,
                                       np.array(done.clat, np.int64), None)
-                    self._side.submit(stats.mark_depth, len(executed), done.depth)
+                    self._record(small, stats.mark_depth, len(executed), done.depth)
                     stats.submit_map += done.submits
                     stats.complete_map += done.submits
                 self.progress_bytes[READ] += int(executed.size.sum())
