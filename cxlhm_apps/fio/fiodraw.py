@@ -42,6 +42,8 @@ from cxlhm_apps.fio.fioaxmap import is_set, new_map, next_free, set_run
 from cxlhm_apps.fio.fiorand import FioSeeds, rand_state, taus88_next, taus258_next
 from cxlhm_apps.fio.options import READ, WRITE
 
+# per_offset of a sequential job: its offsets are never random (the draw gives only sizes)
+NEVER_RANDOM = 1 << 62
 _MAX_REDRAWS = 1 << 20  # a size that never fits ends the pass instead of hanging
 
 
@@ -218,9 +220,9 @@ class FioDraw:
         self.nr_bits = self.length // int(self.minbs.min())
         self.words, self.level_at = new_map(self.nr_bits)
         self.seq_nr, self.identical = max(1, int(per_offset)), bool(identical)
-        # fio's count to the next random offset (from 1: the first is random), each
-        # direction's next offset and last one
-        self.seq = np.array([1, 0, 0, -1, -1], np.int64)
+        # fio's count to the next random offset (from 1: the first is random; a sequential
+        # job's never comes: NEVER_RANDOM), each direction's next offset and last one
+        self.seq = np.array([1 if self.seq_nr < NEVER_RANDOM else self.seq_nr, 0, 0, -1, -1], np.int64)
         self.wraps = np.zeros(0, np.int64)  # the last draw's time_based restarts (draw())
         self.use64 = seeds.generator == "tausworthe64"
         # fio switches a tausworthe job to tausworthe64 when the map has more cells than 32

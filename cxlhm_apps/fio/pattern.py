@@ -32,7 +32,7 @@ import dataclasses
 import numpy as np
 
 from cxlhm_apps.fio.distributions import BlockPermutation, BlockSampler, DistSpec
-from cxlhm_apps.fio.fiodraw import FioDraw
+from cxlhm_apps.fio.fiodraw import NEVER_RANDOM, FioDraw
 from cxlhm_apps.fio.fiorand import FioSeeds, MixedDirections
 from cxlhm_apps.fio.options import READ, WRITE, RwMode
 
@@ -132,9 +132,15 @@ class IoGenerator:
         fio = fio or FioSeeds(randseed=seed, rwmixread=rwmixread)
         self.fio_draw = None
         fio_kinds = ("random", "zoned", "zoned_abs")
-        if rw.random and fio.generator != "lfsr" and (distribution is None or distribution.kind in fio_kinds):
+        # a forward sequential job of several sizes takes fio's size draws too (an offset
+        # of fio's draw that is never random: rw=read:N with N past any job's I/Os)
+        sequential_sizes = (not rw.random and rw.modifier == 0 and zones is None and distribution is None
+                            and any(not c.fixed for c in active))
+        if sequential_sizes or (rw.random and fio.generator != "lfsr"
+                                and (distribution is None or distribution.kind in fio_kinds)):
             self.fio_draw = FioDraw(fio, sizes, region_len, blockalign, randommap, time_based=bytes_budget is None,
-                                    distribution=distribution, per_offset=max(1, rw.modifier),
+                                    distribution=distribution,
+                                    per_offset=NEVER_RANDOM if sequential_sizes else max(1, rw.modifier),
                                     identical=sequencer == "identical")
             self.randommap = False  # (the draw keeps fio's map)
         self._restart = self._dead = False  # the pass ended where fio could not go on; nothing can issue
