@@ -80,3 +80,26 @@ def test_completion_batching_is_taken_with_a_note_that_says_it_is_not_applied(tm
     assert job["error"] == 0
     assert any("iodepth_batch_complete_min is accepted, not applied" in s for s in said)
     assert any("iodepth_batch_complete_max is accepted, not applied" in s for s in said)
+
+
+def test_posixaio_runs_one_files_requests_one_at_a_time_as_glibc(tmp_path, monkeypatch):
+    # glibc queues a file's requests on one helper thread: at iodepth=8 no two overlap
+    from cxlhm_apps.fio import raw_engines
+    active, most = [0], [0]
+    real = raw_engines.os.preadv
+
+    def preadv(fd, bufs, offset):
+        active[0] += 1
+        most[0] = max(most[0], active[0])
+        try:
+            return real(fd, bufs, offset)
+        finally:
+            active[0] -= 1
+
+    monkeypatch.setattr(raw_engines.os, "preadv", preadv)
+    text = (f"[j]\nfilename={tmp_path / 'f'}\nsize=1m\nrw=randread\nbs=4k\nioengine=posixaio\niodepth=8\n"
+            "number_ios=200\n")
+    jobs, globals_ = build_jobs([read_sections(text, "t.fio")])
+    job = report.to_json(run_jobs(jobs, log=lambda _: None), globals_)["jobs"][0]
+    assert job["read"]["total_ios"] == 200 and job["iodepth_level"]["8"] > 90  # 8 in flight, as fio reports
+    assert most[0] == 1
