@@ -70,6 +70,7 @@ def test_readonly_refuses_a_writing_job_and_runs_a_reading_one(tmp_path, capsys)
     words = ["--readonly", f"--filename={tmp_path / 'f'}", "--size=64k", "--eta-newline=1", "--name=w", "--rw=write"]
     assert main(["fio", *words]) == 2
     assert "--readonly: job(s) w write" in capsys.readouterr().err
+    (tmp_path / "f").write_bytes(b"x" * (64 << 10))  # (a file that is there: read as it is)
     words[-1] = "--rw=read"
     assert main(["fio", *words, "--output-format=json"]) == 0
 
@@ -103,3 +104,10 @@ def test_posixaio_runs_one_files_requests_one_at_a_time_as_glibc(tmp_path, monke
     job = report.to_json(run_jobs(jobs, log=lambda _: None), globals_)["jobs"][0]
     assert job["read"]["total_ios"] == 200 and job["iodepth_level"]["8"] > 90  # 8 in flight, as fio reports
     assert most[0] == 1
+
+
+def test_readonly_does_not_create_or_lay_out_a_file(tmp_path, capsys):
+    words = ["--readonly", f"--filename={tmp_path / 'f'}", "--size=64k", "--name=r", "--rw=read"]
+    assert main(["fio", *words]) == 2
+    assert "under --readonly it is not created" in capsys.readouterr().err
+    assert not (tmp_path / "f").exists()

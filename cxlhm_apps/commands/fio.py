@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     progress = args.eta == "always" or (args.eta == "auto" and sys.stderr.isatty())
     try:
-        result = run_jobs(jobs, progress=progress)
+        result = run_jobs(jobs, progress=progress, readonly=args.readonly)
     except JobFileError as exc:
         print(f"cxlhm fio: error: {exc}", file=sys.stderr)
         return 2

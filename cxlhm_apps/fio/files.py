@@ -153,6 +153,16 @@ def _keep_size_fallocate(fd: int, end: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
+def check_readonly(job, path: str, end: int) -> None:
+    """Under fio's --readonly a file is read as it is: one missing or shorter than the job
+    needs is an error (fio: "refusing extend of file due to read-only")."""
+    size = os.path.getsize(path) if os.path.isfile(path) else -1
+    if size < end:
+        have = "does not exist" if size < 0 else f"has {size} bytes"
+        raise job.error("filename", f"{path} {have}, the job needs {end}; under --readonly it is not created or "
+                                    "extended (fio: refusing extend of file due to read-only)")
+
+
 def setup_error(job, path: str, exc: OSError, what: str):
     """A JobFileError for an OSError met while creating, laying out or opening `path`."""
     option = "size" if exc.errno in (errno.EFBIG, errno.ENOSPC, errno.EDQUOT) else "filename"

@@ -614,13 +614,17 @@ def _check_can_sync(job: JobSpec, engine) -> None:
                                         "time is not modelled on the model clock); use cxlhm_clock=wall")
 
 
-def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None) -> RunResult:
-    """Run every job; raises JobFileError for problems found while setting up."""
+def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None, readonly: bool = False) -> RunResult:
+    """Run every job; raises JobFileError for problems found while setting up. `readonly`
+    (fio's --readonly): no file is created, extended or laid out."""
     log = log or (lambda text: print(text, file=sys.stderr))
     for note in notes(jobs):
         log(note)
     plans = plan_clones(jobs)
     for plan in plans:
+        if readonly:
+            files.check_readonly(plan.job, plan.filename, plan.file_end)
+            continue
         if plan.job["rw"].reads or plan.job["overwrite"]:
             try:
                 files.lay_out(plan.filename, plan.region_start, plan.file_end, log)
