@@ -60,6 +60,8 @@ class RawEngine:
     and return (count, clat) for the issued prefix of the chunk."""
     sync = True
     helper_cpu = (0.0, 0.0)
+    measures_slat = False  # a subclass that does sets _slat in _run: each I/O's submission latency
+    _slat: np.ndarray | None = None
 
     def __init__(self, path: str, file_end: int, iodepth: int, *, direct: bool, writes: bool, values: dict):
         self.path, self.file_end = path, file_end
@@ -88,7 +90,8 @@ class RawEngine:
         # that names no priority of its own
         with job_priority(job_ioprio(self.values)):
             count, clat, submits = self._run(chunk, arena, deadline_ns)
-        return Completed(count, None, clat, time.monotonic_ns(), min(self.iodepth, max(count, 1)), submits,
+        slat = self._slat[:count] if self.measures_slat and self._slat is not None else None
+        return Completed(count, slat, clat, time.monotonic_ns(), min(self.iodepth, max(count, 1)), submits,
                          np.zeros((2, 2), np.int64), None if self._tags is None else self._tags[:count])
 
     def close(self) -> None:
@@ -275,8 +278,11 @@ def libaio_unavailable() -> str | None:
 
 class LibaioEngine(RawEngine):
     """Linux native AIO: `iodepth` iocbs in flight, each submitted as it is prepared
-    (fio's iodepth_batch_submit=1 default), completions reaped as they come."""
+    (fio's iodepth_batch_submit=1 default), completions reaped as they come. As fio's: an
+    I/O's submission latency runs from its preparation to io_submit's return, its
+    completion latency from there."""
     sync = False
+    measures_slat = True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -305,6 +311,7 @@ class LibaioEngine(RawEngine):
         n = len(chunk)
         clat = np.zeros(n, np.int64)
         issued_at = np.zeros(n, np.int64)
+        self._slat = slat = np.zeros(n, np.int64)
         submits = np.zeros(7, np.int64)
         offsets, sizes, dirs = chunk.offset.tolist(), chunk.size.tolist(), chunk.direction.tolist()
         addrs = (arena.base + chunk.slot * arena.slot_bytes).tolist()
@@ -316,7 +323,8 @@ class LibaioEngine(RawEngine):
         failure = None
         ioprio = (self._tags & 0xFFFF).tolist() if self._tags is not None else None
         while done < next_i or (next_i < n and failure is None):
-            stop = failure is not None or time.monotonic_ns() >= deadline_ns
+            prepared = time.monotonic_ns()
+            stop = failure is not None or prepared >= deadline_ns
             k, batch = 0, []
             while not stop and free and next_i < n and k < self._batch:
                 s = free.pop()
@@ -333,11 +341,12 @@ class LibaioEngine(RawEngine):
                 next_i += 1
                 k += 1
             if k:
-                issued_at[batch] = time.monotonic_ns()
                 sent = 0
                 while sent < k:
                     sent += self._syscall(self._submit, ctx, ctypes.c_long(k - sent),
                                           ctypes.byref(ptrs, sent * ctypes.sizeof(ctypes.c_void_p)))
+                issued_at[batch] = submitted = time.monotonic_ns()
+                slat[batch] = submitted - prepared
                 submits[submit_bucket(k)] += 1
                 inflight += k
             if inflight and (not free or next_i >= n or stop or k == 0):
@@ -462,6 +471,8 @@ def _opener(name: str, cls: type[RawEngine]):
 
 def _ops(name: str, cls: type[RawEngine], help_: str, *, options=(), refused=None, unavailable=None) -> IOEngineOps:
     flags = EngineFlags.SYNC if cls.sync else EngineFlags.NONE
+    if cls.measures_slat:
+        flags |= EngineFlags.MEASURES_SLAT
     return IOEngineOps(name, IOENGINE_VERSION, _opener(name, cls), flags, PRIO_OPTIONS + tuple(options),
                        dict(refused or {}),
                        help_, unavailable)
