@@ -111,3 +111,26 @@ def test_readonly_does_not_create_or_lay_out_a_file(tmp_path, capsys):
     assert main(["fio", *words]) == 2
     assert "under --readonly it is not created" in capsys.readouterr().err
     assert not (tmp_path / "f").exists()
+
+
+@pytest.mark.parametrize("sync", [0, 1])
+def test_sync_opens_the_file_o_sync_as_fio(tmp_path, monkeypatch, sync):
+    from cxlhm_apps.fio import raw_engines
+    flags, real_open = [], raw_engines.os.open
+
+    def open_(path, how, *rest):
+        if str(path) == str(tmp_path / "f"):
+            flags.append(how)
+        return real_open(path, how, *rest)
+
+    monkeypatch.setattr(raw_engines.os, "open", open_)
+    job = _run(tmp_path / "f", f"sync={sync}\n")
+    assert job["error"] == 0
+    engine_opens = [f for f in flags if f & os.O_CLOEXEC]  # (the engine's; not the set-up's own opens)
+    assert engine_opens and all(bool(f & os.O_SYNC) == bool(sync) for f in engine_opens)
+
+
+def test_the_device_refuses_sync_and_says_what_to_use(tmp_path):
+    text = f"[j]\nfilename={tmp_path / 'f'}\nsize=1m\nrw=write\nioengine=cxlhm\nsync=1\n"
+    with pytest.raises(Exception, match="does not model it: the device acknowledges a write once it is in its DRAM"):
+        build_jobs([read_sections(text, "t.fio")])

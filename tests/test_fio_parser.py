@@ -80,7 +80,7 @@ EXAMPLES = {
     "cxlhm_dram": ("64m", 64 << 20), "cxlhm_block_size": ("4k", 4096), "cxlhm_clock": ("wall", "wall"),
     "directory": ("/tmp", "/tmp"), "filename_format": ("f.$jobnum", "f.$jobnum"), "filesize": ("8m", 8 << 20),
     "buffered": ("0", False), "invalidate": ("0", False), "fsync": ("8", 8), "fdatasync": ("2", 2), "end_fsync": ("1", True),
-    "fsync_on_close": ("1", True), "fallocate": ("keep", "keep"), "overwrite": ("1", True),
+    "sync": ("1", True), "fsync_on_close": ("1", True), "fallocate": ("keep", "keep"), "overwrite": ("1", True),
     "create_on_open": ("1", True), "log_prio": ("1", True), "gtod_reduce": ("1", True), "disable_lat": ("1", True),
     "disable_clat": ("1", True), "disable_slat": ("1", True), "disable_bw_measurement": ("1", True),
     "random_generator": ("lfsr", "lfsr"), "io_submit_mode": ("offload", "offload"), "thread": ("1", True), "offset_increment": ("1m", 1 << 20),

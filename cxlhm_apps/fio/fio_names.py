@@ -47,5 +47,4 @@ NOT_MODELLED_WHY: dict[str, str] = {
     "cpumask": "CPU placement is not modelled", "mem": "buffer memory types are not modelled",
     "grace_time": _ENGINE, "ttl": _ENGINE, "skip_bad": "MTD devices are not modelled",
 "cont": _ENGINE,
-    "sync": "sync=1 (O_SYNC writes) is not modelled",
 }

@@ -233,6 +233,9 @@ def engine_problems(job: JobSpec):
     if why:
         yield job.error("ioengine", f"ioengine={ops.name} cannot run here: {why}")
     declared = {opt.name for opt in ops.options}
+    for name, why in ops.refused.items():  # (fio's general options an engine does not model)
+        if name in job.given and name not in engine_options():
+            yield job.error(name, f"ioengine={ops.name} does not model it: {why}")
     for name, (_opt, owners) in engine_options().items():
         if name not in job.given or name in declared:
             continue

@@ -324,6 +324,8 @@ OPTIONS: tuple[Option, ...] = (
            "default (buffered reads then come from the disk, not from pages a layout or an earlier job "
            "left cached); 0 keeps them. The device (ioengine=cxlhm) has no host page cache",
            group="target"),
+    Option("sync", "bool", _bool, False,
+           "open the file O_SYNC: each write returns once it is durable (fio 3.33's sync=1)", group="target"),
     Option("fsync", "int", _int_at_least(0), 0,
            "fsync the file before the next I/O after every N writes (the device: write its dirty DRAM back); "
            "each sync's latency in the report's sync statistics (0: never)", group="target"),

@@ -50,8 +50,8 @@ class RawEngineError(OSError):
     """An I/O failed; errno and the offset say which."""
 
 
-def open_flags(direct: bool, writes: bool) -> int:
-    flags = (os.O_RDWR if writes else os.O_RDONLY) | os.O_CLOEXEC
+def open_flags(direct: bool, writes: bool, o_sync: bool = False) -> int:
+    flags = (os.O_RDWR if writes else os.O_RDONLY) | os.O_CLOEXEC | (os.O_SYNC if o_sync else 0)
     return flags | os.O_DIRECT if direct else flags
 
 
@@ -68,7 +68,7 @@ class RawEngine:
         self.iodepth = 1 if self.sync else iodepth
         self.direct = direct
         self.values = values
-        self.fd = os.open(path, open_flags(direct, writes))
+        self.fd = os.open(path, open_flags(direct, writes, bool(values.get("sync"))))
 
     def now_ns(self) -> int:
         return time.monotonic_ns()
