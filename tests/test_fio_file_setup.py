@@ -134,3 +134,23 @@ def test_the_device_refuses_sync_and_says_what_to_use(tmp_path):
     text = f"[j]\nfilename={tmp_path / 'f'}\nsize=1m\nrw=write\nioengine=cxlhm\nsync=1\n"
     with pytest.raises(Exception, match="does not model it: the device acknowledges a write once it is in its DRAM"):
         build_jobs([read_sections(text, "t.fio")])
+
+
+def test_max_latency_ends_the_job_at_the_first_io_over_it_as_fio(tmp_path):
+    text = f"[j]\nfilename={tmp_path / 'f'}\nsize=1m\nrw=randread\nbs=4k\nioengine=psync\nmax_latency=1us\n"
+    jobs, globals_ = build_jobs([read_sections(text, "t.fio")])
+    result = run_jobs(jobs, log=lambda _: None)
+    job = report.to_json(result, globals_)["jobs"][0]
+    assert job["error"] == 110 and job["read"]["total_ios"] == 1  # (ETIMEDOUT, at the first read, as fio)
+    assert any(m.startswith("fio: latency of ") and "exceeds specified max (1000 nsec)" in m for m in result.messages)
+    text = text.replace("max_latency=1us", "max_latency=10s,1us")  # (read,write: reads under 10 s pass)
+    jobs, globals_ = build_jobs([read_sections(text, "t.fio")])
+    assert report.to_json(run_jobs(jobs, log=lambda _: None), globals_)["jobs"][0]["error"] == 0
+
+
+def test_unlink_removes_the_file_once_the_run_is_done(tmp_path):
+    _run(tmp_path / "f", "unlink=1\n")
+    assert not (tmp_path / "f").exists()
+    text = f"[j]\nfilename={tmp_path / 'd'}\nsize=1m\nrw=write\nioengine=cxlhm\nunlink=1\n"
+    with pytest.raises(Exception, match="the device's image, kept with its checksum sidecars"):
+        build_jobs([read_sections(text, "t.fio")])

@@ -447,7 +447,9 @@ CXLHM = IOEngineOps(
     "cxlhm", IOENGINE_VERSION, _open_cxlhm, EngineFlags.USES_DEVICE | EngineFlags.MEASURES_SLAT,
     options=DEVICE_OPTIONS + cmdprio.PRIO_OPTIONS + cmdprio.OPTIONS,
     refused={"sync": "the device acknowledges a write once it is in its DRAM; a write that waits for its "
-                     "write-back is not modelled (fsync=N and end_fsync write the DRAM back)"},
+                     "write-back is not modelled (fsync=N and end_fsync write the DRAM back)",
+             "unlink": "the file is the device's image, kept with its checksum sidecars (<file>.cxlhm.*); remove "
+                       "them yourself"},
     help="the emulated CXL-HM device through the host driver (its cxlhm_* options configure it)")
 
 

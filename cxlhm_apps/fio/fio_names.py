@@ -41,7 +41,7 @@ NOT_MODELLED_WHY: dict[str, str] = {
     "error_dump": "error_dump is not modelled",
     "random_sequence_stride": "random_sequence_stride is not modelled",
     "block_error_percentiles": "block error percentiles need trim/error counters not modelled",
-    "allow_file_create": "allow_file_create is not modelled", "unlink": "unlink is not modelled",
+    "allow_file_create": "allow_file_create is not modelled",
     "log_offset": "log_offset is not modelled (logs carry time, value, direction, size)",
     "cpus_allowed_policy": "CPU placement is not modelled", "cpus_allowed": "CPU placement is not modelled",
     "cpumask": "CPU placement is not modelled", "mem": "buffer memory types are not modelled",

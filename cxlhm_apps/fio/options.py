@@ -265,6 +265,16 @@ def _latency_target(text: str, kb_base: int) -> int:
     return -(-_time_us(text, kb_base) // 1000) * 1000
 
 
+def _max_latency(text: str, kb_base: int) -> tuple[int, int]:
+    """fio's max_latency: read,write (one value: both), microseconds when bare, kept in ns."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) > 3:
+        raise ValueError(f"at most read,write,trim values; got {text!r}")
+    read = _time_us(parts[0], kb_base) if parts[0] else 0
+    write = _time_us(parts[1], kb_base) if len(parts) > 1 and parts[1] else (read if len(parts) == 1 else 0)
+    return read, write
+
+
 def _latency_percentile(text: str, kb_base: int) -> float:
     pct = V.parse_float(text)
     if not 0.0 < pct <= 100.0:
@@ -313,6 +323,8 @@ OPTIONS: tuple[Option, ...] = (
            "how a written file the job needs larger is allocated before it starts, as fio on Linux: native "
            "(fallocate, the default) or posix (posix_fallocate; 1) size and allocate it, keep allocates and "
            "keeps its size, truncate sizes it sparse, none (0) leaves it to the writes", group="target"),
+    Option("unlink", "bool", _bool, False, "remove the job's file once the run ends (fio: when the job is done)",
+           group="target"),
     Option("overwrite", "bool", _bool, False,
            "lay a written file out (write it whole) before the job, as for a job that reads, so the writes "
            "overwrite data", group="target"),
@@ -521,6 +533,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("buffer_pattern", "str", parse_buffer_pattern, None, "fill write buffers with this pattern (verify_pattern's form, no %o)", group="pattern"),
     # reporting
     Option("clat_percentiles", "bool", _bool, True, "show completion-latency percentiles", group="report"),
+    Option("max_latency", "str", _max_latency, (0, 0),
+           "end the job with ETIMEDOUT once an I/O's total latency exceeds this (read,write; bare: us), as fio",
+           group="report"),
     Option("gtod_reduce", "bool", _bool, False,
            "keep no latencies (disable_lat, disable_clat, disable_slat and disable_bw_measurement at once): "
            "the report's latencies are zeros and its latency lines go, as fio's", group="report"),

@@ -13,6 +13,7 @@ flushed) after the last.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import os
@@ -312,6 +313,8 @@ class Worker:
                 batch = batch.take(0, self.syncs.run_length(batch.direction))
             if next_drop is not None:
                 batch = batch.take(0, min(len(batch), next_drop - self._ios_done))
+            if any(job["max_latency"]):  # (fio checks each I/O as it completes: a batch is a queue's worth)
+                batch = batch.take(0, min(len(batch), max(1, getattr(engine, "iodepth", 1))))
             if self.minrate is not None and measuring:
                 deadline = min(deadline, max(self.minrate.next_check_ns(), engine.now_ns() + 1))
             if self.steady is not None:  # (the once-a-second samples see counts at most this old)
@@ -329,6 +332,12 @@ class Worker:
                 pacer.did(executed)
             now = done.end_ns
             self._account(executed, done, measuring)
+            if measuring and any(job["max_latency"]) and "lat" not in self.stats.unmeasured:
+                over = self._over_max_latency(executed, done)
+                if over:  # fio: the job fails with ETIMEDOUT (lat_fatal)
+                    self.messages.append(over)
+                    self.stats.error, self.stats.error_text = errno.ETIMEDOUT, "max latency exceeded"
+                    break
             if self.minrate is not None and measuring:
                 self.minrate.did(executed.direction, executed.size)
                 below = self.minrate.check(now)
@@ -400,6 +409,19 @@ class Worker:
             stats.error_text = f"{stats.verify_errors} verification failure(s)"
         if job["fsync_on_close"] and not stats.error:  # (fio: as the file closes, after the run time)
             engine.flush()
+
+    def _over_max_latency(self, chunk: Chunk, done) -> str | None:
+        """fio's lat_fatal line for the first I/O of the batch whose total latency exceeds
+        the job's max_latency for its direction, or None."""
+        lat = np.asarray(done.clat, np.int64) + (np.asarray(done.slat, np.int64) if done.slat is not None else 0)
+        limit = np.where(chunk.direction == WRITE, self.job["max_latency"][WRITE], self.job["max_latency"][READ])
+        over = np.flatnonzero((limit > 0) & (lat > limit))
+        if not over.shape[0]:
+            return None
+        i = int(over[0])
+        return (f"fio: latency of {int(lat[i])} nsec exceeds specified max ({int(limit[i])} nsec): "
+                f"{self.plan.filename} {'write' if chunk.direction[i] == WRITE else 'read'} {int(chunk.offset[i])} "
+                f"{int(chunk.size[i])}")
 
     def _record(self, small: bool, fn, *args) -> None:
         """Statistics work: on the side thread while the engine runs the next batch, or,
@@ -683,6 +705,10 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None, readonly:
             info["counters"] = share.handle.stats()
             devices.append(info)
             share.handle.close()
+    for plan in plans:  # (fio's unlink: its file goes once the job is done; here once the run is)
+        if plan.job["unlink"] and not engine_of(plan.job).uses_device:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(plan.filename)
     messages = [m for w in workers for m in w.messages]
     device_by_path = {d["backing_file"]: d for d in devices}
     clones = [CloneResult(w.plan, w.stats, w.job["ioengine"],
