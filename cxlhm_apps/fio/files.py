@@ -7,6 +7,7 @@ create_serialize=0 is accepted and changes nothing here). fill_device is honoure
 size= / filesize= (check_fill_device)."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -151,6 +152,28 @@ def _keep_size_fallocate(fd: int, end: int) -> None:
     if libc.fallocate(fd, _FALLOC_FL_KEEP_SIZE, 0, end) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
+
+
+def set_up(plan, on_device: bool, log, *, readonly: bool = False) -> None:
+    """A clone's file before the run (plan.ClonePlan): laid out for a job that reads (or
+    with overwrite), else given what `fallocate` gives it (a device's image: its own size,
+    sparse); under --readonly only checked."""
+    job = plan.job
+    if readonly:
+        check_readonly(job, plan.filename, plan.file_end)
+    elif job["rw"].reads or job["overwrite"]:
+        try:
+            lay_out(plan.filename, plan.region_start, plan.file_end, log)
+        except OSError as exc:
+            raise setup_error(job, plan.filename, exc, "cannot lay out") from None
+    else:
+        extend(job, plan.filename, plan.file_end, "truncate" if on_device else job["fallocate"])
+
+
+def remove(path: str) -> None:
+    """fio's unlink: the file goes (one already gone is no error)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def check_readonly(job, path: str, end: int) -> None:

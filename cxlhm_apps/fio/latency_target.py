@@ -27,6 +27,8 @@ import dataclasses
 
 import numpy as np
 
+from cxlhm_apps.fio.options import READ, WRITE
+
 
 LATE_WINDOW_NS = 1_000_000  # a batch after a window's end runs this long before the window is judged
 
@@ -171,3 +173,16 @@ def after_batch(search: DepthSearch, engine, done, now_ns: int) -> tuple[str, st
     if event == "fatal":
         return event, f"latency of {int(lat.max())} nsec exceeds specified max ({search.target_ns} nsec)"
     return event, ""
+
+
+def max_latency_exceeded(job, filename: str, chunk, done) -> str | None:
+    """fio's max_latency (its lat_fatal line) for the first I/O of a batch whose total
+    latency exceeds the job's max_latency for its direction, or None."""
+    lat = np.asarray(done.clat, np.int64) + (np.asarray(done.slat, np.int64) if done.slat is not None else 0)
+    limit = np.where(chunk.direction == WRITE, job["max_latency"][WRITE], job["max_latency"][READ])
+    over = np.flatnonzero((limit > 0) & (lat > limit))
+    if not over.shape[0]:
+        return None
+    i = int(over[0])
+    return (f"fio: latency of {int(lat[i])} nsec exceeds specified max ({int(limit[i])} nsec): "
+            f"{filename} {'write' if chunk.direction[i] == WRITE else 'read'} {int(chunk.offset[i])} {int(chunk.size[i])}")

@@ -3,7 +3,9 @@ and help. The parser validates against it, `cxlhm fio --cmdhelp` prints it, and 
 option that is not here is an error (never silently ignored).
 
 Values are parsed by the option's `kind`; sizes need the job's kb_base, so every
-parse function takes it.
+parse function takes it. It is one file because it is one table, fio's options in fio's
+groups, which the parser, `--cmdhelp` and docs/fio.md read in its order; the functions
+above it are the small converters its rows name.
 """
 from __future__ import annotations
 

@@ -13,7 +13,6 @@ flushed) after the last.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
 import os
@@ -27,7 +26,7 @@ import numpy as np
 from cxlhm_apps.fio import buffers, clocks, cmdprio, files, fiorand, flow, minrate, pacing, schedule, sprandom, steadystate
 from cxlhm_apps.fio import syncs
 from cxlhm_apps.fio import verify as VF
-from cxlhm_apps.fio.latency_target import DepthSearch, after_batch, set_engine_depth
+from cxlhm_apps.fio.latency_target import DepthSearch, after_batch, max_latency_exceeded, set_engine_depth
 from cxlhm_apps.fio.devices import describe_device, open_devices
 from cxlhm_apps.fio.notes import notes
 from cxlhm_apps.fio.engines import DeviceShare, EngineError, IoArena, engine_of, open_engine
@@ -40,22 +39,19 @@ from cxlhm_apps.fio.pattern import Chunk, IoGenerator, size_choices
 from cxlhm_apps.fio.progress import Progress
 from cxlhm_apps.fio.sidework import SideWork
 from cxlhm_apps.fio.stats import SAMPLE_WINDOW_NS, JobStats, unmeasured
+from cxlhm_apps.fio.verify_phase import INLINE_IOS, NEVER, VerifyPhase
 
 # I/Os generated per chunk (bounded by memory when verifying). A chunk's reads are one
 # stream that drains at its end (~1.4 ms with no read in flight while the next chunk is
 # made), so chunks are long; at low depth shorter (CHUNK_IOS_PER_DEPTH per unit of
 # iodepth), so progress and rate limits still see a chunk end every fraction of a second.
 CHUNK_IOS = 16384
-# a batch of fewer I/Os has its statistics recorded on the job's own thread (Worker._record)
-INLINE_IOS = 64
 CHUNK_IOS_PER_DEPTH = 512
 VERIFY_ARENA_BYTES = 64 << 20
 # I/Os a job with flow control runs between two looks at its share (fio looks before
 # every I/O; one I/O per batch costs the interpreter's turn per I/O, and jobs that wait
 # for each other in turn would run at a fraction of their speed)
 FLOW_BATCH = 64
-MAX_REPORTED_VERIFY_ERRORS = 10
-NEVER = 2**62
 
 
 @dataclasses.dataclass
@@ -81,7 +77,7 @@ class RunResult:
 
 # ---------------------------------------------------------------- one clone
 
-class Worker:
+class Worker(VerifyPhase):
     """Runs one job clone in its own thread."""
 
     def __init__(self, plan: ClonePlan, share: DeviceShare | None, seed: int, thread_number: int = 1,
@@ -262,7 +258,7 @@ class Worker:
         if self.minrate is not None:
             self.minrate.restart(t0)
         if self.syncs is not None or job["end_fsync"] or job["fsync_on_close"]:
-            _check_can_sync(job, engine)
+            syncs.check_can_sync(job, engine)
         search = DepthSearch.of_job(job, engine, t0)  # latency_target
         if search is not None:
             set_engine_depth(engine, search.depth)
@@ -333,7 +329,7 @@ class Worker:
             now = done.end_ns
             self._account(executed, done, measuring)
             if measuring and any(job["max_latency"]) and "lat" not in self.stats.unmeasured:
-                over = self._over_max_latency(executed, done)
+                over = max_latency_exceeded(job, self.plan.filename, executed, done)
                 if over:  # fio: the job fails with ETIMEDOUT (lat_fatal)
                     self.messages.append(over)
                     self.stats.error, self.stats.error_text = errno.ETIMEDOUT, "max latency exceeded"
@@ -410,19 +406,6 @@ class Worker:
         if job["fsync_on_close"] and not stats.error:  # (fio: as the file closes, after the run time)
             engine.flush()
 
-    def _over_max_latency(self, chunk: Chunk, done) -> str | None:
-        """fio's lat_fatal line for the first I/O of the batch whose total latency exceeds
-        the job's max_latency for its direction, or None."""
-        lat = np.asarray(done.clat, np.int64) + (np.asarray(done.slat, np.int64) if done.slat is not None else 0)
-        limit = np.where(chunk.direction == WRITE, self.job["max_latency"][WRITE], self.job["max_latency"][READ])
-        over = np.flatnonzero((limit > 0) & (lat > limit))
-        if not over.shape[0]:
-            return None
-        i = int(over[0])
-        return (f"fio: latency of {int(lat[i])} nsec exceeds specified max ({int(limit[i])} nsec): "
-                f"{self.plan.filename} {'write' if chunk.direction[i] == WRITE else 'read'} {int(chunk.offset[i])} "
-                f"{int(chunk.size[i])}")
-
     def _record(self, small: bool, fn, *args) -> None:
         """Statistics work: on the side thread while the engine runs the next batch, or,
         after a batch of a few I/Os, here: a side task would hold the interpreter's lock
@@ -450,17 +433,6 @@ class Worker:
         if measuring:
             self._record(True, self.stats.record_sync, end - start, kind == syncs.FSYNC)
         return end
-
-    def _before_verify(self) -> None:
-        """As fio's verify phase begins: what the job wrote made durable (the engine's
-        flush: an fsync, or the device's write-back), then the file's cached pages dropped
-        so the reads come from the disk (fio does both whatever `invalidate` says; its time
-        is the verify phase's)."""
-        flush = getattr(self.engine, "flush", None)
-        if flush is not None:
-            flush()
-        if not engine_of(self.job).uses_device:
-            files.drop_cached(self.plan.filename, self.plan.region_start, self.plan.region_len)
 
     def _chunk_ahead(self) -> Chunk:
         """The next chunk, made before the current one ran: progress counts its bytes as
@@ -521,79 +493,6 @@ class Worker:
         if self.verify_kind:
             self._after_verified_io(chunk)
 
-    def _after_verified_io(self, chunk: Chunk) -> None:
-        """Log the chunk's writes (fio's history); check its reads where fio does: every
-        read of a job that only reads (the header names its own seed). A job that also
-        writes checks only what its verify phase or verify_backlog reads back."""
-        is_write = chunk.direction == WRITE
-        writes = np.flatnonzero(is_write)
-        if writes.shape[0]:
-            serials = chunk.serial[writes]
-            add, written = self.vlog.add, VF.Written
-            for offset, size, seed, serial in zip(chunk.offset[writes].tolist(), chunk.size[writes].tolist(),
-                                                  VF.seeds_of(self.seed, serials).tolist(), serials.tolist()):
-                add(written(offset, size, seed, serial))
-            self.backlog_due += writes.shape[0]
-        if not self.job["rw"].writes:
-            reads = np.flatnonzero(~is_write)
-            self.stats.verified_blocks += reads.shape[0]
-            for _, failure in VF.check_many(self.arena.data, chunk.slot[reads] * self.arena.slot_bytes,
-                                            chunk.size[reads], self.verify_kind, chunk.offset[reads]):
-                self._verify_failed(failure)
-
-    def _verify_failed(self, failure: VF.VerifyFailure) -> None:
-        self.stats.verify_errors += 1
-        if self.stats.verify_errors <= MAX_REPORTED_VERIFY_ERRORS:
-            self.messages.append(failure.message(self.plan.filename))
-        if self.job["verify_fatal"]:
-            self._stop.set()
-
-    def _verify_pass(self, blocks: list[VF.Written], *, record: bool, seeds_from: int | None) -> None:
-        """Read back `blocks` in order and check each one as fio does: the seed of the
-        j-th block checked is the (seeds_from + j)-th write's seed (None: the header's
-        own), its write number where fio checks it."""
-        engine = self.engine
-        if self.verify_arena is None:  # its own buffers: the main arena may hold stamped, unissued writes
-            self.verify_arena = IoArena(self.arena.slots, self.arena.slot_bytes, self.seed + 1)
-        arena = self.verify_arena
-        step = arena.slots
-        for start in range(0, len(blocks), step):
-            part = blocks[start:start + step]
-            n = len(part)
-            chunk = Chunk(np.zeros(n, np.int8), np.array([b.offset for b in part], np.int64),
-                          np.array([b.size for b in part], np.int64), np.arange(n, dtype=np.int64))
-            pos = 0  # blocks of `part` already read back
-            while len(chunk):
-                done = engine.execute(chunk, arena, NEVER, keep_read_data=True)
-                executed, chunk = chunk.take(0, done.count), chunk.take(done.count)
-                if record:  # (on the side thread, as the job's own I/O: the checks below need the job's)
-                    stats = self.stats
-                    slat = None if done.slat is None else np.array(done.slat, np.int64)  # (the side thread's own)
-                    small = len(executed) < INLINE_IOS
-                    self._record(small, stats.record, READ, int(executed.size.sum()), len(executed), slat,
-                                      np.array(done.clat, np.int64), None)
-                    self._record(small, stats.mark_depth, len(executed), done.depth)
-                    stats.submit_map += done.submits
-                    stats.complete_map += done.submits
-                self.progress_bytes[READ] += int(executed.size.sum())
-                self.progress_ios[READ] += len(executed)
-                first = start + pos  # the history's index of executed's first block
-                seeds = None
-                if seeds_from is not None:
-                    seeds = VF.seeds_of(self.seed, np.arange(seeds_from + first, seeds_from + first + len(executed)))
-                numberios = None
-                if self.check_numberio:
-                    numberios = np.array([blocks[j].numberio for j in range(first, first + len(executed))], np.int64)
-                failures = VF.check_many(arena.data, executed.slot * arena.slot_bytes, executed.size,
-                                         self.verify_kind, executed.offset, seeds, numberios)
-                for i, failure in failures:
-                    self._verify_failed(failure)
-                    if self._stop.is_set():  # verify_fatal: what was checked ends at this block
-                        self.stats.verified_blocks += i + 1
-                        return
-                self.stats.verified_blocks += len(executed)
-                pos += len(executed)
-
     def _reset_stats(self, now: int) -> None:
         self.stats = JobStats(self.job.name, self.plan.groupid, iodepth=self.job["iodepth"],
                               unmeasured=unmeasured(self.job))
@@ -625,17 +524,6 @@ class Worker:
 
 # ---------------------------------------------------------------- the whole run
 
-def _check_can_sync(job: JobSpec, engine) -> None:
-    """fsync, fdatasync, end_fsync and fsync_on_close need the engine's flush, and on the
-    device the wall clock (a sync's time on the model clock is not modelled)."""
-    if getattr(engine, "flush", None) is None:
-        raise EngineError(errno.EINVAL, f"ioengine={job['ioengine']} cannot sync its file (it has no flush()): "
-                                        "fsync, fdatasync, end_fsync and fsync_on_close need one")
-    if isinstance(getattr(engine, "clock", None), clocks.ModelTimeScheduler):
-        raise EngineError(errno.EINVAL, "fsync, fdatasync, end_fsync and fsync_on_close need wall time (a sync's "
-                                        "time is not modelled on the model clock); use cxlhm_clock=wall")
-
-
 def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None, readonly: bool = False) -> RunResult:
     """Run every job; raises JobFileError for problems found while setting up. `readonly`
     (fio's --readonly): no file is created, extended or laid out."""
@@ -644,17 +532,7 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None, readonly:
         log(note)
     plans = plan_clones(jobs)
     for plan in plans:
-        if readonly:
-            files.check_readonly(plan.job, plan.filename, plan.file_end)
-            continue
-        if plan.job["rw"].reads or plan.job["overwrite"]:
-            try:
-                files.lay_out(plan.filename, plan.region_start, plan.file_end, log)
-            except OSError as exc:
-                raise files.setup_error(plan.job, plan.filename, exc, "cannot lay out") from None
-        else:  # (a device's image: its own size, sparse)
-            mode = "truncate" if engine_of(plan.job).uses_device else plan.job["fallocate"]
-            files.extend(plan.job, plan.filename, plan.file_end, mode)
+        files.set_up(plan, engine_of(plan.job).uses_device, log, readonly=readonly)
     shares = open_devices(plans, log)
     for kind in {VF.TYPES.get(plan.job["verify"], 0) for plan in plans}:
         VF.warm_up(kind)  # compiled now, not inside a job's runtime (a cold cache takes seconds)
@@ -707,8 +585,7 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None, readonly:
             share.handle.close()
     for plan in plans:  # (fio's unlink: its file goes once the job is done; here once the run is)
         if plan.job["unlink"] and not engine_of(plan.job).uses_device:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(plan.filename)
+            files.remove(plan.filename)
     messages = [m for w in workers for m in w.messages]
     device_by_path = {d["backing_file"]: d for d in devices}
     clones = [CloneResult(w.plan, w.stats, w.job["ioengine"],

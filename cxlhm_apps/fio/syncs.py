@@ -28,6 +28,8 @@ file, or the device's write-back of its dirty DRAM.
 """
 from __future__ import annotations
 
+import errno
+
 import numpy as np
 
 from cxlhm_apps.fio.options import WRITE
@@ -94,3 +96,16 @@ class SyncSchedule:
         if self.just_synced:  # the second sync where a pass began: the pass start is behind us
             self._passes_seen += 1
         self.just_synced = True
+
+
+def check_can_sync(job, engine) -> None:
+    """fsync, fdatasync, end_fsync and fsync_on_close need the engine's flush, and on the
+    device the wall clock (a sync's time on the model clock is not modelled)."""
+    from cxlhm_apps.fio.clocks import ModelTimeScheduler
+    from cxlhm_apps.fio.engines import EngineError
+    if getattr(engine, "flush", None) is None:
+        raise EngineError(errno.EINVAL, f"ioengine={job['ioengine']} cannot sync its file (it has no flush()): "
+                                        "fsync, fdatasync, end_fsync and fsync_on_close need one")
+    if isinstance(getattr(engine, "clock", None), ModelTimeScheduler):
+        raise EngineError(errno.EINVAL, "fsync, fdatasync, end_fsync and fsync_on_close need wall time (a sync's "
+                                        "time is not modelled on the model clock); use cxlhm_clock=wall")

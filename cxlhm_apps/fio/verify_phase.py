@@ -1,0 +1,108 @@
+"""The verify part of a job clone (runner.Worker inherits it): the history of what the
+job wrote, the checks of what it reads back, and the verify phase that reads it all back
+at the end, as fio 3.33's verify does (cxlhm_apps/fio/verify.py holds the headers and
+checksums; docs/fio.md, Verification, the meaning)."""
+from __future__ import annotations
+
+import numpy as np
+
+from cxlhm_apps.fio import files
+from cxlhm_apps.fio import verify as VF
+from cxlhm_apps.fio.engines import IoArena, engine_of
+from cxlhm_apps.fio.options import READ, WRITE
+from cxlhm_apps.fio.pattern import Chunk
+
+MAX_REPORTED_VERIFY_ERRORS = 10
+NEVER = 2**62  # (a deadline that does not come)
+# a batch of fewer I/Os has its statistics recorded on the job's own thread (Worker._record)
+INLINE_IOS = 64
+
+
+class VerifyPhase:
+    """Worker's verify methods. They use the worker's job, plan, engine, arena, stats,
+    messages, seed, vlog, verify_kind, check_seed, check_numberio, backlog_due,
+    progress counters, _stop and _record."""
+
+    def _before_verify(self) -> None:
+        """As fio's verify phase begins: what the job wrote made durable (the engine's
+        flush: an fsync, or the device's write-back), then the file's cached pages dropped
+        so the reads come from the disk (fio does both whatever `invalidate` says; its time
+        is the verify phase's)."""
+        flush = getattr(self.engine, "flush", None)
+        if flush is not None:
+            flush()
+        if not engine_of(self.job).uses_device:
+            files.drop_cached(self.plan.filename, self.plan.region_start, self.plan.region_len)
+
+    def _after_verified_io(self, chunk: Chunk) -> None:
+        """Log the chunk's writes (fio's history); check its reads where fio does: every
+        read of a job that only reads (the header names its own seed). A job that also
+        writes checks only what its verify phase or verify_backlog reads back."""
+        is_write = chunk.direction == WRITE
+        writes = np.flatnonzero(is_write)
+        if writes.shape[0]:
+            serials = chunk.serial[writes]
+            add, written = self.vlog.add, VF.Written
+            for offset, size, seed, serial in zip(chunk.offset[writes].tolist(), chunk.size[writes].tolist(),
+                                                  VF.seeds_of(self.seed, serials).tolist(), serials.tolist()):
+                add(written(offset, size, seed, serial))
+            self.backlog_due += writes.shape[0]
+        if not self.job["rw"].writes:
+            reads = np.flatnonzero(~is_write)
+            self.stats.verified_blocks += reads.shape[0]
+            for _, failure in VF.check_many(self.arena.data, chunk.slot[reads] * self.arena.slot_bytes,
+                                            chunk.size[reads], self.verify_kind, chunk.offset[reads]):
+                self._verify_failed(failure)
+
+    def _verify_failed(self, failure: VF.VerifyFailure) -> None:
+        self.stats.verify_errors += 1
+        if self.stats.verify_errors <= MAX_REPORTED_VERIFY_ERRORS:
+            self.messages.append(failure.message(self.plan.filename))
+        if self.job["verify_fatal"]:
+            self._stop.set()
+
+    def _verify_pass(self, blocks: list[VF.Written], *, record: bool, seeds_from: int | None) -> None:
+        """Read back `blocks` in order and check each one as fio does: the seed of the
+        j-th block checked is the (seeds_from + j)-th write's seed (None: the header's
+        own), its write number where fio checks it."""
+        engine = self.engine
+        if self.verify_arena is None:  # its own buffers: the main arena may hold stamped, unissued writes
+            self.verify_arena = IoArena(self.arena.slots, self.arena.slot_bytes, self.seed + 1)
+        arena = self.verify_arena
+        step = arena.slots
+        for start in range(0, len(blocks), step):
+            part = blocks[start:start + step]
+            n = len(part)
+            chunk = Chunk(np.zeros(n, np.int8), np.array([b.offset for b in part], np.int64),
+                          np.array([b.size for b in part], np.int64), np.arange(n, dtype=np.int64))
+            pos = 0  # blocks of `part` already read back
+            while len(chunk):
+                done = engine.execute(chunk, arena, NEVER, keep_read_data=True)
+                executed, chunk = chunk.take(0, done.count), chunk.take(done.count)
+                if record:  # (on the side thread, as the job's own I/O: the checks below need the job's)
+                    stats = self.stats
+                    slat = None if done.slat is None else np.array(done.slat, np.int64)  # (the side thread's own)
+                    small = len(executed) < INLINE_IOS
+                    self._record(small, stats.record, READ, int(executed.size.sum()), len(executed), slat,
+                                      np.array(done.clat, np.int64), None)
+                    self._record(small, stats.mark_depth, len(executed), done.depth)
+                    stats.submit_map += done.submits
+                    stats.complete_map += done.submits
+                self.progress_bytes[READ] += int(executed.size.sum())
+                self.progress_ios[READ] += len(executed)
+                first = start + pos  # the history's index of executed's first block
+                seeds = None
+                if seeds_from is not None:
+                    seeds = VF.seeds_of(self.seed, np.arange(seeds_from + first, seeds_from + first + len(executed)))
+                numberios = None
+                if self.check_numberio:
+                    numberios = np.array([blocks[j].numberio for j in range(first, first + len(executed))], np.int64)
+                failures = VF.check_many(arena.data, executed.slot * arena.slot_bytes, executed.size,
+                                         self.verify_kind, executed.offset, seeds, numberios)
+                for i, failure in failures:
+                    self._verify_failed(failure)
+                    if self._stop.is_set():  # verify_fatal: what was checked ends at this block
+                        self.stats.verified_blocks += i + 1
+                        return
+                self.stats.verified_blocks += len(executed)
+                pos += len(executed)
