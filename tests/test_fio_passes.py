@@ -6,15 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from cxlhm_apps.fio import files, raw_engines, report
-from cxlhm_apps.fio.jobfile import build_jobs, read_sections
-from cxlhm_apps.fio.runner import run_jobs
-
-
-def _ours(text: str):
-    jobs, globals_ = build_jobs([read_sections(text, "t.fio")])
-    result = run_jobs(jobs, log=lambda _: None)
-    return result, report.to_json(result, globals_)["jobs"][0]
+from cxlhm_apps.fio import files, raw_engines
+from fio_helpers import run_ours as _ours
 
 @pytest.mark.parametrize("lines,drops", [
     ("rw=randread\ntime_based\nruntime=60\nnumber_ios=64\n", [0, 16, 32, 48]),  # the map full: fio clears it

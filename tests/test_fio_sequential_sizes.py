@@ -3,17 +3,9 @@ does (fio's generator, seed and rounding to the smallest size), so it does fio's
 counts and bytes are real fio's for the same job; where fio is installed, checked live."""
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-
 import pytest
 
-from cxlhm_apps.fio import report
-from cxlhm_apps.fio.jobfile import build_jobs, read_sections
-from cxlhm_apps.fio.runner import run_jobs
-
-FIO = shutil.which("fio")
+from fio_helpers import FIO, real_fio_job, run_ours
 
 # (job lines, (writes, bytes written, reads, bytes read)) as fio 3.33 ran them
 GOLDEN = [
@@ -36,14 +28,10 @@ def _counts(job: dict) -> tuple[int, int, int, int]:
 
 @pytest.mark.parametrize("lines,want", GOLDEN)
 def test_a_sequential_job_of_several_sizes_does_fios_ios(tmp_path, lines, want):
-    jobs, globals_ = build_jobs([read_sections(_job(tmp_path / "f", lines), "t.fio")])
-    job = report.to_json(run_jobs(jobs, log=lambda _: None), globals_)["jobs"][0]
-    assert _counts(job) == want
+    assert _counts(run_ours(_job(tmp_path / "f", lines))[1]) == want
 
 
 @pytest.mark.skipif(FIO is None, reason="real fio is not installed")
 @pytest.mark.parametrize("lines,want", GOLDEN)
 def test_the_goldens_are_real_fios(tmp_path, lines, want):
-    proc = subprocess.run([FIO, "--output-format=json", "-"], input=_job(tmp_path / "f", lines),
-                          capture_output=True, text=True, timeout=120)
-    assert _counts(json.loads(proc.stdout[proc.stdout.find("{"):])["jobs"][0]) == want
+    assert _counts(real_fio_job(_job(tmp_path / "f", lines))) == want

@@ -4,22 +4,15 @@ report counts them. Golden counts are real fio 3.33's for the same job (psync: o
 a time, so fio's sequence is exact); where fio is installed each is also checked live."""
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cxlhm_apps.fio import report
-from cxlhm_apps.fio.jobfile import build_jobs, read_sections
 from cxlhm_apps.fio.options import READ, WRITE
-from cxlhm_apps.fio.runner import run_jobs
 from cxlhm_apps.fio.syncs import FDATASYNC, FSYNC, SyncSchedule
-
-FIO = shutil.which("fio")
+from fio_helpers import FIO, real_fio_job, run_ours as _ours
 
 # (job lines, (writes, reads, fsyncs = sync total_ios, syncs = sync lat N)) as fio 3.33 ran them
 GOLDEN = [
@@ -47,12 +40,6 @@ def _counts(job: dict) -> tuple[int, int, int, int]:
             job["sync"]["lat_ns"]["N"])
 
 
-def _ours(text: str):
-    jobs, globals_ = build_jobs([read_sections(text, "t.fio")])
-    result = run_jobs(jobs, log=lambda _: None)
-    return result, report.to_json(result, globals_)["jobs"][0]
-
-
 @pytest.mark.parametrize("lines,want", GOLDEN)
 def test_syncs_fall_where_fios_do(tmp_path, lines, want):
     _, job = _ours(_job(tmp_path / "f", lines))
@@ -67,9 +54,7 @@ def test_syncs_fall_where_fios_do(tmp_path, lines, want):
 @pytest.mark.skipif(FIO is None, reason="real fio is not installed")
 @pytest.mark.parametrize("lines,want", GOLDEN)
 def test_the_goldens_are_real_fios(tmp_path, lines, want):
-    proc = subprocess.run([FIO, "--output-format=json", "-"], input=_job(tmp_path / "f", lines),
-                          capture_output=True, text=True, timeout=120)
-    assert _counts(json.loads(proc.stdout[proc.stdout.find("{"):])["jobs"][0]) == want
+    assert _counts(real_fio_job(_job(tmp_path / "f", lines))) == want
 
 
 def test_a_sequential_job_stops_where_no_block_fits_before_the_end(tmp_path):

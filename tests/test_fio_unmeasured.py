@@ -3,17 +3,10 @@ fio 3.33's meaning (stats.unmeasured): the latencies a job does not keep are zer
 report, their lines and log entries go, the rest stays."""
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-
 import pytest
 
 from cxlhm_apps.fio import report
-from cxlhm_apps.fio.jobfile import build_jobs, read_sections
-from cxlhm_apps.fio.runner import run_jobs
-
-FIO = shutil.which("fio")
+from fio_helpers import FIO, real_fio_job, run_ours as _ours
 
 # option -> (lat kept, clat kept, percentiles shown, latency distribution kept)
 CASES = {
@@ -36,12 +29,6 @@ def _shape(job: dict) -> tuple[bool, bool, bool, bool]:
     return r["lat_ns"]["N"] > 0, r["clat_ns"]["N"] > 0, "percentile" in r["clat_ns"], dist > 0
 
 
-def _ours(text: str):
-    jobs, globals_ = build_jobs([read_sections(text, "t.fio")])
-    result = run_jobs(jobs, log=lambda _: None)
-    return result, report.to_json(result, globals_)["jobs"][0]
-
-
 @pytest.mark.parametrize("option", sorted(CASES))
 def test_what_is_not_measured_is_zero_as_in_fio(tmp_path, option):
     result, job = _ours(_job(tmp_path / "f", option))
@@ -55,9 +42,7 @@ def test_what_is_not_measured_is_zero_as_in_fio(tmp_path, option):
 @pytest.mark.skipif(FIO is None, reason="real fio is not installed")
 @pytest.mark.parametrize("option", sorted(CASES))
 def test_the_cases_are_real_fios(tmp_path, option):
-    proc = subprocess.run([FIO, "--output-format=json", "-"], input=_job(tmp_path / "f", option),
-                          capture_output=True, text=True, timeout=60)
-    assert _shape(json.loads(proc.stdout[proc.stdout.find("{"):])["jobs"][0]) == CASES[option]
+    assert _shape(real_fio_job(_job(tmp_path / "f", option))) == CASES[option]
 
 
 def test_unmeasured_latencies_leave_their_logs_empty_and_the_others_full(tmp_path, monkeypatch):
