@@ -154,3 +154,29 @@ def test_unlink_removes_the_file_once_the_run_is_done(tmp_path):
     text = f"[j]\nfilename={tmp_path / 'd'}\nsize=1m\nrw=write\nioengine=cxlhm\nunlink=1\n"
     with pytest.raises(Exception, match="the device's image, kept with its checksum sidecars"):
         build_jobs([read_sections(text, "t.fio")])
+
+
+@pytest.mark.parametrize("lines,want", [
+    ("cpus_allowed=0\n", [{0}, {0}]),
+    ("cpumask=0x1\n", [{0}, {0}]),
+    (f"cpus_allowed=0-{min(1, os.cpu_count() - 1)}\ncpus_allowed_policy=split\n",
+     [{0}, {min(1, os.cpu_count() - 1)}]),  # (each clone one CPU of the set, in turn)
+])
+def test_cpus_allowed_pins_each_clones_thread(tmp_path, monkeypatch, lines, want):
+    from cxlhm_apps.fio import placement
+    pinned, real_pin = [], placement.pin
+
+    def pin(job, thread_number):
+        real_pin(job, thread_number)
+        pinned.append((thread_number, os.sched_getaffinity(0)))
+
+    monkeypatch.setattr(placement, "pin", pin)
+    job = _run(tmp_path / "f", f"numjobs=2\n{lines}")
+    assert job["error"] == 0
+    assert [cpus for _, cpus in sorted(pinned)] == want
+
+
+def test_a_cpu_the_machine_does_not_have_is_refused(tmp_path):
+    text = f"[j]\nfilename={tmp_path / 'f'}\nsize=1m\nrw=read\ncpus_allowed=0,{os.cpu_count() + 3}\n"
+    with pytest.raises(Exception, match="names CPUs this machine does not have"):
+        build_jobs([read_sections(text, "t.fio")])

@@ -43,8 +43,7 @@ NOT_MODELLED_WHY: dict[str, str] = {
     "block_error_percentiles": "block error percentiles need trim/error counters not modelled",
     "allow_file_create": "allow_file_create is not modelled",
     "log_offset": "log_offset is not modelled (logs carry time, value, direction, size)",
-    "cpus_allowed_policy": "CPU placement is not modelled", "cpus_allowed": "CPU placement is not modelled",
-    "cpumask": "CPU placement is not modelled", "mem": "buffer memory types are not modelled",
+    "mem": "buffer memory types are not modelled",
     "grace_time": _ENGINE, "ttl": _ENGINE, "skip_bad": "MTD devices are not modelled",
 "cont": _ENGINE,
 }

@@ -15,6 +15,7 @@ from typing import Any
 
 from cxlhm_apps.fio import values as V
 from cxlhm_apps.fio.distributions import parse_distribution
+from cxlhm_apps.fio.placement import parse_cpu_list as _cpu_list, parse_cpu_mask as _cpu_mask
 from cxlhm_apps.fio.steadystate import DEFAULT as _SS_DEFAULT
 from cxlhm_apps.fio.sprandom import parse_op as _spr_op
 from cxlhm_apps.fio.steadystate import parse_steadystate
@@ -426,6 +427,12 @@ OPTIONS: tuple[Option, ...] = (
            "order and verify can fail, as in fio; the cxlhm engine always applies a job's overlapping writes in order)",
            flag=True, group="timing"),
     Option("numjobs", "int", _int_at_least(1, 1024), 1, "identical clones of this job, run concurrently", group="timing"),
+    Option("cpus_allowed", "str", _cpu_list, None,
+           "CPUs the job's thread runs on (0-3,6); its side thread and the device's threads are not pinned",
+           group="timing"),
+    Option("cpumask", "str", _cpu_mask, None, "cpus_allowed as a bit mask (0x3: CPUs 0 and 1)", group="timing"),
+    Option("cpus_allowed_policy", "str", _choice("shared", "split"), "shared",
+           "shared: every clone may use all of the CPUs; split: each takes one of them, in turn", group="timing"),
     Option("numa_cpu_nodes", "str", _text, None,
            "NUMA nodes the job's CPUs are on: accepted, not applied (placement only; reported as not modelled)",
            group="timing"),

@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from cxlhm_apps.fio import buffers, clocks, cmdprio, files, fiorand, flow, minrate, pacing, schedule, sprandom, steadystate
-from cxlhm_apps.fio import syncs
+from cxlhm_apps.fio import placement, syncs
 from cxlhm_apps.fio import verify as VF
 from cxlhm_apps.fio.latency_target import DepthSearch, after_batch, max_latency_exceeded, set_engine_depth
 from cxlhm_apps.fio.devices import describe_device, open_devices
@@ -83,6 +83,7 @@ class Worker(VerifyPhase):
     def __init__(self, plan: ClonePlan, share: DeviceShare | None, seed: int, thread_number: int = 1,
                  threads: int = 1):
         self.plan, self.share, self.job = plan, share, plan.job
+        self.thread_number = thread_number  # (fio's: 1 up, over every job and clone of the run)
         job = self.job
         self.stats = JobStats(job.name, plan.groupid, iodepth=job["iodepth"], unmeasured=unmeasured(job))
         self.verify_kind = VF.spec_of(job, thread_number)
@@ -210,6 +211,7 @@ class Worker(VerifyPhase):
         wall0 = time.monotonic_ns()
         try:
             try:
+                placement.pin(self.job, self.thread_number)
                 self._run()
             finally:
                 self._side.close()
