@@ -4,6 +4,7 @@ own --readonly and --eta-newline arguments on the command line."""
 from __future__ import annotations
 
 import os
+import threading
 import shutil
 import subprocess
 
@@ -180,3 +181,32 @@ def test_a_cpu_the_machine_does_not_have_is_refused(tmp_path):
     text = f"[j]\nfilename={tmp_path / 'f'}\nsize=1m\nrw=read\ncpus_allowed=0,{os.cpu_count() + 3}\n"
     with pytest.raises(Exception, match="names CPUs this machine does not have"):
         build_jobs([read_sections(text, "t.fio")])
+
+
+def test_exec_prerun_and_postrun_run_around_the_job_with_their_output_saved(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    job = _run(tmp_path / "f", "exec_prerun=echo before\nexec_postrun=echo after\nnice=3\n")
+    assert job["error"] == 0 and job["write"]["total_ios"] == 1
+    assert (tmp_path / "j.prerun.txt").read_text() == "before\n"
+    assert (tmp_path / "j.postrun.txt").read_text() == "after\n"
+
+
+def test_a_failed_prerun_means_no_io_and_no_postrun_as_fio(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    said = []
+    job = _run(tmp_path / "f", "exec_prerun=exit 3\nexec_postrun=echo after\n", log=said.append)
+    assert job["error"] == 0 and job["write"]["total_ios"] == 0
+    assert not (tmp_path / "j.postrun.txt").exists()
+
+
+def test_nice_sets_the_job_threads_nice_value(tmp_path, monkeypatch):
+    from cxlhm_apps.fio import placement
+    seen, real_pin = [], placement.pin
+
+    def pin(job, thread_number):
+        real_pin(job, thread_number)
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    monkeypatch.setattr(placement, "pin", pin)
+    _run(tmp_path / "f", "nice=7\n")
+    assert seen == [7]

@@ -1,9 +1,10 @@
-"""Where a job's thread runs: fio's cpus_allowed, cpumask and cpus_allowed_policy. The
-job's own thread is pinned (its side thread, an engine's helper threads and the device's
-threads are not)."""
+"""Where and how a job's thread runs: fio's cpus_allowed, cpumask, cpus_allowed_policy and
+nice. They apply to the job's own thread (its side thread, an engine's helper threads and
+the device's threads run as they are)."""
 from __future__ import annotations
 
 import os
+import threading
 
 
 def parse_cpu_list(text: str, kb_base: int) -> frozenset[int]:
@@ -35,7 +36,9 @@ def _on_this_machine(cpus: set[int], text: str) -> frozenset[int]:
 
 def pin(job, thread_number: int) -> None:
     """The calling thread on the job's CPUs (split: on one of them, by fio's thread number,
-    counted from 1 over every job and clone of the run)."""
+    counted from 1 over every job and clone of the run), at the job's nice value."""
+    if job["nice"]:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), job["nice"])
     cpus = job["cpus_allowed"] or job["cpumask"]
     if cpus:
         if job["cpus_allowed_policy"] == "split":

@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from cxlhm_apps.fio import buffers, clocks, cmdprio, files, fiorand, flow, minrate, pacing, schedule, sprandom, steadystate
-from cxlhm_apps.fio import placement, syncs
+from cxlhm_apps.fio import hooks, placement, syncs
 from cxlhm_apps.fio import verify as VF
 from cxlhm_apps.fio.latency_target import DepthSearch, after_batch, max_latency_exceeded, set_engine_depth
 from cxlhm_apps.fio.devices import describe_device, open_devices
@@ -212,7 +212,9 @@ class Worker(VerifyPhase):
         try:
             try:
                 placement.pin(self.job, self.thread_number)
-                self._run()
+                if hooks.run(self.job, "prerun", self.messages.append):
+                    self._run()
+                    hooks.run(self.job, "postrun", self.messages.append)
             finally:
                 self._side.close()
         except Exception as exc:  # noqa: BLE001 - a job that dies is an error of that job, never a silent end
