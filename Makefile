@@ -6,7 +6,7 @@ VENV ?= .venv
 STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 
-.PHONY: run test test-all bench clean fuzz fio-compat fio-newer test-engines-next
+.PHONY: run test test-all bench clean fuzz fio-compat fio-compat-tests fio-newer test-engines-next
 
 SOURCES := pyproject.toml setup.py native/cxlhm_native.c native/cxlhm_native.h native/cxlhm_uffd.c native/cxlhm_uffd.h native/cxlhm_copy.c native/cxlhm_copy.h native/build_native.py
 
@@ -70,6 +70,9 @@ fuzz: $(STAMP) $(ENGINES)  ## every untrusted input at volume (FUZZ_CASES each, 
 
 fio-compat: $(STAMP)  ## fio's own examples through real fio and cxlhm fio, compared (FIO_EXAMPLES, FIO_SOURCE, or fetched)
 	$(VENV)/bin/python -m cxlhm_apps.fio.compat --fetch-if-missing $(ARGS)
+
+fio-compat-tests: $(STAMP)  ## fio's own regression jobs (t/jobs) through real fio and cxlhm fio, compared
+	$(VENV)/bin/python -m cxlhm_apps.fio.compat --corpus tests --fetch-if-missing $(ARGS)
 
 # real fio built from source at the corpus manifest's commit (needs gcc make libaio-dev zlib1g-dev;
 # FIO_GIT: a clone of fio to build from where GitHub is unreachable); then ARGS="--fio built"

@@ -92,6 +92,40 @@ def test_the_manifest_pins_fios_examples():
     assert len(manifest.files) > 100 and all(len(sha) == 64 for sha in manifest.files.values())
 
 
+def test_fios_regression_jobs_are_a_second_pinned_corpus_with_their_pre_jobs():
+    manifest = compat.read_manifest(compat.REGRESSION_JOBS.manifest)
+    assert manifest.commit == compat.read_manifest().commit  # (one fio commit for both corpora)
+    names = sorted(manifest.files)
+    assert compat.pre_job("t0002-13af05ae-post.fio", names) == "t0002-13af05ae-pre.fio"
+    assert compat.pre_job("t0031.fio", names) == "t0031-pre.fio"
+    assert compat.pre_job("t0031-pre.fio", names) is None and compat.pre_job("t0005-f7078f7b.fio", names) is None
+    assert "t0038.iolog" in names  # (a file a job reads, copied next to it)
+
+
+def test_a_pre_job_and_its_job_map_the_same_file_to_the_same_local_name():
+    names: dict[str, str] = {}
+    pre = compat.adapt("[a]\nfilename=/dev/nvme0n1\nrw=write\n", size_cap=1 << 20, runtime_cap_s=1, names=names)
+    post = compat.adapt("[b]\nfilename=/dev/sdb\n[c]\nfilename=/dev/nvme0n1\n", size_cap=1 << 20, runtime_cap_s=1,
+                        names=names)
+    assert "filename=file0.dat" in pre.text.splitlines()
+    assert post.text.splitlines().count("filename=file0.dat") == 1 and "filename=file1.dat" in post.text
+
+
+# fio's regression jobs that agree with fio on every compared field and run in a second or two
+TESTS_FAST_SUBSET = ("t0001-52c58027.fio", "t0005-f7078f7b.fio", "t0019.fio", "t0025.fio")
+
+
+@needs_fio
+@pytest.mark.parametrize("job", TESTS_FAST_SUBSET)
+def test_fios_regression_job_runs_as_written_and_agrees_with_fio(job, tmp_path):
+    corpus = compat.REGRESSION_JOBS
+    folder = compat.corpus_dir(corpus)
+    if folder is None or compat.check_corpus(folder, compat.read_manifest(corpus.manifest), TESTS_FAST_SUBSET):
+        pytest.skip("fio's t/jobs are not here (FIO_TESTS, FIO_SOURCE, or compat --corpus tests --fetch)")
+    row = compat.run_example(folder / job, shutil.which("fio"), size_cap=1 << 20, runtime_cap_s=1, keep=tmp_path)
+    assert row.status == "agrees", row.detail
+
+
 def _corpus():
     folder = compat.corpus_dir()
     if folder is None or compat.check_corpus(folder, compat.read_manifest(), FAST_SUBSET):

@@ -9,6 +9,8 @@ import subprocess
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cxlhm_apps.fio import report
 from cxlhm_apps.fio import verify as VF
@@ -102,6 +104,43 @@ def test_history_orders_like_fio():
     assert entries(listed, (8192, 4096), (0, 4096), (8192, 4096)) == [(8192, 0), (0, 1), (8192, 2)]
     tree = VF.VerifyLog(ordered_by_offset=True, max_bs=8192, align=4096)
     assert entries(tree, (8192, 4096), (0, 8192), (4096, 8192), (0, 4096)) == [(0, 3), (4096, 2)]
+
+
+class _ReferenceHistory:
+    """VerifyLog's rule the plain way: every earlier entry checked against every write."""
+
+    def __init__(self, ordered_by_offset: bool):
+        self.sorted, self.entries = ordered_by_offset, []
+
+    def add(self, e):
+        def drops(old):
+            overlaps = old.offset < e.offset + e.size and e.offset < old.offset + old.size
+            repeat = not self.sorted and (old.offset, old.size) == (e.offset, e.size)
+            return overlaps and not repeat
+        self.entries = [old for old in self.entries if not drops(old)] + [e]
+
+    def take(self):
+        out = sorted(self.entries, key=lambda e: e.offset) if self.sorted else self.entries
+        self.entries = []
+        return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(ordered=st.booleans(), align_shift=st.integers(9, 12), writes=st.lists(
+    st.tuples(st.integers(0, 63), st.integers(0, 3)), min_size=1, max_size=60))
+def test_history_keeps_what_a_plain_reference_keeps(ordered, align_shift, writes):
+    """The indexed history (cells, bisection) against the rule checked pair by pair:
+    sizes of 1, 2, 4 and 8 alignment units at aligned offsets."""
+    align = 1 << align_shift
+    log = VF.VerifyLog(ordered_by_offset=ordered, max_bs=8 * align, align=align)
+    ref = _ReferenceHistory(ordered)
+    for n, (cell, size_shift) in enumerate(writes):
+        entry = (cell * align, align << size_shift)
+        log.add(VF.Written(*entry, n, n))
+        ref.add(VF.Written(*entry, n, n))
+    assert len(log) == len(ref.entries)
+    assert [(e.offset, e.size, e.numberio) for e in log.take()] == \
+        [(e.offset, e.size, e.numberio) for e in ref.take()]
 
 
 @pytest.mark.parametrize("depth", [4, 16])

@@ -25,6 +25,9 @@ GOLDEN = [
     ("12345", "3930"), ("-12", "f4ffffff"), ("0xabc", "0abc"), ("258", "0201"), ("65536", "000001"),
     ("0", "00"), ("-2147483648", "00000080"), (" 5", "05"), ('"x" 7', "7807"), ('5"a"', "0561"),
     ('0xff%o"0xabc"-12', "ff0000000000000000" + "3078616263" + "f4ffffff"), ('"a"%o"b"', "61" + "00" * 8 + "62"),
+    # fio reads a decimal only up to the next 0x, and a hex run's last 0 before an x as the next one's
+    ('"abcd"-120xdeadface', "61626364f4ffffffdeadface"), ("0xff0x14", "ff14"), ('-100xab"1"', "f6ffffffab31"),
+    ("0xFF0X1", "ff01"),
 ]
 REFUSED = ["'ab'", '"a\\"b"', "0x01 0x02", "4294967296", "2147483648", "-2147483649", "0x", "12a", "%x",
            "5 ", '"x" ', '"a" %o', '"abc', "", "0x0g", "-0x1"]

@@ -1,11 +1,17 @@
-"""fio's own example job files as an acceptance corpus: each file-backed example runs as
-written through real fio and through `cxlhm fio`, adapted the same way for both (file
-names, sizes, run time), and the two JSON reports are compared.
+"""fio's own job files as acceptance corpora: each example runs as written through real
+fio and through `cxlhm fio`, adapted the same way for both (file names, sizes, run
+time), and the two JSON reports are compared.
 
-The examples are fio's (GPL-2.0), so they are not copied into this repository: the
-corpus is read from $FIO_EXAMPLES (a folder of *.fio), else $FIO_SOURCE/examples (a fio
-checkout), else the cache that `--fetch` fills from fio's repository at the commit the
-manifest names (compat_manifest.txt: each file's name and SHA-256, checked before use).
+Two corpora, both fio's (GPL-2.0), so neither is copied into this repository:
+- examples (the default): fio's examples/ folder, the job files users start from;
+- tests (--corpus tests): fio's own regression jobs, t/jobs/, each written against a
+  bug fio once had (odd option mixes, replayed logs, verify corner cases), run as fio's
+  t/run-fio-tests.py runs them: a `-pre` job first, in the same folder, then the job.
+Each corpus is read from its variable ($FIO_EXAMPLES, $FIO_TESTS: a folder of *.fio),
+else from a fio checkout ($FIO_SOURCE/examples, $FIO_SOURCE/t/jobs), else from the cache
+that `--fetch` fills from fio's repository at the commit its manifest names
+(compat_manifest.txt, compat_manifest_tests.txt: each file's name and SHA-256, checked
+before use).
 
 What is compared, per job in order: the name and group, the set of JSON keys (job and
 direction level), which directions did I/O, the read share of a mixed job, the mean
@@ -17,8 +23,9 @@ Real fio is `fio` on PATH unless `--fio` names another: a path, or `built`, the 
 `make fio-newer` (fio_build.py) builds at the manifest's commit, for which the examples
 were written. The examples' ${VAR}s get the same values (EXAMPLE_ENV) on both sides.
 
-    python -m cxlhm_apps.fio.compat [--fetch | --fetch-if-missing] [--size 16m] [--runtime 2] [--markdown]
-                                    [--engine cxlhm] [--fio fio|PATH|built] [EXAMPLE...]
+    python -m cxlhm_apps.fio.compat [--corpus examples|tests] [--fetch | --fetch-if-missing] [--size 16m]
+                                    [--runtime 2] [--markdown] [--engine cxlhm] [--fio fio|PATH|built]
+                                    [EXAMPLE...]
 """
 from __future__ import annotations
 
@@ -40,9 +47,31 @@ from pathlib import Path
 from cxlhm_apps.fio import values as V
 from cxlhm_apps.fio.raw_engines import ENGINE_OPS
 
-MANIFEST = Path(__file__).with_name("compat_manifest.txt")
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cxlhm" / "fio-examples"
-FILE_ENGINES = set(ENGINE_OPS)  # fio's engines that work on a plain file
+CACHE_ROOT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cxlhm"
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+    """One folder of fio's repository whose job files are compared."""
+    name: str  # --corpus
+    manifest: Path
+    folder: str  # in fio's repository
+    env: str  # the variable that names a folder of the files
+    title: str  # how the table names it
+
+    @property
+    def cache(self) -> Path:
+        return CACHE_ROOT / f"fio-{self.name}"
+
+
+EXAMPLES = Corpus("examples", Path(__file__).with_name("compat_manifest.txt"), "examples", "FIO_EXAMPLES",
+                  "fio's examples")
+REGRESSION_JOBS = Corpus("tests", Path(__file__).with_name("compat_manifest_tests.txt"), "t/jobs", "FIO_TESTS",
+                         "fio's regression jobs (t/jobs)")
+CORPORA = {c.name: c for c in (EXAMPLES, REGRESSION_JOBS)}
+MANIFEST = EXAMPLES.manifest
+CACHE = EXAMPLES.cache
+MODELLED_ENGINES = set(ENGINE_OPS) | {"null"}  # fio's engines on a plain file, and its diskless null
 SIZE_OPTIONS = ("size", "filesize", "io_size", "io_limit")
 TIME_OPTIONS = ("runtime", "timeout")
 FIO_TIMEOUT_S = 60
@@ -88,11 +117,11 @@ def read_manifest(path: Path = MANIFEST) -> Manifest:
     return Manifest(repo, commit, files)
 
 
-def corpus_dir() -> Path | None:
-    """Where the examples are (None: nowhere; `--fetch` gets them)."""
-    for candidate in (os.environ.get("FIO_EXAMPLES"),
-                      os.path.join(os.environ["FIO_SOURCE"], "examples") if os.environ.get("FIO_SOURCE") else None,
-                      str(CACHE)):
+def corpus_dir(corpus: Corpus = EXAMPLES) -> Path | None:
+    """Where the corpus is (None: nowhere; `--fetch` gets it)."""
+    for candidate in (os.environ.get(corpus.env),
+                      os.path.join(os.environ["FIO_SOURCE"], corpus.folder) if os.environ.get("FIO_SOURCE") else None,
+                      str(corpus.cache)):
         if candidate and Path(candidate).is_dir() and any(Path(candidate).glob("*.fio")):
             return Path(candidate)
     return None
@@ -113,17 +142,19 @@ def check_corpus(folder: Path, manifest: Manifest, names=None) -> list[str]:
     return problems
 
 
-def fetch(manifest: Manifest, dest: Path = CACHE) -> Path:
-    """Download fio's examples at the manifest's commit into `dest`, checked against it."""
+def fetch(manifest: Manifest, corpus: Corpus = EXAMPLES) -> Path:
+    """Download the corpus at the manifest's commit into its cache, checked against it."""
     url = f"https://codeload.github.com/{manifest.repository}/tar.gz/{manifest.commit}"
     with urllib.request.urlopen(url, timeout=120) as response:
         data = response.read()
+    dest = corpus.cache
     dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
         for member in tar.getmembers():
-            parts = member.name.split("/")
-            if len(parts) == 3 and parts[1] == "examples" and parts[2] in manifest.files and member.isfile():
-                (dest / parts[2]).write_bytes(tar.extractfile(member).read())
+            root, _, rest = member.name.partition("/")
+            folder, _, name = rest.rpartition("/")
+            if folder == corpus.folder and name in manifest.files and member.isfile():
+                (dest / name).write_bytes(tar.extractfile(member).read())
     problems = check_corpus(dest, manifest)
     if problems:
         raise RuntimeError("fetched examples do not match the manifest: " + "; ".join(problems[:5]))
@@ -149,20 +180,21 @@ def _strip(line: str) -> str:
     return line
 
 
-def adapt(text: str, *, size_cap: int, runtime_cap_s: int) -> Adapted:
+def adapt(text: str, *, size_cap: int, runtime_cap_s: int, names: dict[str, str] | None = None) -> Adapted:
     """The example with its files in the run's folder (every filename/directory made a
     name there, one per distinct original), sizes capped at `size_cap` and run times at
     `runtime_cap_s`. A file that gives no size (it names a block device, whose size
     fio takes) gets size=`size_cap` in every section, and one that gives no run time
     runtime=`runtime_cap_s` (a rate-limited or looping example would run for minutes).
-    Everything else as written."""
+    Everything else as written. `names` (original -> local) is shared by the files of
+    one run (a pre job and its job name the same files alike)."""
     given = {m.group(2).lower() for m in map(_LINE.match, map(_strip, text.splitlines())) if m}
     added = []
     if not given & {"size", "filesize", "io_size", "io_limit"}:
         added.append(f"size={size_cap}")
     if not given & set(TIME_OPTIONS):
         added.append(f"runtime={runtime_cap_s}s")
-    names: dict[str, str] = {}
+    names = {} if names is None else names
     engines: set[str] = set()
     changes: list[str] = []
     out = []
@@ -424,7 +456,7 @@ def compare(fio: dict, ours: dict, *, runtime_cap_s: int) -> list[str]:
 @dataclasses.dataclass
 class Row:
     example: str
-    status: str  # "agrees", "differs", "refused", "fio refuses", "not file-backed"
+    status: str  # "agrees", "differs", "refused", "fio refuses", "engine not modelled"
     detail: list[str]
     adapted: list[str]
 
@@ -444,31 +476,53 @@ def on_engine(text: str, engine: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def pre_job(name: str, names) -> str | None:
+    """The job t/run-fio-tests.py runs before `name` in the same folder (X-pre.fio before
+    X-post.fio or X.fio), if the corpus has one."""
+    stem = name.removesuffix(".fio").removesuffix("-post")
+    return f"{stem}-pre.fio" if f"{stem}-pre.fio" in names and not name.endswith("-pre.fio") else None
+
+
 def run_example(path: Path, fio: str, *, size_cap: int, runtime_cap_s: int, keep: Path | None = None,
-                engine: str | None = None) -> Row:
+                engine: str | None = None, pre: Path | None = None, companions: tuple[Path, ...] = ()) -> Row:
     """One example through real fio (as written, adapted) and through cxlhm fio (the
     same, or with every job on `engine`: then its options and I/O depth are not
-    compared, the engine being another)."""
-    adapted = adapt(path.read_text(errors="replace"), size_cap=size_cap, runtime_cap_s=runtime_cap_s)
-    other = sorted(adapted.engines - FILE_ENGINES)
+    compared, the engine being another). `pre`: a job each side runs first in its
+    folder (its own report only has to succeed); `companions`: files the jobs read
+    (an I/O log), copied into both folders."""
+    names: dict[str, str] = {}
+    first = (adapt(pre.read_text(errors="replace"), size_cap=size_cap, runtime_cap_s=runtime_cap_s, names=names)
+             if pre else None)
+    adapted = adapt(path.read_text(errors="replace"), size_cap=size_cap, runtime_cap_s=runtime_cap_s, names=names)
+    other = sorted((adapted.engines | (first.engines if first else set())) - MODELLED_ENGINES)
     if other:
-        return Row(path.name, "not file-backed", [f"ioengine={', '.join(other)}"], adapted.changes)
+        return Row(path.name, "engine not modelled", [f"ioengine={', '.join(other)}"], adapted.changes)
     with tempfile.TemporaryDirectory(prefix="cxlhm-compat-", dir=keep) as tmp:
         tmp = Path(tmp)
-        job = tmp / path.name
-        job.write_text(adapted.text)
-        ours_job = job
-        if engine:
-            ours_job = tmp / f"on-{engine}-{path.name}"
-            ours_job.write_text(on_engine(adapted.text, engine))
-        (tmp / "fio").mkdir()
-        (tmp / "ours").mkdir()
-        theirs = run_fio(fio, job, tmp / "fio")
-        if not theirs.ok:
-            return Row(path.name, "fio refuses", [theirs.message], adapted.changes)
-        ours = run_ours(ours_job, tmp / "ours")
-    if not ours.ok:
-        return Row(path.name, "refused", ours.message.split(" | "), adapted.changes)
+        steps = []  # (label, fio's job file, ours)
+        for label, source, text in (("pre job", pre, first.text if first else None),
+                                    ("job", path, adapted.text)):
+            if source is None:
+                continue
+            job = tmp / source.name
+            job.write_text(text)
+            ours_job = job
+            if engine:
+                ours_job = tmp / f"on-{engine}-{source.name}"
+                ours_job.write_text(on_engine(text, engine))
+            steps.append((label, job, ours_job))
+        for side in ("fio", "ours"):
+            (tmp / side).mkdir()
+            for extra in companions:
+                shutil.copyfile(extra, tmp / side / extra.name)
+        for label, job, ours_job in steps:
+            theirs = run_fio(fio, job, tmp / "fio")
+            prefix = f"{pre.name}: " if label == "pre job" else ""
+            if not theirs.ok:
+                return Row(path.name, "fio refuses", [prefix + theirs.message], adapted.changes)
+            ours = run_ours(ours_job, tmp / "ours")
+            if not ours.ok:
+                return Row(path.name, "refused", [prefix + m for m in ours.message.split(" | ")], adapted.changes)
     diffs = compare(theirs.report, ours.report, runtime_cap_s=runtime_cap_s)
     if engine:
         diffs = [d for d in diffs if "job options differ" not in d and "I/O depth" not in d]
@@ -497,7 +551,7 @@ def summarize(detail: list[str]) -> str:
 
 
 def table(rows: list[Row], *, markdown: bool) -> str:
-    order = {"agrees": 0, "differs": 1, "refused": 2, "fio refuses": 3, "not file-backed": 4}
+    order = {"agrees": 0, "differs": 1, "refused": 2, "fio refuses": 3, "engine not modelled": 4}
     rows = sorted(rows, key=lambda r: (order[r.status], r.example))
     counts = {s: sum(r.status == s for r in rows) for s in order}
     head = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
@@ -532,6 +586,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cxlhm_apps.fio.compat", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("examples", nargs="*", help="example file names (default: every one)")
+    parser.add_argument("--corpus", choices=sorted(CORPORA), default="examples",
+                        help="examples: fio's examples/ (default); tests: fio's regression jobs, t/jobs/")
     parser.add_argument("--fetch", action="store_true", help="download fio's examples (the manifest's commit) first")
     parser.add_argument("--fetch-if-missing", action="store_true", help="download them only when none are found")
     parser.add_argument("--size", default="16m", help="cap for size/filesize/io_size (default 16m, at most 1g)")
@@ -541,17 +597,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fio", default="fio", help="real fio to compare with: a path, a name on PATH (default fio), "
                         "or `built`: the one `make fio-newer` builds at the manifest's commit")
     args = parser.parse_args(argv)
-    manifest = read_manifest()
-    if args.fetch or (args.fetch_if_missing and corpus_dir() is None):
-        print(f"fetched into {fetch(manifest)}", file=sys.stderr)
-    folder = corpus_dir()
+    corpus = CORPORA[args.corpus]
+    manifest = read_manifest(corpus.manifest)
+    if args.fetch or (args.fetch_if_missing and corpus_dir(corpus) is None):
+        print(f"fetched into {fetch(manifest, corpus)}", file=sys.stderr)
+    folder = corpus_dir(corpus)
     if folder is None:
-        print("no corpus: set FIO_EXAMPLES (a folder of fio's examples) or FIO_SOURCE (a fio checkout), "
+        print(f"no corpus: set {corpus.env} (a folder of {corpus.title}) or FIO_SOURCE (a fio checkout), "
               "or run with --fetch", file=sys.stderr)
         return 2
     problems = check_corpus(folder, manifest)
     if problems:
-        print(f"{folder} is not fio {manifest.commit[:12]}'s examples: " + "; ".join(problems[:5]), file=sys.stderr)
+        print(f"{folder} is not fio {manifest.commit[:12]}'s {corpus.folder}: " + "; ".join(problems[:5]),
+              file=sys.stderr)
         return 2
     fio = resolve_fio(args.fio, manifest)
     if fio is None:
@@ -560,15 +618,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     size_cap = min(V.parse_size(args.size), 1 << 30)
     runtime_cap = max(1, min(args.runtime, 5))
-    names = args.examples or sorted(manifest.files)
+    every = sorted(manifest.files)
+    names = args.examples or [n for n in every if n.endswith(".fio") and not any(pre_job(m, every) == n for m in every)]
+    companions = tuple(folder / n for n in every if not n.endswith(".fio"))
     version = subprocess.run([fio, "--version"], capture_output=True, text=True).stdout.strip()
     rows = []
     for name in names:
+        pre = pre_job(name, every)
         rows.append(run_example(folder / name, fio, size_cap=size_cap, runtime_cap_s=runtime_cap,
-                                engine=args.engine))
+                                engine=args.engine, pre=folder / pre if pre else None, companions=companions))
         print(f"{name}: {rows[-1].status}", file=sys.stderr)
     side = f"cxlhm fio with ioengine={args.engine}" if args.engine else "cxlhm fio"
-    print(f"{version} vs {side}; fio's examples at {manifest.commit[:12]}; sizes capped at {args.size}, "
+    print(f"{version} vs {side}; {corpus.title} at {manifest.commit[:12]}; sizes capped at {args.size}, "
           f"run time at {runtime_cap} s; file names made local; "
           f"{', '.join(f'{k}={v}' for k, v in EXAMPLE_ENV.items())} for the examples' ${{VAR}}s\n")
     print(table(rows, markdown=args.markdown), end="")

@@ -154,11 +154,14 @@ def _keep_size_fallocate(fd: int, end: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
-def set_up(plan, on_device: bool, log, *, readonly: bool = False) -> None:
-    """A clone's file before the run (plan.ClonePlan): laid out for a job that reads (or
-    with overwrite), else given what `fallocate` gives it (a device's image: its own size,
-    sparse); under --readonly only checked."""
+def set_up(plan, engine, log, *, readonly: bool = False) -> None:
+    """A clone's file before the run (plan.ClonePlan) for its engine (IOEngineOps): laid
+    out for a job that reads (or with overwrite), else given what `fallocate` gives it (a
+    device's image: its own size, sparse); under --readonly only checked; none for a
+    diskless engine."""
     job = plan.job
+    if engine.diskless:
+        return
     if readonly:
         check_readonly(job, plan.filename, plan.file_end)
     elif job["rw"].reads or job["overwrite"]:
@@ -167,7 +170,7 @@ def set_up(plan, on_device: bool, log, *, readonly: bool = False) -> None:
         except OSError as exc:
             raise setup_error(job, plan.filename, exc, "cannot lay out") from None
     else:
-        extend(job, plan.filename, plan.file_end, "truncate" if on_device else job["fallocate"])
+        extend(job, plan.filename, plan.file_end, "truncate" if engine.uses_device else job["fallocate"])
 
 
 def remove(path: str) -> None:

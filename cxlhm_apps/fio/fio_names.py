@@ -42,7 +42,6 @@ NOT_MODELLED_WHY: dict[str, str] = {
     "random_sequence_stride": "random_sequence_stride is not modelled",
     "block_error_percentiles": "block error percentiles need trim/error counters not modelled",
     "allow_file_create": "allow_file_create is not modelled",
-    "log_offset": "log_offset is not modelled (logs carry time, value, direction, size)",
     "mem": "buffer memory types are not modelled",
     "grace_time": _ENGINE, "ttl": _ENGINE, "skip_bad": "MTD devices are not modelled",
 "cont": _ENGINE,

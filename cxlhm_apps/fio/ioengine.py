@@ -53,6 +53,8 @@ class EngineFlags(enum.Flag):
     USES_DEVICE = enum.auto()  # jobs run on a cxlhm device, one per backing file shared by the clones naming it;
     #                            the file is the device's image, no job of another engine may touch it
     MEASURES_SLAT = enum.auto()  # reports submission latency (fio's slat); otherwise slat is 0, as fio's sync engines
+    DISKLESS = enum.auto()  # fio's FIO_DISKLESSIO (and FIO_FAKEIO): no file is created, opened or cached, no data
+    #                         moves (a verify passes unchecked); the job needs size=
 
 
 @dataclasses.dataclass
@@ -141,6 +143,15 @@ class IOEngineOps:
     def measures_slat(self) -> bool:
         return bool(self.flags & EngineFlags.MEASURES_SLAT)
 
+    @property
+    def diskless(self) -> bool:
+        return bool(self.flags & EngineFlags.DISKLESS)
+
+    @property
+    def plain_file(self) -> bool:
+        """Whether the job's file is an ordinary file of the host's (page cache, unlink)."""
+        return not self.flags & (EngineFlags.USES_DEVICE | EngineFlags.DISKLESS)
+
     def why_unavailable(self) -> str | None:
         return self.unavailable() if self.unavailable is not None else None
 
@@ -173,6 +184,7 @@ def as_ioengine(obj) -> IOEngineOps:
 
 ENGINES: Registry[IOEngineOps] = Registry("fio ioengine", "cxlhm.fio_engines", check=as_ioengine, builtins={
     "cxlhm": "cxlhm_apps.fio.engines:CXLHM",
+    "null": "cxlhm_apps.fio.null_engine:NULL",
     **{name: f"cxlhm_apps.fio.raw_engines:{name.upper()}" for name in (
         "psync", "sync", "pvsync", "pvsync2", "mmap", "posixaio", "libaio", "io_uring")},
 })

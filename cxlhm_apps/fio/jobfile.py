@@ -393,6 +393,9 @@ def _check_job(job: JobSpec):
                             "(the two add up to more than 100)")
     if v["verify_backlog"] and v["verify"] in ("0", "null"):
         yield job.error("verify_backlog", "needs verify=crc32c|md5|xxhash")
+    if v["experimental_verify"] and (v["loops"] > 1 or v["time_based"]) and v["do_verify"]:
+        yield job.error("experimental_verify", "with loops > 1 or time_based is not modelled (fio's replayed "
+                                               "verify takes passes of the job's own; it is modelled for one pass)")
     for name in ("bs", "bsrange", "bssplit"):
         if name in given:
             read, write = v[name]

@@ -4,7 +4,11 @@ N the job clone's number counted from 1 over the whole run, in fio's line format
 
     time (ms since the job started), value, direction (0 read, 1 write), block size, priority
 
-and with log_offset=1 the I/O's offset in bytes before the priority (0 in averaged lines).
+With per_job_logs=0 the number is left out (NAME_bw.log): every job and clone that names
+NAME shares the file, each appending its lines as it ends, as fio does (a file an
+earlier run left is appended to, not replaced).
+
+With log_offset=1 the I/O's offset in bytes before the priority (0 in averaged lines).
 The priority column, as fio writes it: 1 for an I/O of the realtime class, else 0; with
 log_prio=1 the I/O's priority value (class << 13 | level) in hex (0x2000); 0 (0x0000)
 in averaged lines.
@@ -23,12 +27,16 @@ for its synchronous engines).
 """
 from __future__ import annotations
 
+import io
+import threading
+
 import numpy as np
 
 from cxlhm_apps.fio.cmdprio import IOPRIO_CLASS_SHIFT
 from cxlhm_apps.fio.stats import unmeasured
 
 REALTIME = 1  # the realtime ioprio class, the one fio's log marks with 1
+_SHARED_APPEND = threading.Lock()  # (per_job_logs=0: one job's lines at a time into a shared file)
 
 KINDS = ("lat", "clat", "slat", "bw", "iops")
 OPTION_OF = {"lat": "write_lat_log", "clat": "write_lat_log", "slat": "write_lat_log",
@@ -44,13 +52,17 @@ class JobLogs:
         self.offsets = bool(job["log_offset"]) if job is not None else False  # fio's log_offset column
         self.prio_values = bool(job["log_prio"]) if job is not None else False  # fio's log_prio
         self.start_ns = start_ns
+        self.shared = {}  # kind -> the file name jobs share (per_job_logs=0); its lines gather in memory
         self.unmeasured = unmeasured(job) if job is not None else frozenset()  # (no per-I/O entries of those)
         for kind in KINDS if job is not None else ():
             prefix = job[OPTION_OF[kind]]
             if prefix is True:  # written bare: fio names the log after the job
                 prefix = job.name
-            if prefix:
+            if prefix and job["per_job_logs"]:
                 self.files[kind] = open(f"{prefix}_{kind}.{number}.log", "w")
+            elif prefix:
+                self.shared[kind] = f"{prefix}_{kind}.log"
+                self.files[kind] = io.StringIO()
         self._window_start = None
         self._acc = {}  # (kind, direction) -> [sum, count] in the current window
 
@@ -139,6 +151,9 @@ class JobLogs:
     def close(self, end_ns: int | None = None) -> None:
         if self.avg_ns and self._window_start is not None and self._acc and end_ns is not None:
             self._flush(max(end_ns, self._window_start + 1))
-        for f in self.files.values():
+        for kind, f in self.files.items():
+            if kind in self.shared:
+                with _SHARED_APPEND, open(self.shared[kind], "a") as out:
+                    out.write(f.getvalue())
             f.close()
         self.files = {}

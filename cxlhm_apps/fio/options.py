@@ -527,6 +527,9 @@ OPTIONS: tuple[Option, ...] = (
            "divides it) instead of one per block", group="verify"),
     Option("do_verify", "bool", _bool, True, "read back and check what a write job wrote, after it finishes", group="verify"),
     Option("verify_fatal", "bool", _bool, False, "stop the job at the first verification failure", group="verify"),
+    Option("experimental_verify", "bool", _bool, False,
+           "fio's replayed verify (its offsets drawn again, not logged): the same blocks are read back and "
+           "checked, in the history's order (one pass: not with loops > 1 or time_based)", group="verify"),
     Option("verify_backlog", "int", _int_at_least(0), 0, "verify every N written blocks as the job goes (0: at the end)", group="verify"),
     # what writes carry
     Option("dedupe_percentage", "int", _int_at_least(0, 100), 0,
@@ -576,6 +579,9 @@ OPTIONS: tuple[Option, ...] = (
            "realtime class, else 0 (fio's default)", group="report"),
     Option("log_offset", "bool", _bool, False, "logs carry each I/O's offset (a column before the last)",
            group="report"),
+    Option("per_job_logs", "bool", _bool, True,
+           "1: each clone's logs are its own (NAME_bw.N.log); 0: jobs naming NAME share NAME_bw.log, each "
+           "appending its lines as it ends (a file an earlier run left grows)", group="report"),
     Option("log_avg_msec", "int", _int_at_least(0), 0,
            "average the logs over windows of this many ms (0: one line per I/O)", group="report"),
     Option("percentile_list", "float_list", parse_float_list, None, "percentiles to report, e.g. 50:99:99.9 (default: fio's 17)",

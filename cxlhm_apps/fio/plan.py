@@ -49,16 +49,21 @@ def plan_clones(jobs: list[JobSpec]) -> list[ClonePlan]:
         min_bs, max_bs = min(c.min for c in active), max(c.max for c in active)
         if engine_of(job).uses_device:
             files.check_profile(job)
+        diskless = engine_of(job).diskless
         for clone in range(job["numjobs"]):
             filename = files.job_filename(job, clone)
-            files.check_target(job, filename)
-            existing = os.path.getsize(filename) if os.path.isfile(filename) else 0
+            existing = 0
+            if not diskless:
+                files.check_target(job, filename)
+                existing = os.path.getsize(filename) if os.path.isfile(filename) else 0
             known = job["filesize"] or existing  # fio: filesize is the file's size, size the I/O's
             offset = resolve_share(job["offset"], known, job, "offset", min_bs)
             offset += clone * resolve_share(job["offset_increment"], known, job, "offset_increment", min_bs)
             if job["size"] is None:
                 if known <= offset:
-                    raise job.error("size", f"size= is needed: {filename} does not exist or is empty")
+                    raise job.error("size", f"size= is needed: ioengine={job['ioengine']} has no file to take it "
+                                            "from" if diskless else
+                                    f"size= is needed: {filename} does not exist or is empty")
                 size = known - offset
             else:
                 size = resolve_share(job["size"], known, job, "size", min_bs)
@@ -76,7 +81,7 @@ def zone_file_size(job: JobSpec, plan: ClonePlan) -> int:
     """Where strided zones wrap: the file's size, as fio's real_file_size (an existing file
     larger than the job's region included; a device's image is the region's)."""
     size = plan.file_end
-    if not engine_of(job).uses_device and os.path.isfile(plan.filename):
+    if engine_of(job).plain_file and os.path.isfile(plan.filename):
         size = max(size, os.path.getsize(plan.filename))
     return size
 
@@ -93,7 +98,14 @@ def loop_pass_bytes(job: JobSpec, plan: ClonePlan) -> int | None:
     directions (fio's pass ends where either direction reaches the file's end)."""
     from cxlhm_apps.fio.raw_engines import ENGINE_OPS
     ops = ENGINE_OPS.get(job["ioengine"])
-    if job["loops"] <= 1 or job["time_based"]:
+    if job["time_based"]:
+        # with verify, fio ends a time_based job's do_io once `size` bytes are issued, verifies
+        # them and starts again, until the run time ends one (that last one is not verified);
+        # a synchronous engine's I/Os are never counted as issued, so it never ends one
+        from cxlhm_apps.fio.verify import spec_of
+        cycles = bool(spec_of(job)) and job["do_verify"] and job["rw"].writes
+        return plan.region_len if cycles and not (ops is not None and ops.sync) else None
+    if job["loops"] <= 1:
         return None
     rw = job["rw"]
     if ops is not None and ops.sync:

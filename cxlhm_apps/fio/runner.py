@@ -39,6 +39,7 @@ from cxlhm_apps.fio.pattern import Chunk, IoGenerator, size_choices
 from cxlhm_apps.fio.progress import Progress
 from cxlhm_apps.fio.sidework import SideWork
 from cxlhm_apps.fio.stats import SAMPLE_WINDOW_NS, JobStats, unmeasured
+from cxlhm_apps.fio.pass_boundaries import PassBoundaries
 from cxlhm_apps.fio.verify_phase import INLINE_IOS, NEVER, VerifyPhase
 
 # I/Os generated per chunk (bounded by memory when verifying). A chunk's reads are one
@@ -77,7 +78,7 @@ class RunResult:
 
 # ---------------------------------------------------------------- one clone
 
-class Worker(VerifyPhase):
+class Worker(VerifyPhase, PassBoundaries):
     """Runs one job clone in its own thread."""
 
     def __init__(self, plan: ClonePlan, share: DeviceShare | None, seed: int, thread_number: int = 1,
@@ -94,7 +95,7 @@ class Worker(VerifyPhase):
         loop_bytes = None
         if not job["time_based"]:
             budget = loop_budget(job, plan)
-            loop_bytes = loop_pass_bytes(job, plan)
+        loop_bytes = loop_pass_bytes(job, plan)
         fio_seeds = fiorand.FioSeeds.of_job(job, thread_number, seed)  # randseed and the job's number
         self.gen = IoGenerator(rw=rw, sequencer=job["rw_sequencer"], rwmixread=job["rwmixread"], sizes=sizes,
                                region_start=plan.region_start, region_len=plan.region_len,
@@ -107,9 +108,9 @@ class Worker(VerifyPhase):
         sprandom.attach(self.gen, job, plan.region_len, fio_seeds)  # (sprandom: its offsets and io_size)
         # fio drops a file's cached pages again as it opens it for a new pass, and, buffered,
         # at each time_based restart (the device has no host page cache)
-        page_cache = job["invalidate"] and not engine_of(job).uses_device
+        page_cache = job["invalidate"] and engine_of(job).plain_file
         self.gen.drop_at_passes, self.gen.drop_at_restarts = page_cache, page_cache and not job["direct"]
-        self._ios_done = self._drops_done = 0  # I/Os the job ran; of gen.cache_drops, those behind it
+        self._ios_done = self._drops_done = self._passes_done = 0  # I/Os the job ran; of gen's marks, those behind
         qd = job["iodepth"]
         # dedupe / compression: every write's bytes made for it (None: the arena's as they are)
         self.buffers = buffers.JobBuffers.of_job(job, thread_index=thread_number - 1, threads=threads,
@@ -244,7 +245,7 @@ class Worker(VerifyPhase):
 
     def _run(self) -> None:
         job, engine = self.job, self.engine
-        if job["invalidate"] and not engine_of(job).uses_device:
+        if job["invalidate"] and engine_of(job).plain_file:
             files.drop_cached(self.plan.filename, self.plan.region_start, self.plan.region_len)
         rw = job["rw"]
         self.state = "m" if rw.mixed else ("w" if rw.writes else "r")
@@ -286,10 +287,9 @@ class Worker(VerifyPhase):
                     break
             if now >= job_end:
                 break
-            next_drop = self._next_cache_drop()
+            next_drop = self._next_boundary()
             if next_drop == self._ios_done:
-                files.drop_cached(self.plan.filename, self.plan.region_start, self.plan.region_len)
-                self._drops_done += 1
+                self._at_boundary()
                 continue
             if self.syncs is not None and self.syncs.due():
                 now = self._sync(self.syncs.due(), measuring)
@@ -377,13 +377,9 @@ class Worker(VerifyPhase):
             self.flow.leave()
         main_ios = [d.ios for d in self.stats.dirs]  # what the job's own phase did, per direction
         main_end = verify_start = engine.now_ns()
-        if self.verify_kind and job["do_verify"] and len(self.vlog) and not self._stop.is_set() and not self.stats.error:
-            self.state = "V"
-            main_end = verify_start = engine.drain()
-            self._before_verify()
-            # fio draws the writes' seeds again from the start for its verify phase
-            self._verify_pass(self.vlog.take(), record=True, seeds_from=0 if self.check_seed else None)
-            self._side.settle()  # (its statistics are recorded on the side thread)
+        verified_from = None if job["time_based"] else self._verify_written()  # (fio: the run time ended it)
+        if verified_from is not None:
+            main_end = verify_start = verified_from
         end = engine.drain()  # the job's last I/O has completed
         self._sample(end, final=True)
         stats = self.stats  # a new object if ramp_time reset it
@@ -419,13 +415,6 @@ class Worker(VerifyPhase):
             fn(*args)
         else:
             self._side.submit(fn, *args)
-
-    def _next_cache_drop(self) -> int | None:
-        """The number of the I/O before which the file's cached pages go next (None: none due)."""
-        drops = self.gen.cache_drops
-        while self._drops_done < len(drops) and drops[self._drops_done] < self._ios_done:
-            self._drops_done += 1
-        return drops[self._drops_done] if self._drops_done < len(drops) else None
 
     def _sync(self, kind: int, measuring: bool) -> int:
         """A sync fsync=N / fdatasync=N made due: the I/Os in flight complete, then the
@@ -536,7 +525,7 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None, readonly:
         log(note)
     plans = plan_clones(jobs)
     for plan in plans:
-        files.set_up(plan, engine_of(plan.job).uses_device, log, readonly=readonly)
+        files.set_up(plan, engine_of(plan.job), log, readonly=readonly)
     shares = open_devices(plans, log)
     for kind in {VF.TYPES.get(plan.job["verify"], 0) for plan in plans}:
         VF.warm_up(kind)  # compiled now, not inside a job's runtime (a cold cache takes seconds)
@@ -588,7 +577,7 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None, readonly:
             devices.append(info)
             share.handle.close()
     for plan in plans:  # (fio's unlink: its file goes once the job is done; here once the run is)
-        if plan.job["unlink"] and not engine_of(plan.job).uses_device:
+        if plan.job["unlink"] and engine_of(plan.job).plain_file:
             files.remove(plan.filename)
     messages = [m for w in workers for m in w.messages]
     device_by_path = {d["backing_file"]: d for d in devices}

@@ -18,6 +18,7 @@ What the job expects of a block (its seed, its write number) is the runner's bus
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import hashlib
@@ -325,7 +326,7 @@ def _payload_sum(data, words, at, length, kind, table, hw):
 
 
 @numba.njit(nogil=True, cache=True)
-def _stamp_many(data, words, starts, sizes, kind, offsets, seeds, numberios, thread, table, hw):
+def _stamp_many(data, words, starts, sizes, kind, offsets, seeds, numberios, thread, table, hw, with_sum):
     for b in range(starts.shape[0]):
         at, length = starts[b], sizes[b]
         for j in range(HEADER_BYTES):
@@ -338,7 +339,8 @@ def _stamp_many(data, words, starts, sizes, kind, offsets, seeds, numberios, thr
         _put(data, at + 32, thread & 0xFFFF, 2)
         _put(data, at + 34, numberios[b] & 0xFFFF, 2)
         _put(data, at + CRC_AT, _crc32c_at(data, words, at, at + CRC_AT, table, hw) ^ np.uint64(0xFFFFFFFF), 4)
-        _put(data, at + HEADER_BYTES, _payload_sum(data, words, at, length, kind, table, hw), 4)
+        if with_sum:
+            _put(data, at + HEADER_BYTES, _payload_sum(data, words, at, length, kind, table, hw), 4)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -389,14 +391,14 @@ def stamp_many(data: np.ndarray, starts, sizes, kind, offsets, seeds: np.ndarray
             VP.stamp_spec(kind, data, starts, sizes, offsets, seeds, numberios)
             return
         kind, thread = kind.kind, kind.thread
-    if kind not in (5, 15):  # md5: hashlib's, a block at a time
-        for b in range(len(starts)):
-            stamp(data[int(starts[b]):int(starts[b]) + int(sizes[b])], kind, int(offsets[b]), int(seeds[b]),
-                  int(numberios[b]), thread)
-        return
     words, starts, sizes, offsets, hw = _batch_args(data, starts, sizes, offsets)
+    compiled_sum = kind in (5, 15)
     _stamp_many(data, words, starts, sizes, kind, offsets, np.ascontiguousarray(seeds, np.uint64),
-                np.ascontiguousarray(numberios, np.int64), thread, _CRC32C_TABLE, hw)
+                np.ascontiguousarray(numberios, np.int64), thread, _CRC32C_TABLE, hw, compiled_sum)
+    if not compiled_sum and SUM_BYTES[kind]:  # md5: hashlib's, over each payload after its header
+        after = header_bytes(kind)
+        for at, length in zip(starts.tolist(), sizes.tolist()):
+            data[at + HEADER_BYTES:at + after] = np.frombuffer(checksum(kind, data[at + after:at + length]), np.uint8)
 
 
 def check_many(data: np.ndarray, starts, sizes, kind, offsets, seeds: np.ndarray | None = None,
@@ -519,17 +521,37 @@ class VerifyLog:
         self.max_bs, self.align = max_bs, align
         self.entries: collections.deque[Written] = collections.deque()  # list mode, write order
         self.by_offset: dict[int, list[Written]] = {}  # live entries by offset (a list: list mode repeats)
+        # the offsets of by_offset, sorted, per max_bs-wide cell: a write finds what it overlaps
+        # by bisection in the cells its reach spans, not by probing every aligned offset
+        self.cells: dict[int, list[int]] = {}
         self.live = 0
 
     def __len__(self) -> int:
         return self.live
 
+    def _starts_within(self, lo: int, hi: int) -> list[int]:
+        """The offsets of live entries in [lo, hi), ascending."""
+        found: list[int] = []
+        for cell in range(lo // self.max_bs, (hi - 1) // self.max_bs + 1):
+            starts = self.cells.get(cell)
+            if starts:
+                found += starts[bisect.bisect_left(starts, lo):bisect.bisect_left(starts, hi)]
+        return found
+
+    def _forget(self, start: int) -> None:
+        del self.by_offset[start]
+        cell = self.cells[start // self.max_bs]
+        del cell[bisect.bisect_left(cell, start)]
+        if not cell:
+            del self.cells[start // self.max_bs]
+
     def add(self, entry: Written) -> None:
         offset, size, index = entry.offset, entry.size, self.by_offset
-        for start in range(max(0, offset - self.max_bs + self.align), offset + size, self.align):
-            known = index.get(start)
-            if not known:
-                continue
+        # live entries never overlap one another (an exact repeat aside), so of those that
+        # start before this write only the last one can reach into it
+        below = self._starts_within(max(0, offset - self.max_bs + self.align), offset)[-1:]
+        for start in below + self._starts_within(offset, offset + size):
+            known = index[start]
             keep = [e for e in known if not self.sorted and e.offset == offset and e.size == size]
             if len(keep) == len(known):
                 continue
@@ -541,8 +563,11 @@ class VerifyLog:
             if kept:
                 index[start] = kept
             else:
-                del index[start]
-        index.setdefault(offset, []).append(entry)
+                self._forget(start)
+        if offset not in index:
+            index[offset] = []
+            bisect.insort(self.cells.setdefault(offset // self.max_bs, []), offset)
+        index[offset].append(entry)
         self.live += 1
         if not self.sorted:
             self.entries.append(entry)
@@ -553,7 +578,8 @@ class VerifyLog:
         out: list[Written] = []
         if self.sorted:
             for key in sorted(self.by_offset)[:limit]:
-                out.extend(self.by_offset.pop(key))
+                out.extend(self.by_offset[key])
+                self._forget(key)
         else:
             while len(out) < limit:
                 e = self.entries.popleft()
@@ -563,6 +589,6 @@ class VerifyLog:
                     if rest:
                         self.by_offset[e.offset] = rest
                     else:
-                        del self.by_offset[e.offset]
+                        self._forget(e.offset)
         self.live -= len(out)
         return out

@@ -82,11 +82,15 @@ def parse_pattern(text: str) -> Pattern:
             continue
         m = _HEX.match(text, i)
         if m:
-            digits = m.group(1)
+            digits, end = m.group(1), m.end()
+            if digits.endswith("0") and len(digits) > 1 and text[end:end + 1] in ("x", "X"):
+                digits, end = digits[:-1], end - 1  # (0xff0x14: the 0 starts the next number, as fio reads it)
             out += bytes.fromhex(digits if len(digits) % 2 == 0 else "0" + digits)
-            i = m.end()
+            i = end
             continue
-        m = _DECIMAL.match(text, i)
+        # fio reads a decimal only up to the next 0x anywhere after it: -120xff is -12, then 0xff
+        next_hex = min((k for k in (text.find("0x", i), text.find("0X", i)) if k > i), default=len(text))
+        m = _DECIMAL.match(text[:next_hex], i)
         if m and not text.startswith(("0x", "0X"), m.start(1)):
             value = int(m.group(1))
             if not -2**31 <= value < 2**31:

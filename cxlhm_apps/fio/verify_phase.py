@@ -31,8 +31,30 @@ class VerifyPhase:
         flush = getattr(self.engine, "flush", None)
         if flush is not None:
             flush()
-        if not engine_of(self.job).uses_device:
+        if engine_of(self.job).plain_file:
             files.drop_cached(self.plan.filename, self.plan.region_start, self.plan.region_len)
+
+    @property
+    def verify_each_pass(self) -> bool:
+        """Whether each `loops` pass is verified before the next begins (fio's do_verify
+        after every do_io of a job that writes); the last pass is the job's end."""
+        return bool(self.verify_kind and self.job["do_verify"] and self.job["rw"].writes)
+
+    def _verify_written(self) -> int | None:
+        """fio's do_verify: what the job wrote since the last one, read back and checked.
+        Returns the time the reads began (None: nothing to verify)."""
+        if not (self.verify_kind and self.job["do_verify"] and len(self.vlog)) or self._stop.is_set() \
+                or self.stats.error:
+            return None
+        self.state = "V"
+        start = self.engine.drain()
+        self._before_verify()
+        # fio draws the pass's write seeds again from their start for its verify phase
+        blocks = self.vlog.take()
+        first = min(b.numberio for b in blocks)  # (the pass's first write: its seeds began there)
+        self._verify_pass(blocks, record=True, seeds_from=first if self.check_seed else None)
+        self._side.settle()  # (its statistics are recorded on the side thread)
+        return start
 
     def _after_verified_io(self, chunk: Chunk) -> None:
         """Log the chunk's writes (fio's history); check its reads where fio does: every
@@ -47,7 +69,7 @@ class VerifyPhase:
                                                   VF.seeds_of(self.seed, serials).tolist(), serials.tolist()):
                 add(written(offset, size, seed, serial))
             self.backlog_due += writes.shape[0]
-        if not self.job["rw"].writes:
+        if not self.job["rw"].writes and not engine_of(self.job).diskless:  # (fio: a fake-I/O engine passes)
             reads = np.flatnonzero(~is_write)
             self.stats.verified_blocks += reads.shape[0]
             for _, failure in VF.check_many(self.arena.data, chunk.slot[reads] * self.arena.slot_bytes,
@@ -97,8 +119,9 @@ class VerifyPhase:
                 numberios = None
                 if self.check_numberio:
                     numberios = np.array([blocks[j].numberio for j in range(first, first + len(executed))], np.int64)
-                failures = VF.check_many(arena.data, executed.slot * arena.slot_bytes, executed.size,
-                                         self.verify_kind, executed.offset, seeds, numberios)
+                failures = () if engine_of(self.job).diskless else VF.check_many(
+                    arena.data, executed.slot * arena.slot_bytes, executed.size, self.verify_kind, executed.offset,
+                    seeds, numberios)
                 for i, failure in failures:
                     self._verify_failed(failure)
                     if self._stop.is_set():  # verify_fatal: what was checked ends at this block
