@@ -126,3 +126,33 @@ def test_experimental_verify_runs_for_one_pass_and_is_refused_for_several(tmp_pa
     assert job["error"] == 0 and job["read"]["total_ios"] == job["write"]["total_ios"] == 32
     with pytest.raises(JobFileError, match="experimental_verify.*loops > 1"):
         run_ours(base + "loops=2\n")
+
+
+def _trace(path) -> list[tuple]:
+    """A v3 I/O log without its times: (file, action, offset, length) per line, versions too."""
+    return [tuple(line.split()[1:]) if line[0].isdigit() else (line,) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("job_text", [
+    "rw=write\nbs=8k\nsize=32k\nfsync=2\nverify=crc32c\n",  # a sync, then the verify phase's reopen and reads
+    "rw=read\nbs=8k\nsize=32k\nloops=2\n",  # each pass opens the file again
+    "rw=randrw\nbs=4k\nsize=64k\nnumjobs=2\n",  # both clones append to the one log
+])
+def test_write_iolog_is_fios_trace(tmp_path, monkeypatch, job_text):
+    monkeypatch.chdir(tmp_path)
+    text = "[j]\nioengine=psync\nfilename=f\nwrite_iolog=trace.log\n" + job_text
+    run_ours(text)
+    ours = _trace(tmp_path / "trace.log")
+    assert ours[0] == ("fio version 3 iolog",) and ours[1:3] == [("f", "add"), ("f", "open")]
+    assert ours[-1] == ("f", "close")
+    times = [int(line.split()[0]) for line in (tmp_path / "trace.log").read_text().splitlines() if line[0].isdigit()]
+    if "numjobs" not in job_text:
+        assert times == sorted(times)
+    if FIO:
+        os.remove(tmp_path / "trace.log")
+        real_fio_job(text)
+        theirs = _trace(tmp_path / "trace.log")
+        if "numjobs" in job_text:  # (the clones' random offsets are each their own; the shape is fio's)
+            assert [t[1] if len(t) > 1 else t for t in ours] == [t[1] if len(t) > 1 else t for t in theirs]
+        else:
+            assert ours == theirs

@@ -90,7 +90,7 @@ EXAMPLES = {
     "blockalign": ("8k", (8192, 8192)), "loops": ("3", 3), "numa_cpu_nodes": ("0", "0"),
     "numa_mem_policy": ("local", "local"), "wait_for": ("w", "w"), "exitall": ("1", True),
     "exit_what": ("stonewall", "stonewall"), "write_lat_log": ("lat", "lat"), "write_bw_log": ("bw", "bw"),
-    "write_iops_log": ("io", "io"), "log_avg_msec": ("500", 500), "per_job_logs": ("0", False), "flow": ("-8", -8), "flow_id": ("2", 2),
+    "write_iops_log": ("io", "io"), "log_avg_msec": ("500", 500), "per_job_logs": ("0", False), "write_iolog": ("io.log", "io.log"), "flow": ("-8", -8), "flow_id": ("2", 2),
     "flow_sleep": ("1000", 1000), "thinktime": ("2000", 2 * 10**6), "thinktime_spin": ("1ms", 10**6),
     "thinktime_blocks": ("8", 8), "thinktime_blocks_type": ("issue", "issue"), "thinktime_iotime": ("2", 2 * 10**9),
     "rate": ("1m,500k", (1 << 20, 500 << 10)), "rate_iops": ("100,", (100, None)),

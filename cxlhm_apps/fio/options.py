@@ -579,6 +579,9 @@ OPTIONS: tuple[Option, ...] = (
            "realtime class, else 0 (fio's default)", group="report"),
     Option("log_offset", "bool", _bool, False, "logs carry each I/O's offset (a column before the last)",
            group="report"),
+    Option("write_iolog", "str", _text, None,
+           "write the job's I/O to this file in fio's trace format v3 (microseconds, file, action, offset, "
+           "length); appended to, as fio does", group="report"),
     Option("per_job_logs", "bool", _bool, True,
            "1: each clone's logs are its own (NAME_bw.N.log); 0: jobs naming NAME share NAME_bw.log, each "
            "appending its lines as it ends (a file an earlier run left grows)", group="report"),

@@ -39,6 +39,7 @@ from cxlhm_apps.fio.pattern import Chunk, IoGenerator, size_choices
 from cxlhm_apps.fio.progress import Progress
 from cxlhm_apps.fio.sidework import SideWork
 from cxlhm_apps.fio.stats import SAMPLE_WINDOW_NS, JobStats, unmeasured
+from cxlhm_apps.fio.iolog import IoLogWriter
 from cxlhm_apps.fio.pass_boundaries import PassBoundaries
 from cxlhm_apps.fio.verify_phase import INLINE_IOS, NEVER, VerifyPhase
 
@@ -166,6 +167,7 @@ class Worker(VerifyPhase, PassBoundaries):
         self.syncs = syncs.SyncSchedule.of(job, self.gen.pass_starts)  # fsync=N / fdatasync=N (None: none)
         self.steady = steadystate.SteadyState.of_job(job)  # ss_dur: sampled by the run's steadystate.Monitor
         self.logs = JobLogs()  # none; run_jobs gives the clone its own (numbered) where the job asks
+        self.iolog: IoLogWriter | None = None  # write_iolog's, from the job's start
         self._side = SideWork(f"cxlhm-fio-{job.name}.{plan.clone}-side")
         self._ahead_bytes = 0  # bytes of the chunk made ahead and not taken yet
 
@@ -252,6 +254,7 @@ class Worker(VerifyPhase, PassBoundaries):
         self._wall_start = time.monotonic_ns()
         t0 = self._t_start = engine.now_ns()
         self.logs.start(t0)
+        self.iolog = IoLogWriter.of_job(job, self.plan.filename, t0)
         if self.flow is not None:
             self.flow.join()
         pacer = self.pacer
@@ -423,6 +426,8 @@ class Worker(VerifyPhase, PassBoundaries):
         start = engine.drain()
         end = engine.flush(data_only=kind == syncs.FDATASYNC)
         self.syncs.did_sync()
+        if self.iolog is not None:
+            self.iolog.sync(kind == syncs.FDATASYNC, end)
         if measuring:
             self._record(True, self.stats.record_sync, end - start, kind == syncs.FSYNC)
         return end
@@ -457,6 +462,8 @@ class Worker(VerifyPhase, PassBoundaries):
     def _account(self, chunk: Chunk, done, measuring: bool) -> None:
         if done.count == 0:
             return
+        if self.iolog is not None:
+            self.iolog.batch(chunk, done, self._ios_done, self.gen.pass_starts)
         if measuring and self.logs.active:
             tags = getattr(done, "prio", None)  # (an engine's command priorities, cmdprio.py)
             self.logs.record(chunk.direction, chunk.size, done.slat, done.clat, done.end_ns, chunk.offset,
@@ -508,6 +515,8 @@ class Worker(VerifyPhase, PassBoundaries):
 
     def close(self) -> None:
         self.logs.close(self.engine.now_ns() if self.engine is not None else None)
+        if self.iolog is not None:
+            self.iolog.close(self.engine.now_ns())
         if self.engine is not None:
             self.engine.close()
         self.arena.close()

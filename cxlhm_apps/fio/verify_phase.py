@@ -48,6 +48,8 @@ class VerifyPhase:
             return None
         self.state = "V"
         start = self.engine.drain()
+        if self.iolog is not None:
+            self.iolog.reopen(start)
         self._before_verify()
         # fio draws the pass's write seeds again from their start for its verify phase
         blocks = self.vlog.take()
@@ -101,6 +103,8 @@ class VerifyPhase:
             while len(chunk):
                 done = engine.execute(chunk, arena, NEVER, keep_read_data=True)
                 executed, chunk = chunk.take(0, done.count), chunk.take(done.count)
+                if self.iolog is not None:
+                    self.iolog.batch(executed, done)
                 if record:  # (on the side thread, as the job's own I/O: the checks below need the job's)
                     stats = self.stats
                     slat = None if done.slat is None else np.array(done.slat, np.int64)  # (the side thread's own)
