@@ -23,11 +23,10 @@ ends.
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
-_APPEND = threading.Lock()  # (one clone's block at a time into a shared log)
+from cxlhm_apps.fio.logs import append_whole
+
 VERSION_LINE = "fio version 3 iolog"
 
 
@@ -53,10 +52,12 @@ class IoLogWriter:
     def _file_event(self, action: str, now_ns: int) -> None:
         self.lines.append(f"{self._us(now_ns)} {self.filename} {action}")
 
+    def _reopened(self, t_us: int) -> None:
+        self.lines += [f"{t_us} {self.filename} close", f"{t_us} {self.filename} open"]
+
     def reopen(self, now_ns: int) -> None:
         """A new pass, or the verify phase: fio closes the file and opens it again."""
-        self._file_event("close", now_ns)
-        self._file_event("open", now_ns)
+        self._reopened(self._us(now_ns))
 
     def batch(self, chunk, done, ios_done: int = 0, pass_starts=()) -> None:
         """An engine's batch (pattern.Chunk, ioengine.Completed); `ios_done`: the job's I/Os
@@ -81,7 +82,7 @@ class IoLogWriter:
         name = self.filename
         for i, (t, d, o, s) in enumerate(zip(stamps, direction.tolist(), offset.tolist(), size.tolist())):
             if i in reopen_before:
-                self.lines += [f"{t} {name} close", f"{t} {name} open"]
+                self._reopened(t)
             self.lines.append(f"{t} {name} {names[d]} {o} {s}")
         writes = np.flatnonzero(direction == 1)
         if writes.shape[0]:
@@ -96,6 +97,5 @@ class IoLogWriter:
         if self.lines is None:
             return
         self._file_event("close", now_ns)
-        with _APPEND, open(self.path, "a") as out:
-            out.write("\n".join(self.lines) + "\n")
+        append_whole(self.path, "\n".join(self.lines) + "\n")
         self.lines = None

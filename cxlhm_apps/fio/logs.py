@@ -36,11 +36,18 @@ from cxlhm_apps.fio.cmdprio import IOPRIO_CLASS_SHIFT
 from cxlhm_apps.fio.stats import unmeasured
 
 REALTIME = 1  # the realtime ioprio class, the one fio's log marks with 1
-_SHARED_APPEND = threading.Lock()  # (per_job_logs=0: one job's lines at a time into a shared file)
+_SHARED_APPEND = threading.Lock()  # (one clone's lines at a time into a file clones share)
 
 KINDS = ("lat", "clat", "slat", "bw", "iops")
 OPTION_OF = {"lat": "write_lat_log", "clat": "write_lat_log", "slat": "write_lat_log",
              "bw": "write_bw_log", "iops": "write_iops_log"}
+
+
+def append_whole(path: str, text: str) -> None:
+    """A clone's lines added to a file other clones (and later runs) add to, in one piece,
+    as fio appends to a log that jobs share."""
+    with _SHARED_APPEND, open(path, "a") as out:
+        out.write(text)
 
 
 class JobLogs:
@@ -153,7 +160,6 @@ class JobLogs:
             self._flush(max(end_ns, self._window_start + 1))
         for kind, f in self.files.items():
             if kind in self.shared:
-                with _SHARED_APPEND, open(self.shared[kind], "a") as out:
-                    out.write(f.getvalue())
+                append_whole(self.shared[kind], f.getvalue())
             f.close()
         self.files = {}

@@ -102,9 +102,8 @@ def loop_pass_bytes(job: JobSpec, plan: ClonePlan) -> int | None:
         # with verify, fio ends a time_based job's do_io once `size` bytes are issued, verifies
         # them and starts again, until the run time ends one (that last one is not verified);
         # a synchronous engine's I/Os are never counted as issued, so it never ends one
-        from cxlhm_apps.fio.verify import spec_of
-        cycles = bool(spec_of(job)) and job["do_verify"] and job["rw"].writes
-        return plan.region_len if cycles and not (ops is not None and ops.sync) else None
+        from cxlhm_apps.fio.verify import verifies_each_pass
+        return plan.region_len if verifies_each_pass(job) and not (ops is not None and ops.sync) else None
     if job["loops"] <= 1:
         return None
     rw = job["rw"]

@@ -282,6 +282,12 @@ def spec_of(job, thread: int = 0):
     return VP.spec_of(job, TYPES, thread)
 
 
+def verifies_each_pass(job) -> bool:
+    """Whether fio's do_verify follows each do_io of the job (a pass, or a time_based
+    verify cycle): it writes, has a verify, and do_verify is on."""
+    return bool(spec_of(job)) and bool(job["do_verify"]) and job["rw"].writes
+
+
 def stamp(block: np.ndarray, kind: int, offset: int, seed: int, numberio: int, thread: int = 0) -> None:
     """Write fio's header and the checksum of the payload already in `block`, in place."""
     header = block[:HEADER_BYTES]

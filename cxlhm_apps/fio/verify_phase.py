@@ -4,6 +4,8 @@ at the end, as fio 3.33's verify does (cxlhm_apps/fio/verify.py holds the header
 checksums; docs/fio.md, Verification, the meaning)."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from cxlhm_apps.fio import files
@@ -34,17 +36,21 @@ class VerifyPhase:
         if engine_of(self.job).plain_file:
             files.drop_cached(self.plan.filename, self.plan.region_start, self.plan.region_len)
 
-    @property
+    @functools.cached_property
     def verify_each_pass(self) -> bool:
         """Whether each `loops` pass is verified before the next begins (fio's do_verify
         after every do_io of a job that writes); the last pass is the job's end."""
-        return bool(self.verify_kind and self.job["do_verify"] and self.job["rw"].writes)
+        return VF.verifies_each_pass(self.job)
+
+    @functools.cached_property
+    def _fake_io(self) -> bool:
+        """A diskless engine moves no data: fio's verify passes it unchecked."""
+        return engine_of(self.job).diskless
 
     def _verify_written(self) -> int | None:
         """fio's do_verify: what the job wrote since the last one, read back and checked.
         Returns the time the reads began (None: nothing to verify)."""
-        if not (self.verify_kind and self.job["do_verify"] and len(self.vlog)) or self._stop.is_set() \
-                or self.stats.error:
+        if not (self.verify_each_pass and len(self.vlog)) or self._stop.is_set() or self.stats.error:
             return None
         self.state = "V"
         start = self.engine.drain()
@@ -71,7 +77,7 @@ class VerifyPhase:
                                                   VF.seeds_of(self.seed, serials).tolist(), serials.tolist()):
                 add(written(offset, size, seed, serial))
             self.backlog_due += writes.shape[0]
-        if not self.job["rw"].writes and not engine_of(self.job).diskless:  # (fio: a fake-I/O engine passes)
+        if not self.job["rw"].writes and not self._fake_io:
             reads = np.flatnonzero(~is_write)
             self.stats.verified_blocks += reads.shape[0]
             for _, failure in VF.check_many(self.arena.data, chunk.slot[reads] * self.arena.slot_bytes,
@@ -123,7 +129,7 @@ class VerifyPhase:
                 numberios = None
                 if self.check_numberio:
                     numberios = np.array([blocks[j].numberio for j in range(first, first + len(executed))], np.int64)
-                failures = () if engine_of(self.job).diskless else VF.check_many(
+                failures = () if self._fake_io else VF.check_many(
                     arena.data, executed.slot * arena.slot_bytes, executed.size, self.verify_kind, executed.offset,
                     seeds, numberios)
                 for i, failure in failures:
