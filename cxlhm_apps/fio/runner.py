@@ -140,7 +140,10 @@ class Worker(VerifyPhase, PassBoundaries):
             self.chunk_ios = min(self.chunk_ios, max(qd, FLOW_BATCH))
         self.flow = None  # its FlowTicket, where the job sets flow (run_jobs hands them out)
         self.arena = IoArena(slots, self.gen.max_bs, seed)
-        self.verify_arena: IoArena | None = None
+        # the verify phase's read buffers: the main arena may hold stamped, unissued writes
+        # (made here, as fio allocates its buffers before the job starts, not in its time)
+        reads_back = VF.verifies_each_pass(job) or (self.verify_kind and job["verify_backlog"])
+        self.verify_arena = IoArena(self.arena.slots, self.arena.slot_bytes, seed + 1) if reads_back else None
         self.state = "_"
         self.progress_bytes = [0, 0]
         self.progress_ios = [0, 0]

@@ -10,7 +10,7 @@ import numpy as np
 
 from cxlhm_apps.fio import files
 from cxlhm_apps.fio import verify as VF
-from cxlhm_apps.fio.engines import IoArena, engine_of
+from cxlhm_apps.fio.engines import engine_of
 from cxlhm_apps.fio.options import READ, WRITE
 from cxlhm_apps.fio.pattern import Chunk
 
@@ -71,11 +71,10 @@ class VerifyPhase:
         is_write = chunk.direction == WRITE
         writes = np.flatnonzero(is_write)
         if writes.shape[0]:
-            serials = chunk.serial[writes]
-            add, written = self.vlog.add, VF.Written
-            for offset, size, seed, serial in zip(chunk.offset[writes].tolist(), chunk.size[writes].tolist(),
-                                                  VF.seeds_of(self.seed, serials).tolist(), serials.tolist()):
-                add(written(offset, size, seed, serial))
+            # on the side thread while the next batch is in flight (the history is read
+            # only after a settle: a pass's verify, verify_backlog)
+            self._record(len(chunk) < INLINE_IOS, self._log_writes, chunk.offset[writes], chunk.size[writes],
+                         chunk.serial[writes])
             self.backlog_due += writes.shape[0]
         if not self.job["rw"].writes and not self._fake_io:
             reads = np.flatnonzero(~is_write)
@@ -83,6 +82,12 @@ class VerifyPhase:
             for _, failure in VF.check_many(self.arena.data, chunk.slot[reads] * self.arena.slot_bytes,
                                             chunk.size[reads], self.verify_kind, chunk.offset[reads]):
                 self._verify_failed(failure)
+
+    def _log_writes(self, offsets: np.ndarray, sizes: np.ndarray, serials: np.ndarray) -> None:
+        add, written = self.vlog.add, VF.Written
+        for offset, size, seed, serial in zip(offsets.tolist(), sizes.tolist(),
+                                              VF.seeds_of(self.seed, serials).tolist(), serials.tolist()):
+            add(written(offset, size, seed, serial))
 
     def _verify_failed(self, failure: VF.VerifyFailure) -> None:
         self.stats.verify_errors += 1
@@ -96,8 +101,6 @@ class VerifyPhase:
         j-th block checked is the (seeds_from + j)-th write's seed (None: the header's
         own), its write number where fio checks it."""
         engine = self.engine
-        if self.verify_arena is None:  # its own buffers: the main arena may hold stamped, unissued writes
-            self.verify_arena = IoArena(self.arena.slots, self.arena.slot_bytes, self.seed + 1)
         arena = self.verify_arena
         step = arena.slots
         for start in range(0, len(blocks), step):
