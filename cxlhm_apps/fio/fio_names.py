@@ -48,8 +48,6 @@ NOT_MODELLED_WHY: dict[str, str] = {
     "mem": "buffer memory types are not modelled",
     "grace_time": _ENGINE, "ttl": _ENGINE, "skip_bad": "MTD devices are not modelled",
     "cont": _ENGINE,
-    **{name: "replaying an I/O log is not modelled (write_iolog writes one in fio's format)" for name in (
-        "read_iolog", "read_iolog_chunked", "replay_no_stall", "replay_time_scale", "replay_redirect",
-        "replay_align", "replay_scale", "replay_skip", "merge_blktrace_file", "merge_blktrace_scalars",
-        "merge_blktrace_iters")},
+    **{name: "merging blktrace files is not modelled (read_iolog replays fio's own trace formats)" for name in (
+        "merge_blktrace_file", "merge_blktrace_scalars", "merge_blktrace_iters")},
 }

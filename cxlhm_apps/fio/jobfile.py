@@ -396,6 +396,12 @@ def _check_job(job: JobSpec):
     if v["experimental_verify"] and (v["loops"] > 1 or v["time_based"]) and v["do_verify"]:
         yield job.error("experimental_verify", "with loops > 1 or time_based is not modelled (fio's replayed "
                                                "verify takes passes of the job's own; it is modelled for one pass)")
+    if v["read_iolog"]:
+        def is_set(value) -> bool:
+            return any(value) if isinstance(value, tuple) else value not in ("0", "null", "none", False, 0, None)
+        yield from (job.error(name, "with read_iolog is not modelled (the log's I/O is replayed as it is)")
+                    for name in ("verify", "sprandom", "zonemode", "rate", "rate_iops", "thinktime", "flow")
+                    if name in given and is_set(v[name]))
     for name in ("bs", "bsrange", "bssplit"):
         if name in given:
             read, write = v[name]

@@ -191,6 +191,24 @@ def _int_at_least(lo: int, hi: int | None = None) -> Callable[[str, int], int]:
     return parse
 
 
+def _power_of_two(text: str, kb_base: int) -> int:
+    n = V.parse_size(text, kb_base=kb_base)
+    if n < 0 or n & (n - 1):
+        raise ValueError(f"must be a power of 2 (or 0: none), got {text!r}")
+    return n
+
+
+REPLAY_SKIPPABLE = ("read", "write", "trim", "sync")
+
+
+def parse_replay_skip(text: str, kb_base: int) -> frozenset[str]:
+    words = [w.strip() for w in text.strip().split(",")]
+    for word in words:
+        if word not in REPLAY_SKIPPABLE:
+            raise ValueError(f"unknown action {word!r}; accepted: {', '.join(REPLAY_SKIPPABLE)} (comma-separated)")
+    return frozenset(words)
+
+
 def _size(text: str, kb_base: int) -> int:
     n = V.parse_size(text, kb_base=kb_base)
     if n < 0:
@@ -582,6 +600,23 @@ OPTIONS: tuple[Option, ...] = (
     Option("write_iolog", "str", _text, None,
            "write the job's I/O to this file in fio's trace format v3 (microseconds, file, action, offset, "
            "length); appended to, as fio does", group="report"),
+    Option("read_iolog", "str", _text, None,
+           "replay this I/O log (fio's trace format 2 or 3, as write_iolog writes): its I/O, file, syncs and "
+           "timing take the place of rw, bs, size and filename", group="replay"),
+    Option("read_iolog_chunked", "bool", _bool, False,
+           "fio reads the log in pieces as it replays, to save memory; here it is read whole (the same I/O)",
+           group="replay"),
+    Option("replay_no_stall", "bool", _bool, False,
+           "replay as fast as iodepth allows, not at the log's times", group="replay"),
+    Option("replay_time_scale", "int", _int_at_least(1), 100,
+           "replay the log's gaps at this percentage of speed (100: as logged, 200: twice as fast)", group="replay"),
+    Option("replay_redirect", "str", _text, None, "send the I/O of every file in the log to this one",
+           group="replay"),
+    Option("replay_scale", "int", _int_at_least(1), 1, "divide each offset in the log by this", group="replay"),
+    Option("replay_align", "int", _power_of_two, 0, "round each offset in the log down to a multiple of this "
+           "(a power of 2)", group="replay"),
+    Option("replay_skip", "str", parse_replay_skip, frozenset(),
+           "leave these actions of the log out: read, write, trim, sync (comma-separated)", group="replay"),
     Option("per_job_logs", "bool", _bool, True,
            "1: each clone's logs are its own (NAME_bw.N.log); 0: jobs naming NAME share NAME_bw.log, each "
            "appending its lines as it ends (a file an earlier run left grows)", group="report"),
@@ -603,6 +638,7 @@ NOT_MODELLED = ("numa_cpu_nodes", "numa_mem_policy")
 FIO_NAME = {"blockalign": "ba", "iodepth_batch_submit": "iodepth_batch"}  # accepted, said in the run's messages
 GROUP_TITLES = {"description": "Description", "target": "Target", "pattern": "I/O pattern",
                 "timing": "Queueing and timing", "verify": "Data verification", "report": "Reporting",
+                "replay": "Replaying an I/O log (read_iolog)",
                 "engine": "Engine options (each with its own ioengine)",
                 "device": "Emulated device (ioengine=cxlhm)"}
 

@@ -38,6 +38,8 @@ from cxlhm_apps.fio.options import READ, WRITE
 
 
 class Pacer:
+    needs = "thinktime and rate"  # (what the model clock cannot give, where it is refused)
+
     def __init__(self, job, min_bs: tuple[int, int], same_sizes: bool, seed: int, stop: threading.Event,
                  sleep=time.sleep):
         v = job.values

@@ -10,6 +10,7 @@ import os
 from cxlhm_apps.fio import files
 from cxlhm_apps.fio.devices import check_images_stay_the_devices
 from cxlhm_apps.fio.engines import engine_of
+from cxlhm_apps.fio.iolog_replay import ReplayLog, apply_to_job
 from cxlhm_apps.fio.jobfile import JobSpec
 from cxlhm_apps.fio.options import READ, WRITE
 from cxlhm_apps.fio.pattern import size_choices
@@ -26,6 +27,7 @@ class ClonePlan:
     region_start: int
     region_len: int
     file_end: int  # bytes of the file this clone touches (offset + size)
+    replay: ReplayLog | None = None  # read_iolog's log, whose I/O the clone replays
 
 
 def resolve_share(value, total: int | None, job: JobSpec, name: str, align: int = 1) -> int:
@@ -44,6 +46,7 @@ def plan_clones(jobs: list[JobSpec]) -> list[ClonePlan]:
             groupid += 1
         if k and job["stonewall"]:
             phase += 1
+        replay = apply_to_job(job) if job["read_iolog"] else None  # (the job takes the log's shape)
         sizes = size_choices(job.values)
         active = [sizes[d] for d in (READ, WRITE) if (job["rw"].reads, job["rw"].writes)[d]]
         min_bs, max_bs = min(c.min for c in active), max(c.max for c in active)
@@ -72,7 +75,7 @@ def plan_clones(jobs: list[JobSpec]) -> list[ClonePlan]:
             if size < max_bs:
                 raise job.error("size", f"the region ({size} bytes) is smaller than the block size ({max_bs} bytes)")
             end = max(offset + size, job["filesize"] or 0)
-            plans.append(ClonePlan(job, clone, groupid, phase, filename, offset, size, end))
+            plans.append(ClonePlan(job, clone, groupid, phase, filename, offset, size, end, replay))
     check_images_stay_the_devices(plans)
     return plans
 

@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from cxlhm_apps.fio import buffers, clocks, cmdprio, files, fiorand, flow, minrate, pacing, schedule, sprandom, steadystate
-from cxlhm_apps.fio import hooks, placement, syncs
+from cxlhm_apps.fio import hooks, iolog_replay, placement, syncs, warmup
 from cxlhm_apps.fio import verify as VF
 from cxlhm_apps.fio.latency_target import DepthSearch, after_batch, max_latency_exceeded, set_engine_depth
 from cxlhm_apps.fio.devices import describe_device, open_devices
@@ -173,6 +173,7 @@ class Worker(VerifyPhase, PassBoundaries):
         self.iolog: IoLogWriter | None = None  # write_iolog's, from the job's start
         self._side = SideWork(f"cxlhm-fio-{job.name}.{plan.clone}-side")
         self._ahead_bytes = 0  # bytes of the chunk made ahead and not taken yet
+        iolog_replay.attach(self, plan.replay)  # read_iolog: the log's I/O, syncs and timing instead
 
     # -------------------------------------------------------- control from outside
     def stop(self) -> None:
@@ -263,7 +264,7 @@ class Worker(VerifyPhase, PassBoundaries):
         pacer = self.pacer
         if pacer is not None:
             if isinstance(getattr(engine, "clock", None), clocks.ModelTimeScheduler):
-                raise EngineError("thinktime and rate need wall time (the model clock never sleeps); "
+                raise EngineError(f"{pacer.needs} needs wall time (the model clock never sleeps); "
                                   "use cxlhm_clock=wall")
             pacer.restart(t0)
         if self.minrate is not None:
@@ -285,10 +286,8 @@ class Worker(VerifyPhase, PassBoundaries):
             if pending is None or len(pending) == 0:
                 pending = ahead.result() if ahead is not None else self._next_chunk()
                 ahead, self._ahead_bytes = None, 0
-                if len(pending) == 0:
-                    # fio looks for one more I/O while bytes of the size are left that no
-                    # block fits in, and its sync comes first
-                    if self.syncs is not None and self.syncs.due() and (self.gen.bytes_left or 0) > 0:
+                if len(pending) == 0:  # (a sync may be due still: SyncSchedule.due_at_end)
+                    if self.syncs is not None and self.syncs.due_at_end(self.gen.bytes_left):
                         self._sync(self.syncs.due(), measuring)
                     break
             if now >= job_end:
@@ -533,16 +532,13 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None, readonly:
     """Run every job; raises JobFileError for problems found while setting up. `readonly`
     (fio's --readonly): no file is created, extended or laid out."""
     log = log or (lambda text: print(text, file=sys.stderr))
-    for note in notes(jobs):
-        log(note)
     plans = plan_clones(jobs)
+    for note in notes(jobs) + iolog_replay.notes(plans):  # (and fio's words for the lines of a log it skips)
+        log(note)
     for plan in plans:
         files.set_up(plan, engine_of(plan.job), log, readonly=readonly)
     shares = open_devices(plans, log)
-    for kind in {VF.TYPES.get(plan.job["verify"], 0) for plan in plans}:
-        VF.warm_up(kind)  # compiled now, not inside a job's runtime (a cold cache takes seconds)
-    if any(plan.job["rw"].mixed or plan.job["rw"].random for plan in plans):
-        fiorand.warm_up()  # (the same for fio's direction, offset and size draws)
+    warmup.warm_up(plans)  # (compiled kernels loaded now, not inside a job's run time)
     workers: list[Worker] = []
     started = time.time()
     try:

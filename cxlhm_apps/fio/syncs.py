@@ -76,6 +76,11 @@ class SyncSchedule:
             return 0
         return int(self._kind_at(self.writes))
 
+    def due_at_end(self, bytes_left: int | None) -> int:
+        """The sync due once no I/O is left to make: fio looks for one more I/O while bytes
+        of the size are left that no block fits in, and its sync comes first."""
+        return self.due() if (bytes_left or 0) > 0 else 0
+
     def run_length(self, direction: np.ndarray) -> int:
         """How many of the next I/Os (their directions) run before a sync is due: the
         sync comes before I/O j when the writes issued before it make a due count."""
