@@ -428,10 +428,24 @@ def run_example(path: Path, fio: str, *, size_cap: int, runtime_cap_s: int, keep
             ours = run_ours(ours_job, tmp / "ours")
             if not ours.ok:
                 return Row(path.name, "refused", [prefix + m for m in ours.message.split(" | ")], adapted.changes)
+            if label == "pre job":
+                share_replayed_logs(adapted.text, tmp / "fio", tmp / "ours")
     diffs = compare(theirs.report, ours.report, runtime_cap_s=runtime_cap_s)
     if engine:
         diffs = [d for d in diffs if "job options differ" not in d and "I/O depth" not in d]
     return Row(path.name, "differs" if diffs else "agrees", diffs, adapted.changes)
+
+
+_READ_IOLOG = re.compile(r"^\s*read_iolog\s*=\s*(\S+)\s*$", re.MULTILINE)
+
+
+def share_replayed_logs(job_text: str, fio_folder: Path, our_folder: Path) -> None:
+    """The I/O logs the job replays, as fio's pre job wrote them, in our folder too: the
+    replays are compared on the same I/O (each side's pre job writes as many I/Os as
+    its speed allows in its run time)."""
+    for name in _READ_IOLOG.findall(job_text):
+        if (fio_folder / name).is_file() and not Path(name).is_absolute():
+            shutil.copyfile(fio_folder / name, our_folder / name)
 
 
 _PROBLEM = re.compile(r"^.*?:\d+: option '([^']+)': (.*)$")

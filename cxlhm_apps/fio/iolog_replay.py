@@ -125,6 +125,7 @@ def read_log(path: str, values: dict) -> ReplayLog:
     redirect = values["replay_redirect"]
     scale, align = values["replay_scale"] or 1, values["replay_align"] or 0
     added: list[str] = []
+    closed: set[str] = set()
     io_files: set[str] = set()
     direction: list[int] = []
     offset: list[int] = []
@@ -139,9 +140,10 @@ def read_log(path: str, values: dict) -> ReplayLog:
         ttime, fields, count = _fields(line, version)
         delay = 0
         if version == 3:  # (fio takes each line's gap before it knows what the line is)
-            if ttime is not None and last_ttime and not no_stall and ttime >= last_ttime:
-                delay = (ttime - last_ttime) * 1000 * 100 // scale_time
-            last_ttime = ttime or 0
+            if ttime is not None:  # (a line without a time leaves fio's last one as it was)
+                if last_ttime and not no_stall and ttime >= last_ttime:
+                    delay = (ttime - last_ttime) * 1000 * 100 // scale_time
+                last_ttime = ttime
         where = f"{path}:{number}"
         io_line = count == (5 if version == 3 else 4)
         file_line = count == (3 if version == 3 else 2)
@@ -155,6 +157,7 @@ def read_log(path: str, values: dict) -> ReplayLog:
                 continue
             if action == "add":
                 added.append(fields[0])
+            (closed.add if action == "close" else closed.discard)(fields[0])
             pending_gap += delay
             continue
         if action == "wait":
@@ -171,8 +174,10 @@ def read_log(path: str, values: dict) -> ReplayLog:
         if action not in _IO_ACTIONS and action not in _SYNC_ACTIONS:
             skipped.append(f"fio: bad iolog file action: {action} ({where})")
             continue
-        if fields[0] not in added and not redirect:
+        if not redirect and fields[0] not in added:
             raise ReplayError(f"{where}: I/O on {fields[0]}, a file the log never added")
+        if not redirect and fields[0] in closed:  # (fio 3.33 stops on an assertion)
+            raise ReplayError(f"{where}: I/O on {fields[0]} after the log closed it")
         if action in _SYNC_ACTIONS:
             sync_at.append(len(offset))
             sync_kind.append(_SYNC_ACTIONS[action])
@@ -286,10 +291,11 @@ class ReplaySyncs:
 
 class ReplayPacer:
     """The log's timing (Pacer's interface): an I/O goes once its gap has passed since
-    the previous one was issued, and not before a format 2 wait's time. The I/Os due
-    within BATCH_HORIZON_NS of a batch's first go with it (a batch costs the runner more
-    than the few microseconds between a log's I/Os: one at a time, a replay would fall
-    ever further behind)."""
+    the previous one was issued, and not before a format 2 wait's time. An I/O goes up
+    to BATCH_HORIZON_NS early, with the others due by then in one batch (a batch costs
+    the runner more than the few microseconds between a log's I/Os, and a sleep wakes
+    late: one at a time, a replay would fall ever further behind). Going early never adds
+    up: the next gap counts from the I/O's time in the log's schedule."""
     needs = "replaying an I/O log's timing (replay_no_stall=1 replays without it)"
     paced = True
 
@@ -312,18 +318,21 @@ class ReplayPacer:
         """How many of the chunk's leading I/Os go now, after sleeping until the first is
         due. 0: the job's time ended (or it was stopped) while waiting."""
         due = self._due(self.next, self.last_issue)
+        early = BATCH_HORIZON_NS if due < end_ns else 0  # (the job's end is not come early to)
         while not self.stop.is_set():
             left = min(due, end_ns) - now_ns()
-            if left <= 0:
+            if left <= early:
                 break
-            self.sleep(min(left, 100_000_000) / 1e9)
+            self.sleep(min(left - early // 2, 100_000_000) / 1e9)
         now = now_ns()
         if self.stop.is_set() or now >= end_ns:
             return 0
-        n, due = 1, now
+        # the schedule goes on from the first I/O's time in it: its due time where it goes
+        # early, now where it is late (fio's gaps count from the last issue)
+        n, due = 1, max(now, due)
         while n < len(chunk):
             following = self._due(self.next + n, due)
-            if following > now + BATCH_HORIZON_NS:
+            if following > now + BATCH_HORIZON_NS:  # (the first I/O went up to that early too)
                 break
             n, due = n + 1, following
         self._last_due = due  # (the batch's last I/O's time in the log's schedule: no drift ahead)
