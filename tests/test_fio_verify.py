@@ -274,3 +274,21 @@ def test_the_device_engines_verify_reads_find_no_dirty_block(tmp_path, monkeypat
     result, out = run(job(tmp_path / "f.img", "randwrite") + DEVICE)
     assert out["error"] == 0 and out["cxlhm_verify"]["blocks_checked"] == 128, result.messages[:3]
     assert dirty_when_reads_began == [0]  # the flush wrote back what the write phase left in device DRAM
+
+
+def test_verify_dump_writes_the_failing_blocks_bytes_under_fios_name(tmp_path, monkeypatch):
+    """A block overwritten behind the job's back fails its read-back check; verify_dump
+    leaves its bytes as read in FILE.OFFSET.received in the working folder (fio's name),
+    and no file for the blocks that passed."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "f.img"
+    run(f"[w]\nfilename={path}\nsize=64k\nrw=write\nbs=4k\nverify=crc32c\ndo_verify=0\n{RAW}")
+    with open(path, "r+b") as f:
+        f.seek(8192 + 100)
+        f.write(b"\xAA" * 16)
+    result, out = run(f"[r]\nfilename={path}\nsize=64k\nrw=read\nbs=4k\nverify=crc32c\nverify_dump=1\n{RAW}")
+    assert out["error"] == 84
+    dumped = sorted(p.name for p in tmp_path.glob("*.received"))
+    assert dumped == ["f.img.8192.received"]
+    assert (tmp_path / dumped[0]).read_bytes() == path.read_bytes()[8192:12288]
+    assert any("received data dumped as f.img.8192.received" in m for m in result.messages)

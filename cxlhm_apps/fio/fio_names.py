@@ -31,7 +31,6 @@ NOT_MODELLED_WHY: dict[str, str] = {
     "rate_ignore_thinktime": "rate_ignore_thinktime is not modelled (think time counts against the rate)",
     "thinkcycles": "thinkcycles is not modelled (thinktime is)",
     "verify_async": "asynchronous verify threads are not modelled",
-    "verify_dump": "dumping a failed block's data to files is not modelled (the failure is reported)",
     "verify_state_save": "verify state saved for a later run is not modelled",
     "verify_state_load": "verify state saved by an earlier run is not modelled",
     "verify_write_sequence": "verify_write_sequence is not modelled",

@@ -545,6 +545,9 @@ OPTIONS: tuple[Option, ...] = (
            "divides it) instead of one per block", group="verify"),
     Option("do_verify", "bool", _bool, True, "read back and check what a write job wrote, after it finishes", group="verify"),
     Option("verify_fatal", "bool", _bool, False, "stop the job at the first verification failure", group="verify"),
+    Option("verify_dump", "bool", _bool, False,
+           "write a failing block's bytes as read to FILE.OFFSET.received in the working folder (fio's name; "
+           "its .expected is not: the payload here is not made again from the header's seed)", group="verify"),
     Option("experimental_verify", "bool", _bool, False,
            "fio's replayed verify (its offsets drawn again, not logged): the same blocks are read back and "
            "checked, in the history's order (one pass: not with loops > 1 or time_based)", group="verify"),

@@ -5,6 +5,7 @@ checksums; docs/fio.md, Verification, the meaning)."""
 from __future__ import annotations
 
 import functools
+import os
 
 import numpy as np
 
@@ -79,9 +80,10 @@ class VerifyPhase:
         if not self.job["rw"].writes and not self._fake_io:
             reads = np.flatnonzero(~is_write)
             self.stats.verified_blocks += reads.shape[0]
-            for _, failure in VF.check_many(self.arena.data, chunk.slot[reads] * self.arena.slot_bytes,
-                                            chunk.size[reads], self.verify_kind, chunk.offset[reads]):
-                self._verify_failed(failure)
+            starts = chunk.slot[reads] * self.arena.slot_bytes
+            for j, failure in VF.check_many(self.arena.data, starts, chunk.size[reads], self.verify_kind,
+                                            chunk.offset[reads]):
+                self._verify_failed(failure, self.arena.data, int(starts[j]), int(chunk.offset[reads[j]]))
 
     def _log_writes(self, offsets: np.ndarray, sizes: np.ndarray, serials: np.ndarray) -> None:
         add, written = self.vlog.add, VF.Written
@@ -89,10 +91,17 @@ class VerifyPhase:
                                               VF.seeds_of(self.seed, serials).tolist(), serials.tolist()):
             add(written(offset, size, seed, serial))
 
-    def _verify_failed(self, failure: VF.VerifyFailure) -> None:
+    def _verify_failed(self, failure: VF.VerifyFailure, data: np.ndarray, start: int, io_offset: int) -> None:
+        """A failed check of the I/O at `io_offset`, read into data[start:]."""
         self.stats.verify_errors += 1
         if self.stats.verify_errors <= MAX_REPORTED_VERIFY_ERRORS:
             self.messages.append(failure.message(self.plan.filename))
+        if self.job["verify_dump"]:  # (fio's dump_buf: the failing header's span, in the working folder)
+            name = f"{os.path.basename(self.plan.filename)}.{failure.offset}.received"
+            at = start + failure.offset - io_offset
+            with open(name, "wb") as f:
+                f.write(data[at:at + failure.length].tobytes())
+            self.messages.append(f"       received data dumped as {name}")
         if self.job["verify_fatal"]:
             self._stop.set()
 
@@ -136,7 +145,8 @@ class VerifyPhase:
                     arena.data, executed.slot * arena.slot_bytes, executed.size, self.verify_kind, executed.offset,
                     seeds, numberios)
                 for i, failure in failures:
-                    self._verify_failed(failure)
+                    self._verify_failed(failure, arena.data, int(executed.slot[i]) * arena.slot_bytes,
+                                        int(executed.offset[i]))
                     if self._stop.is_set():  # verify_fatal: what was checked ends at this block
                         self.stats.verified_blocks += i + 1
                         return
