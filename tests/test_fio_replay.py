@@ -83,6 +83,7 @@ def test_a_v2_wait_holds_the_next_io_until_its_time_from_the_runs_start(tmp_path
     (v3("1 f add", "2 f close", "3 f read 0 4096"), "after the log closed it"),
     (v3("1 f add", "1 g add", "2 f read 0 4096", "3 g read 0 4096"), "one file per job is modelled"),
     (v3("1 f add", "2 f read 0 0"), "an I/O moves at least one byte"),
+    (v3("1 f add", "2 f read 0 4294967296"), "32-bit"),
     (v3("1 f add", "2 f open"), "holds no I/O"),
 ])
 def test_a_log_that_cannot_be_replayed_says_why_and_where(tmp_path, text, says):

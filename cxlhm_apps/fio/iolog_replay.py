@@ -113,98 +113,108 @@ def read_log(path: str, values: dict) -> ReplayLog:
     with open(path, encoding="utf-8", errors="replace") as f:
         lines = f.read().splitlines()
     header = lines[0] if lines else ""
-    if header.startswith(VERSION_2):
-        version = 2
-    elif header.startswith(VERSION_3):
-        version = 3
-    else:
+    if not header.startswith((VERSION_2, VERSION_3)):
         raise ReplayError(f"{path}: iolog version 1 is no longer supported (fio's words); the first line must be "
                           f"{VERSION_2!r} or {VERSION_3!r}")
-    skip: frozenset[str] = values["replay_skip"] or frozenset()
-    no_stall, scale_time = values["replay_no_stall"], values["replay_time_scale"]
-    redirect = values["replay_redirect"]
-    scale, align = values["replay_scale"] or 1, values["replay_align"] or 0
-    added: list[str] = []
-    closed: set[str] = set()
-    io_files: set[str] = set()
-    direction: list[int] = []
-    offset: list[int] = []
-    size: list[int] = []
-    gap: list[int] = []
-    not_before: list[int] = []
-    sync_at: list[int] = []
-    sync_kind: list[int] = []
-    skipped: list[str] = []
-    last_ttime, pending_gap, wait_until = 0, 0, 0
+    reader = _LogReader(path, 3 if header.startswith(VERSION_3) else 2, values)
     for number, line in enumerate(lines[1:], start=2):
-        ttime, fields, count = _fields(line, version)
+        reader.line(line, f"{path}:{number}")
+    return reader.result()
+
+
+class _LogReader:
+    """fio's read_iolog loop: one line at a time, into the replay's arrays."""
+
+    def __init__(self, path: str, version: int, values: dict):
+        self.path, self.version = path, version
+        self.skip: frozenset[str] = values["replay_skip"] or frozenset()
+        self.no_stall, self.time_scale = values["replay_no_stall"], values["replay_time_scale"]
+        self.redirect = values["replay_redirect"]
+        self.scale, self.align = values["replay_scale"] or 1, values["replay_align"] or 0
+        self.added: list[str] = []
+        self.closed: set[str] = set()
+        self.io_files: set[str] = set()
+        self.ios: list[tuple[int, int, int, int, int]] = []  # direction, offset, size, gap, not before
+        self.syncs: list[tuple[int, int]] = []  # (the I/O it comes before, kind)
+        self.skipped: list[str] = []
+        self.last_ttime = 0
+        self.pending_gap = self.wait_until = 0  # what the lines since the last I/O hold it back by
+
+    def _gap(self, ttime: int | None) -> int:
+        """fio's delay_since_ttime, taken for every line before it knows what the line is."""
+        if self.version != 3 or ttime is None:  # (a line without a time leaves fio's last one as it was)
+            return 0
         delay = 0
-        if version == 3:  # (fio takes each line's gap before it knows what the line is)
-            if ttime is not None:  # (a line without a time leaves fio's last one as it was)
-                if last_ttime and not no_stall and ttime >= last_ttime:
-                    delay = (ttime - last_ttime) * 1000 * 100 // scale_time
-                last_ttime = ttime
-        where = f"{path}:{number}"
-        io_line = count == (5 if version == 3 else 4)
-        file_line = count == (3 if version == 3 else 2)
-        if not (io_line or file_line):
-            skipped.append(f"bad iolog{version}: {line.strip()} ({where})")
-            continue
-        name, action = redirect or fields[0], fields[1]
-        if file_line:
-            if action not in _FILE_ACTIONS:
-                skipped.append(f"fio: bad iolog file action: {action} ({where})")
-                continue
-            if action == "add":
-                added.append(fields[0])
-            (closed.add if action == "close" else closed.discard)(fields[0])
-            pending_gap += delay
-            continue
+        if self.last_ttime and not self.no_stall and ttime >= self.last_ttime:
+            delay = (ttime - self.last_ttime) * 1000 * 100 // self.time_scale
+        self.last_ttime = ttime
+        return delay
+
+    def line(self, line: str, where: str) -> None:
+        ttime, fields, count = _fields(line, self.version)
+        delay = self._gap(ttime)
+        if count == (3 if self.version == 3 else 2):
+            self._file_action(fields[0], fields[1], delay, where)
+        elif count == (5 if self.version == 3 else 4):
+            self._action(fields, delay, where)
+        else:
+            self.skipped.append(f"bad iolog{self.version}: {line.strip()} ({where})")
+
+    def _file_action(self, name: str, action: str, delay: int, where: str) -> None:
+        if action not in _FILE_ACTIONS:
+            self.skipped.append(f"fio: bad iolog file action: {action} ({where})")
+            return
+        if action == "add":
+            self.added.append(name)
+        (self.closed.add if action == "close" else self.closed.discard)(name)
+        self.pending_gap += delay
+
+    def _action(self, fields: list[str], delay: int, where: str) -> None:
+        name, action = fields[0], fields[1]
         if action == "wait":
-            if version == 3:
-                skipped.append(f"iolog: ignoring wait command with version 3 for file {fields[0]} ({where})")
-            elif not no_stall:
-                wait_until = int(fields[2]) * 1_000_000  # (ms since the run began)
-            continue
-        if action in REPLAY_SKIPPABLE and action in skip:
-            continue
+            if self.version == 3:
+                self.skipped.append(f"iolog: ignoring wait command with version 3 for file {name} ({where})")
+            elif not self.no_stall:
+                self.wait_until = int(fields[2]) * 1_000_000  # (ms since the run began)
+            return
+        if action in REPLAY_SKIPPABLE and action in self.skip:
+            return
         if action == "trim":
             raise ReplayError(f"{where}: the log trims; trim is not modelled (replay_skip=trim leaves the "
                               "trims out)")
         if action not in _IO_ACTIONS and action not in _SYNC_ACTIONS:
-            skipped.append(f"fio: bad iolog file action: {action} ({where})")
-            continue
-        if not redirect and fields[0] not in added:
-            raise ReplayError(f"{where}: I/O on {fields[0]}, a file the log never added")
-        if not redirect and fields[0] in closed:  # (fio 3.33 stops on an assertion)
-            raise ReplayError(f"{where}: I/O on {fields[0]} after the log closed it")
+            self.skipped.append(f"fio: bad iolog file action: {action} ({where})")
+            return
+        if not self.redirect and name not in self.added:
+            raise ReplayError(f"{where}: I/O on {name}, a file the log never added")
+        if not self.redirect and name in self.closed:  # (fio 3.33 stops on an assertion)
+            raise ReplayError(f"{where}: I/O on {name} after the log closed it")
         if action in _SYNC_ACTIONS:
-            sync_at.append(len(offset))
-            sync_kind.append(_SYNC_ACTIONS[action])
-            pending_gap += delay
-            continue
+            self.syncs.append((len(self.ios), _SYNC_ACTIONS[action]))
+            self.pending_gap += delay
+            return
         length = int(fields[3])
-        if length <= 0:
-            raise ReplayError(f"{where}: a {action} of {length} bytes (an I/O moves at least one byte)")
-        at = int(fields[2]) // scale
-        if align:
-            at &= ~(align - 1)
-        io_files.add(name)
-        direction.append(_IO_ACTIONS[action])
-        offset.append(at)
-        size.append(length)
-        gap.append(pending_gap + delay)
-        not_before.append(wait_until)
-        pending_gap, wait_until = 0, 0
-    if len(io_files) > 1:
-        raise ReplayError(f"{path}: I/O on {len(io_files)} files ({', '.join(sorted(io_files))}); one file per job "
-                          "is modelled (replay_redirect= sends the I/O of every file to one)")
-    if not direction and not sync_at:
-        raise ReplayError(f"{path}: the log holds no I/O to replay")
-    return ReplayLog(path, version, next(iter(io_files), None), np.array(direction, np.int8),
-                     np.array(offset, np.int64), np.array(size, np.int64), np.array(gap, np.int64),
-                     np.array(not_before, np.int64), np.array(sync_at, np.int64), np.array(sync_kind, np.int8),
-                     skipped)
+        if not 0 < length < 1 << 32:
+            raise ReplayError(f"{where}: a {action} of {length} bytes (an I/O moves at least one byte, and fio "
+                              "reads a length as a 32-bit number)")
+        offset = int(fields[2]) // self.scale
+        if self.align:
+            offset &= ~(self.align - 1)
+        self.io_files.add(self.redirect or name)
+        self.ios.append((_IO_ACTIONS[action], offset, length, self.pending_gap + delay, self.wait_until))
+        self.pending_gap = self.wait_until = 0
+
+    def result(self) -> ReplayLog:
+        if len(self.io_files) > 1:
+            raise ReplayError(f"{self.path}: I/O on {len(self.io_files)} files ({', '.join(sorted(self.io_files))}); "
+                              "one file per job is modelled (replay_redirect= sends the I/O of every file to one)")
+        if not self.ios and not self.syncs:
+            raise ReplayError(f"{self.path}: the log holds no I/O to replay")
+        ios = np.array(self.ios, np.int64).reshape(-1, 5)
+        syncs_ = np.array(self.syncs, np.int64).reshape(-1, 2)
+        return ReplayLog(self.path, self.version, next(iter(self.io_files), None), ios[:, 0].astype(np.int8),
+                         ios[:, 1].copy(), ios[:, 2].copy(), ios[:, 3].copy(), ios[:, 4].copy(),
+                         syncs_[:, 0].copy(), syncs_[:, 1].astype(np.int8), self.skipped)
 
 
 def apply_to_job(job) -> ReplayLog:
