@@ -292,3 +292,8 @@ def test_verify_dump_writes_the_failing_blocks_bytes_under_fios_name(tmp_path, m
     assert dumped == ["f.img.8192.received"]
     assert (tmp_path / dumped[0]).read_bytes() == path.read_bytes()[8192:12288]
     assert any("received data dumped as f.img.8192.received" in m for m in result.messages)
+    with open(path, "r+b") as f:  # a bad header field: fio names the dump hdr_fail
+        f.seek(16384)
+        f.write(b"\0\0")
+    result, _ = run(f"[r]\nfilename={path}\nsize=64k\nrw=read\nbs=4k\nverify=crc32c\nverify_dump=1\n{RAW}")
+    assert (tmp_path / "f.img.16384.hdr_fail").read_bytes() == path.read_bytes()[16384:20480]

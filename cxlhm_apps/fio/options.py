@@ -546,7 +546,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("do_verify", "bool", _bool, True, "read back and check what a write job wrote, after it finishes", group="verify"),
     Option("verify_fatal", "bool", _bool, False, "stop the job at the first verification failure", group="verify"),
     Option("verify_dump", "bool", _bool, False,
-           "write a failing block's bytes as read to FILE.OFFSET.received in the working folder (fio's name; "
+           "write a failing block's bytes as read to FILE.OFFSET.received (.hdr_fail: a bad header) in the "
+           "working folder (fio's names; "
            "its .expected is not: the payload here is not made again from the header's seed)", group="verify"),
     Option("experimental_verify", "bool", _bool, False,
            "fio's replayed verify (its offsets drawn again, not logged): the same blocks are read back and "

@@ -97,11 +97,12 @@ class VerifyPhase:
         if self.stats.verify_errors <= MAX_REPORTED_VERIFY_ERRORS:
             self.messages.append(failure.message(self.plan.filename))
         if self.job["verify_dump"]:  # (fio's dump_buf: the failing header's span, in the working folder)
-            name = f"{os.path.basename(self.plan.filename)}.{failure.offset}.received"
+            kind = "hdr_fail" if failure.what.startswith("bad ") else "received"  # (a header field, or the data)
+            name = f"{os.path.basename(self.plan.filename)}.{failure.offset}.{kind}"
             at = start + failure.offset - io_offset
             with open(name, "wb") as f:
                 f.write(data[at:at + failure.length].tobytes())
-            self.messages.append(f"       received data dumped as {name}")
+            self.messages.append(f"       {kind} data dumped as {name}")
         if self.job["verify_fatal"]:
             self._stop.set()
 
