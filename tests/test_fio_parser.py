@@ -91,7 +91,7 @@ EXAMPLES = {
     "numa_mem_policy": ("local", "local"), "wait_for": ("w", "w"), "exitall": ("1", True),
     "exit_what": ("stonewall", "stonewall"), "write_lat_log": ("lat", "lat"), "write_bw_log": ("bw", "bw"),
     "write_iops_log": ("io", "io"), "log_avg_msec": ("500", 500), "per_job_logs": ("0", False), "write_iolog": ("io.log", "io.log"),
-    "verify_dump": ("1", True), "read_iolog": ("io.log", "io.log"), "read_iolog_chunked": ("1", True), "replay_no_stall": ("1", True),
+    "verify_dump": ("1", True), "verify_only": ("1", True), "read_iolog": ("io.log", "io.log"), "read_iolog_chunked": ("1", True), "replay_no_stall": ("1", True),
     "replay_time_scale": ("200", 200), "replay_redirect": ("/tmp/f", "/tmp/f"), "replay_scale": ("2", 2),
     "replay_align": ("4k", 4096), "replay_skip": ("write,sync", frozenset({"write", "sync"})),
     "flow": ("-8", -8), "flow_id": ("2", 2),

@@ -297,3 +297,37 @@ def test_verify_dump_writes_the_failing_blocks_bytes_under_fios_name(tmp_path, m
         f.write(b"\0\0")
     result, _ = run(f"[r]\nfilename={path}\nsize=64k\nrw=read\nbs=4k\nverify=crc32c\nverify_dump=1\n{RAW}")
     assert (tmp_path / "f.img.16384.hdr_fail").read_bytes() == path.read_bytes()[16384:20480]
+
+
+def _dirs(out: dict) -> list:
+    return [(out[d]["total_ios"], out[d]["io_bytes"], out[d]["runtime"] > 0) for d in ("read", "write")]
+
+
+def test_verify_only_checks_what_the_same_job_wrote_without_writing(tmp_path):
+    """fio's dry run: the writes are counted as done (no run time) and not made, the
+    verify phase reads back and checks what the earlier run of the job left."""
+    path = tmp_path / "f.img"
+    text = f"[w]\nfilename={path}\nsize=256k\nrw=randwrite\nbs=4k\nverify=crc32c\n{RAW}"
+    run(text)
+    before = path.read_bytes()
+    result, out = run(text + "verify_only=1\n")
+    assert out["error"] == 0 and path.read_bytes() == before
+    assert _dirs(out) == [(64, 256 << 10, True), (64, 256 << 10, False)]
+    assert out["cxlhm_verify"] == {"blocks_checked": 64, "failures": 0}
+    with open(path, "r+b") as f:  # what is there now is not what the job wrote: the dry run says so
+        f.seek(4096 * 5 + 200)
+        f.write(b"\x55" * 8)
+    _, out = run(text + "verify_only=1\n")
+    assert out["error"] == 84 and out["cxlhm_verify"]["failures"] == 1
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="real fio is not installed")
+def test_real_fio_counts_a_verify_only_run_alike(tmp_path):
+    path = tmp_path / "f.img"
+    text = f"[w]\nfilename={path}\nsize=256k\nrw=randwrite\nbs=4k\nverify=crc32c\nioengine=psync\n"
+    run(text)
+    proc = subprocess.run(["fio", "--output-format=json", "-"], input=text + "verify_only=1\n", capture_output=True,
+                          text=True, cwd=tmp_path)
+    theirs = json.loads(proc.stdout[proc.stdout.find("{"):])["jobs"][0]
+    _, ours = run(text + "verify_only=1\n")
+    assert _dirs(ours) == _dirs(theirs) and ours["error"] == theirs["error"] == 0

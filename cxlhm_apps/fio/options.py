@@ -545,6 +545,9 @@ OPTIONS: tuple[Option, ...] = (
            "divides it) instead of one per block", group="verify"),
     Option("do_verify", "bool", _bool, True, "read back and check what a write job wrote, after it finishes", group="verify"),
     Option("verify_fatal", "bool", _bool, False, "stop the job at the first verification failure", group="verify"),
+    Option("verify_only", "bool", _bool, False,
+           "a job that writes does not: its writes are counted as done and its verify phase checks what "
+           "the same job wrote last time (fio's dry run)", group="verify"),
     Option("verify_dump", "bool", _bool, False,
            "write a failing block's bytes as read to FILE.OFFSET.received (.hdr_fail: a bad header) in the "
            "working folder (fio's names; "

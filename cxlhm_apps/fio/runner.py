@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from cxlhm_apps.fio import buffers, clocks, cmdprio, files, fiorand, flow, minrate, pacing, schedule, sprandom, steadystate
-from cxlhm_apps.fio import hooks, iolog_replay, placement, syncs, warmup
+from cxlhm_apps.fio import dry_run, hooks, iolog_replay, placement, syncs, warmup
 from cxlhm_apps.fio import verify as VF
 from cxlhm_apps.fio.latency_target import DepthSearch, after_batch, max_latency_exceeded, set_engine_depth
 from cxlhm_apps.fio.devices import describe_device, open_devices
@@ -211,7 +211,7 @@ class Worker(VerifyPhase, PassBoundaries):
 
     # -------------------------------------------------------- the run
     def open_engine(self) -> None:
-        self.engine = open_engine(self)  # the job's ioengine, by its IOEngineOps
+        self.engine = dry_run.wrap(open_engine(self), self.job)  # the job's ioengine (verify_only: faked)
 
     def run(self) -> None:
         ru0 = resource.getrusage(resource.RUSAGE_THREAD)
@@ -397,10 +397,10 @@ class Worker(VerifyPhase, PassBoundaries):
         # verify phase's time added to the reads (job_runtime covers both)
         main_ms = max(1, (main_end - self._measure_start) // 1_000_000)
         verify_ms = (end - verify_start) // 1_000_000
+        timed = dry_run.timed_directions(engine, main_ios)
         for d, dir_stats in enumerate(stats.dirs):
-            ran_main = main_ios[d] > 0
-            dir_stats.runtime_ms = (main_ms if ran_main else 0) + (verify_ms if d == READ else 0)
-            if dir_stats.ios and not dir_stats.runtime_ms:
+            dir_stats.runtime_ms = (main_ms if timed[d] else 0) + (verify_ms if d == READ else 0)
+            if (timed[d] or d == READ) and dir_stats.ios and not dir_stats.runtime_ms:
                 dir_stats.runtime_ms = 1
             if not dir_stats.ios:
                 dir_stats.runtime_ms = 0

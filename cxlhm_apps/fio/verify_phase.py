@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from cxlhm_apps.fio import files
+from cxlhm_apps.fio import dry_run, files
 from cxlhm_apps.fio import verify as VF
 from cxlhm_apps.fio.engines import engine_of
 from cxlhm_apps.fio.options import READ, WRITE
@@ -54,6 +54,7 @@ class VerifyPhase:
         if not (self.verify_each_pass and len(self.vlog)) or self._stop.is_set() or self.stats.error:
             return None
         self.state = "V"
+        dry_run.end(self.engine)  # (verify_only: the job's own I/O was faked, its verify is not)
         start = self.engine.drain()
         if self.iolog is not None:
             self.iolog.reopen(start)
