@@ -162,6 +162,9 @@ def set_up(plan, engine, log, *, readonly: bool = False) -> None:
     job = plan.job
     if engine.diskless:
         return
+    if not job["allow_file_create"] and not os.path.exists(plan.filename):
+        raise job.error("allow_file_create", f"{plan.filename} does not exist and allow_file_create=0 forbids "
+                                             "creating it (fio: file creation disallowed by allow_file_create=0)")
     if readonly:
         check_readonly(job, plan.filename, plan.file_end)
     elif job["rw"].reads or job["overwrite"]:
@@ -171,6 +174,18 @@ def set_up(plan, engine, log, *, readonly: bool = False) -> None:
             raise setup_error(job, plan.filename, exc, "cannot lay out") from None
     else:
         extend(job, plan.filename, plan.file_end, "truncate" if engine.uses_device else job["fallocate"])
+
+
+def huge_pages_free() -> int:
+    """The system's free huge pages (/proc/meminfo's HugePages_Free; 0 where unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("HugePages_Free:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def remove(path: str) -> None:

@@ -34,7 +34,7 @@ NOT_MODELLED_WHY: dict[str, str] = {
     "verify_state_save": "verify state saved for a later run is not modelled",
     "verify_state_load": "verify state saved by an earlier run is not modelled",
     "verify_write_sequence": "verify_write_sequence is not modelled",
-    "startdelay": "startdelay is not modelled", "nrfiles": "several files per job are not modelled",
+    "nrfiles": "several files per job are not modelled",
     "nr_files": "several files per job are not modelled", "openfiles": "several files per job are not modelled",
     "sync_file_range": "sync_file_range is not modelled (fsync and fdatasync are)",
     "write_barrier": "write_barrier is not modelled (fsync and fdatasync are)",
@@ -43,8 +43,6 @@ NOT_MODELLED_WHY: dict[str, str] = {
     "error_dump": "error_dump is not modelled",
     "random_sequence_stride": "random_sequence_stride is not modelled",
     "block_error_percentiles": "block error percentiles need trim/error counters not modelled",
-    "allow_file_create": "allow_file_create is not modelled",
-    "mem": "buffer memory types are not modelled",
     "grace_time": _ENGINE, "ttl": _ENGINE, "skip_bad": "MTD devices are not modelled",
     "cont": _ENGINE,
     **{name: "merging blktrace files is not modelled (read_iolog replays fio's own trace formats)" for name in (

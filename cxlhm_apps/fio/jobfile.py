@@ -21,7 +21,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from cxlhm_apps.fio import clocks, sprandom, steadystate
+from cxlhm_apps.fio import clocks, files, sprandom, steadystate
 from cxlhm_apps.fio import options as O
 
 MAX_INCLUDE_DEPTH = 16
@@ -341,8 +341,9 @@ def _check_job(job: JobSpec):
         if v["cxlhm_clock"] == "model" and unavailable:
             yield job.error("cxlhm_clock", unavailable)
     rated = any(v["rate"]) or any(v["rate_iops"])
-    if (rated or v["thinktime"]) and v["ioengine"] == "cxlhm" and v["cxlhm_clock"] == "model":
-        name = "thinktime" if v["thinktime"] else ("rate" if any(v["rate"]) else "rate_iops")
+    if (rated or v["thinktime"] or any(v["startdelay"])) and v["ioengine"] == "cxlhm" and v["cxlhm_clock"] == "model":
+        name = ("thinktime" if v["thinktime"] else "startdelay" if any(v["startdelay"])
+                else ("rate" if any(v["rate"]) else "rate_iops"))
         yield job.error(name, "needs wall time (the model clock never sleeps); use cxlhm_clock=wall")
     if v["steadystate_duration"] and v["ioengine"] == "cxlhm" and v["cxlhm_clock"] == "model":
         yield job.error("steadystate_duration", "needs wall time (steady state is sampled once a wall-clock "
@@ -402,6 +403,9 @@ def _check_job(job: JobSpec):
         yield from (job.error(name, "with read_iolog is not modelled (the log's I/O is replayed as it is)")
                     for name in ("verify", "sprandom", "zonemode", "rate", "rate_iops", "thinktime", "flow")
                     if name in given and is_set(v[name]))
+    if v["mem"].partition(":")[0] in ("shmhuge", "mmaphuge") and not files.huge_pages_free():
+        yield job.error("mem", f"{v['mem']} needs huge pages and the system has none free (/proc/meminfo "
+                               "HugePages_Free; fio's job fails with err=12); malloc, shm or mmap run the same I/O")
     for name in ("bs", "bsrange", "bssplit"):
         if name in given:
             read, write = v[name]

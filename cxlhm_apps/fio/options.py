@@ -303,6 +303,37 @@ def _latency_percentile(text: str, kb_base: int) -> float:
     return pct
 
 
+def _start_delay(text: str, kb_base: int) -> tuple[int, int]:
+    """fio's startdelay: a time (bare: seconds) or a range LO-HI, each clone drawing its own."""
+    lo_text, sep, hi_text = text.strip().partition("-")
+    lo = _time(lo_text, kb_base)
+    hi = _time(hi_text, kb_base) if sep else lo
+    return (lo, hi) if lo <= hi else (hi, lo)
+
+
+def _percentages(text: str, kb_base: int) -> tuple[int, int]:
+    """Per-direction whole percentages 0-100 (read,write; a trim value is accepted and unused)."""
+    out = []
+    for part in V.split_directions(text)[:2]:
+        n = 100 if part is None else V.parse_int(part)
+        if not 0 <= n <= 100:
+            raise ValueError(f"a percentage must be within 0-100, got {part!r}")
+        out.append(n)
+    return out[0], out[1]
+
+
+MEMORY_TYPES = ("malloc", "shm", "shmhuge", "mmap", "mmapshared", "mmaphuge")
+
+
+def _memory_type(text: str, kb_base: int) -> str:
+    """fio's mem: a type, and for the mmap ones an optional :FILE (kept in the text)."""
+    kind, sep, path = text.strip().partition(":")
+    if kind not in MEMORY_TYPES or (sep and (not path or not kind.startswith("mmap"))):
+        raise ValueError(f"must be one of {', '.join(MEMORY_TYPES)} (mmap, mmapshared and mmaphuge may take "
+                         f":FILE); got {text!r}")
+    return text.strip()
+
+
 def _kb_base(text: str, kb_base: int) -> int:
     n = V.parse_int(text)
     if n not in (1000, 1024):
@@ -368,6 +399,12 @@ OPTIONS: tuple[Option, ...] = (
            group="target"),
     Option("fsync_on_close", "bool", _bool, False, "sync the file as the job closes it (after its run time)",
            group="target"),
+    Option("allow_file_create", "bool", _bool, True,
+           "create a missing file (0: a job whose file does not exist fails, as fio's)", group="target"),
+    Option("mem", "str", _memory_type, "malloc",
+           "what the job's I/O buffers are allocated from: malloc, shm, mmap[:FILE], mmapshared[:FILE] (here "
+           "anonymous memory, no FILE: the same I/O), shmhuge, mmaphuge[:FILE] (huge pages: refused where the "
+           "system has none, where fio's job fails with err=12)", aliases=("iomem",), group="target"),
     Option("thread", "bool", _bool, False,
            "jobs as threads instead of processes; every job runs in a thread of this process either way",
            aliases=("threads",), flag=True, group="target"),
@@ -424,6 +461,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("spr_op", "float", _spr_op, 0.15, "SPRandom's over-provisioning ratio, in (0, 1)", group="target"),
     Option("spr_num_regions", "int", _int_at_least(1, 1 << 24), 100, "SPRandom's number of regions", group="target"),
     Option("spr_cs", "size", _size, 0, "SPRandom's device cache size (bytes; 0: none)", group="target"),
+    Option("percentage_random", "int[,int]", _percentages, (100, 100),
+           "share of a random job's I/O per direction at a random offset; the rest go on from where the "
+           "direction's last I/O ended (0: all sequential)", group="pattern"),
     Option("norandommap", "bool", _bool, False, "random offsets may repeat within a pass (default: every block once per pass)",
            flag=True, group="pattern"),
     Option("kb_base", "int", _kb_base, 1024, "1024: 4k = 4096 (fio's default); 1000: SI prefixes, KiB/MiB for powers of two",
@@ -466,6 +506,9 @@ OPTIONS: tuple[Option, ...] = (
            group="timing"),
     Option("runtime", "time", _time, None, "stop after this long (seconds unless a unit is given)", aliases=("timeout",), group="timing"),
     Option("time_based", "bool", _bool, False, "run for the whole runtime, wrapping around the region", flag=True, group="timing"),
+    Option("startdelay", "time[-time]", _start_delay, (0, 0),
+           "start the job this long after the run began (bare: seconds); LO-HI: each clone draws its delay",
+           group="timing"),
     Option("ramp_time", "time", _time, 0, "run this long before recording statistics", group="timing"),
     Option("group_reporting", "bool", _bool, False, "report each group as one job", flag=True, group="timing"),
     Option("latency_target", "time", _latency_target, 0,
@@ -627,6 +670,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("per_job_logs", "bool", _bool, True,
            "1: each clone's logs are its own (NAME_bw.N.log); 0: jobs naming NAME share NAME_bw.log, each "
            "appending its lines as it ends (a file an earlier run left grows)", group="report"),
+    Option("bwavgtime", "int", _int_at_least(1), 500,
+           "the window (ms) of each bandwidth sample in the report's bw statistics", group="report"),
+    Option("iopsavgtime", "int", _int_at_least(1), 500,
+           "the window (ms) of each IOPS sample in the report's iops statistics", group="report"),
+    Option("significant_figures", "int", _int_at_least(1, 10), 4,
+           "significant figures of the text report's numbers", group="report"),
+    Option("unit_base", "str", _choice("0", "8", "1"), "0",
+           "the text report's bandwidth in bytes (0, 8: fio's default) or bits (1)", group="report"),
     Option("log_avg_msec", "int", _int_at_least(0), 0,
            "average the logs over windows of this many ms (0: one line per I/O)", group="report"),
     Option("percentile_list", "float_list", parse_float_list, None, "percentiles to report, e.g. 50:99:99.9 (default: fio's 17)",

@@ -36,9 +36,10 @@ from cxlhm_apps.fio.options import READ, WRITE
 from cxlhm_apps.fio.plan import (ClonePlan, blockalign, loop_budget, loop_pass_bytes, plan_clones, seed_for,
                                  zone_file_size)
 from cxlhm_apps.fio.pattern import Chunk, IoGenerator, size_choices
+from cxlhm_apps.fio.samples import RateSamples
 from cxlhm_apps.fio.progress import Progress
 from cxlhm_apps.fio.sidework import SideWork
-from cxlhm_apps.fio.stats import SAMPLE_WINDOW_NS, JobStats, unmeasured
+from cxlhm_apps.fio.stats import JobStats, unmeasured
 from cxlhm_apps.fio.iolog import IoLogWriter
 from cxlhm_apps.fio.pass_boundaries import PassBoundaries
 from cxlhm_apps.fio.verify_phase import INLINE_IOS, NEVER, VerifyPhase
@@ -184,6 +185,10 @@ class Worker(VerifyPhase, PassBoundaries):
     def stopped(self) -> bool:
         return self._stop.is_set()
 
+    def wait_stopped(self, timeout_s: float) -> bool:
+        """Sleep up to `timeout_s`, waking early if the job is ended meanwhile (True then)."""
+        return self._stop.wait(timeout_s)
+
     # -------------------------------------------------------- progress helpers
     def fraction_done(self) -> float | None:
         job = self.job
@@ -278,7 +283,7 @@ class Worker(VerifyPhase, PassBoundaries):
         job_end = ramp_end + job["runtime"] if job["runtime"] else NEVER
         measuring = job["ramp_time"] == 0
         self._measure_start = t0
-        self._window = [t0, [0, 0], [0, 0]]
+        self._rates = RateSamples(job, t0)  # bwavgtime / iopsavgtime windows
         pending: Chunk | None = None
         ahead = None  # the chunk after `pending`, made on the side thread while the engine runs
         now = t0
@@ -301,7 +306,7 @@ class Worker(VerifyPhase, PassBoundaries):
                 continue  # (the run time may have ended meanwhile)
             if ahead is None and (not (self.verify_kind or self.buffers) or self._halves == 2):  # (the other half)
                 ahead = self._side.submit(self._chunk_ahead)
-            deadline = min(job_end, self._window[0] + SAMPLE_WINDOW_NS, NEVER if measuring else ramp_end)
+            deadline = min(job_end, self._rates.next_due(), NEVER if measuring else ramp_end)
             allowed = None  # I/Os flow control lets the job issue before it is ahead again (None: any)
             if self.flow is not None:
                 allowed = self.flow.wait_turn(job_end, len(pending), engine.now_ns)
@@ -369,7 +374,7 @@ class Worker(VerifyPhase, PassBoundaries):
                     self.minrate.restart(now)
                 if search is not None:
                     search.restart(now)
-            self._sample(now)
+            self._rates.take(now, self.stats.dirs, job_end)
             if self.verify_kind and job["verify_backlog"] and self.backlog_due >= job["verify_backlog"]:
                 self._side.settle()  # (the pass records into the same statistics)
                 self._verify_pass(self.vlog.take(self.backlog_due), record=measuring, seeds_from=None)
@@ -386,7 +391,6 @@ class Worker(VerifyPhase, PassBoundaries):
         if verified_from is not None:
             main_end = verify_start = verified_from
         end = engine.drain()  # the job's last I/O has completed
-        self._sample(end, final=True)
         stats = self.stats  # a new object if ramp_time reset it
         sprandom.settle(self.gen, stats, getattr(engine, "iodepth", 1))  # (fio's report of its end)
         run_ms = max(1, (end - self._measure_start) // 1_000_000)
@@ -479,8 +483,7 @@ class Worker(VerifyPhase, PassBoundaries):
             nbytes, nios = int(chunk.size[mask].sum()), int(mask.sum())
             self.progress_bytes[d] += nbytes
             self.progress_ios[d] += nios
-            self._window[1][d] += nbytes
-            self._window[2][d] += nios
+            self._rates.add(d, nbytes, nios)
             if measuring:
                 slat = done.slat[mask] if done.slat is not None else None  # (copies: the side thread's own)
                 prio = getattr(done, "prio", None)  # (an engine's command priorities, cmdprio.py)
@@ -499,21 +502,7 @@ class Worker(VerifyPhase, PassBoundaries):
         self.stats = JobStats(self.job.name, self.plan.groupid, iodepth=self.job["iodepth"],
                               unmeasured=unmeasured(self.job))
         self._measure_start = now
-        self._window = [now, [0, 0], [0, 0]]
-
-    def _sample(self, now: int, final: bool = False) -> None:
-        start, nbytes, nios = self._window
-        elapsed = now - start
-        first = not self.stats.dirs[READ].bw.samples and not self.stats.dirs[WRITE].bw.samples
-        # a final partial window counts if it is long enough, or if it is all there is
-        if elapsed <= 0 or (elapsed < SAMPLE_WINDOW_NS and not (final and (first or elapsed > SAMPLE_WINDOW_NS // 2))):
-            return
-        rw = self.job["rw"]
-        for d in (READ, WRITE):
-            if (rw.reads, rw.writes)[d] or nios[d]:
-                self.stats.dirs[d].bw.add(nbytes[d] / (elapsed / 1e9) / 1024.0)
-                self.stats.dirs[d].iops.add(nios[d] / (elapsed / 1e9))
-        self._window = [now, [0, 0], [0, 0]]
+        self._rates.restart(now)
 
     def close(self) -> None:
         self.logs.close(self.engine.now_ns() if self.engine is not None else None)
@@ -557,6 +546,7 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None, readonly:
             meter.start()
         steady = steadystate.Monitor(workers)
         steady.start()
+        genesis_ns = time.monotonic_ns()  # (fio's genesis: what startdelay counts from)
         try:
             ended = False  # (a job with exitall and exit_what=all finished: no later phase runs)
             for phase in sorted({p.phase for p in plans}):
@@ -565,7 +555,7 @@ def run_jobs(jobs: list[JobSpec], *, progress: bool = False, log=None, readonly:
                         if w.plan.phase == phase:
                             w.state = "D"
                     continue
-                ended = schedule.run_phase([w for w in workers if w.plan.phase == phase])
+                ended = schedule.run_phase([w for w in workers if w.plan.phase == phase], genesis_ns)
                 for w in workers:
                     if w.plan.phase == phase and w.state not in ("D", "E"):  # its thread died past run()'s guard
                         w.stats.error, w.stats.error_text = errno.EIO, "the job's thread ended without finishing"

@@ -1,4 +1,7 @@
-"""When each job clone of a phase starts and stops, beyond "all at once": `wait_for`
+"""When each job clone of a phase starts and stops, beyond "all at once": `startdelay`
+(a clone starts once that long has passed since the run began - fio's genesis, so a later
+phase waits only for what is left of it; a range LO-HI gives each clone its own draw,
+fio's: from the clone's start-delay generator, in microseconds), `wait_for`
 (a job starts once every clone of the named, earlier job has finished) and `exitall`
 with `exit_what` (a job that finishes ends the others: those of its reporting group,
 every running one (`stonewall`, the next phase still runs), or every one (`all`, no
@@ -8,13 +11,31 @@ any of them starts (flow.join_phase).
 from __future__ import annotations
 
 import threading
+import time
 
-from cxlhm_apps.fio import flow
+from cxlhm_apps.fio import fiorand, flow
+
+RAND_START_DELAY_OFF = 13  # fio.h: FIO_RAND_START_DELAY, the index of the start delay's seed
 
 
-def run_phase(workers: list) -> bool:
-    """Run one phase's workers in threads until every one has finished. True when a job
-    with exit_what=all ended the whole run."""
+def start_delay_ns(job, thread_number: int, seed: int) -> int:
+    """The clone's startdelay: LO, or for a range a draw of fio's rand_between(LO, HI)
+    in microseconds from the clone's generator (seeded as fio seeds its delay_state)."""
+    low, high = job["startdelay"]
+    if high == low:
+        return low
+    seeds = fiorand.FioSeeds.of_job(job, thread_number, seed)
+    use64 = job["random_generator"] == "tausworthe64"
+    state = fiorand.rand_state(fiorand.job_seed(seeds.randseed, thread_number, RAND_START_DELAY_OFF), use64)
+    r = fiorand.taus258_next(state) if use64 else fiorand.taus88_next(state)
+    span_us = high // 1000 - low // 1000 + 1
+    return (low // 1000 + int(span_us * (int(r) / float(1 << (64 if use64 else 32))))) * 1000
+
+
+def run_phase(workers: list, genesis_ns: int) -> bool:
+    """Run one phase's workers in threads until every one has finished (each after its
+    startdelay, counted from `genesis_ns` on the monotonic clock). True when a job with
+    exit_what=all ended the whole run."""
     finished: dict[str, threading.Event] = {}
     left: dict[str, int] = {}
     for w in workers:
@@ -27,6 +48,9 @@ def run_phase(workers: list) -> bool:
 
     def one(w) -> None:
         try:
+            delay_left = genesis_ns + start_delay_ns(w.job, w.thread_number, w.seed) - time.monotonic_ns()
+            if delay_left > 0:
+                w.wait_stopped(delay_left / 1e9)  # (another job's exitall may end it meanwhile)
             waitee = w.job["wait_for"]
             if waitee and waitee in finished and waitee != w.job.name:
                 finished[waitee].wait()  # (a waitee of an earlier phase has finished already)
