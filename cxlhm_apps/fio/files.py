@@ -259,6 +259,21 @@ def lay_out(path: str, start: int, end: int, log=print) -> None:
         os.close(fd)
 
 
+def pre_read(path: str, offset: int, length: int, bs: int) -> None:
+    """fio's pre_read: read [offset, offset+length) of the file once, `bs` bytes at a
+    time, so the job's buffered reads find it in the page cache."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        end = offset + length
+        while offset < end:
+            got = os.pread(fd, min(bs, end - offset), offset)
+            if not got:  # (past the file's end: nothing more to cache)
+                break
+            offset += len(got)
+    finally:
+        os.close(fd)
+
+
 def drop_cached(path: str, offset: int, length: int) -> None:
     """fio's `invalidate`: drop the page cache's clean pages of [offset, offset+length) of
     the file, so a buffered job reads from the disk as fio's does (dirty pages stay: the

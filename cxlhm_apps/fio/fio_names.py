@@ -34,8 +34,6 @@ NOT_MODELLED_WHY: dict[str, str] = {
     "verify_state_save": "verify state saved for a later run is not modelled",
     "verify_state_load": "verify state saved by an earlier run is not modelled",
     "verify_write_sequence": "verify_write_sequence is not modelled",
-    "nrfiles": "several files per job are not modelled",
-    "nr_files": "several files per job are not modelled", "openfiles": "several files per job are not modelled",
     "sync_file_range": "sync_file_range is not modelled (fsync and fdatasync are)",
     "write_barrier": "write_barrier is not modelled (fsync and fdatasync are)",
     "continue_on_error": "continue_on_error is not modelled (a failed I/O ends the job)",

@@ -403,6 +403,17 @@ def _check_job(job: JobSpec):
         yield from (job.error(name, "with read_iolog is not modelled (the log's I/O is replayed as it is)")
                     for name in ("verify", "sprandom", "zonemode", "rate", "rate_iops", "thinktime", "flow")
                     if name in given and is_set(v[name]))
+    if v["nrfiles"] > 1:
+        yield job.error("nrfiles", f"several files per job are not modelled (nrfiles={v['nrfiles']}); give each "
+                                   "file its own job, or one file (filename=) to the job")
+    if v["pre_read"]:
+        v["invalidate"] = False  # (fio: pre-read pages are what the job is meant to find)
+        if v["ioengine"] == "cxlhm":
+            yield job.error("pre_read", "the device has no host page cache to pre-read into (a read job before, "
+                                        "with stonewall, warms its DRAM)")
+        elif v["direct"]:
+            yield job.error("pre_read", "with direct=1 fails in fio (its pre-read buffer is not aligned for "
+                                        "O_DIRECT: err=5, pre_read); pre_read is for buffered jobs")
     if v["mem"].partition(":")[0] in ("shmhuge", "mmaphuge") and not files.huge_pages_free():
         yield job.error("mem", f"{v['mem']} needs huge pages and the system has none free (/proc/meminfo "
                                "HugePages_Free; fio's job fails with err=12); malloc, shm or mmap run the same I/O")

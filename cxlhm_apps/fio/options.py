@@ -334,6 +334,18 @@ def _memory_type(text: str, kb_base: int) -> str:
     return text.strip()
 
 
+def _file_service(text: str, kb_base: int) -> str:
+    """fio's file_service_type: a kind, :N for how many I/Os go to a file before the next,
+    or for the distributions their parameter."""
+    kind, sep, arg = text.strip().partition(":")
+    kinds = ("random", "roundrobin", "sequential", "zipf", "pareto", "normal", "gauss")
+    if kind not in kinds or (sep and not arg.strip()):
+        raise ValueError(f"must be one of {', '.join(kinds)}, optionally with :N; got {text!r}")
+    if sep:
+        V.parse_float(arg)
+    return text.strip()
+
+
 def _kb_base(text: str, kb_base: int) -> int:
     n = V.parse_int(text)
     if n not in (1000, 1024):
@@ -388,6 +400,19 @@ OPTIONS: tuple[Option, ...] = (
            "default (buffered reads then come from the disk, not from pages a layout or an earlier job "
            "left cached); 0 keeps them. The device (ioengine=cxlhm) has no host page cache",
            group="target"),
+    Option("fadvise_hint", "str", _choice("0", "1", "sequential", "random"), "1",
+           "the access the kernel's page cache is told to expect (posix_fadvise; mmap: madvise): 1, the job's own "
+           "(random for randread/randwrite/randrw, else sequential), sequential, random, or 0: none", group="target"),
+    Option("pre_read", "bool", _bool, False,
+           "read the job's region once into the page cache before it starts (buffered jobs on a file; turns "
+           "invalidate off, as fio)", group="target"),
+    Option("nrfiles", "int", _int_at_least(1), 1,
+           "files per job: 1 (fio's default) is modelled; more are refused", aliases=("nr_files",), group="target"),
+    Option("openfiles", "int", _int_at_least(1), 1, "files a job keeps open at once (one file per job here)",
+           group="target"),
+    Option("file_service_type", "str", _file_service, "roundrobin",
+           "how a job of several files picks the next (random, roundrobin, sequential, zipf/pareto/normal/gauss:N); "
+           "with one file per job every choice is that file", group="target"),
     Option("sync", "bool", _bool, False,
            "open the file O_SYNC: each write returns once it is durable (fio 3.33's sync=1)", group="target"),
     Option("fsync", "int", _int_at_least(0), 0,

@@ -55,6 +55,18 @@ def open_flags(direct: bool, writes: bool, o_sync: bool = False) -> int:
     return flags | os.O_DIRECT if direct else flags
 
 
+def access_advice(values) -> str | None:
+    """fio's fadvise_hint: "random" or "sequential", the access the kernel is told to
+    expect (1, the default: the job's own - random for randread, randwrite, randrw), or
+    None (0: no advice)."""
+    hint = values.get("fadvise_hint", "1")
+    if hint == "0":
+        return None
+    if hint == "1":
+        return "random" if values["rw"].random else "sequential"
+    return hint
+
+
 class RawEngine:
     """A clone's open file and its I/O loop. Subclasses run `_run(chunk, arena, deadline)`
     and return (count, clat) for the issued prefix of the chunk."""
@@ -69,6 +81,9 @@ class RawEngine:
         self.direct = direct
         self.values = values
         self.fd = os.open(path, open_flags(direct, writes, bool(values.get("sync"))))
+        advice = access_advice(values)
+        if advice is not None:  # (the page cache's read-ahead for this open file, as fio sets it)
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM if advice == "random" else os.POSIX_FADV_SEQUENTIAL)
 
     def now_ns(self) -> int:
         return time.monotonic_ns()
@@ -190,6 +205,9 @@ class MmapEngine(_SyncLoop):
         self._map = mmap.mmap(self.fd, size, mmap.MAP_SHARED,
                               mmap.PROT_READ | (mmap.PROT_WRITE if writes else 0))
         self._view = np.frombuffer(self._map, np.uint8) if writes else np.frombuffer(self._map, np.uint8)
+        advice = access_advice(values)
+        if advice is not None:  # (fio's mmap engine advises the mapping, madvise)
+            self._map.madvise(mmap.MADV_RANDOM if advice == "random" else mmap.MADV_SEQUENTIAL)
 
     def _io(self, buf, offset, write):
         n = buf.shape[0]

@@ -256,6 +256,8 @@ class Worker(VerifyPhase, PassBoundaries):
 
     def _run(self) -> None:
         job, engine = self.job, self.engine
+        if job["pre_read"] and engine_of(job).plain_file:  # (which turned invalidate off, as in fio)
+            files.pre_read(self.plan.filename, self.plan.region_start, self.plan.region_len, self.gen.max_bs)
         if job["invalidate"] and engine_of(job).plain_file:
             files.drop_cached(self.plan.filename, self.plan.region_start, self.plan.region_len)
         rw = job["rw"]
