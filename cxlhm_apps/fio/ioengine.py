@@ -186,7 +186,7 @@ ENGINES: Registry[IOEngineOps] = Registry("fio ioengine", "cxlhm.fio_engines", c
     "cxlhm": "cxlhm_apps.fio.engines:CXLHM",
     "null": "cxlhm_apps.fio.null_engine:NULL",
     **{name: f"cxlhm_apps.fio.raw_engines:{name.upper()}" for name in (
-        "psync", "sync", "pvsync", "pvsync2", "mmap", "posixaio", "libaio", "io_uring")},
+        "psync", "sync", "pvsync", "pvsync2", "mmap", "ftruncate", "posixaio", "libaio", "io_uring")},
 })
 
 

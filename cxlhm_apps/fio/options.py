@@ -363,7 +363,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("description", "str", _text, "", "free text shown in the report", group="description"),
     # target
     Option("ioengine", "str", _ioengine, "psync",
-           "psync (fio's default), sync, pvsync, pvsync2, mmap, posixaio, libaio, io_uring: fio's engines on a plain "
+           "psync (fio's default), sync, pvsync, pvsync2, mmap, ftruncate, posixaio, libaio, io_uring: fio's engines on a plain "
            "file; cxlhm: the emulated device (driver API)",
            group="target"),
     Option("filename", "str", _text, None,

@@ -1,5 +1,5 @@
 """fio's own I/O engines on a plain file: psync, sync, pvsync, pvsync2, libaio,
-posixaio, mmap and io_uring, buffered or O_DIRECT (direct=1), as fio runs them.
+posixaio, mmap, ftruncate and io_uring, buffered or O_DIRECT (direct=1), as fio runs them.
 
 Each engine is one `IOEngineOps` (cxlhm_apps.fio.ioengine; fio's `struct ioengine_ops`):
 its name, flags (SYNC: fio caps a synchronous engine's queue depth at 1), the options it
@@ -192,6 +192,18 @@ class Pvsync2Engine(_SyncLoop):
         if write:
             return os.pwritev(self.fd, [buf], offset, self._flags)
         return os.preadv(self.fd, [buf], offset, self._flags)
+
+
+class FtruncateEngine(_SyncLoop):
+    """fio's ftruncate engine: each write sets the file's length to its offset
+    (ftruncate(2)); its bytes are counted as done, none are moved. A read fails the job
+    with EINVAL, as in fio."""
+
+    def _io(self, buf, offset, write):
+        if not write:
+            raise OSError(errno.EINVAL, "ioengine=ftruncate does only writes")
+        os.ftruncate(self.fd, offset)
+        return buf.shape[0]
 
 
 class MmapEngine(_SyncLoop):
@@ -525,6 +537,8 @@ PVSYNC = _ops("pvsync", PvsyncEngine, "preadv(2)/pwritev(2), one I/O at a time")
 PVSYNC2 = _ops("pvsync2", Pvsync2Engine, "preadv2(2)/pwritev2(2), one I/O at a time", options=(_HIPRI,),
                refused=_PVSYNC2_REFUSED)
 MMAP = _ops("mmap", MmapEngine, "copies to and from the file mapped shared (buffered only)")
+FTRUNCATE = _ops("ftruncate", FtruncateEngine, "each write truncates the file to its offset (ftruncate(2)); "
+                 "its bytes counted, none moved")
 POSIXAIO = _ops("posixaio", PosixaioEngine, "POSIX AIO: iodepth I/Os in flight on helper threads")
 LIBAIO = _ops("libaio", LibaioEngine, "Linux native AIO (io_submit): iodepth I/Os in flight", refused=_LIBAIO_REFUSED,
               unavailable=libaio_unavailable, options=CMDPRIO_OPTIONS)
@@ -532,5 +546,5 @@ IO_URING = _ops("io_uring", IoUringRawEngine, "io_uring: iodepth I/Os in flight 
                 refused=_IO_URING_REFUSED, options=CMDPRIO_OPTIONS)
 
 # fio's own engines on a plain file, by name (each registered in ioengine.ENGINES)
-ENGINE_OPS: dict[str, IOEngineOps] = {ops.name: ops for ops in (PSYNC, SYNC, PVSYNC, PVSYNC2, MMAP, POSIXAIO, LIBAIO,
-                                                                IO_URING)}
+ENGINE_OPS: dict[str, IOEngineOps] = {ops.name: ops for ops in (PSYNC, SYNC, PVSYNC, PVSYNC2, MMAP, FTRUNCATE,
+                                                                POSIXAIO, LIBAIO, IO_URING)}
