@@ -75,7 +75,12 @@ EXAMPLES = {
     "percentage_random": ("30,70", (30, 70)), "mem": ("mmap:/tmp/buf", "mmap:/tmp/buf"),
     "bwavgtime": ("250", 250), "iopsavgtime": ("1000", 1000), "significant_figures": ("6", 6),
     "unit_base": ("1", "1"), "allow_file_create": ("0", False), "fadvise_hint": ("random", "random"),
-    "pre_read": ("1", True), "nrfiles": ("1", 1), "openfiles": ("2", 2), "file_service_type": ("zipf:1.2", "zipf:1.2"), "group_reporting": ("1", True), "stonewall": ("1", True), "new_group": ("1", True),
+    "pre_read": ("1", True), "nrfiles": ("1", 1), "create_fsync": ("0", False), "create_only": ("1", True),
+    "file_append": ("1", True), "clocksource": ("cpu", "cpu"), "gtod_cpu": ("1", 1), "lockmem": ("0", "0"),
+    "exitall_on_error": ("1", True), "iodepth_low": ("4", 4), "continue_on_error": ("none", "none"),
+    "verify_async": ("0", "0"), "trim_percentage": ("0", "0"), "stats": ("0", False), "disk_util": ("0", False),
+    "unified_rw_reporting": ("none", "none"), "log_compression": ("1m", 1 << 20),
+    "log_store_compressed": ("0", "0"), "openfiles": ("2", 2), "file_service_type": ("zipf:1.2", "zipf:1.2"), "group_reporting": ("1", True), "stonewall": ("1", True), "new_group": ("1", True),
     "verify": ("md5", "md5"), "do_verify": ("0", False), "verify_fatal": ("1", True), "experimental_verify": ("1", True), "verify_backlog": ("64", 64),
     "verify_pattern": ("0xaa555aa5", "0xaa555aa5"), "verify_interval": ("512", 512),
     "fill_device": ("1", True), "create_serialize": ("0", False),
@@ -310,7 +315,7 @@ def test_random_job_files_never_crash(text):
 
 def test_an_engine_added_to_the_registry_can_be_named_in_a_job_file():
     from cxlhm_apps.fio.ioengine import ENGINES, IOENGINE_VERSION, IOEngineOps
-    with pytest.raises(JobFileError, match="ioengine.*must be one of cxlhm, io_uring"):
+    with pytest.raises(JobFileError, match="ioengine.*must be one of cxlhm, ftruncate, io_uring"):
         one("[j]\nioengine=nullio\n")
     ENGINES.add("nullio", IOEngineOps("nullio", IOENGINE_VERSION, open=lambda job: None))
     try:

@@ -169,7 +169,7 @@ def set_up(plan, engine, log, *, readonly: bool = False) -> None:
         check_readonly(job, plan.filename, plan.file_end)
     elif job["rw"].reads or job["overwrite"]:
         try:
-            lay_out(plan.filename, plan.region_start, plan.file_end, log)
+            lay_out(plan.filename, plan.region_start, plan.file_end, log, sync=job["create_fsync"])
         except OSError as exc:
             raise setup_error(job, plan.filename, exc, "cannot lay out") from None
     else:
@@ -210,9 +210,11 @@ def setup_error(job, path: str, exc: OSError, what: str):
     return job.error(option, f"{what} {path}: {exc.strerror or exc}")
 
 
-def lay_out(path: str, start: int, end: int, log=print) -> None:
+def lay_out(path: str, start: int, end: int, log=print, *, sync: bool = True) -> None:
     """Give [start, end) real blocks where it is a hole, as fio lays out a file before
-    a read job: reads of sparse regions never touch the disk and would be far too fast."""
+    a read job: reads of sparse regions never touch the disk and would be far too fast.
+    `sync` (fio's create_fsync): written to the disk before the job, so its pages can be
+    dropped from the cache; without it they stay, dirty and cached, as under fio."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         size = os.fstat(fd).st_size
@@ -253,7 +255,8 @@ def lay_out(path: str, start: int, end: int, log=print) -> None:
                 chunk.view(np.uint64)[::64] = np.arange(a, a + LAYOUT_CHUNK, 512, dtype=np.uint64)
                 os.pwrite(fd, chunk[:n], a)
                 a += n
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # later O_DIRECT reads must hit the disk
     finally:
         os.close(fd)

@@ -403,6 +403,10 @@ def _check_job(job: JobSpec):
         yield from (job.error(name, "with read_iolog is not modelled (the log's I/O is replayed as it is)")
                     for name in ("verify", "sprandom", "zonemode", "rate", "rate_iops", "thinktime", "flow")
                     if name in given and is_set(v[name]))
+    if 0 < v["iodepth_low"] < v["iodepth"]:
+        yield job.error("iodepth_low", f"refilling the queue only once it drains to {v['iodepth_low']} is not "
+                                       "modelled (each completion makes room for the next I/O, as with "
+                                       f"iodepth_low={v['iodepth']}, fio's default)")
     if v["nrfiles"] > 1:
         yield job.error("nrfiles", f"several files per job are not modelled (nrfiles={v['nrfiles']}); give each "
                                    "file its own job, or one file (filename=) to the job")

@@ -28,6 +28,11 @@ def notes(jobs: list[JobSpec]) -> list[str]:
                 path, line = job.where(name)
                 out.append(f"note: {path}:{line}: job {job.name!r}: {name} is accepted, not applied: completions "
                            "are reaped as they come (the I/O is the same; iodepth_complete shows the batches taken)")
+        if job["clocksource"] != "clock_gettime" or "gtod_cpu" in job.given:
+            name = "gtod_cpu" if "gtod_cpu" in job.given else "clocksource"
+            path, line = job.where(name)
+            out.append(f"note: {path}:{line}: job {job.name!r}: {name} is accepted; every time here is "
+                       "clock_gettime(CLOCK_MONOTONIC)'s")
         if job["io_submit_mode"] == "offload":
             path, line = job.where("io_submit_mode")
             out.append(f"note: {path}:{line}: job {job.name!r}: io_submit_mode=offload is accepted; the job "

@@ -346,6 +346,24 @@ def _file_service(text: str, kb_base: int) -> str:
     return text.strip()
 
 
+def _only(accepted: tuple[str, ...], why: str) -> Callable[[str, int], str]:
+    """An option of fio's that is modelled at the values that leave the job as it is
+    (fio's default among them); any other value is refused with `why`."""
+    def parse(text: str, kb_base: int) -> str:
+        word = text.strip().lower()
+        if word not in accepted:
+            raise ValueError(f"{why}; accepted: {', '.join(accepted)}; got {text!r}")
+        return word
+    return parse
+
+
+def _log_chunk(text: str, kb_base: int) -> int:
+    n = _size(text, kb_base)
+    if not 1024 <= n <= 512 << 20:  # (fio's range for it)
+        raise ValueError(f"must be from 1024 to 512m bytes, got {text!r}")
+    return n
+
+
 def _kb_base(text: str, kb_base: int) -> int:
     n = V.parse_int(text)
     if n not in (1000, 1024):
@@ -403,6 +421,19 @@ OPTIONS: tuple[Option, ...] = (
     Option("fadvise_hint", "str", _choice("0", "1", "sequential", "random"), "1",
            "the access the kernel's page cache is told to expect (posix_fadvise; mmap: madvise): 1, the job's own "
            "(random for randread/randwrite/randrw, else sequential), sequential, random, or 0: none", group="target"),
+    Option("create_fsync", "bool", _bool, True, "fsync a file after laying it out (fio's default)",
+           group="target"),
+    Option("create_only", "bool", _bool, False, "set the job's file up and do no I/O", group="target"),
+    Option("file_append", "bool", _bool, False,
+           "the job's region starts at the file's end as it is before the run (offset is added to it)",
+           group="target"),
+    Option("clocksource", "str", _choice("gettimeofday", "clock_gettime", "cpu"), "clock_gettime",
+           "fio's clock for its time stamps; accepted, every time here is CLOCK_MONOTONIC's (a note says so "
+           "for the others)", group="target"),
+    Option("gtod_cpu", "int", _int_at_least(0), 0,
+           "fio: a CPU that only keeps the time of day; accepted, not applied (a note says so)", group="target"),
+    Option("lockmem", "int", _only(("0",), "locking memory away from the job (lockmem) is not modelled"), "0",
+           "fio: lock this much memory to run as with less (only 0, none, is modelled)", group="target"),
     Option("pre_read", "bool", _bool, False,
            "read the job's region once into the page cache before it starts (buffered jobs on a file; turns "
            "invalidate off, as fio)", group="target"),
@@ -594,6 +625,18 @@ OPTIONS: tuple[Option, ...] = (
            group="timing"),
     Option("wait_for", "str", _text, None, "start once every clone of the named (earlier) job has finished",
            group="timing"),
+    Option("exitall_on_error", "bool", _bool, False, "when this job fails, end every other job", flag=True,
+           group="timing"),
+    Option("iodepth_low", "int", _int_at_least(0, 4096), 0,
+           "fio: refill the queue once it drains to this depth; only iodepth (the default, 0 here) is modelled: "
+           "each completion makes room for the next I/O", group="timing"),
+    Option("continue_on_error", "str", _only(("none", "0"), "continuing past a failed I/O is not modelled (a "
+                                              "failed I/O ends the job)"), "none",
+           "which errors a job goes on after (only none, fio's default, is modelled)", group="timing"),
+    Option("verify_async", "int", _only(("0",), "asynchronous verify threads are not modelled"), "0",
+           "fio: threads that verify apart from the job's (only 0, none, is modelled)", group="verify"),
+    Option("trim_percentage", "int", _only(("0",), "trim verification is not modelled (no trim)"), "0",
+           "fio: share of verified blocks trimmed first (only 0 is modelled)", group="verify"),
     Option("exitall", "bool", _bool, False, "when this job finishes, end the others (exit_what says which)",
            flag=True, group="timing"),
     Option("exit_what", "str", _choice("group", "stonewall", "all"), "group",
@@ -703,6 +746,20 @@ OPTIONS: tuple[Option, ...] = (
            "significant figures of the text report's numbers", group="report"),
     Option("unit_base", "str", _choice("0", "8", "1"), "0",
            "the text report's bandwidth in bytes (0, 8: fio's default) or bits (1)", group="report"),
+    Option("stats", "bool", _bool, True, "0: the job runs and reports nothing (zeros, and no text block), as fio",
+           group="report"),
+    Option("disk_util", "bool", _bool, True,
+           "fio's disk utilisation statistics; accepted, none are reported here (the file's disk is the host's)",
+           group="report"),
+    Option("unified_rw_reporting", "str", _only(("none", "0"), "one statistic for reads and writes together "
+                                                 "(mixed/both) is not modelled"), "none",
+           "fio: report reads and writes as one (only none, apart, fio's default, is modelled)", group="report"),
+    Option("log_compression", "int", _log_chunk, 0,
+           "fio keeps its logs compressed in memory in chunks of this size; the files it writes are the same "
+           "(accepted, the logs here are kept as they are)", group="report"),
+    Option("log_store_compressed", "bool", _only(("0", "false", "no"), "logs stored compressed (.fz files) are not "
+                                                 "modelled"), "0",
+           "fio: write the logs zlib-compressed (only 0 is modelled)", group="report"),
     Option("log_avg_msec", "int", _int_at_least(0), 0,
            "average the logs over windows of this many ms (0: one line per I/O)", group="report"),
     Option("percentile_list", "float_list", parse_float_list, None, "percentiles to report, e.g. 50:99:99.9 (default: fio's 17)",

@@ -62,6 +62,8 @@ def plan_clones(jobs: list[JobSpec]) -> list[ClonePlan]:
             known = job["filesize"] or existing  # fio: filesize is the file's size, size the I/O's
             offset = resolve_share(job["offset"], known, job, "offset", min_bs)
             offset += clone * resolve_share(job["offset_increment"], known, job, "offset_increment", min_bs)
+            if job["file_append"]:  # (fio: as offset= the file's size)
+                offset += existing
             if job["size"] is None:
                 if known <= offset:
                     raise job.error("size", f"size= is needed: ioengine={job['ioengine']} has no file to take it "

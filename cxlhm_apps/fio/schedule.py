@@ -3,6 +3,7 @@
 phase waits only for what is left of it; a range LO-HI gives each clone its own draw,
 fio's: from the clone's start-delay generator, in microseconds), `wait_for`
 (a job starts once every clone of the named, earlier job has finished) and `exitall`
+(or `exitall_on_error`, for a job that failed)
 with `exit_what` (a job that finishes ends the others: those of its reporting group,
 every running one (`stonewall`, the next phase still runs), or every one (`all`, no
 later phase runs)), as fio does. The phase's flow jobs join their flow groups before
@@ -54,8 +55,8 @@ def run_phase(workers: list, genesis_ns: int) -> bool:
             waitee = w.job["wait_for"]
             if waitee and waitee in finished and waitee != w.job.name:
                 finished[waitee].wait()  # (a waitee of an earlier phase has finished already)
-            if w.stopped:
-                w.state = "D"  # ended by another job's exitall before it began: no I/O, as in fio
+            if w.stopped or w.job["create_only"]:
+                w.state = "D"  # ended by another job's exitall before it began, or only its file set up: no I/O
             else:
                 w.run()
         finally:
@@ -65,7 +66,7 @@ def run_phase(workers: list, genesis_ns: int) -> bool:
                 left[w.job.name] -= 1
                 if left[w.job.name] == 0:
                     finished[w.job.name].set()
-                if w.job["exitall"]:
+                if w.job["exitall"] or (w.job["exitall_on_error"] and w.stats.error):
                     what = w.job["exit_what"]
                     for other in workers:
                         if other is not w and (what != "group" or other.plan.groupid == w.plan.groupid):
