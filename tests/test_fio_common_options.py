@@ -97,3 +97,18 @@ def test_another_clocksource_runs_with_a_note_that_says_which_clock_times_it(tmp
     said = []
     _run(f"[j]\nfilename={tmp_path / 'f'}\nsize=64k\nrw=write\nioengine=psync\nclocksource=cpu\n", log=said.append)
     assert any("clocksource is accepted" in s and "CLOCK_MONOTONIC" in s for s in said)
+
+
+def test_stats_0_runs_the_job_and_reports_none_of_it(tmp_path):
+    path = tmp_path / "f"
+    out = _run(f"[j]\nfilename={path}\nsize=64k\nrw=write\nbs=4k\nioengine=psync\nstats=0\nbuffer_pattern=0xab\n")
+    job = out["jobs"][0]
+    assert job["write"]["io_bytes"] == 0 and job["write"]["total_ios"] == 0 and job["job_runtime"] == 0
+    assert job["usr_cpu"] == 0 and job["error"] == 0
+    assert path.read_bytes() == b"\xab" * (64 << 10)  # (the job did write)
+
+
+def test_stats_0_keeps_the_jobs_error(tmp_path):
+    (tmp_path / "f").write_bytes(b"\0" * (64 << 10))
+    job = _run(f"[j]\nfilename={tmp_path / 'f'}\nsize=64k\nrw=read\nioengine=ftruncate\nstats=0\n")["jobs"][0]
+    assert job["error"] == 22

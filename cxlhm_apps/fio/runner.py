@@ -251,6 +251,11 @@ class Worker(VerifyPhase, PassBoundaries):
             self.stats.majf = ru1.ru_majflt - ru0.ru_majflt
             self.stats.minf = ru1.ru_minflt - ru0.ru_minflt
             self.stats.cpu_wall_s = (time.monotonic_ns() - wall0) / 1e9  # what the CPU times are shares of
+            if not self.job["stats"]:  # fio's stats=0: the job ran, and none of it but its error is reported
+                error = self.stats.error, self.stats.error_text
+                self.stats = JobStats(self.job.name, self.plan.groupid, iodepth=self.job["iodepth"],
+                                      unmeasured=unmeasured(self.job))
+                self.stats.error, self.stats.error_text = error
             if self.state != "E":
                 self.state = "D"
 
