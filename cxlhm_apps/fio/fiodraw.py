@@ -27,11 +27,26 @@ of last_block as above (fio keeps no map for them).
 rw=randread:N (and randwrite, randrw): the first I/O and every N-th one after it draw as
 above, the others go on from where their direction's last one ended (with
 rw_sequencer=identical: at the same offset), drawing a random one where that is past the
-region's end. fio marks none of them in the map.
+file's end. fio marks none of them in the map.
+
+percentage_random=R[,W] (io_u.c, should_do_random): an I/O due a random offset (every
+one, or every N-th under rw=randread:N) below 100% first draws v = rand_between(1, 100)
+from its direction's generator (seq_rand_state: fio 3.33 seeds both from the reads'
+seed, FIO_RAND_SEQ_RAND_READ_OFF, again each pass under randrepeat) and is random only if
+v <= its percentage; 100% draws nothing. The others go on from their direction's last
+end as above (never `identical`), are not marked in the map and draw a random offset
+where that is past the file's end: at 0% each direction runs from the region's start
+and turns random only there. fio keeps the random map for such a job (init.c changes
+nothing for it).
+
+A position past the region's end but inside a larger file (fio's real_file_size, given
+as file_end) ends the pass instead, as does any position past the end for a sequential
+job (rw=read with several block sizes), which never turns random.
 
 What stays cxlhm's own: `random_generator=lfsr` (every block once per pass, cxlhm's
 order), and zipf, pareto and normal (see distributions.py): their
-offsets and sizes follow fio's laws, not its sequence.
+offsets and sizes follow fio's laws, not its sequence; percentage_random's choice of
+the I/O that go on sequentially is fio's for them too (random_turns, place_turns).
 """
 from __future__ import annotations
 
@@ -88,19 +103,31 @@ def _block(d, rstate, r64, lastb, ba, zmode, zstate, ztab, words, level_at, nr_b
     return b + base
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def _random_turn(d, pct, pstate):
+    """fio's should_do_random: whether direction d's I/O takes a random offset. Below 100%
+    it is rand_between(1, 100) <= the percentage, from the direction's own generator."""
+    if pct[d] >= 100:
+        return True
+    v = 1 + np.int64(100.0 * _unit(taus88_next(pstate[d]), False))
+    return v <= pct[d]
+
+
 @numba.njit(nogil=True, cache=True)
 def _draw(dirs, off, size, rstate, r64, bstate, b64, minbs, maxbs, ba, lastb, split_bs, split_pc, nsplit,
-          zmode, zstate, ztab, seq, seq_nr, identical, length, words, level_at, nr_bits, use_map, cap,
-          reset_full, wraps):
+          zmode, zstate, ztab, seq, seq_nr, identical, pct, pstate, length, file_end, words, level_at, nr_bits,
+          use_map, cap, reset_full, wraps):
     """fio's offset and size for each direction in dirs (see the module's text), into off
     (relative to the region) and size. Stops before an I/O once `cap` bytes went out
-    (cap < 0: no cap). rw=randread:N: every seq_nr-th I/O takes a random offset, the
+    (cap < 0: no cap). rw=randread:N: every seq_nr-th I/O may take a random offset, the
     others the next one of their direction (or, `identical`, the same again) and are not
     marked in the map; seq holds fio's count to the next random one, then each
-    direction's next and last offset. Where a time_based pass starts again (a direction back
-    at the start, a full map cleared: where fio drops a buffered file's cached pages) the
-    I/O's index goes to wraps[1 + wraps[0]], wraps[0] counting them. Returns (I/Os drawn, 1
-    if the pass ended on an I/O fio could not place)."""
+    direction's next and last offset. percentage_random: such an I/O is random only when
+    _random_turn says so (pct, pstate: each direction's percentage and generator), else
+    it goes on from its direction's last one, unmarked. Where a time_based pass starts
+    again (a direction back at the start, a full map cleared: where fio drops a buffered
+    file's cached pages) the I/O's index goes to wraps[1 + wraps[0]], wraps[0] counting
+    them. Returns (I/Os drawn, 1 if the pass ended on an I/O fio could not place)."""
     issued = 0
     for i in range(dirs.shape[0]):
         if cap >= 0 and issued >= cap:
@@ -111,17 +138,21 @@ def _draw(dirs, off, size, rstate, r64, bstate, b64, minbs, maxbs, ba, lastb, sp
         hit = seq[0] == 0
         if hit:
             seq[0] = seq_nr
-        else:
-            if identical:
+        # (fio draws the choice only for an I/O due a random offset)
+        rand = hit and _random_turn(d, pct, pstate)
+        if not rand:
+            if identical and not hit:  # (a hit gone sequential continues: get_next_seq_offset)
                 o = seq[3 + d] if seq[3 + d] >= 0 else 0
             elif reset_full and seq[1 + d] >= length:
                 seq[1 + d] = 0  # time_based: back to the start
                 o = 0
                 wraps[0] += 1
                 wraps[wraps[0]] = i
-            elif seq[1 + d] < length:
-                o = seq[1 + d]
+            elif seq[1 + d] < file_end:  # (fio: a position inside the file goes on; one
+                o = seq[1 + d]            # past the region's end then ends the pass)
         if o < 0:  # a random offset (also for a direction past the end)
+            if seq_nr >= NEVER_RANDOM:  # a sequential job's pass ends there instead
+                return i, 1
             b = -1
             for _attempt in range(2):
                 b = _block(d, rstate, r64, lastb, ba, zmode, zstate, ztab, words, level_at, nr_bits, use_map)
@@ -167,9 +198,9 @@ def _draw(dirs, off, size, rstate, r64, bstate, b64, minbs, maxbs, ba, lastb, sp
                 tries += 1
                 if tries > _MAX_REDRAWS:
                     return i, 1
-        if o + s > length:  # (fio: past the file's end, taken to be the region's)
+        if o + s > file_end:  # (fio checks a block of fixed size against the file's end only)
             return i, 1
-        if use_map and hit:
+        if use_map and rand:  # (fio's IO_U_F_BUSY_OK: a sequential I/O marks nothing)
             got = set_run(words, level_at, nr_bits, o // lo, (s + lo - 1) // lo)
             if got > 0 and got * lo < s:
                 s = got * lo
@@ -180,17 +211,76 @@ def _draw(dirs, off, size, rstate, r64, bstate, b64, minbs, maxbs, ba, lastb, sp
     return dirs.shape[0], 0
 
 
+# random_turns' kinds of I/O: not due a random offset, due one but sequential, random
+NOT_DUE, SEQUENTIAL, RANDOM = 0, 1, 2
+
+
+@numba.njit(nogil=True, cache=True)
+def random_turns(dirs, pct, pstate, due, seq_nr, out):
+    """For offsets that are not fio's draws (random_generator=lfsr; zipf, pareto, normal):
+    fio's choice of which I/O take a random offset, as _draw makes it. due[0] is fio's
+    count to the next I/O due a random offset (rw=randread:N); out gets each I/O's kind."""
+    for i in range(dirs.shape[0]):
+        due[0] -= 1
+        if due[0] != 0:
+            out[i] = NOT_DUE
+            continue
+        due[0] = seq_nr
+        out[i] = RANDOM if _random_turn(dirs[i], pct, pstate) else SEQUENTIAL
+
+
+@numba.njit(nogil=True, cache=True)
+def place_turns(kind, dirs, size, pool, at, last, length, align, identical, restart, off, i0, resumed):
+    """Offsets (relative to the region) for random_turns' kinds, from I/O i0 on: a RANDOM
+    one takes pool[at] (moved back to fit the region), the others go on from their
+    direction's last end (NOT_DUE with `identical`: its last start again), as fio's
+    get_next_seq_offset; last holds each direction's end, then start. A sequential I/O
+    past the region's end goes back to the start when `restart` (time_based), else it
+    needs a random offset: placement stops there, returning (its index, at), to be
+    resumed from it with `resumed` once pool[at] is one drawn for it. Returns
+    (len(kind), at) once all are placed."""
+    for i in range(i0, kind.shape[0]):
+        d, s = dirs[i], size[i]
+        o = -1
+        if kind[i] == NOT_DUE and identical:
+            o = last[2 + d] if last[2 + d] >= 0 else 0
+        elif kind[i] != RANDOM:
+            o = last[d]
+            if o + s > length:
+                if restart:
+                    o = 0
+                elif not (resumed and i == i0):
+                    return i, at
+                else:
+                    o = -1
+        if o < 0:
+            o = pool[at]
+            at += 1
+            if o + s > length:
+                o = max(0, length - s)
+                o -= o % align
+        off[i] = o
+        last[d], last[2 + d] = o + s, o
+    return kind.shape[0], at
+
+
 class FioDraw:
     """One job clone's offsets and sizes as fio draws them (see the module's text).
 
     sizes: the two directions' SizeChoice; length: the region's bytes (fio's io_size);
     blockalign: the job's, or None; time_based: a full map is cleared, not the pass's end;
-    distribution: None (uniform) or a zoned / zoned_abs DistSpec."""
+    distribution: None (uniform) or a zoned / zoned_abs DistSpec; file_end: the bytes from
+    the region's start to the file's end (fio's real_file_size; None: the region's end).
+    seeds.percentage_random gives each direction's share of random offsets."""
 
     def __init__(self, seeds: FioSeeds, sizes, length: int, blockalign: int | None, randommap: bool,
-                 time_based: bool, distribution=None, per_offset: int = 1, identical: bool = False):
+                 time_based: bool, distribution=None, per_offset: int = 1, identical: bool = False,
+                 file_end: int | None = None):
         self.seeds = seeds
         self.length = int(length)
+        # a sequential I/O goes on while its position is inside the file: past the region's
+        # end but inside a larger file it ends the pass, past the file's end it turns random
+        self.file_end = max(self.length, int(file_end)) if file_end is not None else self.length
         self.time_based = time_based
         self.minbs = np.array([sizes[d].min for d in (READ, WRITE)], np.int64)
         self.maxbs = np.array([sizes[d].max for d in (READ, WRITE)], np.int64)
@@ -224,6 +314,8 @@ class FioDraw:
         # job's never comes: NEVER_RANDOM), each direction's next offset and last one
         self.seq = np.array([1 if self.seq_nr < NEVER_RANDOM else self.seq_nr, 0, 0, -1, -1], np.int64)
         self.wraps = np.zeros(0, np.int64)  # the last draw's time_based restarts (draw())
+        # percentage_random per direction (100: every due I/O random, no choice drawn)
+        self.perc = np.array(seeds.percentage_random[:2], np.int64)
         self.use64 = seeds.generator == "tausworthe64"
         # fio switches a tausworthe job to tausworthe64 when the map has more cells than 32
         # bits count, after it seeded the first pass: that pass stays 32-bit
@@ -237,6 +329,8 @@ class FioDraw:
         self.rstate = rand_state(self.seeds.offset_seed(), self.use64)
         self.bstate = np.stack([rand_state(s, self.use64) for s in self.seeds.size_seeds()])
         self.zstate = rand_state(self.seeds.zone_seed(), False)  # (fio's zone generator is 32-bit)
+        # percentage_random's choice: a 32-bit generator per direction, both from one seed
+        self.pstate = np.stack([rand_state(self.seeds.seq_rand_seed(), False) for _ in (READ, WRITE)])
 
     def reset_map(self) -> None:
         """A new pass: fio opens the file again, with a clear map, at its start."""
@@ -255,7 +349,7 @@ class FioDraw:
         got, failed = _draw(direction.astype(np.int64), off, size, self.rstate, self.use64, self.bstate,
                             self.use64, self.minbs, self.maxbs, self.ba, self.lastb, self.split_bs,
                             self.split_pc, self.nsplit, self.zmode, self.zstate, self.ztab, self.seq,
-                            self.seq_nr, self.identical, self.length,
+                            self.seq_nr, self.identical, self.perc, self.pstate, self.length, self.file_end,
                             self.words, self.level_at,
                             self.nr_bits, self.use_map,
                             -1 if cap is None else int(cap), self.time_based, wraps)

@@ -31,6 +31,7 @@ _GOLDEN = 0x9E370001  # fio's seed multiplier (init.c, setup_random_seeds)
 RAND_BS_OFF, RAND_BS1_OFF = 0, 1  # fio.h: the block-size generators' seeds (reads, writes)
 RAND_MIX_OFF = 4  # fio.h: FIO_RAND_MIX_OFF, the index of the direction generator's seed
 RAND_BLOCK_OFF = 6  # fio.h: FIO_RAND_BLOCK_OFF, the offsets' generator
+RAND_SEQ_RAND_READ_OFF = 10  # fio.h: FIO_RAND_SEQ_RAND_READ_OFF, percentage_random's choice
 RAND_ZONE_OFF = 16  # fio.h: FIO_RAND_ZONE_OFF, the zoned distributions' zone generator
 FIO_RANDSEED = 0xB1899BED  # init.c: the offsets' seed per job number under randrepeat
 _NR_OFFS = 21  # fio.h: FIO_RAND_NR_OFFS in 3.33
@@ -128,6 +129,7 @@ class FioSeeds:
     generator: str = "tausworthe"  # random_generator: tausworthe, tausworthe64 or lfsr
     loops: int = 1
     io_size: int = 0  # the job's io_size (0: none)
+    percentage_random: tuple[int, int] = (100, 100)  # per direction: the share of random offsets
 
     @classmethod
     def of_job(cls, job, thread_number: int, seed: int) -> "FioSeeds":
@@ -139,7 +141,8 @@ class FioSeeds:
                    randrepeat=bool(job["randrepeat"]),
                    reseed_passes=bool(job["randrepeat"]) and "randseed" not in job.given, rwmixread=job["rwmixread"],
                    verify=job["verify"] not in ("0", "null"), generator=job["random_generator"],
-                   loops=max(1, int(job["loops"])), io_size=int(job["io_size"] or 0))
+                   loops=max(1, int(job["loops"])), io_size=int(job["io_size"] or 0),
+                   percentage_random=tuple(job["percentage_random"]))
 
     def offset_seed(self) -> int:
         if self.randrepeat:
@@ -153,6 +156,12 @@ class FioSeeds:
 
     def zone_seed(self) -> int:
         return job_seeds(self.randseed, self.thread_number)[RAND_ZONE_OFF]
+
+    def seq_rand_seed(self) -> int:
+        """The seed of percentage_random's choice: fio 3.33 seeds every direction's
+        generator (seq_rand_state[]) from the reads' entry, so they start out equal and
+        then advance each with its own direction's I/Os."""
+        return job_seeds(self.randseed, self.thread_number)[RAND_SEQ_RAND_READ_OFF]
 
     def directions(self) -> "MixedDirections":
         return MixedDirections(self.randseed, self.thread_number, self.rwmixread)

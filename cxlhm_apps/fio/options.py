@@ -519,7 +519,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("spr_cs", "size", _size, 0, "SPRandom's device cache size (bytes; 0: none)", group="target"),
     Option("percentage_random", "int[,int]", _percentages, (100, 100),
            "share of a random job's I/O per direction at a random offset; the rest go on from where the "
-           "direction's last I/O ended (0: all sequential)", group="pattern"),
+           "direction's last I/O ended (0: all sequential from the region's start); sequential rw ignores it",
+           group="pattern"),
     Option("norandommap", "bool", _bool, False, "random offsets may repeat within a pass (default: every block once per pass)",
            flag=True, group="pattern"),
     Option("kb_base", "int", _kb_base, 1024, "1024: 4k = 4096 (fio's default); 1000: SI prefixes, KiB/MiB for powers of two",

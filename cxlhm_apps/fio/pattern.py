@@ -24,6 +24,11 @@ Semantics follow fio:
   setup_strided_zone_mode).
 - rw=randread:N issues N I/Os per random offset (rw_sequencer: sequential or
   identical); rw=read:SIZE skips SIZE after each sequential I/O.
+- percentage_random=R[,W] (random jobs; sequential ones ignore it, as fio): only that
+  share of each direction's I/O due a random offset takes one, chosen with fio's
+  generator and seed; the rest go on from where the direction's last I/O ended. With
+  fio's draws the whole sequence is fio's (fiodraw.py); with lfsr, zipf, pareto and
+  normal the choice is fio's and the random offsets cxlhm's own (_turn_offsets).
 """
 from __future__ import annotations
 
@@ -32,8 +37,8 @@ import dataclasses
 import numpy as np
 
 from cxlhm_apps.fio.distributions import BlockPermutation, BlockSampler, DistSpec
-from cxlhm_apps.fio.fiodraw import NEVER_RANDOM, FioDraw
-from cxlhm_apps.fio.fiorand import FioSeeds, MixedDirections
+from cxlhm_apps.fio.fiodraw import NEVER_RANDOM, RANDOM, FioDraw, place_turns, random_turns
+from cxlhm_apps.fio.fiorand import FioSeeds, MixedDirections, rand_state
 from cxlhm_apps.fio.options import READ, WRITE, RwMode
 
 
@@ -104,7 +109,7 @@ class IoGenerator:
                  seed: int, bytes_budget: int | None, ios_budget: int | None, blockalign: int | None = None,
                  directions: MixedDirections | None = None, loop_bytes: int | None = None,
                  reseed_loops: bool = False, zones: tuple[int, int, int, int] | None = None,
-                 fio: FioSeeds | None = None):
+                 fio: FioSeeds | None = None, file_size: int | None = None):
         self.rw, self.sequencer, self.rwmixread = rw, sequencer, rwmixread
         if directions is None and fio is not None and rw.mixed:
             directions = fio.directions()
@@ -141,8 +146,16 @@ class IoGenerator:
             self.fio_draw = FioDraw(fio, sizes, region_len, blockalign, randommap, time_based=bytes_budget is None,
                                     distribution=distribution,
                                     per_offset=NEVER_RANDOM if sequential_sizes else max(1, rw.modifier),
-                                    identical=sequencer == "identical")
+                                    identical=sequencer == "identical",
+                                    file_end=None if file_size is None else file_size - region_start)
             self.randommap = False  # (the draw keeps fio's map)
+        # percentage_random on random offsets that are not fio's draws: fio's choice of the
+        # I/O that go on sequentially, made here (random_turns); fio's draws make it themselves
+        shares = [fio.percentage_random[d] for d in (READ, WRITE) if (rw.reads, rw.writes)[d]]
+        self._turns = rw.random and self.fio_draw is None and min(shares) < 100
+        self._pct = np.array(fio.percentage_random[:2], np.int64)
+        self._due = np.ones(1, np.int64)  # fio's count to the next I/O due a random offset
+        self._last = np.array([0, 0, -1, -1], np.int64)  # each direction's last end, then start
         self._restart = self._dead = False  # the pass ended where fio could not go on; nothing can issue
         # what fio's keep_running weighs before another pass of fio's draws
         self._fio, self._region_len = fio, region_len
@@ -168,6 +181,8 @@ class IoGenerator:
         self._pass, self._drawn = 0, 0  # random-map pass and position in it
         if self.fio_draw is not None:
             self.fio_draw.reseed()
+        # percentage_random's choice (fio seeds both directions' generators alike)
+        self._pstate = np.stack([rand_state(self._fio.seq_rand_seed(), False) for _ in (READ, WRITE)])
 
     def _new_loop(self) -> None:
         """The next `loops` pass (fio's clear_io_state): under randrepeat every generator
@@ -178,6 +193,7 @@ class IoGenerator:
         if self.drop_at_passes:
             self.cache_drops.append(self.issued)
         self.seq_pos = [0, 0]  # (fio's clear_io_state: each pass starts at the region's start)
+        self._last[:] = 0, 0, -1, -1
         if self.fio_draw is not None:  # fio opens the file again each pass, with a clear map
             self.fio_draw.reset_map()
         if self.reseed_loops:
@@ -270,7 +286,9 @@ class IoGenerator:
                 # the I/O that reaches it is the last, whole (random sizes may overshoot)
                 n = min(n, int(np.searchsorted(np.cumsum(size), cap, side="left")) + 1)
                 direction, size = direction[:n], size[:n]
-            if self.rw.random:
+            if self._turns:
+                offset = self._turn_offsets(size, direction)
+            elif self.rw.random:
                 offset = self._random_offsets(size, direction)
             elif self.zones is not None:
                 offset = self._strided_offsets(size, direction)
@@ -420,6 +438,25 @@ class IoGenerator:
                     blocks[mask] = self.sampler.sample(int(mask.sum()), d)
             return blocks
         return self.sampler.sample(count, int(direction[0]) if count else 0)
+
+    def _turn_offsets(self, size: np.ndarray, direction: np.ndarray) -> np.ndarray:
+        """percentage_random (or rw=randread:N with it) where the random offsets are the
+        ones drawn here: fio's choice of which I/O are random (fiodraw.random_turns), the
+        others going on from their direction's last I/O as fio's do (fiodraw.place_turns).
+        Blocks are drawn only for I/O that take one, so the map's pass stays whole."""
+        n = size.shape[0]
+        kind = np.empty(n, np.int8)
+        random_turns(direction, self._pct, self._pstate, self._due, max(1, self.rw.modifier), kind)
+        pool = self._random_blocks(int((kind == RANDOM).sum()), direction[kind == RANDOM]) * self.unit
+        offset = np.empty(n, np.int64)
+        i, at, resumed = 0, 0, False
+        while i < n:
+            i, at = place_turns(kind, direction, size, pool, at, self._last, self.length, self.align,
+                                self.sequencer == "identical", self.bytes_left is None, offset, i, resumed)
+            if i < n:  # a direction past the region's end: fio draws it a random offset
+                pool = np.insert(pool, at, self._random_blocks(1, direction[i:i + 1]) * self.unit)
+                resumed = True
+        return self.start + offset
 
     def _random_offsets(self, size: np.ndarray, direction: np.ndarray) -> np.ndarray:
         n = size.shape[0]

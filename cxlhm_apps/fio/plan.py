@@ -115,6 +115,9 @@ def loop_pass_bytes(job: JobSpec, plan: ClonePlan) -> int | None:
     if ops is not None and ops.sync:
         dist = job["random_distribution"]
         random_map = not job["norandommap"] and (dist is None or dist.kind == "random")
+        active = [pct for d, pct in enumerate(job["percentage_random"]) if (rw.reads, rw.writes)[d]]
+        if rw.modifier > 1 or min(active) < 100:  # sequential I/Os leave their cells unmarked: the map fills
+            random_map = False                    # later than a region's bytes on
         return plan.region_len if (random_map if rw.random else not rw.mixed) else None
     if rw.writes and rw.random and job["norandommap"] and job["io_size"]:
         return max(plan.region_len, job["io_size"])

@@ -63,7 +63,8 @@ def access_advice(values) -> str | None:
     if hint == "0":
         return None
     if hint == "1":
-        return "random" if values["rw"].random else "sequential"
+        rw = values.get("rw")
+        return "random" if rw is not None and rw.random else "sequential"
     return hint
 
 

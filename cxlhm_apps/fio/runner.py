@@ -104,7 +104,7 @@ class Worker(VerifyPhase, PassBoundaries):
                                distribution=job["random_distribution"], randommap=not job["norandommap"],
                                seed=seed, bytes_budget=budget, ios_budget=job["number_ios"],
                                blockalign=blockalign(job), fio=fio_seeds, loop_bytes=loop_bytes,
-                               reseed_loops=fio_seeds.reseed_passes,
+                               reseed_loops=fio_seeds.reseed_passes, file_size=zone_file_size(job, plan),
                                zones=((job["zonesize"], job["zonerange"], job["zoneskip"], zone_file_size(job, plan))
                                       if job["zonemode"] == "strided" else None))
         sprandom.attach(self.gen, job, plan.region_len, fio_seeds)  # (sprandom: its offsets and io_size)

@@ -219,6 +219,8 @@ def problems(job) -> list[tuple[str, str]]:
         out.append(("random_generator", "sprandom requires random_generator=lfsr (fio sets it when not given)"))
     if "norandommap" in job.given and not job["norandommap"]:
         out.append(("norandommap", "sprandom requires norandommap=1 (fio sets it when not given)"))
+    if job["percentage_random"][1] < 100:
+        out.append(("percentage_random", "with sprandom is not modelled (its writes follow the region plan)"))
     from cxlhm_apps.fio.pattern import size_choices  # (pattern imports options, which imports this)
     writes = size_choices(job.values)[1]
     if writes.min != writes.max:
