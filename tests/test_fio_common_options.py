@@ -112,3 +112,12 @@ def test_stats_0_keeps_the_jobs_error(tmp_path):
     (tmp_path / "f").write_bytes(b"\0" * (64 << 10))
     job = _run(f"[j]\nfilename={tmp_path / 'f'}\nsize=64k\nrw=read\nioengine=ftruncate\nstats=0\n")["jobs"][0]
     assert job["error"] == 22
+
+
+def test_stats_0_prints_no_block_for_the_job(tmp_path):
+    text = (f"[global]\nfilename={tmp_path / 'f'}\nsize=64k\nrw=write\nioengine=psync\n"
+            "[quiet]\nstats=0\n[loud]\n")
+    jobs, _ = build_jobs([read_sections(text, "t.fio")])
+    normal = report.format_normal(run_jobs(jobs, log=lambda _: None))
+    assert "loud: (groupid=0" in normal and "quiet: (groupid=0" not in normal
+    assert "Run status group 0 (all jobs):" in normal

@@ -1,5 +1,6 @@
 """fio's per-job logs: write_lat_log=NAME writes NAME_lat.N.log, NAME_clat.N.log and
-NAME_slat.N.log, write_bw_log=NAME NAME_bw.N.log, write_iops_log=NAME NAME_iops.N.log,
+NAME_slat.N.log, write_bw_log=NAME NAME_bw.N.log, write_iops_log=NAME NAME_iops.N.log
+(write_hist_log=NAME: NAME_clat_hist.N.log, histlog.py),
 N the job clone's number counted from 1 over the whole run, in fio's line format
 
     time (ms since the job started), value, direction (0 read, 1 write), block size, priority
@@ -33,6 +34,7 @@ import threading
 import numpy as np
 
 from cxlhm_apps.fio.cmdprio import IOPRIO_CLASS_SHIFT
+from cxlhm_apps.fio.histlog import HistLog
 from cxlhm_apps.fio.stats import unmeasured
 
 REALTIME = 1  # the realtime ioprio class, the one fio's log marks with 1
@@ -72,10 +74,11 @@ class JobLogs:
                 self.files[kind] = io.StringIO()
         self._window_start = None
         self._acc = {}  # (kind, direction) -> [sum, count] in the current window
+        self.hist, self.hist_shared = HistLog.of_job(job, number) if job is not None else (None, None)
 
     @property
     def active(self) -> bool:
-        return bool(self.files)
+        return bool(self.files) or self.hist is not None
 
     def start(self, now_ns: int) -> None:
         self.start_ns = self._window_start = now_ns
@@ -84,8 +87,10 @@ class JobLogs:
                end_ns: int, offset: np.ndarray | None = None, ioprio: np.ndarray | None = None) -> None:
         """A batch of I/Os that came back at `end_ns` (`offset`: where each was, for
         log_offset; `ioprio`: each one's priority value, None when all ran at 0)."""
-        if not self.files or direction.shape[0] == 0:
+        if not self.active or direction.shape[0] == 0:
             return
+        if self.hist is not None:
+            self.hist.record(direction, size, clat, int((end_ns - self.start_ns) // 1_000_000))
         lat = clat + (slat if slat is not None else 0)
         values = {"lat": lat, "clat": clat, "slat": slat}
         for kind in self.unmeasured & values.keys():
@@ -163,3 +168,8 @@ class JobLogs:
                 append_whole(self.shared[kind], f.getvalue())
             f.close()
         self.files = {}
+        if self.hist is not None:
+            if self.hist_shared:
+                append_whole(self.hist_shared, self.hist.out.getvalue())
+            self.hist.out.close()
+            self.hist = None

@@ -711,6 +711,13 @@ OPTIONS: tuple[Option, ...] = (
            flag=True, group="report"),
     Option("write_iops_log", "str", _text, None, "log IOPS to NAME_iops.N.log (fio's format; bare: the job's name)",
            flag=True, group="report"),
+    Option("write_hist_log", "str", _text, None,
+           "log completion-latency histograms to NAME_clat_hist.N.log every log_hist_msec (fio's format; bare: "
+           "the job's name)", flag=True, group="report"),
+    Option("log_hist_msec", "int", _int_at_least(0), 0,
+           "write_hist_log's interval in ms (0, fio's default: the log stays empty)", group="report"),
+    Option("log_hist_coarseness", "int", _int_at_least(0, 6), 0,
+           "write_hist_log: sum each 2^N neighbouring bins (0: fio's 1856 bins per line)", group="report"),
     Option("log_prio", "bool", _bool, False,
            "the logs' last column is each I/O's priority value (class << 13 | level); 0: 1 for an I/O of the "
            "realtime class, else 0 (fio's default)", group="report"),
@@ -744,9 +751,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("iopsavgtime", "int", _int_at_least(1), 500,
            "the window (ms) of each IOPS sample in the report's iops statistics", group="report"),
     Option("significant_figures", "int", _int_at_least(1, 10), 4,
-           "significant figures of the text report's numbers", group="report"),
+           "significant figures of the text report's bandwidths, IOPS and sizes (1-10); latencies keep fio's 6",
+           group="report"),
     Option("unit_base", "str", _choice("0", "8", "1"), "0",
-           "the text report's bandwidth in bytes (0, 8: fio's default) or bits (1)", group="report"),
+           "the text report's bandwidths (IOPS/BW line, Run status group, steadystate, eta) in bytes (0, 8) or "
+           "bits (1); the bw samples line stays in bytes, as in fio 3.33", group="report"),
     Option("stats", "bool", _bool, True, "0: the job runs and reports nothing (zeros, and no text block), as fio",
            group="report"),
     Option("disk_util", "bool", _bool, True,

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 
-from cxlhm_apps.fio.stats import num2str
+from cxlhm_apps.fio.stats import TextUnits, num2str
 
 
 def _eta(seconds: float) -> str:
@@ -18,6 +18,21 @@ def _eta(seconds: float) -> str:
     if seconds >= 3600:
         return f"{seconds // 3600}h:{seconds % 3600 // 60:02d}m:{seconds % 60:02d}s"
     return f"{seconds // 60:02d}m:{seconds % 60:02d}s"
+
+
+def _rate_units(workers) -> tuple[bool, str]:
+    """(binary prefixes, unit) of the line's rates, as fio's eta line picks them:
+    binary if any job's kb_base is a power of two, bits if the last job's unit_base
+    asks. Its rates keep 4 figures whatever significant_figures says."""
+    units = [TextUnits.of_job(w.job) for w in workers if getattr(w, "job", None) is not None]
+    if not units:
+        return True, "B/s"
+    return any(u.pow2 for u in units), ("bit/s" if units[-1].bits else "B/s")
+
+
+def _rate_text(bytes_per_s: float, pow2: bool, unit: str) -> str:
+    # fio counts the eta line's rates in whole KiB/s, so a trickle shows as 0KiB/s
+    return num2str(int(bytes_per_s) // 1024, 4, 1024, pow2, unit)
 
 
 class Progress:
@@ -57,7 +72,8 @@ class Progress:
         pct = 100.0 * sum(fractions) / len(fractions) if fractions else 0.0
         remaining = [w.eta_s() for w in self.workers if w.state not in ("_", "E")]
         eta = max([r for r in remaining if r is not None], default=0.0)
-        bw_text = ",".join(f"{k}={num2str(int(v), 4, 1, True, 'B/s')}" for k, v in zip("rw", bw))
+        pow2, unit = _rate_units(self.workers)
+        bw_text = ",".join(f"{k}={_rate_text(v, pow2, unit)}" for k, v in zip("rw", bw))
         iops_text = ",".join(f"{k}={num2str(int(v), 4, 1, False)}" for k, v in zip("rw", iops))
         return (f"Jobs: {len(active)} (f={len(active)}): [{states}][{pct:.1f}%][{bw_text}][{iops_text} IOPS]"
                 f"[eta {_eta(eta)}]")

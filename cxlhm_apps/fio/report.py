@@ -8,6 +8,7 @@ device's DRAM hits), `cxlhm_verify` per job (blocks checked, failures) and a top
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -21,7 +22,7 @@ from cxlhm_apps.fio.options import READ, WRITE
 from cxlhm_apps.fio.runner import CloneResult, RunResult
 from cxlhm_apps.fio.stats import (
     DEFAULT_PERCENTILES, DEPTH_LABELS, LAT_M_LABELS, LAT_N_LABELS, SUBMIT_LABELS, DirStats, JobStats,
-    LatencyStat, num2str, percent_dist,
+    LatencyStat, TextUnits, num2str, percent_dist,
 )
 
 
@@ -48,6 +49,8 @@ class Unit:
         self.device = clones[0].device
         # steady-state detection: a group's last clone holds the group's (fio's steadystate_setup)
         self.steady = next((c.steady for c in reversed(clones) if c.steady is not None), None)
+        # a group's figures follow its first job's significant_figures, kb_base and unit_base
+        self.units = TextUnits.of_job(self.job)
 
     @property
     def percentiles(self) -> tuple[float, ...]:
@@ -90,6 +93,14 @@ class GroupSummary:
         rates = [1000 * d.bytes // d.runtime_ms for d in dirs] or [0]
         self.min_bw, self.max_bw = min(rates), max(rates)
         self.agg = 1000 * self.io_bytes // self.max_run if self.max_run else 0
+
+
+def agg_percent(bw_mean_kib: float, group_agg: int) -> float:
+    """A job's mean bandwidth sample as a share of its group's aggregate (fio's
+    per= and bw_agg). fio passes the mean as an int, so its fraction is dropped."""
+    if group_agg <= 1024:
+        return 100.0
+    return min(100.0, int(bw_mean_kib) * 100.0 / (group_agg / 1024.0))
 
 
 def group_summaries(units: list[Unit]) -> dict[int, tuple[GroupSummary, GroupSummary]]:
@@ -139,7 +150,7 @@ def _dir_json(d: DirStats, group_agg: int, plist, job, *, bins: bool) -> dict:
                                           percentiles=job["clat_percentiles"] or job["lat_percentiles"])}
                         for (_index, klass, level), stat in prios]
     bmin, bmax, bmean, bdev, bn = d.bw.summary()
-    agg_pct = min(100.0, bmean * 100.0 / (group_agg / 1024.0)) if group_agg > 1024 and bn else (100.0 if bn else 0.0)
+    agg_pct = agg_percent(bmean, group_agg) if bn else 0.0
     imin, imax, imean, idev, inn = d.iops.summary()
     out.update({"bw_min": bmin, "bw_max": bmax, "bw_agg": agg_pct, "bw_mean": bmean, "bw_dev": bdev, "bw_samples": bn,
                 "iops_min": imin, "iops_max": imax, "iops_mean": imean, "iops_stddev": idev, "iops_samples": inn})
@@ -239,11 +250,17 @@ def format_json(result: RunResult, global_options, *, plus: bool = False) -> str
 
 # ---------------------------------------------------------------- normal text
 
+# fio is built with -ffast-math, which makes its floating divisions multiplications by
+# the reciprocal; the two differ in the last bit, enough to move a printed x.xx5 up or down
+def _fio_divide(value: float, divisor: float) -> float:
+    return value * (1.0 / divisor)
+
+
 def _scale_lat(mn: int, mx: int, mean: float, dev: float):
     if mn > 2_000_000 and mx > 99_999_999 and dev > 1_000_000.0:
-        return "msec", mn // 1_000_000, mx // 1_000_000, mean / 1e6, dev / 1e6
+        return "msec", mn // 1_000_000, mx // 1_000_000, _fio_divide(mean, 1e6), _fio_divide(dev, 1e6)
     if mn > 2000 and mx > 99_999 and dev > 1000.0:
-        return "usec", mn // 1000, mx // 1000, mean / 1e3, dev / 1e3
+        return "usec", mn // 1000, mx // 1000, _fio_divide(mean, 1e3), _fio_divide(dev, 1e3)
     return "nsec", mn, mx, mean, dev
 
 
@@ -280,31 +297,50 @@ def _percentile_block(name: str, stat: LatencyStat, plist) -> str:
     return "".join(out)
 
 
-def _rate_lines(d: DirStats, group_agg: int) -> str:
+def _bw_stat_unit(mean_kib: float, group_units: TextUnits) -> tuple[str, float]:
+    """The label and divisor of the bw samples line, from the group's kb_base. fio
+    3.33 means to switch to Kibit/Mibit at unit_base=1, but compares its unit code
+    (N2S_BITPERSEC) with 1, so the samples always show in bytes; we print what it prints."""
+    kb = float(group_units.kb_base)
+    if mean_kib > kb * kb:
+        return "MiB", kb
+    return ("KiB" if group_units.pow2 else "kB"), 1.0
+
+
+def _rate_lines(d: DirStats, group_agg: int, group_units: TextUnits) -> str:
     out = []
     bmin, bmax, bmean, bdev, bn = d.bw.summary()
     if bn:
-        pct = min(100.0, bmean * 100.0 / (group_agg / 1024.0)) if group_agg > 1024 else 100.0
-        unit, scale = ("MiB", 1024.0) if bmean > 1024 * 1024 else ("KiB", 1.0)
-        out.append(f"   bw ({unit:>5}/s): min={int(bmin / scale):5d}, max={int(bmax / scale):5d}, per={pct:3.2f}%, "
-                   f"avg={bmean / scale:5.02f}, stdev={bdev / scale:5.02f}, samples={bn}\n")
+        pct = agg_percent(bmean, group_agg)
+        unit, scale = _bw_stat_unit(bmean, group_units)
+        mn, mx, mean, dev = (_fio_divide(v, scale) for v in (bmin, bmax, bmean, bdev))
+        out.append(f"   bw ({unit:>5}/s): min={int(mn):5d}, max={int(mx):5d}, per={pct:3.2f}%, "
+                   f"avg={mean:5.02f}, stdev={dev:5.02f}, samples={bn}\n")
     imin, imax, imean, idev, inn = d.iops.summary()
     if inn:
         out.append(f"   iops        : min={imin:5d}, max={imax:5d}, avg={imean:5.02f}, stdev={idev:5.02f}, samples={inn}\n")
     return "".join(out)
 
 
-def _dir_text(unit: Unit, direction: int, group_agg: int) -> str:
+def _dir_summary(unit: Unit, direction: int, group_units: TextUnits) -> str:
+    """The `  read: IOPS=..., BW=... (...)(.../...msec)` line: the job's significant
+    figures and unit_base, but the group's kb_base picks the prefixes (as fio does)."""
     d = unit.stats.dirs[direction]
-    job = unit.job
+    units = dataclasses.replace(unit.units, kb_base=group_units.kb_base)
     runt = d.runtime_ms
     bw = 1000 * d.bytes // runt
     iops = 1000 * d.ios // runt
     extra = ""
     if direction == READ and d.cachehit_percent is not None:
         extra = f"; Cachehit={d.cachehit_percent:0.2f}%"
-    out = [f"  {DIR_NAMES[direction]}: IOPS={num2str(iops, 4, 1, False)}, BW={num2str(bw, 4, 1, True, 'B/s')} "
-           f"({num2str(bw, 4, 1, False, 'B/s')})({num2str(d.bytes, 4, 1, True, 'B')}/{runt}msec){extra}\n"]
+    return (f"  {DIR_NAMES[direction]}: IOPS={units.count(iops)}, BW={units.rate(bw)} "
+            f"({units.rate(bw, alt=True)})({units.size(d.bytes)}/{runt}msec){extra}\n")
+
+
+def _dir_text(unit: Unit, direction: int, group_agg: int, group_units: TextUnits) -> str:
+    d = unit.stats.dirs[direction]
+    job = unit.job
+    out = [_dir_summary(unit, direction, group_units)]
     if d.slat.n:
         out.append(_lat_line("slat", d.slat))
     if d.clat.n:
@@ -327,7 +363,7 @@ def _dir_text(unit: Unit, direction: int, group_agg: int) -> str:
         for (_i, klass, level), stat in prios:
             out.append(_percentile_block(f"{kind} prio {klass}/{level} ({100.0 * stat.n / samples:.2f}% of IOs)",
                                          stat, plist))
-    out.append(_rate_lines(d, group_agg))
+    out.append(_rate_lines(d, group_agg, group_units))
     return "".join(out)
 
 
@@ -347,7 +383,17 @@ def _device_text(device: dict) -> str:
             f"evictions={c.get('evictions', 0)}, writebacks={c.get('writebacks', 0)}\n")
 
 
-def unit_text(unit: Unit, groups) -> str:
+def _steady_num2str(units: TextUnits):
+    """The num2str steadystate's line is written with: fio writes all its figures with
+    the job's significant figures, and its bandwidth in bits at unit_base=1."""
+    def fmt(num: int, _maxlen: int = 4, base: int = 1, pow2: bool = True, unit: str = "") -> str:
+        if unit == "B/s" and units.bits:
+            unit = "bit/s"
+        return num2str(num, units.sig_figs, base, pow2, unit)
+    return fmt
+
+
+def unit_text(unit: Unit, groups, group_units: dict[int, TextUnits]) -> str:
     s = unit.stats
     when = time.ctime()
     err = f"err={s.error:2d}" + (f" ({s.error_text})" if s.error else "")
@@ -357,7 +403,7 @@ def unit_text(unit: Unit, groups) -> str:
     read_g, write_g = groups[s.groupid]
     for d, g in ((READ, read_g), (WRITE, write_g)):
         if s.dirs[d].ios and s.dirs[d].runtime_ms:
-            out.append(_dir_text(unit, d, g.agg))
+            out.append(_dir_text(unit, d, g.agg, group_units[s.groupid]))
     total = s.total_ios
     out.append(_lat_dist_text(s.lat_n, LAT_N_LABELS, "nsec", total))
     out.append(_lat_dist_text(s.lat_u, LAT_N_LABELS, "usec", total))
@@ -378,7 +424,7 @@ def unit_text(unit: Unit, groups) -> str:
     out.append(f"     latency   : target={lat['latency_target']}, window={lat['latency_window']}, "
                f"percentile={lat['latency_percentile']:.2f}%, depth={lat['latency_depth']}\n")
     if unit.steady is not None:
-        out.append(unit.steady.text_line(num2str))
+        out.append(unit.steady.text_line(_steady_num2str(unit.units)))
     if unit.job["verify"] not in ("0", "null"):
         out.append(f"  verify       : {s.verified_blocks} blocks checked, {s.verify_errors} failed\n")
     if unit.device:
@@ -407,27 +453,60 @@ def header_text(result: RunResult) -> str:
 def job_header(job, groupid: int = 0) -> str:
     from cxlhm_apps.fio.pattern import size_choices
     r, w = size_choices(job.values)
+    units = TextUnits.of_job(job)  # fio writes the block sizes with the job's own figures
 
     def rng(c):
-        return f"{num2str(c.min, 4, 1, True, 'B')}-{num2str(c.max, 4, 1, True, 'B')}"
+        return f"{units.size(c.min)}-{units.size(c.max)}"
     return (f"{job.name}: (g={groupid}): rw={job['rw'].name}, bs=(R) {rng(r)}, (W) {rng(w)}, "
             f"(T) {rng(w)}, ioengine={job['ioengine']}, iodepth={job['iodepth']}")
+
+
+def group_text_units(units: list[Unit]) -> dict[int, TextUnits]:
+    """Each group's `Run status group` units: fio sets them from each reported job of
+    the group in turn, so its last one's hold."""
+    return {u.stats.groupid: u.units for u in units}
+
+
+def group_notices(units: list[Unit]) -> str:
+    """fio's notices for a group_reporting group whose jobs disagree on kb_base or
+    unit_base (each shown once a run; the group keeps its first job's). Jobs that
+    disagree on significant_figures get none."""
+    out = []
+    warned = set()
+    for unit in units:
+        first = unit.units
+        for clone in unit.clones[1:]:
+            other = TextUnits.of_job(clone.plan.job)
+            if other.kb_base != first.kb_base and "kb_base" not in warned:
+                out.append(f"fio: kb_base differs for jobs in group, using {first.kb_base} as the base\n")
+                warned.add("kb_base")
+            elif other.bits != first.bits and "unit_base" not in warned:
+                out.append(f"fio: unit_base differs for jobs in group, using {first.n2s_code} as the base\n")
+                warned.add("unit_base")
+    return "".join(out)
+
+
+def group_text(gid: int, summaries: tuple[GroupSummary, GroupSummary], units: TextUnits) -> str:
+    out = [f"\nRun status group {gid} (all jobs):\n"]
+    for g, label in zip(summaries, ("   READ", "  WRITE")):
+        if not g.active:
+            continue
+        out.append(f"{label}: bw={units.rate(g.agg)} ({units.rate(g.agg, alt=True)}), "
+                   f"{units.rate(g.min_bw)}-{units.rate(g.max_bw)} "
+                   f"({units.rate(g.min_bw, alt=True)}-{units.rate(g.max_bw, alt=True)}), "
+                   f"io={units.size(g.io_bytes)} ({units.size(g.io_bytes, alt=True)}), "
+                   f"run={g.min_run}-{g.max_run}msec\n")
+    return "".join(out)
 
 
 def format_normal(result: RunResult) -> str:
     units = build_units(result)
     groups = group_summaries(units)
-    out = [header_text(result), "\n"]
+    text_units = group_text_units(units)
+    out = [header_text(result), group_notices(units), "\n"]
     for unit in units:
-        out.append(unit_text(unit, groups))
+        if unit.clones[0].plan.job["stats"]:  # (fio prints no block for a job with stats=0)
+            out.append(unit_text(unit, groups, text_units))
     for gid in sorted(groups):
-        out.append(f"\nRun status group {gid} (all jobs):\n")
-        for g, label in zip(groups[gid], ("   READ", "  WRITE")):
-            if not g.active:
-                continue
-            out.append(f"{label}: bw={num2str(g.agg, 4, 1, True, 'B/s')} ({num2str(g.agg, 4, 1, False, 'B/s')}), "
-                       f"{num2str(g.min_bw, 4, 1, True, 'B/s')}-{num2str(g.max_bw, 4, 1, True, 'B/s')} "
-                       f"({num2str(g.min_bw, 4, 1, False, 'B/s')}-{num2str(g.max_bw, 4, 1, False, 'B/s')}), "
-                       f"io={num2str(g.io_bytes, 4, 1, True, 'B')} ({num2str(g.io_bytes, 4, 1, False, 'B')}), "
-                       f"run={g.min_run}-{g.max_run}msec\n")
+        out.append(group_text(gid, groups[gid], text_units[gid]))
     return "".join(out)

@@ -360,17 +360,24 @@ def percent_dist(counts: np.ndarray, total: int, floor: float) -> list[float]:
     return out
 
 
+# fio's unit codes (lib/num2str.h); its "unit_base differs" notice prints them
+N2S_BYTEPERSEC, N2S_BITPERSEC = 4, 5
+
+
 def num2str(num: int, maxlen: int = 4, base: int = 1, pow2: bool = True, unit: str = "") -> str:
     """fio's compact numbers: 24336 -> '24.3k', 199229440 bytes -> '190MiB'.
     Divides by 1000/1024 until the integer part has at most `maxlen` digits, then shows
-    as many decimals as still fit."""
-    prefixes = ("", "Ki", "Mi", "Gi", "Ti", "Pi") if pow2 else ("", "k", "M", "G", "T", "P")
+    as many decimals as still fit. A unit of "bit" or "bit/s" counts a byte `num` in
+    bits (x8), as fio's N2S_BIT and N2S_BITPERSEC do."""
+    prefixes = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei") if pow2 else ("", "k", "M", "G", "T", "P", "E")
     thousand = 1024 if pow2 else 1000
     index = 0
     while base > 1:
         base //= thousand
         index += 1
     num = int(num)
+    if unit in ("bit", "bit/s"):
+        num *= 8
     modulo = None
     carry = False
     while index < len(prefixes) and len(str(num)) > maxlen:
@@ -386,6 +393,41 @@ def num2str(num: int, maxlen: int = 4, base: int = 1, pow2: bool = True, unit: s
     if decimals <= 0:
         return f"{num + (1 if carry else 0)}{prefixes[index]}{unit}"
     frac = f"{modulo / thousand:.{decimals}f}"
-    if frac.startswith("1"):  # rounding carried into the integer part
-        return f"{num + 1}{prefixes[index]}{unit}"
+    if frac.startswith("1"):  # rounding carried into the integer part; fio keeps the ".0"
+        num += 1
     return f"{num}.{frac[2:]}{prefixes[index]}{unit}"
+
+
+@dataclasses.dataclass(frozen=True)
+class TextUnits:
+    """How fio's normal output writes a job's data quantities: `sig_figs` digits
+    (significant_figures), binary (KiB) or decimal (kB) prefixes first by `kb_base`,
+    and rates in bytes or in `bits` (unit_base=1). Sizes are always bytes, as in fio."""
+    sig_figs: int = 4
+    kb_base: int = 1024
+    bits: bool = False
+
+    @classmethod
+    def of_job(cls, job) -> "TextUnits":
+        # unit_base 0 asks fio to pick: bits only for its network engines, which
+        # cxlhm fio has none of, so bytes
+        return cls(job["significant_figures"], job["kb_base"], job["unit_base"] == "1")
+
+    @property
+    def pow2(self) -> bool:
+        return self.kb_base & (self.kb_base - 1) == 0
+
+    @property
+    def n2s_code(self) -> int:
+        return N2S_BITPERSEC if self.bits else N2S_BYTEPERSEC
+
+    def rate(self, bytes_per_s: int, *, alt: bool = False) -> str:
+        """A bandwidth; `alt` gives the other prefix family (fio's "(...)" figure)."""
+        return num2str(bytes_per_s, self.sig_figs, 1, self.pow2 != alt, "bit/s" if self.bits else "B/s")
+
+    def size(self, nbytes: int, *, alt: bool = False) -> str:
+        return num2str(nbytes, self.sig_figs, 1, self.pow2 != alt, "B")
+
+    def count(self, n: int) -> str:
+        """A plain count such as IOPS: always decimal prefixes."""
+        return num2str(n, self.sig_figs, 1, False)
