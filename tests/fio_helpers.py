@@ -25,3 +25,13 @@ def real_fio_job(text: str, timeout: int = 120) -> dict:
     proc = subprocess.run([FIO, "--output-format=json", "-"], input=text, capture_output=True, text=True,
                           timeout=timeout)
     return json.loads(proc.stdout[proc.stdout.find("{"):])["jobs"][0]
+
+
+def iolog_ios(path) -> list[tuple[int, int, int]]:
+    """The (direction, offset, length) of each read and write in fio's I/O log (write_iolog)."""
+    out = []
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 5 and parts[2] in ("read", "write"):
+            out.append((0 if parts[2] == "read" else 1, int(parts[3]), int(parts[4])))
+    return out

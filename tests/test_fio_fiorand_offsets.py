@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fio_helpers import iolog_ios
 from cxlhm_apps.fio import fiodraw
 from cxlhm_apps.fio.fiorand import FioSeeds, taus258_next, rand_state
 from cxlhm_apps.fio.jobfile import build_jobs, read_sections
@@ -175,15 +176,6 @@ def _with_files(text: str, tmp_path, iolog: bool) -> str:
     return re.sub(r"^\[(?!global)([\w-]+)\]$", add, text, flags=re.M)
 
 
-def _fio_log(path) -> list[tuple[int, int, int]]:
-    out = []
-    for line in path.read_text().splitlines():
-        parts = line.split()
-        if len(parts) == 5 and parts[2] in ("read", "write"):
-            out.append((0 if parts[2] == "read" else 1, int(parts[3]), int(parts[4])))
-    return out
-
-
 def _cxlhm_sequences(text: str, limit: int = 100_000) -> dict[str, list[list[tuple[int, int, int]]]]:
     """Each clone's I/Os from the generator the runner builds for it, by job name."""
     jobs, _ = build_jobs([read_sections(text, "t.fio")])
@@ -227,7 +219,7 @@ NAMES = ["rr4k", "rw-range", "rw-split", "rw-split-nomap", "rr-range-seed", "big
 @pytest.mark.parametrize("name", NAMES)
 def test_the_same_ios_as_fio(fio_and_cxlhm, name):
     tmp, ours = fio_and_cxlhm
-    theirs = _fio_log(tmp / f"{name}.log")
+    theirs = iolog_ios(tmp / f"{name}.log")
     assert len(theirs) > 10
     assert ours[name] == [theirs]
 
@@ -249,14 +241,14 @@ def test_clones_count_as_their_own_jobs(fio_and_cxlhm):
 
 def test_time_based_clears_the_full_map_as_fio(fio_and_cxlhm):
     tmp, ours = fio_and_cxlhm
-    theirs = _fio_log(tmp / "timed.log")
+    theirs = iolog_ios(tmp / "timed.log")
     assert len(theirs) > TIMED_PREFIX > 64 // 4  # several passes over the 16 blocks
     assert ours["timed"][0][:TIMED_PREFIX] == theirs[:TIMED_PREFIX]
 
 
 def test_verify_draws_writes_sizes_from_the_reads_seed(fio_and_cxlhm):
     tmp, ours = fio_and_cxlhm
-    writes = [io for io in _fio_log(tmp / "verify-range.log") if io[0] == WRITE]
+    writes = [io for io in iolog_ios(tmp / "verify-range.log") if io[0] == WRITE]
     assert ours["verify-range"] == [writes]
 
 

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fio_helpers import iolog_ios
 from cxlhm_apps.fio.fiodraw import NOT_DUE, RANDOM, SEQUENTIAL, random_turns
 from cxlhm_apps.fio.fiorand import FioSeeds, rand_state
 from cxlhm_apps.fio.jobfile import build_jobs, read_sections
@@ -145,15 +146,6 @@ def _with_files(text: str, tmp_path, iolog: bool) -> str:
     return re.sub(r"^\[(?!global)([\w-]+)\]$", add, text, flags=re.M)
 
 
-def _fio_log(path) -> list[tuple[int, int, int]]:
-    out = []
-    for line in path.read_text().splitlines():
-        parts = line.split()
-        if len(parts) == 5 and parts[2] in ("read", "write"):
-            out.append((0 if parts[2] == "read" else 1, int(parts[3]), int(parts[4])))
-    return out
-
-
 def _cxlhm_sequences(text: str, limit: int = 100_000) -> dict[str, list[tuple[int, int, int]]]:
     """Each job's I/Os from the generator the runner builds for it, by job name."""
     jobs, _ = build_jobs([read_sections(text, "t.fio")])
@@ -197,7 +189,7 @@ def fio_and_cxlhm(tmp_path_factory):
 @pytest.mark.parametrize("name", NAMES)
 def test_the_same_ios_as_fio(fio_and_cxlhm, name):
     tmp, ours = fio_and_cxlhm
-    theirs = _fio_log(tmp / f"{name}.log")
+    theirs = iolog_ios(tmp / f"{name}.log")
     assert len(theirs) > 10
     assert ours[name] == theirs
 
@@ -232,8 +224,8 @@ def test_goldens_from_fio(tmp_path):
 
 def test_the_goldens_are_fios(fio_and_cxlhm):
     tmp, _ = fio_and_cxlhm
-    assert _fio_log(tmp / "per-direction.log") == PER_DIRECTION
-    assert _fio_log(tmp / "split-map.log")[:48] == SPLIT_MAP
+    assert iolog_ios(tmp / "per-direction.log") == PER_DIRECTION
+    assert iolog_ios(tmp / "split-map.log")[:48] == SPLIT_MAP
 
 
 # A file larger than the region (fio's real_file_size): a sequential I/O that reaches the
@@ -272,7 +264,7 @@ def test_the_larger_file_golden_is_fios(tmp_path):
            "percentage_random=20\n")
     subprocess.run(["fio", "--output-format=terse", "-"], input=job, text=True, capture_output=True, check=True,
                    timeout=60)
-    assert _fio_log(log) == LARGER_FILE
+    assert iolog_ios(log) == LARGER_FILE
 
 
 def test_a_job_on_a_larger_file_does_fios_ios(tmp_path):
@@ -290,7 +282,7 @@ def test_a_sync_engines_passes_end_where_fios_do(tmp_path):
     log = tmp_path / "f.log"
     subprocess.run(["fio", "--output-format=terse", "-"], input=job + f"write_iolog={log}\n", text=True,
                    capture_output=True, check=True, timeout=60)
-    assert _cxlhm_sequences(job)["j"] == _fio_log(log)
+    assert _cxlhm_sequences(job)["j"] == iolog_ios(log)
 
 
 # ------------------------------------------------------------------ the rule's own properties

@@ -19,7 +19,6 @@ PLAT_GROUPS = 29
 PLAT_NR = PLAT_GROUPS * PLAT_VAL
 DEFAULT_PERCENTILES = (1.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 95.0,
                        99.0, 99.5, 99.9, 99.95, 99.99)
-SAMPLE_WINDOW_NS = 500_000_000  # fio's bw_avg_time / iops_avg_time default
 
 # fio's latency distribution: bucket upper bounds per unit (value < bound), last msec one open
 LAT_N_BOUNDS = (2, 4, 10, 20, 50, 100, 250, 500, 750, 1000)
