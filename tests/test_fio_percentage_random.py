@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from fio_helpers import iolog_ios
 from cxlhm_apps.fio.fiodraw import NOT_DUE, RANDOM, SEQUENTIAL, random_turns
-from cxlhm_apps.fio.fiorand import FioSeeds, rand_state
+from cxlhm_apps.fio.fiorand import FioSeeds
 from cxlhm_apps.fio.jobfile import build_jobs, read_sections
 from cxlhm_apps.fio.options import parse_rw
 from cxlhm_apps.fio.pattern import IoGenerator, SizeChoice
@@ -289,7 +289,7 @@ def test_a_sync_engines_passes_end_where_fios_do(tmp_path):
 
 def _kinds(seeds: FioSeeds, direction: np.ndarray, per_offset: int = 1) -> np.ndarray:
     """Which I/O fio makes random, for these directions (the choice alone)."""
-    pstate = np.stack([rand_state(seeds.seq_rand_seed(), False) for _ in range(2)])
+    pstate = seeds.seq_rand_states()
     out = np.empty(direction.shape[0], np.int8)
     random_turns(direction, np.array(seeds.percentage_random, np.int64), pstate, np.ones(1, np.int64),
                  per_offset, out)

@@ -54,7 +54,7 @@ import numba
 import numpy as np
 
 from cxlhm_apps.fio.fioaxmap import is_set, new_map, next_free, set_run
-from cxlhm_apps.fio.fiorand import FioSeeds, rand_state, taus88_next, taus258_next
+from cxlhm_apps.fio.fiorand import FioSeeds, rand_between, rand_state, taus88_next, taus258_next
 from cxlhm_apps.fio.options import READ, WRITE
 
 # per_offset of a sequential job: its offsets are never random (the draw gives only sizes)
@@ -109,8 +109,7 @@ def _random_turn(d, pct, pstate):
     it is rand_between(1, 100) <= the percentage, from the direction's own generator."""
     if pct[d] >= 100:
         return True
-    v = 1 + np.int64(100.0 * _unit(taus88_next(pstate[d]), False))
-    return v <= pct[d]
+    return rand_between(pstate[d], 1, 100, False) <= pct[d]
 
 
 @numba.njit(nogil=True, cache=True)
@@ -330,7 +329,7 @@ class FioDraw:
         self.bstate = np.stack([rand_state(s, self.use64) for s in self.seeds.size_seeds()])
         self.zstate = rand_state(self.seeds.zone_seed(), False)  # (fio's zone generator is 32-bit)
         # percentage_random's choice: a 32-bit generator per direction, both from one seed
-        self.pstate = np.stack([rand_state(self.seeds.seq_rand_seed(), False) for _ in (READ, WRITE)])
+        self.pstate = self.seeds.seq_rand_states()
 
     def reset_map(self) -> None:
         """A new pass: fio opens the file again, with a clear map, at its start."""

@@ -32,6 +32,7 @@ RAND_BS_OFF, RAND_BS1_OFF = 0, 1  # fio.h: the block-size generators' seeds (rea
 RAND_MIX_OFF = 4  # fio.h: FIO_RAND_MIX_OFF, the index of the direction generator's seed
 RAND_BLOCK_OFF = 6  # fio.h: FIO_RAND_BLOCK_OFF, the offsets' generator
 RAND_SEQ_RAND_READ_OFF = 10  # fio.h: FIO_RAND_SEQ_RAND_READ_OFF, percentage_random's choice
+RAND_START_DELAY_OFF = 13  # fio.h: FIO_RAND_START_DELAY, a startdelay range's draw
 RAND_ZONE_OFF = 16  # fio.h: FIO_RAND_ZONE_OFF, the zoned distributions' zone generator
 FIO_RANDSEED = 0xB1899BED  # init.c: the offsets' seed per job number under randrepeat
 _NR_OFFS = 21  # fio.h: FIO_RAND_NR_OFFS in 3.33
@@ -98,6 +99,15 @@ def taus258_next(state):
     return s1 ^ s2 ^ s3 ^ s4 ^ s5
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def rand_between(state, low, high, use64):
+    """fio's rand_between(state, low, high): low + (high - low + 1) x r / 2^32 (2^64 for
+    the 64-bit generator), r the generator's next value, in fio's double arithmetic."""
+    if use64:
+        return low + np.int64(np.float64(high - low + 1) * (np.float64(taus258_next(state)) / 18446744073709551616.0))
+    return low + np.int64(np.float64(high - low + 1) * (np.float64(taus88_next(state)) / 4294967296.0))
+
+
 def rand_state(seed: int, use64: bool) -> np.ndarray:
     """fio's init_rand_seed: five words (taus88 uses the first three)."""
     if not use64:
@@ -157,11 +167,12 @@ class FioSeeds:
     def zone_seed(self) -> int:
         return job_seeds(self.randseed, self.thread_number)[RAND_ZONE_OFF]
 
-    def seq_rand_seed(self) -> int:
-        """The seed of percentage_random's choice: fio 3.33 seeds every direction's
-        generator (seq_rand_state[]) from the reads' entry, so they start out equal and
-        then advance each with its own direction's I/Os."""
-        return job_seeds(self.randseed, self.thread_number)[RAND_SEQ_RAND_READ_OFF]
+    def seq_rand_states(self) -> np.ndarray:
+        """percentage_random's generators, one per direction (32-bit): fio 3.33 seeds
+        every direction's (seq_rand_state[]) from the reads' entry, so they start out
+        equal and then advance each with its own direction's I/Os."""
+        seed = job_seeds(self.randseed, self.thread_number)[RAND_SEQ_RAND_READ_OFF]
+        return np.stack([rand_state(seed, False) for _ in range(2)])
 
     def directions(self) -> "MixedDirections":
         return MixedDirections(self.randseed, self.thread_number, self.rwmixread)

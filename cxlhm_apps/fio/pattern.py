@@ -38,7 +38,7 @@ import numpy as np
 
 from cxlhm_apps.fio.distributions import BlockPermutation, BlockSampler, DistSpec
 from cxlhm_apps.fio.fiodraw import NEVER_RANDOM, RANDOM, FioDraw, place_turns, random_turns
-from cxlhm_apps.fio.fiorand import FioSeeds, MixedDirections, rand_state
+from cxlhm_apps.fio.fiorand import FioSeeds, MixedDirections
 from cxlhm_apps.fio.options import READ, WRITE, RwMode
 
 
@@ -182,7 +182,7 @@ class IoGenerator:
         if self.fio_draw is not None:
             self.fio_draw.reseed()
         # percentage_random's choice (fio seeds both directions' generators alike)
-        self._pstate = np.stack([rand_state(self._fio.seq_rand_seed(), False) for _ in (READ, WRITE)])
+        self._pstate = self._fio.seq_rand_states()
 
     def _new_loop(self) -> None:
         """The next `loops` pass (fio's clear_io_state): under randrepeat every generator

@@ -88,7 +88,7 @@ class Worker(VerifyPhase, PassBoundaries):
         self.plan, self.share, self.job = plan, share, plan.job
         self.thread_number = thread_number  # (fio's: 1 up, over every job and clone of the run)
         job = self.job
-        self.stats = JobStats(job.name, plan.groupid, iodepth=job["iodepth"], unmeasured=unmeasured(job))
+        self.stats = self._fresh_stats()
         self.verify_kind = VF.spec_of(job, thread_number)
         sizes = size_choices(job.values)
         self.seed = seed
@@ -99,13 +99,14 @@ class Worker(VerifyPhase, PassBoundaries):
             budget = loop_budget(job, plan)
         loop_bytes = loop_pass_bytes(job, plan)
         fio_seeds = fiorand.FioSeeds.of_job(job, thread_number, seed)  # randseed and the job's number
+        file_size = zone_file_size(job, plan)  # (where passes end and strided zones wrap)
         self.gen = IoGenerator(rw=rw, sequencer=job["rw_sequencer"], rwmixread=job["rwmixread"], sizes=sizes,
                                region_start=plan.region_start, region_len=plan.region_len,
                                distribution=job["random_distribution"], randommap=not job["norandommap"],
                                seed=seed, bytes_budget=budget, ios_budget=job["number_ios"],
                                blockalign=blockalign(job), fio=fio_seeds, loop_bytes=loop_bytes,
-                               reseed_loops=fio_seeds.reseed_passes, file_size=zone_file_size(job, plan),
-                               zones=((job["zonesize"], job["zonerange"], job["zoneskip"], zone_file_size(job, plan))
+                               reseed_loops=fio_seeds.reseed_passes, file_size=file_size,
+                               zones=((job["zonesize"], job["zonerange"], job["zoneskip"], file_size)
                                       if job["zonemode"] == "strided" else None))
         sprandom.attach(self.gen, job, plan.region_len, fio_seeds)  # (sprandom: its offsets and io_size)
         # fio drops a file's cached pages again as it opens it for a new pass, and, buffered,
@@ -253,8 +254,7 @@ class Worker(VerifyPhase, PassBoundaries):
             self.stats.cpu_wall_s = (time.monotonic_ns() - wall0) / 1e9  # what the CPU times are shares of
             if not self.job["stats"]:  # fio's stats=0: the job ran, and none of it but its error is reported
                 error = self.stats.error, self.stats.error_text
-                self.stats = JobStats(self.job.name, self.plan.groupid, iodepth=self.job["iodepth"],
-                                      unmeasured=unmeasured(self.job))
+                self.stats = self._fresh_stats()
                 self.stats.error, self.stats.error_text = error
             if self.state != "E":
                 self.state = "D"
@@ -505,9 +505,11 @@ class Worker(VerifyPhase, PassBoundaries):
         if self.verify_kind:
             self._after_verified_io(chunk)
 
+    def _fresh_stats(self) -> JobStats:
+        return JobStats(self.job.name, self.plan.groupid, iodepth=self.job["iodepth"], unmeasured=unmeasured(self.job))
+
     def _reset_stats(self, now: int) -> None:
-        self.stats = JobStats(self.job.name, self.plan.groupid, iodepth=self.job["iodepth"],
-                              unmeasured=unmeasured(self.job))
+        self.stats = self._fresh_stats()
         self._measure_start = now
         self._rates.restart(now)
 

@@ -16,8 +16,6 @@ import time
 
 from cxlhm_apps.fio import fiorand, flow
 
-RAND_START_DELAY_OFF = 13  # fio.h: FIO_RAND_START_DELAY, the index of the start delay's seed
-
 
 def start_delay_ns(job, thread_number: int, seed: int) -> int:
     """The clone's startdelay: LO, or for a range a draw of fio's rand_between(LO, HI)
@@ -27,10 +25,8 @@ def start_delay_ns(job, thread_number: int, seed: int) -> int:
         return low
     seeds = fiorand.FioSeeds.of_job(job, thread_number, seed)
     use64 = job["random_generator"] == "tausworthe64"
-    state = fiorand.rand_state(fiorand.job_seed(seeds.randseed, thread_number, RAND_START_DELAY_OFF), use64)
-    r = fiorand.taus258_next(state) if use64 else fiorand.taus88_next(state)
-    span_us = high // 1000 - low // 1000 + 1
-    return (low // 1000 + int(span_us * (int(r) / float(1 << (64 if use64 else 32))))) * 1000
+    state = fiorand.rand_state(fiorand.job_seed(seeds.randseed, thread_number, fiorand.RAND_START_DELAY_OFF), use64)
+    return int(fiorand.rand_between(state, low // 1000, high // 1000, use64)) * 1000
 
 
 def run_phase(workers: list, genesis_ns: int) -> bool:
